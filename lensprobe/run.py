@@ -1,0 +1,74 @@
+"""Running a model on a prompt with interventions and recorders attached."""
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from lensprobe.errors import LensprobeError
+from lensprobe.interventions import AttentionRecorder, intervene
+from lensprobe.models import check_layers
+from lensprobe.prompts import Prompt
+
+
+def as_tokens(model, prompt_or_tokens) -> Int[Tensor, "batch pos"]:
+    """Token ids ``[batch, pos]`` from a :class:`Prompt`, a tensor, or a list of ids."""
+    if isinstance(prompt_or_tokens, Prompt):
+        tokens = prompt_or_tokens.tokens
+    elif isinstance(prompt_or_tokens, torch.Tensor):
+        tokens = prompt_or_tokens
+    elif isinstance(prompt_or_tokens, (list, tuple)) and all(isinstance(t, int) for t in prompt_or_tokens):
+        tokens = torch.tensor([list(prompt_or_tokens)])
+    else:
+        raise LensprobeError(
+            f"expected a Prompt (from build_prompt) or token ids, got {type(prompt_or_tokens).__name__}; "
+            "build one with lp.build_prompt(model, question)."
+        )
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    if tokens.ndim != 2 or tokens.dtype not in (torch.long, torch.int32, torch.int64):
+        raise LensprobeError(f"token ids must be an integer tensor [batch, pos], got {tuple(tokens.shape)} {tokens.dtype}.")
+    n_ctx = model.cfg.n_ctx
+    if tokens.shape[-1] > n_ctx:
+        raise LensprobeError(
+            f"input is {tokens.shape[-1]} tokens but the model's context is {n_ctx}: shorten the prompt."
+        )
+    return tokens.to(model.cfg.device) if getattr(model.cfg, "device", None) else tokens
+
+
+def forward(model, prompt_or_tokens, *interventions, stop_at_layer: int | None = None
+            ) -> Float[Tensor, "batch pos d_vocab"] | None:
+    """One forward pass with interventions attached; returns logits (``None`` if stopped early)."""
+    tokens = as_tokens(model, prompt_or_tokens)
+    with torch.inference_mode(), intervene(model, *interventions):
+        out = model(tokens, stop_at_layer=stop_at_layer) if stop_at_layer else model(tokens)
+    return None if stop_at_layer else out
+
+
+def attention_patterns(model, prompt_or_tokens, layers: int | list[int] | None = None,
+                       *interventions) -> dict[int, Float[Tensor, "head query_pos key_pos"]]:
+    """Attention patterns of the requested layers, and only those.
+
+    The forward pass stops after the last requested layer, and only the requested
+    ``blocks.{l}.attn.hook_pattern`` activations are kept (never a full cache).
+
+    Args:
+        model: a TransformerLens model.
+        prompt_or_tokens: a :class:`Prompt` or token ids ``[pos]``/``[batch, pos]``.
+        layers: layer index or list (0-based); ``None`` for every layer.
+        *interventions: more interventions to attach during the pass (e.g. ablations).
+
+    Returns:
+        ``{layer: pattern}`` with pattern ``[head, query_pos, key_pos]`` for one prompt, or
+        ``[batch, head, query_pos, key_pos]`` when the tokens have several rows.
+
+    Example:
+        >>> pats = attention_patterns(model, prompt, layers=[0])
+        >>> pats[0].shape  # [head, query_pos, key_pos]
+    """
+    layers = check_layers(model, layers)
+    tokens = as_tokens(model, prompt_or_tokens)
+    rec = AttentionRecorder(layers=layers)
+    last = max(layers) + 1
+    forward(model, tokens, *interventions, rec, stop_at_layer=last if last < model.cfg.n_layers else None)
+    squeeze = tokens.shape[0] == 1
+    return {layer: rec.patterns[layer][0] if squeeze else rec.patterns[layer] for layer in layers}
