@@ -9,8 +9,29 @@ Example:
     >>> recv = lp.average_attention_received(pats[0])  # [head, key_pos]
 """
 
+from lensprobe import schedule
+from lensprobe.ablation import HeadAblation, HeadMeans, ablate_heads, ablate_kv_group, head_means
 from lensprobe.errors import LensprobeError, ModelLoadError
+from lensprobe.evals import (
+    Condition,
+    EvalConfig,
+    evaluate,
+    extract_boxed,
+    grade,
+    load_math500,
+    load_results,
+)
+from lensprobe.filler_study import (
+    FillerSetup,
+    attention_received,
+    condition_changes,
+    filler_vs_random,
+    heads_by_change,
+    token_class_attention,
+)
+from lensprobe.generation import current_step, generate, trace_generation
 from lensprobe.interventions import AttentionRecorder, Intervention, intervene
+from lensprobe.measures import AnswerLogProb, AttentionTo, Entropy
 from lensprobe.metrics import (
     DEFAULT_TOKEN_CLASSES,
     attention_by_token_class,
@@ -19,14 +40,48 @@ from lensprobe.metrics import (
     entropy,
 )
 from lensprobe.models import cache_dir, load_model
+from lensprobe.patching import PatchResult, patch
 from lensprobe.prompts import MATH_SYSTEM_PROMPT, Filler, Prompt, build_prompt
 from lensprobe.run import attention_patterns, forward
+from lensprobe.sweep import SweepResult, ablation_sweep
+from lensprobe.thinking import LatentFusion, Pause, add_thinking_token
+from lensprobe.trace import GenerationTrace, load_trace, trace_summary
 
 __all__ = [
     "DEFAULT_TOKEN_CLASSES",
     "MATH_SYSTEM_PROMPT",
     "AttentionRecorder",
+    "Condition",
+    "EvalConfig",
+    "GenerationTrace",
+    "LatentFusion",
+    "Pause",
+    "add_thinking_token",
+    "current_step",
+    "generate",
+    "load_trace",
+    "schedule",
+    "trace_generation",
+    "trace_summary",
     "Filler",
+    "FillerSetup",
+    "attention_received",
+    "condition_changes",
+    "filler_vs_random",
+    "heads_by_change",
+    "token_class_attention",
+    "AnswerLogProb",
+    "AttentionTo",
+    "Entropy",
+    "HeadAblation",
+    "HeadMeans",
+    "PatchResult",
+    "SweepResult",
+    "ablate_heads",
+    "ablate_kv_group",
+    "ablation_sweep",
+    "head_means",
+    "patch",
     "Intervention",
     "LensprobeError",
     "ModelLoadError",
@@ -38,8 +93,13 @@ __all__ = [
     "build_prompt",
     "cache_dir",
     "entropy",
+    "evaluate",
+    "extract_boxed",
     "forward",
+    "grade",
     "intervene",
+    "load_math500",
     "load_model",
+    "load_results",
 ]
 __version__ = "0.1.0"

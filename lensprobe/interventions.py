@@ -86,11 +86,23 @@ class AttentionRecorder:
     ``patterns[layer]`` is ``[batch, head, query_pos, key_pos]``. A ``reduce`` function
     (pattern -> tensor) keeps a reduction instead of the full pattern, computed inside the
     hook so the full pattern is never stored.
+
+    With ``copy=True`` (the default) the recorder stores a copy, so a hook attached after
+    it that edits the pattern in place cannot change what was recorded. ``copy=False``
+    keeps the model's own tensor (no extra memory or time); use it when the recorder is
+    the last hook on its hook points, as :func:`lensprobe.attention_patterns` does.
+
+    Example:
+        >>> rec = AttentionRecorder(layers=[0], reduce=average_attention_received)
+        >>> with intervene(model, rec):
+        ...     model(prompt.tokens)
+        >>> rec.patterns[0].shape  # [batch, head, key_pos]
     """
 
     layers: list[int]
     reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
     patterns: dict[int, torch.Tensor] = field(default_factory=dict)
+    copy: bool = True
 
     def hooks(self, model) -> list[Hook]:
         return [(pattern_hook_name(layer), self._hook(layer)) for layer in self.layers]
@@ -98,6 +110,9 @@ class AttentionRecorder:
     def _hook(self, layer: int) -> HookFn:
         def record(pattern: torch.Tensor, hook) -> None:
             value = pattern.detach()
-            self.patterns[layer] = self.reduce(value) if self.reduce else value.clone()
+            if self.reduce is not None:
+                self.patterns[layer] = self.reduce(value)
+            else:
+                self.patterns[layer] = value.clone() if self.copy else value
 
         return record

@@ -21,6 +21,9 @@ DEFAULT_TOKEN_CLASSES: dict[str, str | Callable[[str], bool]] = {
 """Token classes of the attention-to-token-classes study (arXiv 2512.24532)."""
 
 
+_ROW_BLOCK = 64
+
+
 def _check_pattern(pattern: Tensor) -> None:
     if not isinstance(pattern, Tensor) or pattern.ndim < 2:
         raise LensprobeError("pattern must be a tensor [..., query_pos, key_pos] (e.g. [head, q, k]).")
@@ -52,8 +55,12 @@ def average_attention_received(pattern: Float[Tensor, "... query_pos key_pos"]
             f"average_attention_received needs a square pattern (full prompt), got {q} queries x {k} keys."
         )
     below = torch.ones(q, k, dtype=torch.bool, device=pattern.device).tril(-1)
-    total = (pattern * below).sum(-2)
-    count = below.sum(-2).to(pattern.dtype)
+    # Blocks of query rows keep the masked temporary small (no full-size copy of the pattern).
+    total = pattern.new_zeros(pattern.shape[:-2] + (k,))
+    for start in range(0, q, _ROW_BLOCK):
+        stop = min(q, start + _ROW_BLOCK)
+        total += (pattern[..., start:stop, :] * below[start:stop]).sum(-2)
+    count = torch.arange(k - 1, -1, -1, device=pattern.device).to(pattern.dtype)  # queries i > j
     return total / count  # count 0 at the last key -> nan
 
 
@@ -64,7 +71,8 @@ def attention_proportion(pattern: Float[Tensor, "... query_pos key_pos"],
     """Attention mass that queries put on a set of key positions, averaged over the queries.
 
     For each chosen query ``i``: ``sum_{j in S} A[i, j]``; then the mean over the chosen
-    queries. Default queries: every query position after the last key in ``S``.
+    queries. Default queries: every query position after the last key in ``S``. ``S`` and
+    the queries are sets: a position listed twice counts once.
 
     Args:
         pattern: ``[..., query_pos, key_pos]`` (e.g. ``[head, q, k]``).
@@ -73,11 +81,15 @@ def attention_proportion(pattern: Float[Tensor, "... query_pos key_pos"],
 
     Returns:
         ``[...]``, e.g. ``[head]``; values in ``[0, 1]``.
+
+    Example:
+        >>> A = torch.tensor([[1.0, 0, 0], [0.5, 0.5, 0], [0.2, 0.3, 0.5]])
+        >>> attention_proportion(A, [0])  # queries 1 and 2: (0.5 + 0.2) / 2
+        tensor(0.3500)
     """
     _check_pattern(pattern)
     q, k = pattern.shape[-2:]
-    keys = torch.as_tensor(list(key_positions) if not isinstance(key_positions, Tensor) else key_positions,
-                           dtype=torch.long, device=pattern.device)
+    keys = _positions(key_positions, pattern.device)
     if keys.numel() == 0:
         raise LensprobeError("key_positions is empty: pass at least one key position.")
     if keys.min() < 0 or keys.max() >= k:
@@ -90,12 +102,28 @@ def attention_proportion(pattern: Float[Tensor, "... query_pos key_pos"],
                 "no query comes after the last key position; pass query_positions explicitly."
             )
     else:
-        queries = torch.as_tensor(list(query_positions) if not isinstance(query_positions, Tensor) else query_positions,
-                                  dtype=torch.long, device=pattern.device)
+        queries = _positions(query_positions, pattern.device)
         if queries.numel() == 0 or queries.min() < offset or queries.max() >= k:
             raise LensprobeError(f"query positions must lie in {offset}..{k - 1}.")
-    rows = pattern.index_select(-2, queries - offset)
-    return rows.index_select(-1, keys).sum(-1).mean(-1)
+    # Key columns first (S is usually small), then query rows; contiguous sets are slices.
+    cols = _select(pattern, -1, keys)
+    return _select(cols, -2, queries - offset).sum(-1).mean(-1)
+
+
+def _select(x: Tensor, dim: int, index: Tensor) -> Tensor:
+    """``x.index_select(dim, index)`` for a sorted index, as a view when it is a contiguous range."""
+    first, last = int(index[0]), int(index[-1])
+    if last - first + 1 == index.numel():
+        return x.narrow(dim, first, index.numel())
+    return x.index_select(dim, index)
+
+
+def _positions(positions: Sequence[int] | Tensor, device) -> Tensor:
+    """Sorted, de-duplicated absolute positions as a long tensor (a set: no double counting)."""
+    values = positions if isinstance(positions, Tensor) else torch.as_tensor(list(positions))
+    if values.numel() and (values.is_floating_point() or values.dtype == torch.bool):
+        raise LensprobeError(f"positions must be integers, got a {values.dtype} tensor.")
+    return torch.unique(values.to(device=device, dtype=torch.long).flatten())
 
 
 def _in_class(token: str, rule: str | Callable[[str], bool]) -> bool:
@@ -137,10 +165,20 @@ def attention_by_token_class(pattern: Float[Tensor, "... head query_pos key_pos"
 
     Returns:
         ``[class]`` or ``[layer, class]``, in the order of ``classes``.
+
+    Example:
+        >>> A = torch.tensor([[[1.0, 0, 0], [0.5, 0.5, 0], [0.2, 0.3, 0.5]]])  # one head
+        >>> attention_by_token_class(A, ["#", " ", "*"])  # hash, star, whitespace
+        tensor([0.5667, 0.1667, 0.2667])
     """
     if isinstance(pattern, Mapping):
         pattern = torch.stack([pattern[layer] for layer in sorted(pattern)])
     _check_pattern(pattern)
+    if pattern.ndim < 3:
+        raise LensprobeError(
+            f"pattern must be [head, query_pos, key_pos] or [layer, head, query_pos, key_pos], got shape "
+            f"{tuple(pattern.shape)}; add a head dimension with pattern[None]."
+        )
     if pattern.shape[-1] != len(str_tokens):
         raise LensprobeError(
             f"pattern has {pattern.shape[-1]} key positions but {len(str_tokens)} tokens were given."
@@ -157,6 +195,8 @@ def entropy(logits: Float[Tensor, "... d_vocab"]) -> Float[Tensor, "..."]:
         >>> entropy(torch.zeros(4))  # uniform over 4 tokens
         tensor(1.3863)
     """
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    if logits.dtype != torch.float64:
+        logits = logits.float()
+    logp = torch.log_softmax(logits, dim=-1)
     p = logp.exp()
     return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)

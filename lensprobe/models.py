@@ -10,6 +10,7 @@ import hashlib
 import importlib.util
 import io
 import logging
+import operator
 import os
 import shutil
 import warnings
@@ -69,11 +70,12 @@ def is_hooked_model(obj: Any) -> bool:
 def quiet():
     """Silence transformers' and huggingface_hub's progress bars and warnings while loading."""
     import transformers
-    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
     tf_log = transformers.utils.logging
     old_level = tf_log.get_verbosity()
     bars_were_on = tf_log.is_progress_bar_enabled()
+    hub_bars_were_on = not are_progress_bars_disabled()
     tf_log.set_verbosity_error()
     tf_log.disable_progress_bar()
     disable_progress_bars()
@@ -90,8 +92,9 @@ def quiet():
         tf_log.set_verbosity(old_level)
         if bars_were_on:
             tf_log.enable_progress_bar()
-        enable_progress_bars()
-        for lg, lvl in zip(loggers, old):
+        if hub_bars_were_on:
+            enable_progress_bars()
+        for lg, lvl in zip(loggers, old, strict=True):
             lg.setLevel(lvl)
 
 
@@ -143,6 +146,13 @@ def _bridge_from_folder(folder: Path, device, dtype: torch.dtype):
         return TransformerBridge.boot_transformers(
             str(folder), hf_model=hf, tokenizer=tok, device=device, dtype=dtype
         )
+
+
+def _offline_requested() -> bool:
+    return any(
+        os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
+        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def _looks_offline(err: BaseException) -> bool:
@@ -206,15 +216,19 @@ def _bridge_from_hub(name: str, device, dtype: torch.dtype):
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    # Read the offline switches now: huggingface_hub reads them only once, at import.
+    offline = _offline_requested()
     try:
         with quiet():
-            hf = AutoModelForCausalLM.from_pretrained(name, attn_implementation="eager", dtype=dtype)
-            tok = AutoTokenizer.from_pretrained(name)
+            hf = AutoModelForCausalLM.from_pretrained(
+                name, attn_implementation="eager", dtype=dtype, local_files_only=offline
+            )
+            tok = AutoTokenizer.from_pretrained(name, local_files_only=offline)
             return TransformerBridge.boot_transformers(
                 name, hf_model=hf, tokenizer=tok, device=device, dtype=dtype
             )
     except (OSError, ValueError, RuntimeError) as err:
-        if os.environ.get("HF_HUB_OFFLINE") == "1" or _looks_offline(err):
+        if offline or _looks_offline(err):
             raise ModelLoadError(
                 f"could not download '{name}' from the Hugging Face hub: this machine looks "
                 "offline (or HF_HUB_OFFLINE=1). Load a local copy instead: "
@@ -232,16 +246,48 @@ def n_heads(model) -> int:
     return int(model.cfg.n_heads)
 
 
+def _indices(values, what: str) -> list:
+    """A list of candidate indices from an int, an iterable of ints, or a 1-D tensor/array."""
+    if hasattr(values, "tolist") and not isinstance(values, (list, tuple)):
+        values = values.tolist()  # tensors and numpy arrays (also 0-d)
+    if isinstance(values, (int, str)) or not hasattr(values, "__iter__"):
+        values = [values]
+    values = list(values)
+    if not values:
+        raise LensprobeError(f"no {what}s given: pass at least one {what} index, or None for all.")
+    out = []
+    for v in values:
+        if isinstance(v, bool):
+            out.append(v)  # rejected by the range check below with the model's range
+            continue
+        try:
+            out.append(operator.index(v))
+        except TypeError:
+            out.append(v)
+    return out
+
+
 def check_layers(model, layers) -> list[int]:
-    """Validate layer indices (0-based) against the model; ``None`` means all layers."""
+    """Validate layer indices (0-based) against the model; ``None`` means all layers.
+
+    Example:
+        >>> check_layers(model, [0, 29])   # SmolLM2
+        [0, 29]
+        >>> check_layers(model, 30)
+        Traceback (most recent call last):
+        lensprobe.errors.LensprobeError: layer 30 out of range: model has 30 layers (0-29). ...
+    """
     total = n_layers(model)
     if layers is None:
         return list(range(total))
-    if isinstance(layers, int):
-        layers = [layers]
     out = []
-    for layer in layers:
-        if not isinstance(layer, int) or not 0 <= layer < total:
+    for layer in _indices(layers, "layer"):
+        if not isinstance(layer, int) or isinstance(layer, bool):
+            raise LensprobeError(
+                f"layer indices must be integers, got {layer!r}: model has {total} layers "
+                f"(0-{total - 1})."
+            )
+        if not 0 <= layer < total:
             raise LensprobeError(
                 f"layer {layer} out of range: model has {total} layers (0-{total - 1}). "
                 "lensprobe counts layers from 0; papers count from 1."
@@ -251,15 +297,23 @@ def check_layers(model, layers) -> list[int]:
 
 
 def check_heads(model, heads) -> list[int]:
-    """Validate head indices (0-based) against the model; ``None`` means all heads."""
+    """Validate head indices (0-based) against the model; ``None`` means all heads.
+
+    Example:
+        >>> check_heads(model, [0, 8])   # SmolLM2: 9 query heads
+        [0, 8]
+    """
     total = n_heads(model)
     if heads is None:
         return list(range(total))
-    if isinstance(heads, int):
-        heads = [heads]
     out = []
-    for head in heads:
-        if not isinstance(head, int) or not 0 <= head < total:
+    for head in _indices(heads, "head"):
+        if not isinstance(head, int) or isinstance(head, bool):
+            raise LensprobeError(
+                f"head indices must be integers, got {head!r}: model has {total} query heads per layer "
+                f"(0-{total - 1})."
+            )
+        if not 0 <= head < total:
             raise LensprobeError(
                 f"head {head} out of range: model has {total} query heads per layer "
                 f"(0-{total - 1}). lensprobe counts heads from 0; papers count from 1, so the "

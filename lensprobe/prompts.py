@@ -168,9 +168,27 @@ class Prompt:
         start, end = self.segments[name]
         return list(range(start, end))
 
-    def positions_except(self, name: str) -> list[int]:
-        """All positions outside segment ``name``: aligns a with-filler prompt to one without."""
-        drop = set(self.positions(name))
+    def positions_except(self, *names: str) -> list[int]:
+        """All positions outside the named segments and their separators, in order.
+
+        A segment's separator (``filler_sep`` for ``filler``, ``system_sep`` for ``system``)
+        goes with it, so ``positions_except("filler")`` of a prompt with filler lines up
+        position by position with the same prompt built without filler.
+
+        Example:
+            >>> with_f = build_prompt(model, "What is 12+7?", filler=Filler.meaningless())
+            >>> without = build_prompt(model, "What is 12+7?")
+            >>> keep = with_f.positions_except("filler")
+            >>> bool((with_f.tokens[0, keep] == without.tokens[0]).all())
+            True
+        """
+        if not names:
+            raise LensprobeError("positions_except needs at least one segment name, e.g. 'filler'.")
+        drop: set[int] = set()
+        for name in names:
+            drop.update(self.positions(name))
+            if f"{name}_sep" in self.segments:
+                drop.update(self.positions(f"{name}_sep"))
         return [i for i in range(len(self)) if i not in drop]
 
     def segment_of(self, pos: int) -> str:
@@ -223,9 +241,14 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
         filler: a :class:`Filler`, or ``None`` for the paper's "w/o" condition.
         placement: ``"between"`` the system prompt and the question (the paper's default:
             the filler opens the user message), ``"before_system"`` (opens the system
-            message, or the first message), or ``"after_question"`` (closes the user message).
+            message; with no ``system``, the user message, after any default system prompt
+            of the template), or ``"after_question"`` (closes the user message).
         chat: apply the tokenizer's chat template; ``False`` builds plain text
             (``system``, blank line, filler, question) with the model's BOS token first.
+
+    Each piece is tokenized on its own, so every segment decodes to exactly its text; where
+    the tokenizer would merge characters across a boundary, the split is kept (see the
+    module docs).
 
     Returns:
         A :class:`Prompt`. Segments: ``system``, ``filler``, ``filler_sep`` (the newline

@@ -5,7 +5,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lensprobe.errors import LensprobeError
-from lensprobe.interventions import AttentionRecorder, intervene
+from lensprobe.interventions import AttentionRecorder, intervene, pattern_hook_name
 from lensprobe.models import check_layers
 from lensprobe.prompts import Prompt
 
@@ -40,16 +40,25 @@ def forward(model, prompt_or_tokens, *interventions, stop_at_layer: int | None =
     """One forward pass with interventions attached; returns logits (``None`` if stopped early)."""
     tokens = as_tokens(model, prompt_or_tokens)
     with torch.inference_mode(), intervene(model, *interventions):
-        out = model(tokens, stop_at_layer=stop_at_layer) if stop_at_layer else model(tokens)
-    return None if stop_at_layer else out
+        out = model(tokens) if stop_at_layer is None else model(tokens, stop_at_layer=stop_at_layer)
+    return None if stop_at_layer is not None else out
+
+
+class _PatternsRecorded(Exception):
+    """Ends a forward pass once the last requested attention pattern is recorded."""
+
+
+def _stop_pass(pattern: Tensor, hook) -> None:
+    raise _PatternsRecorded
 
 
 def attention_patterns(model, prompt_or_tokens, layers: int | list[int] | None = None,
                        *interventions) -> dict[int, Float[Tensor, "head query_pos key_pos"]]:
     """Attention patterns of the requested layers, and only those.
 
-    The forward pass stops after the last requested layer, and only the requested
-    ``blocks.{l}.attn.hook_pattern`` activations are kept (never a full cache).
+    Only the requested ``blocks.{l}.attn.hook_pattern`` activations are kept (never a
+    full cache), without copies, and the forward pass ends as soon as the last requested
+    pattern is recorded: later layers, the final norm and the unembedding never run.
 
     Args:
         model: a TransformerLens model.
@@ -67,8 +76,18 @@ def attention_patterns(model, prompt_or_tokens, layers: int | list[int] | None =
     """
     layers = check_layers(model, layers)
     tokens = as_tokens(model, prompt_or_tokens)
-    rec = AttentionRecorder(layers=layers)
-    last = max(layers) + 1
-    forward(model, tokens, *interventions, rec, stop_at_layer=last if last < model.cfg.n_layers else None)
+    # Attached after the interventions, so no later hook can edit a recorded pattern in place.
+    rec = AttentionRecorder(layers=layers, copy=False)
+    try:
+        forward(model, tokens, *interventions, rec, (pattern_hook_name(max(layers)), _stop_pass))
+    except _PatternsRecorded:
+        pass
+    missing = [layer for layer in layers if layer not in rec.patterns]
+    if missing:
+        raise LensprobeError(
+            f"no attention pattern was recorded for layers {missing}: the model does not fire "
+            "blocks.{l}.attn.hook_pattern (sdpa or flash attention?). Load it with "
+            "lp.load_model(), which uses eager attention."
+        )
     squeeze = tokens.shape[0] == 1
     return {layer: rec.patterns[layer][0] if squeeze else rec.patterns[layer] for layer in layers}

@@ -28,7 +28,7 @@ _CORPUS = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_tokenizer(chat_template: bool = True):
     """A byte-level BPE tokenizer (vocabulary of a few hundred) with ChatML special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -55,6 +55,34 @@ def tiny_tokenizer(chat_template: bool = True):
     return AutoTokenizer.from_pretrained(folder)
 
 
+def tiny_hf_model(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, n_kv_heads: int = 2,
+                  d_model: int = 64, n_ctx: int = 256, chat_template: bool = True):
+    """The plain Hugging Face ``LlamaForCausalLM`` behind :func:`tiny_model`, and its tokenizer.
+
+    Same arguments, same seed -> the same weights as ``tiny_model``; the model is not
+    wrapped, so ``output_attentions=True`` works on it (useful as an independent oracle).
+
+    Example:
+        >>> hf, tok = tiny_hf_model(seed=0)
+        >>> hf.config.num_key_value_heads
+        2
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = tiny_tokenizer(chat_template)
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=d_model, intermediate_size=2 * d_model,
+        num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
+        max_position_embeddings=n_ctx, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False,
+    )
+    config._attn_implementation = "eager"
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        hf = LlamaForCausalLM(config).eval()
+    return hf, tok
+
+
 def tiny_model(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, n_kv_heads: int = 2,
                d_model: int = 64, n_ctx: int = 256, chat_template: bool = True):
     """A seeded random ``LlamaForCausalLM`` with grouped-query attention, as a bridge.
@@ -74,21 +102,11 @@ def tiny_model(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, n_kv_heads
         (4, 2)
     """
     from transformer_lens.model_bridge import TransformerBridge
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from lensprobe.models import quiet
 
-    tok = tiny_tokenizer(chat_template)
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=d_model, intermediate_size=2 * d_model,
-        num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
-        max_position_embeddings=n_ctx, bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False,
-    )
-    config._attn_implementation = "eager"
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        hf = LlamaForCausalLM(config).eval()
+    hf, tok = tiny_hf_model(seed, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                            d_model=d_model, n_ctx=n_ctx, chat_template=chat_template)
     with quiet():
         return TransformerBridge.boot_transformers(
             "lensprobe-tiny-llama", hf_model=hf, tokenizer=tok, n_ctx=n_ctx

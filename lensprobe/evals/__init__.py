@@ -1,0 +1,71 @@
+"""MATH-500 evaluation across prompt and intervention conditions.
+
+- :mod:`~lensprobe.evals.data`: :func:`load_math500` (local JSONL or the hub), :class:`Problem`.
+- :mod:`~lensprobe.evals.conditions`: :class:`Condition` and the built-in conditions
+  ``"w/o"``, ``"w/ Mless"``, ``"w/ Mful"``, ``"random sentence"``.
+- :mod:`~lensprobe.evals.grading`: :func:`extract_boxed`, :func:`grade` (math-verify and
+  the MATH paper's string grader).
+- :mod:`~lensprobe.evals.harness`: :func:`evaluate` (batched generation, resumable rows,
+  sharding under ``accelerate launch``).
+- :mod:`~lensprobe.evals.results`: result folders, :func:`load_results`.
+- :mod:`~lensprobe.evals.stats`: :func:`accuracy` with Wilson intervals, :func:`compare`
+  (exact McNemar test), pass@k.
+- :mod:`~lensprobe.evals.report`: tables, figures and the report section.
+
+Example:
+    >>> import lensprobe as lp
+    >>> model = lp.load_model()
+    >>> probs = lp.load_math500("test.jsonl", levels=1, limit=20)
+    >>> rows = lp.evaluate(model, probs, "w/o,w/ Mless,w/ Mful", out="runs/smol", max_new_tokens=256)
+    >>> lp.evals.accuracy(rows, "condition")
+    >>> lp.evals.compare(rows, "w/o", "w/ Mless").p_value
+"""
+
+from lensprobe.evals.conditions import (
+    BUILTIN_CONDITIONS,
+    Condition,
+    MatchedRandomSentence,
+    builtin_condition,
+    resolve_conditions,
+)
+from lensprobe.evals.data import Problem, load_math500, read_jsonl_problems
+from lensprobe.evals.grading import GRADERS, extract_boxed, grade, grade_all, normalize_answer
+from lensprobe.evals.harness import EvalConfig, evaluate, shard_info
+from lensprobe.evals.results import load_results, read_config
+from lensprobe.evals.stats import (
+    PairedComparison,
+    accuracy,
+    compare,
+    mcnemar_exact,
+    pass_at_k,
+    pass_at_k_table,
+    wilson_interval,
+)
+
+__all__ = [
+    "BUILTIN_CONDITIONS",
+    "GRADERS",
+    "Condition",
+    "EvalConfig",
+    "MatchedRandomSentence",
+    "PairedComparison",
+    "Problem",
+    "accuracy",
+    "builtin_condition",
+    "compare",
+    "evaluate",
+    "extract_boxed",
+    "grade",
+    "grade_all",
+    "load_math500",
+    "load_results",
+    "mcnemar_exact",
+    "normalize_answer",
+    "pass_at_k",
+    "pass_at_k_table",
+    "read_config",
+    "read_jsonl_problems",
+    "resolve_conditions",
+    "shard_info",
+    "wilson_interval",
+]

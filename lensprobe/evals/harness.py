@@ -1,0 +1,438 @@
+"""The evaluation harness: conditions x problems -> generated, graded, saved rows.
+
+:func:`evaluate` builds each condition's prompt for each problem, generates answers in
+batches (left padding, KV cache, greedy by default), extracts the last ``\\boxed{...}`` of the
+generated text, grades it with every grader, and appends one JSONL row per (condition,
+problem, sample) to the output folder as soon as it is graded. Rerunning with the same
+folder skips finished rows; a folder holding another configuration is refused.
+
+**Sharding.** Under ``accelerate launch`` (or ``torchrun``, or ``mpirun``) every process
+reads its rank and the number of processes from the environment (``RANK``/``WORLD_SIZE``,
+or the MPI equivalents), takes every ``world_size``-th problem starting at its rank, and
+writes its own ``results-rank{R}.jsonl``. Rank 0 then waits for the other shards and
+returns the merged table. The result rows do not depend on the number of processes.
+
+**Sampling.** With ``do_sample=True`` every problem gets ``n_samples`` answers; sample ``j``
+is drawn from a generator seeded with ``(seed, j)`` (see :func:`lensprobe.generate`), so a
+row never depends on which other problems shared its batch, on sharding, or on resuming,
+and every condition sees the same random numbers (paired comparisons).
+"""
+
+import hashlib
+import json
+import os
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from lensprobe.errors import LensprobeError
+from lensprobe.evals.conditions import Condition, resolve_conditions
+from lensprobe.evals.data import Problem
+from lensprobe.evals.grading import GRADERS, extract_boxed, grade_all
+from lensprobe.evals.results import RowWriter, prepare_folder, read_rows, results_file
+
+DEFAULT_CONDITIONS = "w/o,w/ Mless,w/ Mful"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Generation settings of an evaluation run.
+
+    Attributes:
+        max_new_tokens: generated tokens per answer at most.
+        batch_size: prompts generated together (left-padded); does not change greedy results
+            and is not part of the configuration hash.
+        do_sample: sample instead of greedy decoding.
+        temperature, top_p: sampling settings (ignored when greedy).
+        n_samples: answers per problem (needs ``do_sample=True`` when > 1; for pass@k).
+        seed: base seed of sampling.
+        stop_at_eos: stop a row when it emits the end-of-sequence token.
+    """
+
+    max_new_tokens: int = 512
+    batch_size: int = 8
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n_samples: int = 1
+    seed: int = 0
+    stop_at_eos: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "batch_size", "n_samples"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise LensprobeError(f"{name} must be a positive integer, got {value!r}.")
+        if not isinstance(self.seed, int):
+            raise LensprobeError(f"seed must be an integer, got {self.seed!r}.")
+        if not self.temperature > 0:
+            raise LensprobeError(f"temperature must be > 0, got {self.temperature!r}.")
+        if not 0 < self.top_p <= 1:
+            raise LensprobeError(f"top_p must be in (0, 1], got {self.top_p!r}.")
+        if self.n_samples > 1 and not self.do_sample:
+            raise LensprobeError(
+                f"n_samples={self.n_samples} with greedy decoding gives {self.n_samples} identical "
+                "answers: set do_sample=True (e.g. --sample) or n_samples=1."
+            )
+
+    def hashed(self) -> dict:
+        """The settings that change results (everything but ``batch_size``)."""
+        d = asdict(self)
+        d.pop("batch_size")
+        if not self.do_sample:
+            d.pop("temperature")
+            d.pop("top_p")
+        return d
+
+
+def shard_info() -> tuple[int, int]:
+    """``(rank, world_size)`` from the launcher's environment; ``(0, 1)`` when not sharded.
+
+    Reads ``RANK``/``WORLD_SIZE`` (``accelerate launch``, ``torchrun``), else Open MPI's or
+    MPICH's variables (``accelerate launch --cpu`` with an MPI hostfile).
+    """
+    for rank_var, size_var in (("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                               ("PMI_RANK", "PMI_SIZE")):
+        if rank_var in os.environ and size_var in os.environ:
+            try:
+                return int(os.environ[rank_var]), int(os.environ[size_var])
+            except ValueError:
+                raise LensprobeError(
+                    f"{rank_var}={os.environ[rank_var]!r} / {size_var}={os.environ[size_var]!r} are not integers."
+                ) from None
+    return 0, 1
+
+
+def model_fingerprint(model, name: str | None = None) -> dict:
+    """Identity of a model for the configuration hash: name, shape and a hash of its embedding rows."""
+    import torch
+
+    cfg = model.cfg
+    if name is None:
+        from lensprobe.filler_study import model_label
+
+        name = model_label(model)
+    weights = None
+    with torch.no_grad():
+        emb = None
+        hf = getattr(model, "original_model", None)
+        if hf is not None and hasattr(hf, "get_input_embeddings"):
+            emb = hf.get_input_embeddings().weight
+        elif hasattr(model, "W_E"):
+            emb = model.W_E
+        if emb is not None:
+            rows = emb[: min(64, emb.shape[0])].detach().to("cpu", torch.float32).contiguous()
+            weights = hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
+    return {"name": str(name), "n_layers": int(cfg.n_layers), "n_heads": int(cfg.n_heads),
+            "d_model": int(cfg.d_model), "d_vocab": int(cfg.d_vocab), "embedding_hash": weights}
+
+
+def _hash(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def problem_hash(problem: Problem) -> str:
+    return _hash([problem.problem, problem.answer])
+
+
+def _check_problems(problems) -> list[Problem]:
+    if isinstance(problems, Problem):
+        problems = [problems]
+    problems = list(problems)
+    if not problems:
+        raise LensprobeError("no problems to evaluate: load some with lp.load_math500(path).")
+    bad = [p for p in problems if not isinstance(p, Problem)]
+    if bad:
+        raise LensprobeError(
+            f"problems must be lensprobe Problems (from lp.load_math500), got {type(bad[0]).__name__}."
+        )
+    ids = [p.id for p in problems]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise LensprobeError(f"problem id {dup!r} appears twice; ids must be unique.")
+    return problems
+
+
+@dataclass
+class _Item:
+    problem: Problem
+    sample: int
+    prompt: Any  # Prompt
+
+
+def _bound_interventions(cond: Condition, prompt) -> tuple[tuple, bool]:
+    """Interventions bound to ``prompt``; ``True`` if binding changed any (then batch alone)."""
+    bound, changed = [], False
+    for item in cond.interventions:
+        bind = getattr(item, "bind", None)
+        if callable(bind):
+            new = bind(prompt)
+            changed = changed or new is not item
+            bound.append(new)
+        else:
+            bound.append(item)
+    return tuple(bound), changed
+
+
+def _batches(items: list[_Item], cond: Condition, config: EvalConfig):
+    """Split one condition's pending items into generation calls: ``(items, interventions)``.
+
+    Items whose interventions change when bound to their prompt are generated alone.
+    """
+    shared: list[_Item] = []
+    for it in items:
+        inter, changed = _bound_interventions(cond, it.prompt)
+        if changed:
+            yield [it], inter
+        else:
+            shared.append(it)
+    per_call = config.batch_size if not config.do_sample else max(1, config.batch_size // config.n_samples)
+    # With sampling every call draws all n_samples of its problems: group by problem.
+    groups: list[list[_Item]] = []
+    for it in shared:
+        if config.do_sample and groups and groups[-1][0].problem.id == it.problem.id:
+            groups[-1].append(it)
+        else:
+            groups.append([it])
+    for i in range(0, len(groups), per_call):
+        yield [it for g in groups[i:i + per_call] for it in g], cond.interventions
+
+
+def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str | os.PathLike | None = None,
+             config: EvalConfig | None = None, model_name: str | None = None, resume: bool = True,
+             progress: bool = True, rank: int | None = None, world_size: int | None = None,
+             wait_for_shards: bool = True, **settings):
+    """Generate and grade answers for every condition x problem (x sample), resumably.
+
+    Args:
+        model: a TransformerLens model (e.g. ``lp.load_model()``).
+        problems: :class:`~lensprobe.evals.data.Problem` list from :func:`load_math500`.
+        conditions: names (``"w/o,w/ Mless,w/ Mful"``), :class:`Condition` objects or prompt
+            builder callables; see :func:`resolve_conditions`.
+        out: output folder (``config.json`` + ``results-rank*.jsonl``); ``None`` keeps rows
+            in memory only (no resuming).
+        config: an :class:`EvalConfig`; or pass its fields as keyword arguments
+            (``max_new_tokens=256, batch_size=4``).
+        model_name: name recorded in rows and the configuration (default: the model's).
+        resume: skip rows already in ``out``; ``False`` refuses a folder holding results.
+        progress: show a progress bar (problems per second, running accuracy).
+        rank, world_size: this process's shard; default from the environment (see
+            :func:`shard_info`).
+        wait_for_shards: on rank 0 of a sharded run, wait for the other shards' rows and
+            return the merged table.
+
+    Returns:
+        A pandas DataFrame, one row per (condition, problem, sample), with the verdict of each
+        grader in the columns ``"math-verify"``, ``"paper"``, ``"paper-lenient"``, the
+        extracted ``prediction``, the ``generation`` text, the exact ``prompt``, ``finish``
+        (``"eos"`` or ``"length"``) and the hashes of the configuration and condition.
+
+    Raises:
+        LensprobeError: unknown condition names, bad settings, a prompt that does not fit
+            the context with ``max_new_tokens``, or an output folder of another configuration.
+
+    Example:
+        >>> probs = lp.load_math500("test.jsonl", levels=1, limit=20)
+        >>> rows = lp.evaluate(model, probs, "w/o,w/ Mless,w/ Mful", out="runs/smol",
+        ...                    max_new_tokens=256)
+        >>> lp.evals.accuracy(rows, "condition")
+    """
+    if config is not None and settings:
+        raise LensprobeError("pass either config=EvalConfig(...) or keyword settings, not both.")
+    config = config if config is not None else EvalConfig(**settings)
+    problems = _check_problems(problems)
+    conds = resolve_conditions(conditions)
+    env_rank, env_world = shard_info()
+    rank = env_rank if rank is None else rank
+    world_size = env_world if world_size is None else world_size
+    if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
+        raise LensprobeError(f"bad shard: rank {rank} of world size {world_size}; need 0 <= rank < world_size.")
+    if world_size > 1 and out is None:
+        raise LensprobeError("a sharded run needs an output folder (out=...) to merge the shards' rows.")
+
+    fingerprint = model_fingerprint(model, model_name)
+    run = {"format": FORMAT_VERSION, "model": fingerprint, "generation": config.hashed()}
+    run_hash = _hash(run)
+    builders = {c.name: c.prompt_builder(model) for c in conds}
+    cond_desc = {}
+    for c in conds:
+        desc = c.describe(model)
+        cond_desc[c.name] = {**desc, "hash": _hash(desc)}
+
+    done: dict[tuple, dict] = {}
+    writer = None
+    if out is not None:
+        out = prepare_folder(out, run, run_hash, cond_desc, resume=resume or rank != 0)
+        by_id = {p.id: problem_hash(p) for p in problems}
+        for row in read_rows(out):
+            key = (row["condition"], row["problem_id"], row["sample"])
+            expected = by_id.get(row["problem_id"])
+            if expected is not None and row.get("problem_hash") != expected:
+                raise LensprobeError(
+                    f"{out} holds a result for problem id {row['problem_id']!r} with a different problem "
+                    "text or answer: these are other data. Use a new output folder."
+                )
+            done.setdefault(key, row)
+
+    mine = problems[rank::world_size]
+    n_ctx = int(model.cfg.n_ctx)
+    plan: list[tuple[Condition, list[_Item]]] = []
+    chunk = config.batch_size
+    for start in range(0, len(mine), chunk):
+        for cond in conds:
+            items = []
+            for p in mine[start:start + chunk]:
+                samples = [s for s in range(config.n_samples) if (cond.name, p.id, s) not in done]
+                if not samples:
+                    continue
+                prompt = builders[cond.name](p.problem)
+                if len(prompt) + config.max_new_tokens > n_ctx:
+                    raise LensprobeError(
+                        f"problem {p.id!r} under condition {cond.name!r} is a {len(prompt)}-token prompt; "
+                        f"with max_new_tokens={config.max_new_tokens} it exceeds the model's context "
+                        f"({n_ctx}). Lower max_new_tokens or drop long problems."
+                    )
+                items += [_Item(p, s, prompt) for s in samples]
+            if items:
+                plan.append((cond, items))
+
+    new_rows: list[dict] = []
+    mine_ids = {p.id for p in mine}
+    tally = {c.name: [0, 0] for c in conds}
+    for (cname, pid, _), row in done.items():
+        if cname in tally and pid in mine_ids:
+            tally[cname][0] += bool(row.get("math-verify"))
+            tally[cname][1] += 1
+    total = sum(len(items) for _, items in plan)
+    bar = _progress(total, progress, rank, world_size)
+    try:
+        if out is not None and total:
+            writer = RowWriter(results_file(out, rank))
+        for cond, items in plan:
+            for batch, interventions in _batches(items, cond, config):
+                t0 = time.perf_counter()
+                outs = _generate(model, batch, interventions, cond, config)
+                seconds = (time.perf_counter() - t0) / len(batch)
+                for it, (ids, text, finish) in zip(batch, outs, strict=True):
+                    row = _row(it, cond, ids, text, finish, seconds, fingerprint["name"], run_hash,
+                               cond_desc[cond.name]["hash"], rank)
+                    if writer is not None:
+                        writer.write(row)
+                    new_rows.append(row)
+                    tally[cond.name][0] += row["math-verify"]
+                    tally[cond.name][1] += 1
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix_str(_accuracy_postfix(tally), refresh=False)
+                if writer is not None:
+                    writer.sync()
+    finally:
+        if writer is not None:
+            writer.close()
+        if bar is not None:
+            bar.close()
+
+    if out is None:
+        rows = new_rows
+    else:
+        expected = {(c.name, p.id, s) for c in conds for p in problems for s in range(config.n_samples)}
+        if world_size > 1 and rank == 0 and wait_for_shards:
+            _wait_for(out, expected)
+        rows = [r for r in read_rows(out) if (r["condition"], r["problem_id"], r["sample"]) in expected]
+    return _table(rows, conds, problems)
+
+
+def _table(rows: list[dict], conds: list[Condition], problems: list[Problem]):
+    import pandas as pd
+
+    if not rows:
+        return pd.DataFrame(columns=ROW_COLUMNS)
+    df = pd.DataFrame.from_records(rows)
+    df = df.drop_duplicates(subset=["condition", "problem_id", "sample"], keep="first")
+    corder = {c.name: i for i, c in enumerate(conds)}
+    porder = {p.id: i for i, p in enumerate(problems)}
+    df = df.assign(_c=df["condition"].map(corder), _p=df["problem_id"].map(porder))
+    df = df.sort_values(["_c", "_p", "sample"], kind="stable").drop(columns=["_c", "_p"])
+    return df.reset_index(drop=True)
+
+
+ROW_COLUMNS = ["condition", "problem_id", "sample", "subject", "level", "answer", "prediction",
+               *GRADERS, "finish", "generated_tokens", "generation", "prompt", "prompt_tokens",
+               "model", "config_hash", "condition_hash", "problem_hash", "rank", "seconds"]
+
+
+def _row(it: _Item, cond: Condition, ids: list[int], text: str, finish: str, seconds: float, model_name: str,
+         run_hash: str, cond_hash: str, rank: int) -> dict:
+    prediction = extract_boxed(text)
+    verdicts = grade_all(prediction, it.problem.answer)
+    p = it.problem
+    return {
+        "condition": cond.name, "problem_id": p.id, "sample": it.sample, "subject": p.subject,
+        "level": p.level, "answer": p.answer, "prediction": prediction, **verdicts, "finish": finish,
+        "generated_tokens": len(ids), "generation": text, "prompt": it.prompt.text,
+        "prompt_tokens": len(it.prompt), "model": model_name, "config_hash": run_hash,
+        "condition_hash": cond_hash, "problem_hash": problem_hash(p), "rank": rank,
+        "seconds": round(seconds, 4),
+    }
+
+
+def _accuracy_postfix(tally: dict[str, list[int]]) -> str:
+    parts = [f"{name} {k / n:.0%}" for name, (k, n) in tally.items() if n]
+    return "acc " + " | ".join(parts) if parts else ""
+
+
+def _progress(total: int, enabled: bool, rank: int, world_size: int):
+    if not enabled or total == 0:
+        return None
+    from tqdm.auto import tqdm
+
+    desc = "eval" if world_size == 1 else f"eval shard {rank}/{world_size}"
+    return tqdm(total=total, desc=desc, unit="problem", dynamic_ncols=True, position=rank if world_size > 1 else None)
+
+
+def _wait_for(out: Path, expected: set[tuple], poll: float = 0.5, stall_timeout: float = 3600.0) -> None:
+    """Wait until every expected row is in the folder (the other shards finished)."""
+    last_count, last_change = -1, time.monotonic()
+    while True:
+        have = {(r["condition"], r["problem_id"], r["sample"]) for r in read_rows(out)}
+        missing = expected - have
+        if not missing:
+            return
+        if len(have) != last_count:
+            last_count, last_change = len(have), time.monotonic()
+        elif time.monotonic() - last_change > stall_timeout:
+            warnings.warn(f"gave up waiting for {len(missing)} rows of other shards in {out}; "
+                          "rerun the same command to finish them.", stacklevel=3)
+            return
+        time.sleep(poll)
+
+
+def _generate(model, batch: list[_Item], interventions: tuple, cond: Condition,
+              config: EvalConfig) -> list[tuple[list[int], str, str]]:
+    """Generate the batch's answers with :func:`lensprobe.generate`.
+
+    Returns ``(generated token ids, generated text, finish reason)`` per item. Greedy: one
+    row per prompt. Sampling: all ``n_samples`` rows of each distinct problem in the batch are
+    drawn and the items' own samples picked out.
+    """
+    from lensprobe.generation import generate
+
+    prompts, first = [], {}
+    for it in batch:
+        if it.problem.id not in first:
+            first[it.problem.id] = len(prompts)
+            prompts.append(it.prompt)
+    n = config.n_samples if config.do_sample else 1
+    trace = generate(model, prompts, max_new_tokens=config.max_new_tokens, interventions=list(interventions),
+                     do_sample=config.do_sample, temperature=config.temperature, top_p=config.top_p,
+                     seed=config.seed if config.do_sample else None, stop_at_eos=config.stop_at_eos,
+                     n_samples=n, **cond.generate_kwargs)
+    ids = trace.generated_ids
+    out = []
+    for it in batch:
+        r = first[it.problem.id] * n + (it.sample if config.do_sample else 0)
+        out.append((ids[r], trace.texts[r], trace.finish_reasons[r]))
+    return out

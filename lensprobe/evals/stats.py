@@ -1,0 +1,202 @@
+"""Statistics over graded result rows: accuracy with Wilson intervals, paired McNemar tests, pass@k.
+
+All functions take the result table of :func:`lensprobe.evals.harness.evaluate` (or
+:func:`lensprobe.evals.results.load_results`): one row per (condition, problem, sample)
+with a boolean column per grader (``"math-verify"``, ``"paper"``, ``"paper-lenient"``).
+"""
+
+import math
+from dataclasses import asdict, dataclass
+
+from lensprobe.errors import LensprobeError
+from lensprobe.evals.grading import GRADERS
+
+_Z95 = 1.959963984540054  # standard normal quantile at 0.975
+
+
+def _z(confidence: float) -> float:
+    if not 0 < confidence < 1:
+        raise LensprobeError(f"confidence must be between 0 and 1, got {confidence!r}.")
+    if abs(confidence - 0.95) < 1e-12:
+        return _Z95
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def wilson_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion ``correct / n``.
+
+    Returns ``(nan, nan)`` when ``n == 0``.
+
+    Example:
+        >>> lo, hi = wilson_interval(8, 10)
+        >>> round(lo, 3), round(hi, 3)
+        (0.49, 0.943)
+    """
+    if n < 0 or correct < 0 or correct > n:
+        raise LensprobeError(f"need 0 <= correct <= n, got correct={correct}, n={n}.")
+    if n == 0:
+        return (math.nan, math.nan)
+    z = _z(confidence)
+    p = correct / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    lo = 0.0 if correct == 0 else max(0.0, centre - half)  # exact at the ends (no rounding drift)
+    hi = 1.0 if correct == n else min(1.0, centre + half)
+    return (lo, hi)
+
+
+def _check_grader(df, grader: str) -> None:
+    if grader not in GRADERS:
+        raise LensprobeError(f"unknown grader {grader!r}: use one of {GRADERS}.")
+    if grader not in df.columns:
+        raise LensprobeError(f"the result table has no {grader!r} column; columns: {list(df.columns)}.")
+
+
+def accuracy(df, by: str | list[str] = "condition", *, grader: str = "math-verify",
+             confidence: float = 0.95):
+    """Accuracy per group with a Wilson interval.
+
+    Args:
+        df: result rows (a pandas DataFrame).
+        by: column(s) to group by, e.g. ``"condition"``, ``["condition", "level"]``,
+            ``["model", "condition"]``.
+        grader: which verdict column to count (``"math-verify"``, ``"paper"``,
+            ``"paper-lenient"``).
+        confidence: interval level (0.95 by default).
+
+    Returns:
+        A DataFrame with the group columns and ``n``, ``correct``, ``accuracy``, ``low``,
+        ``high``, ``grader``. With several samples per problem every sample counts as a
+        trial (the mean accuracy over samples).
+
+    Example:
+        >>> accuracy(rows, ["condition", "level"])
+    """
+    import pandas as pd
+
+    _check_grader(df, grader)
+    by = [by] if isinstance(by, str) else list(by)
+    missing = [c for c in by if c not in df.columns]
+    if missing:
+        raise LensprobeError(f"cannot group by {missing}: the table has columns {list(df.columns)}.")
+    records = []
+    for key, group in df.groupby(by, sort=False, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        n = len(group)
+        k = int(group[grader].astype(bool).sum())
+        lo, hi = wilson_interval(k, n, confidence)
+        records.append({**dict(zip(by, key, strict=True)), "n": n, "correct": k, "accuracy": k / n if n else math.nan,
+                        "low": lo, "high": hi, "grader": grader})
+    return pd.DataFrame.from_records(records, columns=by + ["n", "correct", "accuracy", "low", "high", "grader"])
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """McNemar exact test between two conditions on the same (problem, sample) pairs.
+
+    Attributes:
+        a, b: condition names.
+        n: number of pairs compared.
+        accuracy_a, accuracy_b: accuracies on those pairs.
+        only_a: pairs right under ``a`` and wrong under ``b``.
+        only_b: pairs right under ``b`` and wrong under ``a``.
+        p_value: two-sided exact McNemar p-value (binomial test of ``only_a`` vs
+            ``only_b`` with p = 1/2); 1.0 when there are no discordant pairs.
+    """
+
+    a: str
+    b: str
+    n: int
+    accuracy_a: float
+    accuracy_b: float
+    only_a: int
+    only_b: int
+    p_value: float
+    grader: str
+
+    @property
+    def difference(self) -> float:
+        """``accuracy_b - accuracy_a``."""
+        return self.accuracy_b - self.accuracy_a
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "difference": self.difference}
+
+
+def mcnemar_exact(only_a: int, only_b: int) -> float:
+    """Two-sided exact McNemar p-value from the two discordant counts.
+
+    Example:
+        >>> round(mcnemar_exact(1, 9), 4)
+        0.0215
+    """
+    if only_a < 0 or only_b < 0:
+        raise LensprobeError("discordant counts must be non-negative.")
+    m = only_a + only_b
+    if m == 0:
+        return 1.0
+    k = min(only_a, only_b)
+    tail = sum(math.comb(m, i) for i in range(k + 1)) / 2**m
+    return min(1.0, 2 * tail)
+
+
+def compare(df, a: str, b: str, *, grader: str = "math-verify") -> PairedComparison:
+    """Paired comparison of conditions ``a`` and ``b`` on the problems both have answered.
+
+    Rows are paired by ``(problem_id, sample)`` (and ``model`` if present); pairs missing
+    under either condition are left out.
+
+    Example:
+        >>> cmp = compare(rows, "w/o", "w/ Mless")
+        >>> cmp.difference, cmp.p_value
+    """
+    _check_grader(df, grader)
+    conds = set(df["condition"])
+    for name in (a, b):
+        if name not in conds:
+            raise LensprobeError(f"condition {name!r} is not in the results: they hold {sorted(conds)}.")
+    keys = [c for c in ("model", "problem_id", "sample") if c in df.columns]
+    left = df[df["condition"] == a][keys + [grader]].rename(columns={grader: "va"})
+    right = df[df["condition"] == b][keys + [grader]].rename(columns={grader: "vb"})
+    pairs = left.merge(right, on=keys, how="inner")
+    n = len(pairs)
+    if n == 0:
+        raise LensprobeError(f"conditions {a!r} and {b!r} share no answered problems: nothing to compare.")
+    va, vb = pairs["va"].astype(bool), pairs["vb"].astype(bool)
+    only_a, only_b = int((va & ~vb).sum()), int((vb & ~va).sum())
+    return PairedComparison(a=a, b=b, n=n, accuracy_a=float(va.mean()), accuracy_b=float(vb.mean()),
+                            only_a=only_a, only_b=only_b, p_value=mcnemar_exact(only_a, only_b),
+                            grader=grader)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k estimate from ``n`` samples of which ``c`` are correct (Chen et al. 2021).
+
+    Example:
+        >>> pass_at_k(n=4, c=1, k=2)
+        0.5
+    """
+    if not 0 <= c <= n or k <= 0 or k > n:
+        raise LensprobeError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}.")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_at_k_table(df, k: int, by: str | list[str] = "condition", *, grader: str = "math-verify"):
+    """Mean pass@k over problems per group (needs ``n_samples >= k`` rows per problem)."""
+    import pandas as pd
+
+    _check_grader(df, grader)
+    by = [by] if isinstance(by, str) else list(by)
+    records = []
+    for key, group in df.groupby(by, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        per_problem = group.groupby("problem_id")[grader].agg(["size", "sum"])
+        values = [pass_at_k(int(n), int(c), k) for n, c in zip(per_problem["size"], per_problem["sum"], strict=True)]
+        records.append({**dict(zip(by, key, strict=True)), "k": k, "problems": len(values),
+                        f"pass@{k}": sum(values) / len(values)})
+    return pd.DataFrame.from_records(records)

@@ -1,0 +1,152 @@
+"""Figures of the head studies: average attention on one head per condition, and the ablation sweep heatmap.
+
+Functions take results (tidy DataFrames, :class:`~lensprobe.sweep.SweepResult`) and draw
+them; nothing is computed here and nothing is shown. Heads are labelled 0-based,
+TransformerLens-style ("L0H13" is the papers' "layer 1, head 14").
+"""
+
+from collections.abc import Sequence
+
+from lensprobe.viz.attention import CONDITION_COLORS, INDEX_NOTE, _color, _table, _unique
+
+try:  # labels of the filler study's conditions, when that study is installed alongside
+    from lensprobe.filler_study import CONDITION_LABELS
+except ImportError:  # pragma: no cover
+    CONDITION_LABELS = {}
+
+GENERATED_COLOR = "#9ecae1"
+
+
+def head_attention_figure(result, layer: int, head: int, *, conditions: Sequence[str] | None = None,
+                          title: str | None = None, log_y: bool = False):
+    """The paper's "average attention on head H": one line per condition over aligned positions.
+
+    Works for the prompt alone (the table of
+    :func:`~lensprobe.filler_study.attention_received`) and for prompt plus generated
+    tokens (:func:`~lensprobe.head_study.head_attention_over_generation`); rows whose
+    ``segment`` is ``"generated"`` are shaded, with a line where generation starts.
+
+    Args:
+        result: a result with a ``table`` or the DataFrame itself, with columns
+            ``condition``, ``layer``, ``head``, ``aligned_pos``, ``token``, ``segment``,
+            ``attention``.
+        layer, head: the head to draw (0-based).
+        conditions: which conditions, in order (default: all in the table).
+        title: figure title.
+        log_y: logarithmic y axis (position 0 often takes most of the attention).
+
+    Returns:
+        A plotly ``Figure``.
+
+    Example:
+        >>> res = lp.attention_received(model, q, layers=[0], heads=[3])
+        >>> fig = head_attention_figure(res, 0, 3)
+    """
+    import plotly.graph_objects as go
+
+    t = _table(result)
+    sel = t[(t["layer"] == layer) & (t["head"] == head) & t["aligned_pos"].notna()]
+    conds = list(conditions) if conditions is not None else _unique(sel["condition"])
+    fig = go.Figure()
+    hover = "%{customdata}<br>aligned position %{x}<br>attention %{y:.4f}<extra>%{fullData.name}</extra>"
+    gen_starts = []
+    for i, c in enumerate(conds):
+        rows = sel[sel["condition"] == c].sort_values("aligned_pos")
+        fig.add_trace(go.Scatter(
+            x=rows["aligned_pos"].astype(int).tolist(), y=rows["attention"].tolist(),
+            customdata=rows["token"].tolist(), mode="lines", name=CONDITION_LABELS.get(c, c),
+            line=dict(color=_color(c, CONDITION_COLORS, i), width=1.5), hovertemplate=hover))
+        gen = rows.loc[rows["segment"] == "generated", "aligned_pos"]
+        if len(gen):
+            gen_starts.append(int(gen.min()))
+    if gen_starts:
+        start = min(gen_starts)
+        end = int(sel["aligned_pos"].max())
+        fig.add_vrect(x0=start - 0.5, x1=end + 0.5, fillcolor=GENERATED_COLOR, opacity=0.2, line_width=0,
+                      layer="below", annotation_text="generated tokens", annotation_position="top left",
+                      annotation_font_size=10)
+    if log_y:
+        fig.update_yaxes(type="log")
+    label = f"L{layer}H{head}"
+    head_title = title or f"Average attention on head {label}"
+    fig.update_layout(
+        title=dict(text=f"{head_title}<br><sup>{INDEX_NOTE} (so {label} is the papers' layer {layer + 1}, "
+                        f"head {head + 1}); mean over later queries i &gt; j; filler span dropped</sup>"),
+        xaxis_title="token position (aligned: prompt without filler"
+                    + (", then generated tokens)" if gen_starts else ")"),
+        yaxis_title="avg attention received", template="plotly_white", height=460,
+        legend=dict(title_text="condition"), margin=dict(t=110, l=80, r=30, b=60),
+    )
+    return fig
+
+
+def sweep_heatmap(result, *, title: str | None = None, zmax: float | None = None):
+    """Heatmap of a head-ablation sweep: metric change per (layer, head).
+
+    Args:
+        result: a :class:`~lensprobe.sweep.SweepResult` (or its ``table``, a [layer, head]
+            DataFrame of mean changes).
+        title: figure title (default names the metric and method).
+        zmax: colour scale limit (symmetric around 0; default: the largest |change|).
+
+    Returns:
+        A plotly ``Figure``; red = the metric rises when the head is ablated, blue = it falls;
+        blank cells were not swept.
+
+    Example:
+        >>> fig = sweep_heatmap(lp.ablation_sweep(model, prompt, "entropy"))
+    """
+    import plotly.graph_objects as go
+
+    table = getattr(result, "table", result)
+    metric = getattr(result, "metric", "metric")
+    method = getattr(result, "method", "")
+    values = table.to_numpy()
+    layers = [int(v) for v in table.index]
+    heads = [int(v) for v in table.columns]
+    finite = values[values == values]  # drop NaN
+    lim = zmax if zmax is not None else (float(abs(finite).max()) if finite.size else 1.0) or 1.0
+    text = [[f"L{lay}H{h}" for h in heads] for lay in layers]
+    fig = go.Figure(go.Heatmap(
+        z=values.tolist(), x=heads, y=layers, text=text, zmin=-lim, zmax=lim, zmid=0.0,
+        colorscale="RdBu_r", colorbar=dict(title=dict(text=f"Δ {metric}")),
+        hovertemplate="%{text}<br>Δ " + metric + " = %{z:.4g}<extra></extra>"))
+    head_title = title or f"Change in {metric} when ablating each head" + (f" ({method} ablation)" if method else "")
+    fig.update_layout(
+        title=dict(text=f"{head_title}<br><sup>{INDEX_NOTE}; ablated - baseline, mean over prompts</sup>"),
+        xaxis=dict(title_text="head (0-based)", dtick=1), yaxis=dict(title_text="layer (0-based)", autorange="reversed"),
+        template="plotly_white", height=max(360, 120 + 18 * len(layers)), width=max(480, 220 + 40 * len(heads)),
+        margin=dict(t=100, l=80, r=30, b=60),
+    )
+    return fig
+
+
+def next_token_figure(effect, *, title: str | None = None):
+    """Next-token probabilities with and without an ablation (grouped bars, one pair per token).
+
+    Args:
+        effect: an :class:`~lensprobe.head_study.AblationEffect` (or its ``tokens`` DataFrame
+            with ``token``, ``p_clean``, ``p_ablated``).
+        title: figure title.
+
+    Returns:
+        A plotly ``Figure``.
+    """
+    import plotly.graph_objects as go
+
+    t = getattr(effect, "tokens", effect)
+    labels = [repr(tok)[1:-1] or "(empty)" for tok in t["token"]]
+    fig = go.Figure([
+        go.Bar(x=labels, y=t["p_clean"].tolist(), name="clean", marker_color="#222222"),
+        go.Bar(x=labels, y=t["p_ablated"].tolist(), name="ablated", marker_color="#d62728"),
+    ])
+    summary = getattr(effect, "summary", None)
+    sub = (f"entropy {summary['entropy_clean']:.3f} → {summary['entropy_ablated']:.3f} nats; "
+           f"KL {summary['kl']:.4f} nats" if summary else "")
+    fig.update_layout(
+        barmode="group", template="plotly_white", height=420,
+        title=dict(text=f"{title or 'Next-token probabilities with and without the ablation'}<br><sup>{sub}</sup>"),
+        xaxis_title="token (top tokens of either run)", yaxis_title="probability",
+        margin=dict(t=100, l=70, r=30, b=80),
+    )
+    return fig

@@ -1,0 +1,113 @@
+"""Evaluation figures: accuracy bars per model x condition, and accuracy per difficulty level.
+
+Both take the tables of :func:`lensprobe.evals.stats.accuracy` (columns ``accuracy``,
+``low``, ``high``, ``n`` plus the grouping columns) and draw them as they are.
+"""
+
+from collections.abc import Sequence
+
+CONDITION_COLORS = {
+    "w/o": "#7f7f7f",
+    "w/ Mless": "#d62728",
+    "w/ Mful": "#1f77b4",
+    "random sentence": "#2ca02c",
+}
+_PALETTE = ["#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff7f0e"]
+
+
+def _colors(conditions: Sequence[str]) -> dict[str, str]:
+    out, i = {}, 0
+    for c in conditions:
+        if c in CONDITION_COLORS:
+            out[c] = CONDITION_COLORS[c]
+        else:
+            out[c] = _PALETTE[i % len(_PALETTE)]
+            i += 1
+    return out
+
+
+def _unique(values) -> list:
+    return list(dict.fromkeys(values))
+
+
+def _error(rows):
+    acc = rows["accuracy"] * 100
+    return dict(type="data", symmetric=False, array=(rows["high"] * 100 - acc).tolist(),
+                arrayminus=(acc - rows["low"] * 100).tolist(), thickness=1.2, width=4)
+
+
+def accuracy_bars(table, *, title: str | None = None, model_column: str = "model"):
+    """The paper's grouped bars: accuracy (%) per model, one bar per condition, 95% interval error bars.
+
+    Args:
+        table: ``accuracy(rows, ["model", "condition"])`` (or ``accuracy(rows, "condition")``
+            for a single model).
+        title: figure title.
+        model_column: column holding the model name.
+
+    Example:
+        >>> fig = accuracy_bars(lp.evals.accuracy(rows, ["model", "condition"]))
+    """
+    import plotly.graph_objects as go
+
+    models = _unique(table[model_column]) if model_column in table.columns else [""]
+    conditions = _unique(table["condition"])
+    colors = _colors(conditions)
+    grader = table["grader"].iloc[0] if "grader" in table.columns and len(table) else "math-verify"
+    fig = go.Figure()
+    for cond in conditions:
+        rows = table[table["condition"] == cond]
+        x = rows[model_column].tolist() if model_column in table.columns else [""] * len(rows)
+        fig.add_trace(go.Bar(
+            name=cond, x=x, y=(rows["accuracy"] * 100).tolist(), marker_color=colors[cond],
+            error_y=_error(rows), customdata=list(zip(rows["correct"], rows["n"], strict=True)),
+            text=[f"{a:.1f}" for a in rows["accuracy"] * 100], textposition="outside",
+            hovertemplate=f"{cond}<br>%{{x}}: %{{y:.1f}}% (%{{customdata[0]}}/%{{customdata[1]}})<extra></extra>",
+        ))
+    fig.update_layout(
+        barmode="group", template="plotly_white", height=420,
+        title=title or "Accuracy per model and condition",
+        yaxis_title=f"accuracy (%), {grader} grader; bars: 95% Wilson interval",
+        xaxis_title="model" if len(models) > 1 or models[0] else None,
+        legend_title="condition",
+    )
+    fig.update_yaxes(rangemode="tozero")
+    return fig
+
+
+def accuracy_by_level(table, *, title: str | None = None, model_column: str = "model"):
+    """Accuracy (%) per difficulty level, one line per condition (one panel per model), 95% intervals.
+
+    Args:
+        table: ``accuracy(rows, ["condition", "level"])`` or with ``"model"`` too.
+
+    Example:
+        >>> fig = accuracy_by_level(lp.evals.accuracy(rows, ["condition", "level"]))
+    """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    models = _unique(table[model_column]) if model_column in table.columns else [None]
+    conditions = _unique(table["condition"])
+    colors = _colors(conditions)
+    grader = table["grader"].iloc[0] if "grader" in table.columns and len(table) else "math-verify"
+    fig = make_subplots(rows=1, cols=len(models), shared_yaxes=True,
+                        subplot_titles=[str(m) for m in models] if models[0] is not None else None)
+    for col, model in enumerate(models, start=1):
+        part = table if model is None else table[table[model_column] == model]
+        for cond in conditions:
+            rows = part[part["condition"] == cond].sort_values("level")
+            if rows.empty:
+                continue
+            fig.add_trace(go.Scatter(
+                name=cond, legendgroup=cond, showlegend=col == 1, x=rows["level"].tolist(),
+                y=(rows["accuracy"] * 100).tolist(), mode="lines+markers", marker_color=colors[cond],
+                error_y=_error(rows), customdata=list(zip(rows["correct"], rows["n"], strict=True)),
+                hovertemplate=f"{cond}<br>level %{{x}}: %{{y:.1f}}% (%{{customdata[0]}}/%{{customdata[1]}})"
+                              "<extra></extra>",
+            ), row=1, col=col)
+        fig.update_xaxes(title_text="difficulty level", dtick=1, row=1, col=col)
+    fig.update_yaxes(title_text=f"accuracy (%), {grader} grader", rangemode="tozero", row=1, col=1)
+    fig.update_layout(template="plotly_white", height=420, legend_title="condition",
+                      title=title or "Accuracy per difficulty level (bars: 95% Wilson interval)")
+    return fig
