@@ -561,6 +561,31 @@ class HeadAblation:
         # dataclasses.asdict (used to describe a run) never copies models or activations.
         object.__setattr__(self, "_cache", weakref.WeakKeyDictionary())
 
+    def __repr__(self) -> str:
+        def sel(layer, head):
+            return "all" if layer is None and head is None else (
+                f"L{'*' if layer is None else layer}H{'*' if head is None else head}")
+
+        parts = [f"heads={','.join(sel(*s) for s in self.heads)!r}"] if self.heads else []
+        if self.kv_groups:
+            parts.append(f"kv_groups={','.join(f'L{lay}KV{g}' for lay, g in self.kv_groups)!r}")
+        parts.append(f"method={self.method!r}")
+        if isinstance(self.positions, Positions):
+            fixed = sorted(self.positions.fixed)
+            desc = [f"{fixed[:8]}{'...' if len(fixed) > 8 else ''}"] if fixed else []
+            desc += [f"from {self.positions.start}"] if self.positions.start is not None and not self.positions.generated else []
+            desc += ["generated"] if self.positions.generated else []
+            parts.append(f"positions={' + '.join(desc)}")
+        elif self.positions is not None:
+            parts.append(f"positions={self.positions!r}")
+        if self.reference is not None:
+            ref = self.reference
+            n = len(ref) if isinstance(ref, (list, tuple)) and not all(_is_int(t) for t in ref) else 1
+            parts.append(f"reference=<{type(ref).__name__ if isinstance(ref, HeadMeans) else f'{n} prompt(s)'}>")
+        if self.per_position:
+            parts.append("per_position=True")
+        return f"HeadAblation({', '.join(parts)})"
+
     def resolve(self, model) -> list[tuple[int, int]]:
         """The ``(layer, head)`` pairs this ablation touches on ``model``."""
         pairs = resolve_heads(model, self.heads) if self.heads else []
