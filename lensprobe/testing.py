@@ -6,7 +6,9 @@ with a small byte-level BPE tokenizer trained on the spot and a ChatML chat temp
 Nothing is downloaded.
 """
 
+import atexit
 import functools
+import shutil
 import tempfile
 
 import torch
@@ -51,6 +53,7 @@ def tiny_tokenizer(chat_template: bool = True):
         fast.chat_template = CHATML_TEMPLATE
     # TransformerLens reloads the tokenizer by its name_or_path, so give it a real folder.
     folder = tempfile.mkdtemp(prefix="lensprobe-tiny-tokenizer-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     fast.save_pretrained(folder)
     return AutoTokenizer.from_pretrained(folder)
 
