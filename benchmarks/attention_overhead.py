@@ -27,9 +27,9 @@ import argparse
 import gc
 import statistics
 import time
-from pathlib import Path
 
 import torch
+from procmem import reset_peak, rss_kib
 
 import lensprobe as lp
 
@@ -56,24 +56,6 @@ def build_long_prompt(model, n_tokens: int) -> lp.Prompt:
 def metrics_of(patterns: dict, prompt: lp.Prompt) -> list[torch.Tensor]:
     filler = prompt.positions("filler")
     return [(lp.average_attention_received(p), lp.attention_proportion(p, filler)) for p in patterns.values()]
-
-
-def rss_kib() -> tuple[int, int]:
-    """(current resident set size, peak since the last reset), in KiB."""
-    values = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            values[key] = int(rest.split()[0])
-    return values["VmRSS"], values["VmHWM"]
-
-
-def reset_peak() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
 
 
 def peak_and_kept(fn) -> tuple[float, float, object]:

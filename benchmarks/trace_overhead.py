@@ -44,31 +44,13 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
+from procmem import reset_peak, rss_kib  # noqa: E402
 
 import lensprobe as lp  # noqa: E402
 
 QUESTION = "Find the value of $x$ such that $\\sqrt{x + 7} = 9$. Explain each step."
-
-
-def rss_kib() -> tuple[int, int]:
-    """(current resident set size, peak since the last reset), in KiB."""
-    values = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            values[key] = int(rest.split()[0])
-    return values["VmRSS"], values["VmHWM"]
-
-
-def reset_peak() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
 
 
 class _MallInfo2(ctypes.Structure):
