@@ -540,7 +540,7 @@ def _build_hooks(model, layer_masks: dict[int, Tensor], positions: Positions | N
 # --------------------------------------------------------------------------- interventions
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class HeadAblation:
     """Intervention: ablate query heads at ``hook_z``. Build it with :func:`ablate_heads`.
 
@@ -571,17 +571,15 @@ class HeadAblation:
             parts.append(f"kv_groups={','.join(f'L{lay}KV{g}' for lay, g in self.kv_groups)!r}")
         parts.append(f"method={self.method!r}")
         if isinstance(self.positions, Positions):
-            fixed = sorted(self.positions.fixed)
-            desc = [f"{fixed[:8]}{'...' if len(fixed) > 8 else ''}"] if fixed else []
+            fixed = _ranges(sorted(self.positions.fixed))
+            desc = [f"[{fixed}]"] if fixed else []
             desc += [f"from {self.positions.start}"] if self.positions.start is not None and not self.positions.generated else []
             desc += ["generated"] if self.positions.generated else []
             parts.append(f"positions={' + '.join(desc)}")
         elif self.positions is not None:
             parts.append(f"positions={self.positions!r}")
         if self.reference is not None:
-            ref = self.reference
-            n = len(ref) if isinstance(ref, (list, tuple)) and not all(_is_int(t) for t in ref) else 1
-            parts.append(f"reference=<{type(ref).__name__ if isinstance(ref, HeadMeans) else f'{n} prompt(s)'}>")
+            parts.append(f"reference=<{_describe_reference(self.reference)}>")
         if self.per_position:
             parts.append("per_position=True")
         return f"HeadAblation({', '.join(parts)})"
@@ -629,6 +627,35 @@ class HeadAblation:
         except TypeError:
             pass
         return source
+
+
+def _ranges(values: list[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``"1-3,7"``."""
+    out, i = [], 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _describe_reference(ref) -> str:
+    """Count and a short content digest of a reference (the same in every process)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    if isinstance(ref, HeadMeans):
+        for layer in sorted(ref.values):
+            digest.update(ref.values[layer].detach().cpu().contiguous().numpy().tobytes())
+        return f"HeadMeans over {ref.n_prompts} prompts, sha256 {digest.hexdigest()[:12]}"
+    items = ref if isinstance(ref, (list, tuple)) and not all(_is_int(t) for t in ref) else [ref]
+    for item in items:
+        tokens = getattr(item, "tokens", item)
+        ids = tokens.flatten().tolist() if isinstance(tokens, Tensor) else list(tokens)
+        digest.update((",".join(str(int(i)) for i in ids) + ";").encode())
+    return f"{len(items)} prompt{'s' if len(items) != 1 else ''}, sha256 {digest.hexdigest()[:12]}"
 
 
 def _has_layer(source, layer: int) -> bool:

@@ -315,7 +315,11 @@ def build_section(model, *, quick: bool = False) -> list:
             "by name, so the two prompts may differ in length), plus all sites at once. Entropy at the last "
             f"prompt position: {res.target_value:.4f} nats without filler, {res.source_value:.4f} with Mless "
             f"(difference {effect:+.4f}). <code>share_of_filler_effect</code> = change / that difference: 1 "
-            "means the patched site alone carries the whole filler effect on the entropy.</p>"
+            "means the patched site alone carries the whole filler effect on the entropy. Positions before the "
+            "filler (the system prompt) cannot differ between the runs, so patching them changes nothing; and "
+            "at layer 0 patching the attention output (<code>hook_z</code>) gives the same numbers as patching "
+            "the residual stream after the layer, since the token embedding is the same and the MLP recomputes "
+            "from it. Both are checks on the patching itself.</p>"
         ),
         tables={"patching": df},
         data={"model": name, "hooks": list(PATCH_HOOKS), "segments": list(PATCH_SEGMENTS),

@@ -341,3 +341,14 @@ def test_kv_group_errors(tiny):
         ablate_kv_group("L0H1")
     with pytest.raises(LensprobeError, match="twice"):
         ablate_kv_group("L0KV1,L0KV1")
+
+
+def test_repr_describes_the_ablation_stably(prompts):
+    """Evaluations hash the repr into their configuration: it names everything that matters."""
+    a, b = prompts
+    r1 = repr(ablate_heads("L0H1,H2", method="mean", reference=[a, b], positions=["question", 1], prompt=a))
+    r2 = repr(ablate_heads("L0H1,H2", method="mean", reference=[a, b], positions=["question", 1], prompt=a))
+    r3 = repr(ablate_heads("L0H1,H2", method="mean", reference=[b, a], positions=["question", 1], prompt=a))
+    assert r1 == r2 and r1 != r3
+    q = a.positions("question")
+    assert f"{q[0]}-{q[-1]}" in r1 and "'mean'" in r1 and "L*H2" in r1 and "0x" not in r1

@@ -140,4 +140,4 @@ def test_mean_ablation_inside_trace_generation(tiny, prompt):
     assert trace.generated_ids[0] == ids
     assert (trace.entropy - ents).abs().max() <= 1e-4
     described = str(trace.meta["interventions"][0])  # the run's description names the ablation
-    assert "L1H1" in described and "'mean'" in described and "2 prompt(s)" in described
+    assert "L1H1" in described and "'mean'" in described and "2 prompts, sha256" in described
