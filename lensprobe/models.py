@@ -316,8 +316,8 @@ def check_heads(model, heads) -> list[int]:
         if not 0 <= head < total:
             raise LensprobeError(
                 f"head {head} out of range: model has {total} query heads per layer "
-                f"(0-{total - 1}). lensprobe counts heads from 0; papers count from 1, so the "
-                "paper's 'head 14' is head 13 here."
+                f"(0-{total - 1}). lensprobe counts heads from 0; papers count from 1 (a paper's "
+                f"'head {head}' is head {head - 1} here, if it exists)."
             )
         out.append(head)
     return out
