@@ -8,6 +8,18 @@ import pytest
 MATH500 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "math500" / "test.jsonl"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread():
+    """One intra-op thread: the suite's matrices are small, and on a shared 2-core machine
+    spinning thread pools make small ops up to 10x slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny():
     from lensprobe.testing import tiny_model

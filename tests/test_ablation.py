@@ -15,15 +15,6 @@ from lensprobe.ablation import (
 from lensprobe.errors import LensprobeError
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny matrices: threads only add overhead (and the machine is shared)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def prompts(tiny):
     with_filler = lp.build_prompt(tiny, "What is 12+7?", system="Please reason step by step.",

@@ -9,15 +9,6 @@ from lensprobe.ablation import ablate_heads
 from lensprobe.metrics import entropy
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny matrices: threads only add overhead (and the machine is shared)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def hf_greedy(model, tokens, n_steps, edit=None, layer=0):
     """Greedy decoding with the Hugging Face model and its own KV cache, by hand.
 

@@ -36,15 +36,6 @@ QUESTIONS = [
 VOLATILE = ["seconds", "rank"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The tiny model's matrices are small: one thread is faster, and immune to a busy machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def problems(n=None):
     return [Problem(id=f"q{i}", problem=q, answer=str(i), level=1 + i % 3, subject="S" if i % 2 else "T")
             for i, q in enumerate(QUESTIONS[:n] if n else QUESTIONS)]

@@ -10,15 +10,6 @@ from lensprobe.evals.report import build_demo_section, results_section, summary_
 from lensprobe.viz.evals import accuracy_bars, accuracy_by_level
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Small models on a shared 2-core machine: one thread avoids oversubscription stalls.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def fake_rows():
     recs = []
     verdicts = {

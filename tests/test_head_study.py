@@ -11,15 +11,6 @@ from lensprobe import head_study
 from lensprobe.filler_study import FillerSetup, aligned_positions, condition_prompts
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny matrices: threads only add overhead (and the machine is shared)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def hf_pattern(model, tokens, layer):
     """[batch, head, q, k] attention weights of plain transformers' (eager) attention module."""
     got = {}

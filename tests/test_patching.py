@@ -9,15 +9,6 @@ from lensprobe.metrics import entropy
 from lensprobe.patching import patch
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny matrices: threads only add overhead (and the machine is shared)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def pair(tiny):
     system = "Please reason step by step."

@@ -14,15 +14,6 @@ from lensprobe.metrics import attention_proportion
 from lensprobe.sweep import ablation_sweep
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny matrices: threads only add overhead (and the machine is shared)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def prompts(tiny):
     a = lp.build_prompt(tiny, "What is 12+7?", system="Please reason step by step.",

@@ -4,20 +4,10 @@ import json
 
 import pandas as pd
 import pytest
-import torch
 
 import lensprobe as lp
 from lensprobe.cli import main
 from lensprobe.thinking_study import build_demo_section, compare_thinking, parse_schedule, with_thinking_token
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One intra-op thread: on a shared 2-core machine, spinning thread pools cost 10x on small ops."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def test_cli_trace_writes_traces_summary_and_figure(tmp_path, capsys):
