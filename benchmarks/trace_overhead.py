@@ -5,8 +5,12 @@ On the embedded SmolLM2-135M-Instruct, one MATH-style prompt, ``--steps`` greedy
 times:
 
 - ``lp trace``: ``lp.trace_generation`` recording, at every step, the entropy and the
-  attention proportion onto two tracked sets at every layer and head (30 x 9);
+  attention proportion onto two tracked sets at every layer and head (30 x 9), default
+  engine (with no interventions: the bridge's weights through the unwrapped Hugging Face
+  modules, :mod:`lensprobe.plain`);
 - ``lp generate``: the same loop with no recorders (``lp.generate``, ``track=None``): (a);
+- ``lp trace [bridge]`` and ``lp generate [bridge]``: the same two on ``engine="bridge"``
+  (every forward through the TransformerBridge and its hook points, as with interventions);
 - ``bridge KV loop``: a hand-written greedy loop of bridge forwards with the KV cache and no
   hooks (what any KV-cached loop on a ``TransformerBridge`` costs), for reference;
 - ``bridge generate``: TransformerLens' own ``model.generate`` (KV cache), for reference;
@@ -125,6 +129,13 @@ def setup(steps: int):
         def lp_generate():
             return lp.generate(model, prompt, max_new_tokens=n, stop_at_eos=False)
 
+        def lp_trace_bridge():
+            return lp.trace_generation(model, prompt, max_new_tokens=n, track=TRACK, stop_at_eos=False,
+                                       engine="bridge")
+
+        def lp_generate_bridge():
+            return lp.generate(model, prompt, max_new_tokens=n, stop_at_eos=False, engine="bridge")
+
         def bridge_loop():
             with torch.inference_mode():
                 logits, pkv = model(tokens, return_type="logits_and_cache")
@@ -149,6 +160,8 @@ def setup(steps: int):
         return {
             "lp trace": lp_trace,
             "lp generate (a)": lp_generate,
+            "lp trace [bridge]": lp_trace_bridge,
+            "lp generate [bridge]": lp_generate_bridge,
             "bridge KV loop": bridge_loop,
             "bridge generate": bridge_generate,
             "hf sdpa (b)": hf(hf_sdpa),
@@ -199,6 +212,7 @@ def main() -> None:
         return seq[0, len(prompt):].tolist()
 
     outs = {name: fn() for name, fn in methods.items()}  # warm-up, and the token check
+    outs_engine = outs["lp trace"].meta["engine"]
     ref = ids_of("lp trace", outs["lp trace"])
     same = {name: ids_of(name, o) == ref for name, o in outs.items()}
     print("same tokens as lp trace: " + ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in same.items()))
@@ -225,12 +239,18 @@ def main() -> None:
         print(f"  lp trace vs {label}: {r_med:.3f}x (medians), {r_min:.3f}x (minima) -> {ok} the <= {target}x target")
 
     verdict("lp generate (a)", 1.15, "(a) lp generate, no recorders")
+    r_med = med["lp trace [bridge]"] / med["lp generate [bridge]"]
+    r_min = best["lp trace [bridge]"] / best["lp generate [bridge]"]
+    print(f"  on engine='bridge': lp trace vs lp generate, no recorders: {r_med:.3f}x (medians), {r_min:.3f}x "
+          "(minima); target <= 1.15x")
     verdict("hf eager+attn+scores (c)", 1.0, "(c) hf generate(output_attentions, output_scores)")
     print(f"  lp trace vs (b) hf generate sdpa: {med['lp trace'] / med['hf sdpa (b)']:.3f}x (medians), "
           f"{best['lp trace'] / best['hf sdpa (b)']:.3f}x (minima); no target")
     print(f"  bridge KV loop (no lensprobe) vs (c): {best['bridge KV loop'] / best['hf eager+attn+scores (c)']:.3f}x "
-          f"(minima): the TransformerBridge's own cost per step; lp trace vs bridge KV loop: "
-          f"{best['lp trace'] / best['bridge KV loop']:.3f}x (minima)")
+          f"(minima): the TransformerBridge's own cost per step, which the default engine avoids; "
+          f"lp trace vs bridge KV loop: {best['lp trace'] / best['bridge KV loop']:.3f}x (minima)")
+    print(f"  engines: lp trace ran on {outs_engine!r}; lp trace [bridge] / lp trace: "
+          f"{med['lp trace [bridge]'] / med['lp trace']:.3f}x (medians)")
     if args.no_memory:
         return
 
@@ -251,6 +271,11 @@ def main() -> None:
         print(f"{name:<28}{'n/a' if heap is None else f'{heap:.1f}':>10}{mem[name]['rss']:>10.1f}"
               f"{mem[name]['peak_total']:>9.0f}")
     a, t = mem["lp generate (a)"], mem["lp trace"]
+    ab, tb = mem["lp generate [bridge]"], mem["lp trace [bridge]"]
+    if ab["heap"] is not None:
+        g = tb["heap"] / max(ab["heap"], 1e-9)
+        print(f"  on engine='bridge': lp trace vs lp generate: peak heap growth {g:.3f}x "
+              f"({tb['heap'] - ab['heap']:+.2f} MiB)")
     if a["heap"] is not None:
         g = t["heap"] / max(a["heap"], 1e-9)
         print(f"  lp trace vs (a): peak heap growth {g:.3f}x ({t['heap'] - a['heap']:+.2f} MiB) -> "

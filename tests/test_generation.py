@@ -10,15 +10,6 @@ from lensprobe.generation import generate, trace_generation
 from lensprobe.testing import tiny_model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One intra-op thread: on a shared 2-core machine, spinning thread pools cost 10x on small ops."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(scope="module")
 def prompts(tiny):
     a = lp.build_prompt(tiny, "What is 12+7?", system=lp.MATH_SYSTEM_PROMPT)

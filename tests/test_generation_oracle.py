@@ -13,15 +13,6 @@ pytestmark = pytest.mark.slow
 N_STEPS = 16
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One intra-op thread: on a shared 2-core machine, spinning thread pools cost 10x on small ops."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(scope="module")
 def hf_model():
     """A fresh Hugging Face model from the same converted files, with no bridge around it."""
@@ -46,7 +37,8 @@ def _entropy_by_hand(logits: torch.Tensor) -> float:
     return float(-(p[p > 0] * p[p > 0].log()).sum())
 
 
-def test_entropy_and_attention_match_transformers_generate(smol, hf_model, prompt):
+@pytest.mark.parametrize("engine", ["bridge", "hf"])
+def test_entropy_and_attention_match_transformers_generate(smol, hf_model, prompt, engine):
     toks = prompt.tokens
     with torch.inference_mode():
         ref = hf_model.generate(
@@ -58,8 +50,9 @@ def test_entropy_and_attention_match_transformers_generate(smol, hf_model, promp
     ref_tokens = ref.sequences[0, P:].tolist()
     # a token set that grows during generation: the most frequent generated token
     grow = max(set(ref_tokens), key=ref_tokens.count)
-    trace = lp.trace_generation(smol, prompt, max_new_tokens=N_STEPS,
+    trace = lp.trace_generation(smol, prompt, max_new_tokens=N_STEPS, engine=engine,
                                 track={"system": "system", "grow": grow, "generated": "generated"})
+    assert trace.meta["engine"] == engine
     n = len(ref_tokens)
     assert n >= 8
     assert trace.token_ids[:n].tolist() == ref_tokens
@@ -137,13 +130,13 @@ def with_thinking(smol, hf_model):
     return model, tid, hf, V
 
 
-@pytest.mark.parametrize("mode", ["fusion", "pause"])
-def test_latent_trace_matches_hand_written_inputs_embeds_loop(with_thinking, prompt, mode):
+@pytest.mark.parametrize(("mode", "engine"), [("fusion", "bridge"), ("fusion", "hf"), ("pause", "auto")])
+def test_latent_trace_matches_hand_written_inputs_embeds_loop(with_thinking, prompt, mode, engine):
     model, tid, hf, V = with_thinking
     think_steps = [1, 2, 6]
     alpha, top_p = 0.6, 0.9
     thinking = lp.LatentFusion(alpha=alpha, top_p=top_p) if mode == "fusion" else lp.Pause()
-    trace = lp.trace_generation(model, prompt, max_new_tokens=10, thinking=thinking,
+    trace = lp.trace_generation(model, prompt, max_new_tokens=10, thinking=thinking, engine=engine,
                                 think_when=lp.schedule.at(think_steps), stop_at_eos=False)
     E = hf.get_input_embeddings().weight
     P = prompt.tokens.shape[1]

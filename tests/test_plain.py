@@ -1,0 +1,155 @@
+"""The plain Hugging Face view generation runs on: shared tensors, same numbers as the bridge, when it is used."""
+
+import pytest
+import torch
+
+import lensprobe as lp
+from lensprobe import plain
+from lensprobe.plain import has_user_hooks, plain_model
+from lensprobe.testing import tiny_model
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny):
+    a = lp.build_prompt(tiny, "What is 12+7?", system=lp.MATH_SYSTEM_PROMPT)
+    b = lp.build_prompt(tiny, "the cat sat on the mat", system="You answer.")
+    return a, b
+
+
+def _hooks_on(module: torch.nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in module.modules())
+
+
+def _assert_same(a, b):
+    assert a.token_ids_rows.tolist() == b.token_ids_rows.tolist()
+    assert a.thinking_rows.tolist() == b.thinking_rows.tolist()
+    assert torch.allclose(a.entropy_rows, b.entropy_rows, atol=1e-6, equal_nan=True)
+    assert torch.allclose(a.chosen_prob_rows, b.chosen_prob_rows, atol=1e-6, equal_nan=True)
+    assert a.attention_rows.keys() == b.attention_rows.keys()
+    for name in a.attention_rows:
+        assert torch.allclose(a.attention_rows[name], b.attention_rows[name], atol=1e-6, equal_nan=True), name
+
+
+def test_view_shares_the_bridges_tensors(tiny):
+    view = plain_model(tiny)
+    assert view is not None and plain_model(tiny) is view  # built once
+    hf = tiny.original_model
+    bridge_ptrs = {t.data_ptr() for t in [*hf.parameters(), *hf.buffers()]}
+    view_tensors = [*view.parameters(), *view.buffers()]
+    assert view_tensors and all(t.data_ptr() in bridge_ptrs for t in view_tensors)  # no copies
+    assert not any(t.is_meta for t in view_tensors)
+    assert type(view) is type(hf) and view.config._attn_implementation == "eager"
+    assert all(type(m).__module__.startswith(("transformers", "torch")) for m in view.modules())
+    tokens = torch.tensor([[3, 17, 40, 8, 99]])
+    with torch.inference_mode():
+        assert torch.equal(view(input_ids=tokens).logits, tiny(tokens, return_type="logits"))
+
+
+def test_view_is_rebuilt_after_the_vocabulary_grows():
+    model = tiny_model(seed=0)
+    before = plain_model(model)
+    tid = lp.add_thinking_token(model, "<thinking>")
+    after = plain_model(model)
+    assert after is not None and after is not before
+    assert after.get_input_embeddings().weight.shape[0] == tid + 1
+
+
+def test_a_view_whose_logits_differ_is_refused(monkeypatch, prompts):
+    model = tiny_model(seed=0)
+    other = tiny_model(seed=1).original_model  # another model's weights: different logits
+    build = plain._build
+    monkeypatch.setattr(plain, "_build", lambda hf: build(other))
+    assert plain_model(model) is None
+    out = lp.generate(model, prompts[0], max_new_tokens=3)
+    assert out.meta["engine"] == "bridge"
+    with pytest.raises(lp.LensprobeError, match="engine='hf' cannot run here: .*same logits"):
+        lp.generate(model, prompts[0], max_new_tokens=3, engine="hf")
+
+
+def test_model_without_a_hugging_face_model_has_no_view():
+    class NotABridge(torch.nn.Module):
+        pass
+
+    assert plain_model(NotABridge()) is None
+
+
+@pytest.mark.parametrize("case", ["batch", "sampling", "fusion", "pause", "entropy"])
+def test_engines_give_the_same_trace(tiny, prompts, case):
+    model = tiny
+    kw = dict(max_new_tokens=14, stop_at_eos=False,
+              track={"system": "system", "gen": "generated", "odd": lambda pos, t: pos % 2 == 1})
+    if case == "sampling":
+        kw.update(do_sample=True, seed=3, temperature=0.8, top_p=0.9, n_samples=2)
+    if case in ("fusion", "pause", "entropy"):
+        model = tiny_model(seed=0)
+        lp.add_thinking_token(model, "<thinking>")
+        kw["thinking"] = lp.LatentFusion(alpha=0.6, top_p=0.9) if case != "pause" else lp.Pause()
+        kw["think_when"] = (lp.schedule.every(3) if case != "entropy"
+                            else lp.schedule.entropy_above(0.0))  # thinks at every step
+    a = lp.trace_generation(model, list(prompts), engine="bridge", **kw)
+    b = lp.trace_generation(model, list(prompts), engine="hf", **kw)
+    assert a.meta["engine"] == "bridge" and b.meta["engine"] == "hf"
+    _assert_same(a, b)
+    if "thinking" in kw:
+        assert b.thinking_rows.any()
+
+
+def test_auto_uses_the_view_only_when_no_hook_point_is_needed(tiny, prompts):
+    p = prompts[0]
+    assert lp.generate(tiny, p, max_new_tokens=3).meta["engine"] == "hf"
+    calls = []
+    hook = ("blocks.0.hook_resid_pre", lambda x, hook: calls.append(x.shape[1]))
+    out = lp.generate(tiny, p, max_new_tokens=3, stop_at_eos=False, interventions=[hook])
+    assert out.meta["engine"] == "bridge" and calls == [len(p), 1, 1]
+    # a hook the user attached to the model must fire: auto leaves the plain view alone
+    calls.clear()
+    with tiny.hooks(fwd_hooks=[hook]):
+        assert has_user_hooks(tiny)
+        out = lp.generate(tiny, p, max_new_tokens=3, stop_at_eos=False)
+    assert out.meta["engine"] == "bridge" and calls == [len(p), 1, 1]
+    # a torch hook of the user's on a wrapped module counts too
+    handle = tiny.original_model.get_output_embeddings().register_forward_hook(lambda m, a, o: None)
+    try:
+        assert lp.generate(tiny, p, max_new_tokens=2).meta["engine"] == "bridge"
+    finally:
+        handle.remove()
+    assert not has_user_hooks(tiny)
+    assert lp.generate(tiny, p, max_new_tokens=2).meta["engine"] == "hf"
+
+
+def test_engine_errors(tiny, prompts):
+    p = prompts[0]
+    with pytest.raises(lp.LensprobeError, match="engine must be 'auto', 'bridge' or 'hf'"):
+        lp.generate(tiny, p, max_new_tokens=2, engine="fast")
+    with pytest.raises(lp.LensprobeError, match="engine='hf' cannot run here: interventions"):
+        lp.generate(tiny, p, max_new_tokens=2, engine="hf",
+                    interventions=[("blocks.0.hook_resid_pre", lambda x, hook: None)])
+
+
+@pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
+def test_exception_on_the_view_leaves_no_hook(tiny, prompts, exc):
+    p = prompts[0]
+    track = {"s": "system"}
+    ref = lp.trace_generation(tiny, p, max_new_tokens=6, track=track, stop_at_eos=False)
+    assert ref.meta["engine"] == "hf"
+
+    def explode(pos, token):  # a tracked set's callable, called for each new position
+        if pos == len(p) + 3:
+            raise exc("boom")
+        return False
+
+    with pytest.raises(exc):
+        lp.trace_generation(tiny, p, max_new_tokens=6, track={**track, "x": explode}, stop_at_eos=False)
+    assert _hooks_on(plain_model(tiny)) == 0 and not has_user_hooks(tiny)
+    again = lp.trace_generation(tiny, p, max_new_tokens=6, track=track, stop_at_eos=False)
+    _assert_same(ref, again)
+
+
+def test_library_hooks_are_not_user_hooks(prompts):
+    """transformers installs output-capturing hooks on first output_attentions; they do not count."""
+    model = tiny_model(seed=0)
+    with torch.inference_mode():
+        model.original_model(prompts[0].tokens, output_attentions=True, output_hidden_states=True)
+    assert _hooks_on(model.original_model) > 0  # transformers' own hooks are now installed
+    assert not has_user_hooks(model)
+    assert lp.generate(model, prompts[0], max_new_tokens=2).meta["engine"] == "hf"
