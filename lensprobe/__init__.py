@@ -103,3 +103,14 @@ __all__ = [
     "load_results",
 ]
 __version__ = "0.1.0"
+
+_LAZY_SUBMODULES = ("viz", "report", "plain")
+
+
+def __getattr__(name: str):
+    """``lp.viz``, ``lp.report``, ``lp.plain``: imported on first use (plotting stays out of ``import lensprobe``)."""
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"lensprobe.{name}")
+    raise AttributeError(f"module 'lensprobe' has no attribute {name!r}")

@@ -148,3 +148,20 @@ def test_attention_view_marks_span_and_is_offline():
     assert "</end>" not in out  # a token cannot close the inline script
     out = attention_view_html(pattern, tokens, layer=0)
     assert "«" not in out.split("<div>")[0]  # no span, no marks
+
+
+def test_viz_and_report_are_attributes_imported_on_first_use():
+    """``import lensprobe`` loads no plotting library; ``lp.viz`` and ``lp.report`` import on first use."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, lensprobe as lp\n"
+        "assert 'plotly' not in sys.modules and 'lensprobe.viz' not in sys.modules\n"
+        "assert callable(lp.viz.generation_trace_figure) and callable(lp.report.write_report)\n"
+        "assert 'plotly' in sys.modules or 'lensprobe.viz' in sys.modules\n"
+        "try:\n    lp.nonexistent\nexcept AttributeError as e:\n    print(e)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "no attribute 'nonexistent'" in res.stdout
