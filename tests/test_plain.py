@@ -58,7 +58,7 @@ def test_a_view_whose_logits_differ_is_refused(monkeypatch, prompts):
     model = tiny_model(seed=0)
     other = tiny_model(seed=1).original_model  # another model's weights: different logits
     build = plain._build
-    monkeypatch.setattr(plain, "_build", lambda hf: build(other))
+    monkeypatch.setattr(plain, "_build", lambda hf, attention="eager": build(other, attention))
     assert plain_model(model) is None
     out = lp.generate(model, prompts[0], max_new_tokens=3)
     assert out.meta["engine"] == "bridge"
@@ -153,3 +153,22 @@ def test_library_hooks_are_not_user_hooks(prompts):
     assert _hooks_on(model.original_model) > 0  # transformers' own hooks are now installed
     assert not has_user_hooks(model)
     assert lp.generate(model, prompts[0], max_new_tokens=2).meta["engine"] == "hf"
+
+
+@pytest.mark.parametrize("thinking", [None, "fusion"])
+def test_generation_without_recording_uses_sdpa_with_the_same_results(tiny, prompts, thinking):
+    """No attention recorded: the view uses fused (sdpa) attention; tokens and entropies equal the bridge's."""
+    model, kw = tiny, dict(max_new_tokens=14, stop_at_eos=False, n_samples=2, do_sample=True, seed=5)
+    if thinking:
+        model = tiny_model(seed=0)
+        lp.add_thinking_token(model, "<thinking>")
+        kw.update(thinking=lp.LatentFusion(alpha=0.5), think_when=lp.schedule.every(4))
+    a = lp.generate(model, list(prompts), engine="bridge", **kw)
+    b = lp.generate(model, list(prompts), **kw)
+    assert (b.meta["engine"], b.meta["attention"]) == ("hf", "sdpa")
+    assert plain_model(model, "sdpa").config._attn_implementation == "sdpa"
+    assert a.token_ids_rows.tolist() == b.token_ids_rows.tolist()
+    assert torch.allclose(a.entropy_rows, b.entropy_rows, atol=1e-5, equal_nan=True)
+    # recording attention needs the weights: eager
+    c = lp.trace_generation(model, list(prompts), **kw)
+    assert (c.meta["engine"], c.meta["attention"]) == ("hf", "eager")
