@@ -177,10 +177,9 @@ def write_eval_report(folders, out: str | os.PathLike | None = None, *, grader: 
 def build_demo_section(model, *, quick: bool = False):
     """The demo's evaluation section: level-1 MATH-500 problems under w/o, w/ Mless, w/ Mful.
 
-    Full: 10 level-1 problems x 3 conditions, 128 new tokens, greedy: a few minutes on two
-    CPU cores with SmolLM2-135M (scaled down from the 20 problems one would like, to keep
-    ``make demo`` short; SmolLM2-135M rarely writes a boxed answer at any length). Quick: 2 problems x
-    3 conditions, 8 tokens.
+    Full: 20 level-1 problems x 3 conditions, 128 new tokens, greedy: a few minutes on two
+    CPU cores with SmolLM2-135M (SmolLM2-135M rarely writes a boxed answer at any length).
+    Quick: 2 problems x 3 conditions, 8 tokens.
     """
     from lensprobe.evals.conditions import resolve_conditions
     from lensprobe.evals.data import load_math500, local_math500_path
@@ -228,6 +227,6 @@ def build_demo_section(model, *, quick: bool = False):
     return section
 
 
-DEMO_PROBLEMS = 10
+DEMO_PROBLEMS = 20
 DEMO_MAX_NEW_TOKENS = 128
 DEMO_BATCH = 10
