@@ -11,16 +11,6 @@ from lensprobe import AttentionRecorder, LensprobeError, intervene
 from lensprobe.interventions import Intervention
 from lensprobe.testing import tiny_model
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """One intra-op thread: on a small shared machine, torch's thread pool thrashes (10x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 PATTERN0 = "blocks.0.attn.hook_pattern"
 PATTERN1 = "blocks.1.attn.hook_pattern"
 

@@ -18,16 +18,6 @@ from lensprobe.models import (
     embedded_gguf_path,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """One intra-op thread: on a small shared machine, torch's thread pool thrashes (10x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 PROMPT_IDS = [1, 9690, 198, 2683, 314, 2]  # a few SmolLM2 token ids
 
 

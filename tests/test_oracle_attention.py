@@ -12,16 +12,6 @@ import lensprobe as lp
 from lensprobe.models import converted_gguf_folder, embedded_gguf_path, quiet
 from lensprobe.testing import tiny_hf_model
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """One intra-op thread: on a small shared machine, torch's thread pool thrashes (10x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 TOL = 1e-5
 
 

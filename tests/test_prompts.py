@@ -4,21 +4,10 @@ Runs on the tiny test model and on the embedded SmolLM2 (``smol``).
 """
 
 import pytest
-import torch
 
 import lensprobe as lp
 from lensprobe import Filler, LensprobeError, build_prompt
 from lensprobe.testing import tiny_model
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """One intra-op thread: on a small shared machine, torch's thread pool thrashes (10x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 QUESTION = "What is 12+7?"
 PLACEMENTS = ["between", "before_system", "after_question"]
