@@ -39,6 +39,7 @@ __all__ = ["PLAIN_HOOKS", "attached", "has_user_hooks", "plain_model", "supports
 _WRAP = "._original_component"
 PLAIN_HOOKS = ("hook_embed", "blocks.{layer}.attn.hook_pattern", "ln_final.hook_out", "ln_final.hook_normalized")
 """TransformerLens hook names a plain view can serve (to recorders: read only but ``hook_embed``)."""
+_FIXED_HOOKS = ("hook_embed", "ln_final.hook_out", "ln_final.hook_normalized")
 _LIBRARY_HOOKS = ("transformer_lens.", "transformers.")
 _PATTERN = re.compile(r"blocks\.(\d+)\.attn\.hook_pattern")
 
@@ -147,7 +148,7 @@ def _same_logits(model, view: nn.Module) -> bool:
 
 def supports(hook_names: Sequence[str]) -> bool:
     """Whether every hook name is one a plain view can serve."""
-    return all(name in PLAIN_HOOKS[:1] + PLAIN_HOOKS[2:] or _PATTERN.fullmatch(name) for name in hook_names)
+    return all(name in _FIXED_HOOKS or _PATTERN.fullmatch(name) for name in hook_names)
 
 
 def _attention_modules(model, view: nn.Module) -> dict[int, nn.Module]:
