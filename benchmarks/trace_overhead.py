@@ -7,7 +7,8 @@ times:
 - ``lp trace``: ``lp.trace_generation`` recording, at every step, the entropy and the
   attention proportion onto two tracked sets at every layer and head (30 x 9), default
   engine (with no interventions: the bridge's weights through the unwrapped Hugging Face
-  modules, :mod:`lensprobe.plain`);
+  modules, :mod:`lensprobe.plain`, with fused sdpa attention plus each layer's newest-query
+  attention row computed from the cached keys);
 - ``lp generate``: the same loop with no recorders (``lp.generate``, ``track=None``): (a);
 - ``lp trace [bridge]`` and ``lp generate [bridge]``: the same two on ``engine="bridge"``
   (every forward through the TransformerBridge and its hook points, as with interventions);

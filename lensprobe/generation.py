@@ -57,7 +57,7 @@ from torch import Tensor
 from lensprobe.errors import LensprobeError
 from lensprobe.interventions import intervene, pattern_hook_name
 from lensprobe.models import check_layers
-from lensprobe.plain import attached, has_user_hooks, plain_model, supports
+from lensprobe.plain import ATTENTIONS, attached, has_user_hooks, one_thread, plain_model, supports
 from lensprobe.prompts import Prompt
 from lensprobe.schedule import Rule, StepState, check_rule, emitted
 from lensprobe.thinking import LatentFusion, Pause, nucleus_probs, thinking_token_id
@@ -268,7 +268,8 @@ class _Recorder:
     def _pattern_hook(self, index: int):
         def record(pattern: Tensor, hook) -> None:
             last = pattern[:, :, -1, :]  # newest query: [row, head, key]
-            torch.matmul(last.float(), self.masks[:, : last.shape[-1]], out=self.attn[self.step, index])
+            with one_thread():  # one tiny matmul: waking more threads costs more than it
+                torch.matmul(last.float(), self.masks[:, : last.shape[-1]], out=self.attn[self.step, index])
 
         return record
 
@@ -319,9 +320,11 @@ def generate(model, prompts, *, max_new_tokens: int, interventions: Sequence = (
         engine: which modules run the forwards. ``"bridge"``: the TransformerLens model,
             hook points and all. ``"hf"``: the same weights through the unwrapped Hugging
             Face modules (:mod:`lensprobe.plain`), about 1.3x faster per step on a CPU;
-            recording works the same, but it takes no interventions. With no attention
-            recorded (``track=None``) it uses fused sdpa attention (same tokens; entropies
-            equal up to float rounding), else eager attention. ``"auto"`` (default):
+            recording works the same, but it takes no interventions. It runs fused sdpa
+            attention (same tokens; entropies equal up to float rounding); when attention
+            is recorded, each layer also computes the newest query's attention row from
+            the cached keys (checked against eager attention when the view is built).
+            ``"auto"`` (default):
             ``"hf"`` when there are no interventions and no hooks attached to the model,
             else ``"bridge"``. Both give the same tokens, entropies and attention (tested);
             ``trace.meta["engine"]`` says which ran.
@@ -609,7 +612,7 @@ def _run(model, items, *, max_new_tokens, interventions, thinking, think_when, t
         "interventions": [_describe(i) for i in interventions],
         "step_0": "last prompt position (its query predicts the first generated token)",
         "engine": "hf" if view is not None else "bridge",
-        "attention": view.config._attn_implementation if view is not None else "eager",
+        "attention": _attention_name(view),
     }
     return GenerationTrace(
         token_ids_rows=token_ids, entropy_rows=ent_buf, chosen_prob_rows=prob_buf, thinking_rows=think_buf,
@@ -631,16 +634,24 @@ def _plain_view(model, engine: str, interventions, hook_names: list[str]):
         why = "hooks are attached to the model (they would not fire)"
     elif not supports(hook_names):
         why = f"a recorder needs hook points the plain model lacks ({hook_names})"
-    # attention weights come only from eager attention; without pattern recorders sdpa is faster
-    attention = "eager" if any(".hook_pattern" in name for name in hook_names) else "sdpa"
+    # pattern recorders read only the newest query's row: sdpa plus that row ("sdpa_last"),
+    # else plain sdpa; eager attention (full weights) is the fallback for both
+    attention = "sdpa_last" if any(".hook_pattern" in name for name in hook_names) else "sdpa"
     view = plain_model(model, attention) if why is None else None
-    if view is None and why is None and attention == "sdpa":
+    if view is None and why is None:
         view = plain_model(model, "eager")
     if view is None and why is None:
         why = "this model has no plain Hugging Face view with the same logits"
     if view is None and engine == "hf":
         raise LensprobeError(f"engine='hf' cannot run here: {why}; use engine='auto' or 'bridge'.")
     return view
+
+
+def _attention_name(view) -> str:
+    if view is None:
+        return "eager"
+    names = {v: k for k, v in ATTENTIONS.items()}
+    return names.get(view.config._attn_implementation, view.config._attn_implementation)
 
 
 def _row_seed(seed: int, sample: int) -> int:

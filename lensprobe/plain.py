@@ -14,8 +14,17 @@ logits must equal the bridge's on a short probe input, else the bridge is used.
 The recorders of :mod:`lensprobe.generation` attach to the view under the same
 TransformerLens hook names (see :data:`PLAIN_HOOKS`): ``hook_embed`` (the input
 embedding's output; a returned tensor replaces it), ``blocks.{l}.attn.hook_pattern`` (the
-attention weights the eager attention returns; read only) and ``ln_final.hook_out`` /
+attention weights the view's attention returns; read only) and ``ln_final.hook_out`` /
 ``ln_final.hook_normalized`` (the input of the unembedding; read only).
+
+Attention implementations of a view (``attention=``):
+
+- ``"eager"``: the bridge's own; returns the full ``[batch, head, query, key]`` weights.
+- ``"sdpa"``: fused; faster, the same numbers up to float rounding; returns no weights.
+- ``"sdpa_last"``: fused sdpa for the output, plus the **newest query's** attention
+  weights, ``[batch, head, 1, key]``, computed from the post-RoPE query and the cached
+  keys (one ``[head, key]`` row per sequence; what a generation trace records). A view
+  with it is used only after its rows match eager attention's last rows on a probe.
 
 Example:
     >>> view = plain_model(model)      # None when the model cannot be viewed this way
@@ -34,13 +43,15 @@ from torch import nn
 
 from lensprobe.errors import LensprobeError
 
-__all__ = ["PLAIN_HOOKS", "attached", "has_user_hooks", "plain_model", "supports"]
+__all__ = ["ATTENTIONS", "PLAIN_HOOKS", "attached", "has_user_hooks", "plain_model", "last_query_weights", "one_thread", "sdpa_last_attention", "supports"]
 
 _WRAP = "._original_component"
 PLAIN_HOOKS = ("hook_embed", "blocks.{layer}.attn.hook_pattern", "ln_final.hook_out", "ln_final.hook_normalized")
 """TransformerLens hook names a plain view can serve (to recorders: read only but ``hook_embed``)."""
 _FIXED_HOOKS = ("hook_embed", "ln_final.hook_out", "ln_final.hook_normalized")
 _LIBRARY_HOOKS = ("transformer_lens.", "transformers.")
+ATTENTIONS = {"eager": "eager", "sdpa": "sdpa", "sdpa_last": "lensprobe_sdpa_last"}
+"""Attention implementations of a plain view -> the transformers implementation name."""
 _PATTERN = re.compile(r"blocks\.(\d+)\.attn\.hook_pattern")
 
 # bridge -> (fingerprint of its tensors, view or None); weak so a deleted model frees its view
@@ -78,15 +89,17 @@ def has_user_hooks(model: nn.Module) -> bool:
 def plain_model(model, attention: str = "eager") -> nn.Module | None:
     """The unwrapped Hugging Face model sharing ``model``'s tensors, or ``None`` if there is none.
 
-    ``attention`` is the view's attention implementation: ``"eager"`` (the bridge's own;
-    the only one that returns attention weights, so the one recorders need) or ``"sdpa"``
-    (fused; faster, same numbers up to float rounding).
+    ``attention`` is the view's attention implementation: ``"eager"``, ``"sdpa"`` or
+    ``"sdpa_last"`` (see the module docstring).
 
     ``None`` when ``model`` is not a ``TransformerBridge`` over a Hugging Face model, when
-    its modules cannot be rebuilt unwrapped, or when the rebuilt model's logits differ from
-    the bridge's on a probe input. Built once per model (and again after its tensors
-    change, e.g. after :func:`lensprobe.add_thinking_token`).
+    its modules cannot be rebuilt unwrapped, when the rebuilt model's logits differ from
+    the bridge's on a probe input, or (``"sdpa_last"``) when its attention rows differ from
+    eager attention's. Built once per model (and again after its tensors change, e.g.
+    after :func:`lensprobe.add_thinking_token`).
     """
+    if attention not in ATTENTIONS:
+        raise LensprobeError(f"attention must be one of {list(ATTENTIONS)}, got {attention!r}.")
     hf = getattr(model, "original_model", None)
     if not isinstance(hf, nn.Module) or not hasattr(hf, "config"):
         return None
@@ -98,13 +111,17 @@ def plain_model(model, attention: str = "eager") -> nn.Module | None:
     view = _build(hf, attention)
     if view is not None and not _same_logits(model, view):
         view = None
+    if view is not None and attention == "sdpa_last" and not _same_last_rows(model, view):
+        view = None
     views[attention] = (key, view)
     return view
 
 
 def _build(hf: nn.Module, attention: str = "eager") -> nn.Module | None:
     config = type(hf.config).from_dict(hf.config.to_dict())
-    config._attn_implementation = attention
+    if attention == "sdpa_last":
+        _register_sdpa_last()
+    config._attn_implementation = ATTENTIONS[attention]
     try:
         with torch.device("meta"):
             view = type(hf)(config)
@@ -144,6 +161,110 @@ def _same_logits(model, view: nn.Module) -> bool:
         return False
     # eager gives the bridge's logits exactly; sdpa differs by float rounding (~1e-5 relative)
     return bool((got - ref).abs().max() <= 1e-4 * ref.abs().max().clamp(min=1.0))
+
+
+def _same_last_rows(model, view: nn.Module) -> bool:
+    """Whether the view's newest-query attention rows equal eager attention's, on a padded probe."""
+    eager = plain_model(model, "eager")
+    if eager is None:
+        return False
+    vocab = int(model.cfg.d_vocab)
+    device = next(view.parameters()).device
+    probe = torch.tensor([[1, 2, 3, 5, 8, 13], [0, 0, 4, 6, 9, 11]], device=device) % vocab
+    mask = torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]], device=device)
+    got, ref = {}, {}
+    hooks = []
+    for store, m in ((got, view), (ref, eager)):
+        for layer, module in _attention_modules(model, m).items():
+            hooks.append(module.register_forward_hook(
+                lambda _m, _a, out, store=store, layer=layer: store.__setitem__(layer, out[1])))
+    try:
+        with torch.inference_mode():
+            view(input_ids=probe, attention_mask=mask, use_cache=False)
+            eager(input_ids=probe, attention_mask=mask, use_cache=False)
+    except Exception:  # noqa: BLE001 - any failure means: do not use the view
+        return False
+    finally:
+        for h in hooks:
+            h.remove()
+    for layer, weights in ref.items():
+        row = got.get(layer)
+        if not isinstance(row, torch.Tensor) or row.shape != weights[:, :, -1:].shape:
+            return False
+        if not torch.allclose(row.float(), weights[:, :, -1:].float(), atol=1e-5, rtol=1e-4):
+            return False
+    return len(ref) > 0
+
+
+# ----- sdpa with the newest query's weights -----------------------------------------------
+_SDPA_LAST = "lensprobe_sdpa_last"
+
+
+def _register_sdpa_last() -> None:
+    """Register :func:`sdpa_last_attention` (and sdpa's mask) with transformers, once."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if _SDPA_LAST not in ALL_ATTENTION_FUNCTIONS:
+        ALL_ATTENTION_FUNCTIONS.register(_SDPA_LAST, sdpa_last_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(_SDPA_LAST, sdpa_mask)
+
+
+def sdpa_last_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs):
+    """Fused sdpa attention, plus the newest query's attention weights ``[batch, head, 1, key]``.
+
+    ``query`` ``[batch, head, q, d]`` is post-RoPE and ``key`` ``[batch, kv_head, key, d]``
+    holds every cached key (GQA: query head ``h`` reads kv head ``h // group``);
+    ``attention_mask`` is sdpa's boolean mask (``True`` = attend) or ``None`` (attend to all,
+    which holds for the newest query under a causal mask).
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    with one_thread():
+        return out, last_query_weights(query, key, attention_mask, scaling)
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the enclosed torch ops on one thread (the previous thread count is restored on exit).
+
+    For the tiny per-step recording ops (a ``[head, key]`` row per layer): torch splits some
+    of them (softmax, exp) across threads, and waking the other threads costs more than the
+    op itself (about 15 us per op on 2 cores with ``OMP_WAIT_POLICY=PASSIVE``, vs 2 us).
+    """
+    before = torch.get_num_threads()
+    if before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def last_query_weights(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None,
+                       scaling: float | None = None) -> torch.Tensor:
+    """softmax(q_last . k / sqrt(d) + mask) for the newest query: ``[batch, head, 1, key]``.
+
+    GQA without copying the keys: each kv group's keys ``[key, d]`` multiply the group's
+    query heads ``[d, group]`` in one matmul. (Keys on the left: with the keys transposed on
+    the right, the CPU matmul keeps a kernel per key length, which grows memory by tens of
+    MiB over a long generation.) ``attention_mask`` is boolean (``True`` = attend) or
+    additive, ``[batch, 1 or head, q, key]``, or ``None``.
+    """
+    b, h, _q, d = query.shape
+    kv = key.shape[1]
+    scale = d ** -0.5 if scaling is None else scaling
+    q = query[:, :, -1, :].reshape(b, kv, h // kv, d).transpose(-1, -2)  # [b, kv, d, group]
+    scores = torch.matmul(key, q).transpose(-1, -2).reshape(b, h, 1, -1).float() * scale
+    if attention_mask is not None:
+        last = attention_mask[:, :, -1:, : scores.shape[-1]]
+        scores = (scores.masked_fill(~last, float("-inf")) if last.dtype == torch.bool
+                  else scores + last.float())
+    return torch.softmax(scores, dim=-1).to(query.dtype)
 
 
 def supports(hook_names: Sequence[str]) -> bool:

@@ -53,6 +53,7 @@ def test_entropy_and_attention_match_transformers_generate(smol, hf_model, promp
     trace = lp.trace_generation(smol, prompt, max_new_tokens=N_STEPS, engine=engine,
                                 track={"system": "system", "grow": grow, "generated": "generated"})
     assert trace.meta["engine"] == engine
+    assert trace.meta["attention"] == ("sdpa_last" if engine == "hf" else "eager")
     n = len(ref_tokens)
     assert n >= 8
     assert trace.token_ids[:n].tolist() == ref_tokens

@@ -140,7 +140,8 @@ def test_exception_on_the_view_leaves_no_hook(tiny, prompts, exc):
 
     with pytest.raises(exc):
         lp.trace_generation(tiny, p, max_new_tokens=6, track={**track, "x": explode}, stop_at_eos=False)
-    assert _hooks_on(plain_model(tiny)) == 0 and not has_user_hooks(tiny)
+    assert _hooks_on(plain_model(tiny, "sdpa_last")) == 0 and _hooks_on(plain_model(tiny)) == 0
+    assert not has_user_hooks(tiny)
     again = lp.trace_generation(tiny, p, max_new_tokens=6, track=track, stop_at_eos=False)
     _assert_same(ref, again)
 
@@ -169,6 +170,86 @@ def test_generation_without_recording_uses_sdpa_with_the_same_results(tiny, prom
     assert plain_model(model, "sdpa").config._attn_implementation == "sdpa"
     assert a.token_ids_rows.tolist() == b.token_ids_rows.tolist()
     assert torch.allclose(a.entropy_rows, b.entropy_rows, atol=1e-5, equal_nan=True)
-    # recording attention needs the weights: eager
+    # recording attention: sdpa plus the newest query's row, equal to the bridge's eager weights
     c = lp.trace_generation(model, list(prompts), **kw)
-    assert (c.meta["engine"], c.meta["attention"]) == ("hf", "eager")
+    assert (c.meta["engine"], c.meta["attention"]) == ("hf", "sdpa_last")
+    _assert_same(lp.trace_generation(model, list(prompts), engine="bridge", **kw), c)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "additive"])
+def test_last_query_weights_by_hand(mask_kind):
+    """The newest query's GQA attention row equals a per-head softmax written out by hand."""
+    g = torch.Generator().manual_seed(0)
+    b, h, kv, q_len, k_len, d = 2, 6, 2, 3, 7, 4
+    query, key = torch.randn(b, h, q_len, d, generator=g), torch.randn(b, kv, k_len, d, generator=g)
+    allowed = torch.ones(b, 1, q_len, k_len, dtype=torch.bool)
+    allowed[1, :, :, :2] = False  # row 1 is left-padded by two
+    mask = {"none": None, "bool": allowed,
+            "additive": torch.where(allowed, 0.0, torch.finfo(torch.float32).min)}[mask_kind]
+    got = plain.last_query_weights(query, key, mask, scaling=0.3)
+    assert got.shape == (b, h, 1, k_len)
+    for r in range(b):
+        for head in range(h):
+            kv_head = head // (h // kv)
+            scores = [0.3 * float(query[r, head, -1] @ key[r, kv_head, j]) for j in range(k_len)]
+            keep = [mask is None or bool(allowed[r, 0, -1, j]) for j in range(k_len)]
+            top = max(s for s, k in zip(scores, keep, strict=True) if k)
+            e = [torch.tensor(s - top).exp().item() if k else 0.0 for s, k in zip(scores, keep, strict=True)]
+            want = torch.tensor([x / sum(e) for x in e])
+            assert torch.allclose(got[r, head, 0], want, atol=1e-6), (r, head)
+
+
+def test_sdpa_last_view_returns_eager_last_rows_and_sdpa_output(tiny):
+    """The sdpa_last view: output as sdpa, weights = the last row of eager attention's, padded batch."""
+    views = {a: plain_model(tiny, a) for a in ("eager", "sdpa", "sdpa_last")}
+    assert all(v is not None for v in views.values())
+    assert views["sdpa_last"].config._attn_implementation == plain.ATTENTIONS["sdpa_last"]
+    tokens = torch.tensor([[5, 9, 14, 3, 22], [0, 0, 7, 31, 4]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    weights, outs = {}, {}
+    handles = [plain._attention_modules(tiny, v)[1].register_forward_hook(
+        lambda m, a, out, name=name: weights.__setitem__(name, out[1])) for name, v in views.items()]
+    try:
+        with torch.inference_mode():
+            for name, view in views.items():
+                outs[name] = view(input_ids=tokens, attention_mask=mask).logits
+    finally:
+        for h in handles:
+            h.remove()
+    assert weights["sdpa"] is None and weights["eager"].shape[2] == 5
+    assert weights["sdpa_last"].shape == (2, tiny.cfg.n_heads, 1, 5)
+    assert torch.allclose(weights["sdpa_last"], weights["eager"][:, :, -1:], atol=1e-6)
+    assert float(weights["sdpa_last"][1, :, 0, :2].abs().max()) == 0.0  # padding gets no attention
+    assert torch.allclose(outs["sdpa_last"], outs["sdpa"], atol=1e-6)
+
+
+def test_a_view_whose_rows_differ_falls_back_to_eager(monkeypatch, prompts):
+    """sdpa_last rows that do not match eager attention: the view is refused, recording uses eager."""
+    model = tiny_model(seed=0)
+    good = plain.last_query_weights
+    monkeypatch.setattr(plain, "last_query_weights",
+                        lambda *a, **k: torch.softmax(2 * good(*a, **k).log(), dim=-1))
+    assert plain_model(model, "sdpa_last") is None
+    kw = dict(max_new_tokens=5, stop_at_eos=False, track={"system": "system"})
+    out = lp.trace_generation(model, list(prompts), **kw)
+    assert (out.meta["engine"], out.meta["attention"]) == ("hf", "eager")
+    _assert_same(lp.trace_generation(model, list(prompts), engine="bridge", **kw), out)
+
+
+def test_unknown_view_attention_is_an_error(tiny):
+    with pytest.raises(lp.LensprobeError, match="attention must be one of"):
+        plain_model(tiny, "flash")
+
+
+def test_one_thread_restores_the_thread_count_also_on_errors():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with plain.one_thread():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with pytest.raises(ValueError), plain.one_thread():
+            raise ValueError("boom")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
