@@ -10,7 +10,7 @@ Example:
 """
 
 from lensprobe import schedule
-from lensprobe.ablation import HeadAblation, HeadMeans, ablate_heads, ablate_kv_group, head_means
+from lensprobe.ablation import HeadAblation, ablate_heads, ablate_kv_group
 from lensprobe.errors import LensprobeError, ModelLoadError
 from lensprobe.evals import (
     Condition,
@@ -42,6 +42,7 @@ from lensprobe.metrics import (
 from lensprobe.models import cache_dir, load_model
 from lensprobe.patching import PatchResult, patch
 from lensprobe.prompts import MATH_SYSTEM_PROMPT, Filler, Prompt, build_prompt
+from lensprobe.replacement import HeadMeans, head_means
 from lensprobe.run import attention_patterns, forward
 from lensprobe.sweep import SweepResult, ablation_sweep
 from lensprobe.thinking import LatentFusion, Pause, add_thinking_token

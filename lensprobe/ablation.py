@@ -29,240 +29,30 @@ left-padded batch, outside ``lp.generate``, positions would count from the start
 padded row.)
 """
 
-import re
 import weakref
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import torch
-from jaxtyping import Float
 from torch import Tensor
 
 from lensprobe.errors import LensprobeError
-from lensprobe.interventions import Hook
-from lensprobe.models import check_heads, check_layers
-
-Method = Literal["zero", "mean", "resample"]
-METHODS = ("zero", "mean", "resample")
-
-_HEAD_RE = re.compile(r"^L(\d+|\*)H(\d+)$", re.IGNORECASE)
-_ALL_LAYERS_RE = re.compile(r"^H(\d+)$", re.IGNORECASE)
-_KV_RE = re.compile(r"^L(\d+)(?:KV|G)(\d+)$", re.IGNORECASE)
-_HEAD_FORMS = (
-    "write 'L{layer}H{head}' (0-based: 'L0H13' is the paper's layer 1, head 14), 'H13' for "
-    "head 13 in every layer, a (layer, head) pair, (None, head) for every layer, or 'all'"
+from lensprobe.heads import (
+    Positions,
+    _is_int,
+    _is_segment_spec,
+    head_label,
+    hook_z_name,
+    kv_group_heads,
+    parse_heads,
+    parse_kv_groups,
+    resolve_heads,
+    resolve_positions,
 )
+from lensprobe.interventions import Hook, pattern_hook_name
+from lensprobe.replacement import HeadMeans, Method, check_method, replacement_source, replacement_values
 
-
-def head_label(layer: int, head: int) -> str:
-    """TransformerLens-style label, e.g. ``head_label(0, 13) == "L0H13"``."""
-    return f"L{layer}H{head}"
-
-
-def hook_z_name(layer: int) -> str:
-    return f"blocks.{layer}.attn.hook_z"
-
-
-def _pattern_name(layer: int) -> str:
-    return f"blocks.{layer}.attn.hook_pattern"
-
-
-# --------------------------------------------------------------------------- head specs
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def parse_heads(heads: Any) -> tuple[tuple[int | None, int | None], ...]:
-    """Parse a head specification without a model (syntax only).
-
-    Returns ``(layer, head)`` selectors where ``None`` means "every": ``(None, 13)`` is head
-    13 in every layer, ``(None, None)`` every head of every layer.
-
-    Accepted: ``"all"``; a label ``"L0H13"``, ``"L*H13"`` or ``"H13"``; a comma-separated
-    string of labels; a ``(layer, head)`` pair (``None`` for every layer or every head);
-    or a list of any of these.
-
-    Example:
-        >>> parse_heads(["L0H13", (2, 1), "H4"])
-        ((0, 13), (2, 1), (None, 4))
-    """
-    if heads is None:
-        raise LensprobeError(f"no heads given: {_HEAD_FORMS}; pass [] to ablate nothing.")
-    if isinstance(heads, str):
-        parts = [p.strip() for p in heads.split(",") if p.strip()]
-        if not parts:
-            raise LensprobeError(f"empty head specification {heads!r}: {_HEAD_FORMS}.")
-        return tuple(_parse_one(p) for p in parts)
-    if isinstance(heads, tuple) and len(heads) == 2 and all(h is None or _is_int(h) for h in heads):
-        return (_parse_one(heads),)
-    if isinstance(heads, Iterable):
-        return tuple(sel for item in heads for sel in (parse_heads(item) if isinstance(item, str)
-                                                      else (_parse_one(item),)))
-    raise LensprobeError(f"cannot read heads from {heads!r}: {_HEAD_FORMS}.")
-
-
-def _parse_one(item: Any) -> tuple[int | None, int | None]:
-    if isinstance(item, str):
-        s = item.strip()
-        if s.lower() == "all":
-            return (None, None)
-        m = _HEAD_RE.match(s)
-        if m:
-            return (None if m.group(1) == "*" else int(m.group(1)), int(m.group(2)))
-        m = _ALL_LAYERS_RE.match(s)
-        if m:
-            return (None, int(m.group(1)))
-        raise LensprobeError(f"{item!r} is not a head label: {_HEAD_FORMS}.")
-    if isinstance(item, (tuple, list)) and len(item) == 2:
-        layer, head = item
-        if all(v is None or _is_int(v) for v in (layer, head)):
-            return (layer, head)
-    raise LensprobeError(f"{item!r} is not a head: {_HEAD_FORMS}.")
-
-
-def resolve_heads(model, heads: Any) -> list[tuple[int, int]]:
-    """Validated, expanded ``[(layer, head), ...]`` for a model, in the order given.
-
-    Raises:
-        LensprobeError: malformed labels, a layer or head out of the model's range (the
-            message gives the range and reminds that papers count from 1), or a head
-            named twice.
-
-    Example:
-        >>> resolve_heads(model, "H2")[:2]   # head 2 of every layer
-        [(0, 2), (1, 2)]
-    """
-    selectors = parse_heads(heads)
-    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    out: list[tuple[int, int]] = []
-    seen: set[tuple[int, int]] = set()
-    for layer, head in selectors:
-        layers = range(n_layers) if layer is None else check_layers(model, [layer])
-        hs = range(n_heads) if head is None else check_heads(model, [head])
-        for pair in ((lay, h) for lay in layers for h in hs):
-            if pair in seen:
-                raise LensprobeError(
-                    f"head {head_label(*pair)} is given twice; name each head once "
-                    "(note 'H{h}' already covers every layer)."
-                )
-            seen.add(pair)
-            out.append(pair)
-    return out
-
-
-def kv_group_heads(model, layer: int, group: int) -> list[tuple[int, int]]:
-    """Query heads that share KV head ``group`` in ``layer`` (Hugging Face's ``repeat_kv``
-    order: query head ``h`` reads KV head ``h // (n_heads // n_kv_heads)``)."""
-    check_layers(model, [layer])
-    n_heads = int(model.cfg.n_heads)
-    n_kv = int(getattr(model.cfg, "n_key_value_heads", None) or n_heads)
-    if not _is_int(group) or not 0 <= group < n_kv:
-        raise LensprobeError(
-            f"KV group {group} out of range: model has {n_kv} key/value heads per layer "
-            f"(0-{n_kv - 1}), counted from 0."
-        )
-    per = n_heads // n_kv
-    return [(layer, h) for h in range(group * per, (group + 1) * per)]
-
-
-# --------------------------------------------------------------------------- positions
-
-
-@dataclass(frozen=True)
-class Positions:
-    """A set of absolute token positions: fixed ones, every position from ``start`` on, and
-    (``generated``) every position after the prompt."""
-
-    fixed: frozenset[int] = frozenset()
-    start: int | None = None
-    generated: bool = False
-
-    def select(self, pos: Tensor, prompt_lengths: Tensor | None = None) -> Tensor:
-        """Bool tensor shaped like ``pos`` (``[rows, count]`` absolute positions): which are selected.
-
-        ``prompt_lengths`` (``[rows]``, known inside ``lp.generate``) places "after the
-        prompt" per row; without it a ``generated`` set needs ``start``.
-        """
-        sel = torch.zeros(pos.shape, dtype=torch.bool, device=pos.device)
-        if self.fixed:
-            sel |= torch.isin(pos, torch.tensor(sorted(self.fixed), device=pos.device))
-        if self.generated and prompt_lengths is not None:
-            sel |= pos >= prompt_lengths.to(pos.device).reshape(-1, 1)
-        elif self.generated and self.start is None:
-            raise LensprobeError(
-                "positions='generated' needs the prompt length: run inside lp.generate / lp.trace_generation, "
-                "or pass prompt=... to ablate_heads."
-            )
-        if self.start is not None and not (self.generated and prompt_lengths is not None):
-            sel |= pos >= self.start
-        return sel
-
-
-def resolve_positions(positions: Any, prompt=None) -> Positions | None:
-    """Turn a position spec into :class:`Positions` (``None`` = every position).
-
-    Args:
-        positions: ``None``; an int; a list of ints; a ``range``; a ``slice(start, stop)``
-            (``stop=None`` is open-ended, e.g. ``slice(len(prompt), None)`` for generated
-            tokens only); a segment name or list of names (needs ``prompt``); ``"generated"``
-            (every position after the prompt; needs ``prompt``).
-        prompt: a :class:`~lensprobe.prompts.Prompt` to look segment names up in.
-    """
-    if positions is None or isinstance(positions, Positions):
-        return positions
-    if _is_int(positions):
-        positions = [positions]
-    if isinstance(positions, str):
-        positions = [positions]
-    if isinstance(positions, slice):
-        if positions.step not in (None, 1):
-            raise LensprobeError("a positions slice cannot have a step.")
-        start = positions.start or 0
-        if positions.stop is None:
-            return Positions(start=_nonneg(start))
-        return Positions(fixed=frozenset(range(_nonneg(start), _nonneg(positions.stop))))
-    if isinstance(positions, torch.Tensor):
-        positions = positions.flatten().tolist()
-    if not isinstance(positions, Iterable):
-        raise LensprobeError(f"cannot read positions from {positions!r}: pass ints or segment names.")
-    fixed: set[int] = set()
-    start = None
-    generated = False
-    for item in positions:
-        if _is_int(item):
-            fixed.add(_nonneg(item))
-        elif item == "generated":
-            generated = True
-            start = len(prompt) if prompt is not None and hasattr(prompt, "positions") else None
-        elif isinstance(item, str):
-            if prompt is None or not hasattr(prompt, "positions"):
-                raise LensprobeError(
-                    f"positions={item!r} names a prompt segment: pass prompt=... (a Prompt from "
-                    "lp.build_prompt) or call .bind(prompt) on the ablation."
-                )
-            fixed.update(prompt.positions(item))
-        else:
-            raise LensprobeError(f"cannot read position {item!r}: pass ints or segment names.")
-    return Positions(fixed=frozenset(fixed), start=start, generated=generated)
-
-
-def _nonneg(p: int) -> int:
-    if not _is_int(p) or p < 0:
-        raise LensprobeError(
-            f"position {p!r} is invalid: positions are absolute token indices >= 0 (no negative "
-            "indexing, since the sequence grows during generation)."
-        )
-    return p
-
-
-def _is_segment_spec(positions: Any) -> bool:
-    """True when ``positions`` names prompt segments (``"generated"`` alone needs no prompt)."""
-    if isinstance(positions, str):
-        return positions != "generated"
-    return isinstance(positions, (list, tuple)) and any(isinstance(p, str) and p != "generated" for p in positions)
+__all__ = ["HeadAblation", "RowHeadAblation", "ZAblationHook", "ablate_heads", "ablate_kv_group"]
 
 
 class _Offset:
@@ -285,178 +75,6 @@ class _Offset:
             )
         value, self.value = self.value, None
         return value
-
-
-# --------------------------------------------------------------------------- reference values
-
-
-@dataclass(frozen=True)
-class HeadMeans:
-    """Mean ``hook_z`` per layer over a reference prompt set.
-
-    ``values[layer]`` is ``[head, d_head]`` (averaged over every position of every prompt)
-    or, with ``per_position=True``, ``[pos, head, d_head]`` (averaged over the prompts that
-    reach each position; ``counts[pos]`` says how many).
-    """
-
-    values: dict[int, Tensor]
-    per_position: bool
-    n_prompts: int
-    counts: Tensor | None = None
-
-    def at(self, layer: int, pos: Tensor | None, selected: Tensor) -> Tensor:
-        """Mean values for absolute positions ``pos`` ``[rows, count]``, broadcastable to ``hook_z``."""
-        v = self.values.get(layer)
-        if v is None:
-            raise LensprobeError(f"these head means hold no values for layer {layer}; compute them for it.")
-        if not self.per_position:
-            return v
-        return _take_positions(v, pos, selected, what="per-position mean reference")
-
-
-def _take_positions(v: Tensor, pos: Tensor, selected: Tensor, *, what: str) -> Tensor:
-    """``v[pos]`` (``[rows, count, ...]``) with a clear error when a selected position is past ``v``."""
-    n = v.shape[0]
-    pos = pos.to(v.device)
-    chosen = pos[selected.to(v.device) & (pos >= 0)]
-    if chosen.numel() and int(chosen.max()) >= n:
-        raise LensprobeError(
-            f"position {int(chosen.max())} is ablated but the {what} has only {n} positions (0-{n - 1}): "
-            "use a longer reference, restrict positions=..., or use per_position=False."
-        )
-    return v[pos.clamp(min=0, max=n - 1)]
-
-
-def _as_token_list(model, reference) -> list[Tensor]:
-    from lensprobe.run import as_tokens
-
-    if isinstance(reference, (str, bytes)):
-        raise LensprobeError(
-            "reference must be prompts (lp.build_prompt) or token ids, not a string; build a "
-            "Prompt from the text first."
-        )
-    items = reference if isinstance(reference, (list, tuple)) and not all(
-        _is_int(t) for t in reference) else [reference]
-    out = []
-    for item in items:
-        tokens = as_tokens(model, item)
-        out.extend(tokens[i: i + 1] for i in range(tokens.shape[0]))
-    if not out:
-        raise LensprobeError("reference is empty: pass at least one prompt.")
-    return out
-
-
-@dataclass
-class _ZRecorder:
-    layers: list[int]
-    z: dict[int, Tensor] = field(default_factory=dict)
-
-    def hooks(self, model) -> list[Hook]:
-        return [(hook_z_name(layer), self._hook(layer)) for layer in self.layers]
-
-    def _hook(self, layer: int):
-        def record(z: Tensor, hook) -> None:
-            self.z[layer] = z.detach().clone()
-
-        return record
-
-
-def record_z(model, tokens, layers: Sequence[int]) -> dict[int, Float[Tensor, "batch pos head_index d_head"]]:
-    """``hook_z`` of the given layers for one forward pass (nothing else is kept)."""
-    from lensprobe.run import forward
-
-    layers = check_layers(model, list(layers))
-    rec = _ZRecorder(layers)
-    last = max(layers) + 1 if layers else 1
-    forward(model, tokens, rec, stop_at_layer=last if last < model.cfg.n_layers else None)
-    return rec.z
-
-
-def head_means(model, reference, *, layers: Sequence[int] | None = None,
-               per_position: bool = False) -> HeadMeans:
-    """Mean of each head's output (``hook_z``) over a reference prompt set.
-
-    Args:
-        model: a TransformerLens model.
-        reference: a prompt, token ids, or a list of them (different lengths are fine).
-        layers: layers to compute (default: all).
-        per_position: ``False`` averages over every position of every prompt (``[head,
-            d_head]``); ``True`` averages over prompts at each absolute position
-            (``[pos, head, d_head]``).
-
-    Example:
-        >>> means = head_means(model, [p1, p2, p3])
-        >>> with lp.intervene(model, lp.ablate_heads("L0H3", method="mean", reference=means)):
-        ...     logits = model(p.tokens)
-    """
-    layers = check_layers(model, None if layers is None else list(layers))
-    items = _as_token_list(model, reference)
-    longest = max(t.shape[1] for t in items)
-    sums: dict[int, Tensor] = {}
-    counts = torch.zeros(longest, dtype=torch.float64)
-    for tokens in items:
-        n = tokens.shape[1]
-        counts[:n] += 1
-        for layer, z in record_z(model, tokens, layers).items():
-            z = z[0].double()  # [pos, head, d_head]
-            if layer not in sums:
-                shape = (longest, *z.shape[1:]) if per_position else z.shape[1:]
-                sums[layer] = torch.zeros(shape, dtype=torch.float64, device=z.device)
-            if per_position:
-                sums[layer][:n] += z
-            else:
-                sums[layer] += z.sum(0)
-    if per_position:
-        values = {lay: (s / counts.to(s.device)[:, None, None]).float() for lay, s in sums.items()}
-        return HeadMeans(values, True, len(items), counts=counts)
-    total = float(counts.sum())
-    return HeadMeans({lay: (s / total).float() for lay, s in sums.items()}, False, len(items))
-
-
-def _replacement_source(model, method: str, reference, layers: list[int], per_position: bool):
-    """What replaces the ablated slices: None (zero), HeadMeans (mean) or {layer: z} (resample)."""
-    if method == "zero" or not layers:
-        return None
-    if method == "mean":
-        if isinstance(reference, HeadMeans):
-            missing = [layer for layer in layers if layer not in reference.values]
-            if missing:
-                raise LensprobeError(f"the given head means lack layers {missing}; compute them for those layers.")
-            return reference
-        return head_means(model, reference, layers=layers, per_position=per_position)
-    items = _as_token_list(model, reference)
-    if len(items) != 1:
-        raise LensprobeError(
-            f"resample ablation takes its values from one reference prompt, got {len(items)}; "
-            "pass a single prompt (use method='mean' to average over several)."
-        )
-    z = record_z(model, items[0], layers)
-    return {layer: z[layer][0] for layer in layers}  # [pos, head, d_head]
-
-
-def _values_for(source, layer: int, pos: Tensor | None, selected: Tensor) -> Tensor | None:
-    """Replacement values broadcastable to ``[batch, count, head, d_head]`` (None = zeros)."""
-    if source is None:
-        return None
-    if isinstance(source, HeadMeans):
-        return source.at(layer, pos, selected)
-    return _take_positions(source[layer], pos, selected, what="resample reference prompt")
-
-
-def _check_method(method: str, reference) -> None:
-    if method not in METHODS:
-        raise LensprobeError(f"unknown ablation method {method!r}: use one of {METHODS}.")
-    if method == "mean" and reference is None:
-        raise LensprobeError(
-            "method='mean' needs reference=...: a set of prompts to average each head's output "
-            "over (or lp.head_means(model, prompts)). Use method='zero' for no reference."
-        )
-    if method == "resample" and reference is None:
-        raise LensprobeError(
-            "method='resample' needs reference=...: the prompt whose head outputs replace the ablated ones."
-        )
-    if method == "zero" and reference is not None:
-        raise LensprobeError("method='zero' takes no reference; use method='mean' or 'resample' to use one.")
 
 
 # --------------------------------------------------------------------------- the hook
@@ -493,7 +111,7 @@ class ZAblationHook:
             if not bool(selected.any()):
                 return None
         mask = selected[:, :, None] & self.head_mask.to(z.device)[:, None, :]  # [rows, pos, head]
-        values = _values_for(self.source, self.layer, pos, selected)  # pos is None only when unused
+        values = replacement_values(self.source, self.layer, pos, selected)  # pos is None only when unused
         if values is None:
             return z.masked_fill(mask[..., None], 0.0)
         return torch.where(mask[..., None], values.to(z.device, z.dtype).expand_as(z), z)
@@ -532,7 +150,7 @@ def _build_hooks(model, layer_masks: dict[int, Tensor], positions: Positions | N
     for layer, mask in layer_masks.items():
         offset = _Offset() if needs_offset else None
         if offset is not None:
-            hooks.append((_pattern_name(layer), offset.record))
+            hooks.append((pattern_hook_name(layer), offset.record))
         hooks.append((hook_z_name(layer), ZAblationHook(layer, mask, positions, source, offset)))
     return hooks
 
@@ -621,7 +239,7 @@ class HeadAblation:
             cached = None
         if cached is not None and all(_has_layer(cached, layer) for layer in layers):
             return cached
-        source = _replacement_source(model, self.method, self.reference, layers, self.per_position)
+        source = replacement_source(model, self.method, self.reference, layers, self.per_position)
         try:
             self._cache[model] = source
         except TypeError:
@@ -697,7 +315,7 @@ def ablate_heads(heads: Any, *, method: Method = "zero", positions: Any = None, 
         ...     logits = model(prompt.tokens)
         >>> abl = lp.ablate_heads("H4", positions="question", prompt=prompt)
     """
-    _check_method(method, reference)
+    check_method(method, reference)
     selectors = parse_heads(heads) if not (isinstance(heads, (list, tuple)) and len(heads) == 0) else ()
     if positions is not None and prompt is not None:
         positions = resolve_positions(positions, prompt)
@@ -722,8 +340,8 @@ def ablate_kv_group(groups: Any, *, method: Method = "zero", positions: Any = No
         >>> with lp.intervene(model, lp.ablate_kv_group("L0KV1")):
         ...     logits = model(prompt.tokens)
     """
-    _check_method(method, reference)
-    parsed = _parse_groups(groups)
+    check_method(method, reference)
+    parsed = parse_kv_groups(groups)
     if len(set(parsed)) != len(parsed):
         dup = next(g for g in parsed if parsed.count(g) > 1)
         raise LensprobeError(f"KV group L{dup[0]}KV{dup[1]} is given twice; name each group once.")
@@ -732,30 +350,6 @@ def ablate_kv_group(groups: Any, *, method: Method = "zero", positions: Any = No
     elif positions is not None and not _is_segment_spec(positions):
         positions = resolve_positions(positions)
     return HeadAblation((), method, positions, reference, per_position, kv_groups=tuple(parsed))
-
-
-def _parse_groups(groups: Any) -> list[tuple[int, int]]:
-    forms = "write 'L{layer}KV{group}' (e.g. 'L0KV1') or a (layer, kv_head) pair"
-    if isinstance(groups, str):
-        items: list[Any] = [g.strip() for g in groups.split(",") if g.strip()]
-    elif isinstance(groups, tuple) and len(groups) == 2 and all(_is_int(g) for g in groups):
-        items = [groups]
-    elif isinstance(groups, Iterable):
-        items = list(groups)
-    else:
-        raise LensprobeError(f"cannot read KV groups from {groups!r}: {forms}.")
-    out = []
-    for item in items:
-        if isinstance(item, str):
-            m = _KV_RE.match(item.strip())
-            if not m:
-                raise LensprobeError(f"{item!r} is not a KV group label: {forms}.")
-            out.append((int(m.group(1)), int(m.group(2))))
-        elif isinstance(item, (tuple, list)) and len(item) == 2 and all(_is_int(v) for v in item):
-            out.append((int(item[0]), int(item[1])))
-        else:
-            raise LensprobeError(f"{item!r} is not a KV group: {forms}.")
-    return out
 
 
 # --------------------------------------------------------------------------- per-row ablation
@@ -783,9 +377,3 @@ class RowHeadAblation:
             layer, head = pair
             masks.setdefault(layer, torch.zeros(len(self.rows), n_heads, dtype=torch.bool))[b, head] = True
         return _build_hooks(model, dict(sorted(masks.items())), self.positions, self.source)
-
-
-def ablation_source(model, method: Method, reference, layers: Sequence[int], per_position: bool = False):
-    """Reference values for ``method`` over ``layers`` (``None`` for zero ablation)."""
-    _check_method(method, reference)
-    return _replacement_source(model, method, reference, sorted(set(layers)), per_position)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from lensprobe.errors import LensprobeError
+from lensprobe.heads import head_label
 from lensprobe.metrics import DEFAULT_TOKEN_CLASSES, attention_by_token_class, average_attention_received
 from lensprobe.models import check_heads, check_layers
 from lensprobe.prompts import MATH_SYSTEM_PROMPT, PLACEMENTS, Filler, Placement, Prompt, build_prompt
@@ -51,11 +52,6 @@ CONDITION_LABELS = {
 }
 _ALIASES = {"w/o": "none", "without": "none", "mless": "meaningless", "mful": "meaningful",
             "random sentence": "random", "random_sentence": "random"}
-
-def head_label(layer: int, head: int) -> str:
-    """TransformerLens-style head label, 0-based: ``head_label(0, 13) == "L0H13"``."""
-    return f"L{layer}H{head}"
-
 
 def model_label(model) -> str:
     """A short readable name for a model (the embedded one: ``SmolLM2-135M-Instruct.Q4_1``)."""

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lensprobe.ablation import head_label, resolve_heads
 from lensprobe.errors import LensprobeError
+from lensprobe.heads import head_label, resolve_heads
 from lensprobe.metrics import average_attention_received
 
 if TYPE_CHECKING:

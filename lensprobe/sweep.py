@@ -17,16 +17,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from lensprobe.ablation import (
-    Method,
-    RowHeadAblation,
-    _check_method,
-    ablation_source,
-    head_label,
-    resolve_heads,
-    resolve_positions,
-)
+from lensprobe.ablation import RowHeadAblation
 from lensprobe.errors import LensprobeError
+from lensprobe.heads import head_label, resolve_heads, resolve_positions
 from lensprobe.measures import (
     AnswerLogProb,
     AttentionTo,
@@ -36,6 +29,7 @@ from lensprobe.measures import (
     resolve_measure,
     run_measure,
 )
+from lensprobe.replacement import Method, ablation_source, check_method
 
 _PREFIX_SAFE = (Entropy, AnswerLogProb, AttentionTo, CallableMeasure)
 """Measures that cope with batch-1 activations below the shared prefix's end."""
@@ -193,7 +187,7 @@ def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all
     """
     from tqdm.auto import tqdm
 
-    _check_method(method, reference)
+    check_method(method, reference)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise LensprobeError(f"batch_size must be a positive integer, got {batch_size!r}.")
     pairs = resolve_heads(model, heads)

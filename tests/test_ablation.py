@@ -4,15 +4,10 @@ import pytest
 import torch
 
 import lensprobe as lp
-from lensprobe.ablation import (
-    ablate_heads,
-    ablate_kv_group,
-    head_means,
-    kv_group_heads,
-    parse_heads,
-    resolve_heads,
-)
+from lensprobe.ablation import ablate_heads, ablate_kv_group
 from lensprobe.errors import LensprobeError
+from lensprobe.heads import kv_group_heads, parse_heads, resolve_heads
+from lensprobe.replacement import head_means
 
 
 @pytest.fixture(scope="module")
