@@ -43,7 +43,8 @@ from torch import nn
 
 from lensprobe.errors import LensprobeError
 
-__all__ = ["ATTENTIONS", "PLAIN_HOOKS", "attached", "has_user_hooks", "plain_model", "last_query_weights", "one_thread", "sdpa_last_attention", "supports"]
+__all__ = ["ATTENTIONS", "PLAIN_HOOKS", "attached", "has_user_hooks", "last_query_weights", "one_thread",
+           "plain_model", "sdpa_last_attention", "supports"]
 
 _WRAP = "._original_component"
 PLAIN_HOOKS = ("hook_embed", "blocks.{layer}.attn.hook_pattern", "ln_final.hook_out", "ln_final.hook_normalized")
@@ -197,17 +198,15 @@ def _same_last_rows(model, view: nn.Module) -> bool:
 
 
 # ----- sdpa with the newest query's weights -----------------------------------------------
-_SDPA_LAST = "lensprobe_sdpa_last"
-
-
 def _register_sdpa_last() -> None:
     """Register :func:`sdpa_last_attention` (and sdpa's mask) with transformers, once."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    if _SDPA_LAST not in ALL_ATTENTION_FUNCTIONS:
-        ALL_ATTENTION_FUNCTIONS.register(_SDPA_LAST, sdpa_last_attention)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(_SDPA_LAST, sdpa_mask)
+    name = ATTENTIONS["sdpa_last"]
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        ALL_ATTENTION_FUNCTIONS.register(name, sdpa_last_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
 
 
 def sdpa_last_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
