@@ -57,7 +57,16 @@ from torch import Tensor
 from lensprobe.errors import LensprobeError
 from lensprobe.interventions import intervene, pattern_hook_name
 from lensprobe.models import check_layers
-from lensprobe.plain import ATTENTIONS, attached, has_user_hooks, one_thread, plain_model, supports
+from lensprobe.plain import (
+    ATTENTIONS,
+    attached,
+    decode_threads,
+    has_user_hooks,
+    layer_threads,
+    one_thread,
+    plain_model,
+    supports,
+)
 from lensprobe.prompts import Prompt
 from lensprobe.schedule import Rule, StepState, check_rule, emitted
 from lensprobe.thinking import LatentFusion, Pause, nucleus_probs, thinking_token_id
@@ -324,7 +333,9 @@ def generate(model, prompts, *, max_new_tokens: int, interventions: Sequence = (
             attention (same tokens; entropies equal up to float rounding); when attention
             is recorded, each layer also computes the newest query's attention row from
             the cached keys (checked against eager attention when the view is built).
-            ``"auto"`` (default):
+            On a small model, decode steps with few rows run the decoder layers on one
+            thread (faster on a CPU; :data:`lensprobe.plain.ONE_THREAD_LAYER_BYTES`);
+            ``trace.meta["decode_threads"]`` records the count. ``"auto"`` (default):
             ``"hf"`` when there are no interventions and no hooks attached to the model,
             else ``"bridge"``. Both give the same tokens, entropies and attention (tested);
             ``trace.meta["engine"]`` says which ran.
@@ -489,6 +500,7 @@ def _run(model, items, *, max_new_tokens, interventions, thinking, think_when, t
     hidden_hook = _final_hidden_hook(model) if isinstance(thinking, LatentFusion) else None
     rec = _Recorder(layers, R, S, int(model.cfg.n_heads), max_new_tokens, masks, hidden_hook, device)
     view = _plain_view(model, engine, interventions, [name for name, _ in rec.hooks(model)])
+    threads = decode_threads(view, R) if view is not None else torch.get_num_threads()
 
     def forward(tokens, attention_mask, position_ids, pkv):
         if view is not None:
@@ -528,7 +540,8 @@ def _run(model, items, *, max_new_tokens, interventions, thinking, think_when, t
     token_ctx = None
     try:
         with (attached(model, view, rec.hooks(model)) if view is not None
-              else intervene(model, rec, *interventions)):
+              else intervene(model, rec, *interventions)), \
+             (layer_threads(view, threads) if view is not None else contextlib.nullcontext()):
             positions = torch.arange(P, device=device)[None, :] - pad_offset[:, None]
             token_ctx = _CURRENT.set(StepInfo(0, positions, lengths))
             logits, pkv = forward(ids, mask[:, :P], positions.clamp(min=0), None)
@@ -613,6 +626,7 @@ def _run(model, items, *, max_new_tokens, interventions, thinking, think_when, t
         "step_0": "last prompt position (its query predicts the first generated token)",
         "engine": "hf" if view is not None else "bridge",
         "attention": _attention_name(view),
+        "decode_threads": threads,
     }
     return GenerationTrace(
         token_ids_rows=token_ids, entropy_rows=ent_buf, chosen_prob_rows=prob_buf, thinking_rows=think_buf,

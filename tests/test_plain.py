@@ -253,3 +253,83 @@ def test_one_thread_restores_the_thread_count_also_on_errors():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_decode_threads_rule(tiny, monkeypatch, two_threads):
+    view = plain_model(tiny, "sdpa")
+    largest = max(m.weight.numel() * m.weight.element_size() for m in view.base_model.modules()
+                  if isinstance(m, torch.nn.Linear))
+    assert plain.decode_threads(view, 1) == 1  # the tiny model's matrices are far below the limit
+    assert plain.decode_threads(view, plain.ONE_THREAD_MAX_ROWS) == 1
+    assert plain.decode_threads(view, plain.ONE_THREAD_MAX_ROWS + 1) == 2  # many rows: torch's count
+    monkeypatch.setattr(plain, "ONE_THREAD_LAYER_BYTES", largest - 1)  # one matrix too large
+    assert plain.decode_threads(view, 1) == 2
+    monkeypatch.setattr(plain, "ONE_THREAD_LAYER_BYTES", largest)
+    assert plain.decode_threads(view, 1) == 1
+
+
+def test_the_embedded_model_decodes_its_layers_on_one_thread(smol, two_threads):
+    view = plain_model(smol, "sdpa")
+    assert plain.decode_threads(view, 1) == 1  # largest layer weight 576 x 1536 floats, 3.4 MiB
+    assert plain.decode_threads(view, plain.ONE_THREAD_MAX_ROWS + 1) == 2
+
+
+def test_layer_threads_cover_only_the_decoder_layers_of_decode_steps(tiny, two_threads):
+    view = plain_model(tiny, "sdpa")
+    seen = []
+    probes = [view.base_model.layers[0].register_forward_hook(lambda *_: seen.append(("layer", torch.get_num_threads()))),
+              view.lm_head.register_forward_hook(lambda *_: seen.append(("unembed", torch.get_num_threads())))]
+    try:
+        with torch.inference_mode(), plain.layer_threads(view, 1):
+            out = view(input_ids=torch.tensor([[3, 17, 40]]), use_cache=True)  # prefill: 3 positions
+            assert seen == [("layer", 2), ("unembed", 2)]
+            seen.clear()
+            view(input_ids=torch.tensor([[8]]), past_key_values=out.past_key_values, use_cache=True)
+            assert seen == [("layer", 1), ("unembed", 2)]
+            assert torch.get_num_threads() == 2
+    finally:
+        for p in probes:
+            p.remove()
+    assert _hooks_on(view) == 0
+
+
+@pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
+def test_layer_threads_restore_the_count_and_hooks_on_errors(tiny, exc, two_threads):
+    view = plain_model(tiny, "sdpa")
+
+    def boom(*_):
+        assert torch.get_num_threads() == 1
+        raise exc("inside a layer")
+
+    handle = view.base_model.layers[-1].register_forward_hook(boom)
+    try:
+        with pytest.raises(exc), torch.inference_mode(), plain.layer_threads(view, 1):
+            view(input_ids=torch.tensor([[8]]))
+    finally:
+        handle.remove()
+    assert torch.get_num_threads() == 2
+    assert _hooks_on(view) == 0
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_one_thread_layers_give_the_same_trace(prompts, monkeypatch, two_threads, rows):
+    model = tiny_model(seed=0)
+    lp.add_thinking_token(model, "<thinking>")
+    kw = dict(max_new_tokens=12, track={"system": "system", "generated": "generated"}, stop_at_eos=False,
+              thinking=lp.LatentFusion(alpha=0.5), think_when=lp.schedule.every(4), n_samples=rows,
+              do_sample=rows > 1, seed=3, engine="hf")
+    fast = lp.trace_generation(model, prompts[0], **kw)
+    monkeypatch.setattr(plain, "ONE_THREAD_LAYER_BYTES", 0)  # torch's count throughout
+    slow = lp.trace_generation(model, prompts[0], **kw)
+    assert fast.meta["decode_threads"] == 1 and slow.meta["decode_threads"] == 2
+    _assert_same(fast, slow)
+    assert fast.thinking_rows.any()
+    assert torch.get_num_threads() == 2
