@@ -8,7 +8,8 @@ times:
   attention proportion onto two tracked sets at every layer and head (30 x 9), default
   engine (with no interventions: the bridge's weights through the unwrapped Hugging Face
   modules, :mod:`lensprobe.plain`, with fused sdpa attention plus each layer's newest-query
-  attention row computed from the cached keys);
+  attention row computed from the cached keys; in decode steps the decoder layers of a
+  model this small run on one thread, the unembedding on torch's threads);
 - ``lp generate``: the same loop with no recorders (``lp.generate``, ``track=None``): (a);
 - ``lp trace [bridge]`` and ``lp generate [bridge]``: the same two on ``engine="bridge"``
   (every forward through the TransformerBridge and its hook points, as with interventions);
@@ -17,7 +18,10 @@ times:
 - ``bridge generate``: TransformerLens' own ``model.generate`` (KV cache), for reference;
 - ``hf sdpa``: ``transformers`` ``generate`` on the same weights, sdpa attention: (b);
 - ``hf eager+attn+scores``: ``transformers`` ``generate(output_attentions=True,
-  output_scores=True)`` with eager attention: (c).
+  output_scores=True)`` with eager attention: (c);
+- ``hf sdpa [1-thread layers]``: (b) with its decoder layers on one thread in decode steps,
+  as lensprobe's default engine runs a model this small (:func:`lensprobe.plain.decode_threads`),
+  for reference: it shows how much of the difference to (b) and (c) that choice makes.
 
 Methods run interleaved for ``--repeats`` rounds; wall-time medians and minima and the
 medians of the process's CPU time (all threads) are compared. Targets:
@@ -55,6 +59,7 @@ import torch  # noqa: E402
 from procmem import reset_peak, rss_kib  # noqa: E402
 
 import lensprobe as lp  # noqa: E402
+from lensprobe import plain  # noqa: E402
 
 QUESTION = "Find the value of $x$ such that $\\sqrt{x + 7} = 9$. Explain each step."
 
@@ -159,6 +164,10 @@ def setup(steps: int):
                                       do_sample=False, **kw)
             return run
 
+        def hf_one_thread_layers():
+            with plain.layer_threads(hf_sdpa, 1):
+                return hf(hf_sdpa)()
+
         return {
             "lp trace": lp_trace,
             "lp generate (a)": lp_generate,
@@ -169,6 +178,7 @@ def setup(steps: int):
             "hf sdpa (b)": hf(hf_sdpa),
             "hf eager+attn+scores (c)": hf(hf_eager, output_attentions=True, output_scores=True,
                                            return_dict_in_generate=True),
+            "hf sdpa [1-thread layers]": hf_one_thread_layers,
         }
 
     return model, prompt, methods_for
@@ -215,6 +225,7 @@ def main() -> None:
 
     outs = {name: fn() for name, fn in methods.items()}  # warm-up, and the token check
     outs_engine = outs["lp trace"].meta["engine"]
+    decode_threads = outs["lp trace"].meta["decode_threads"]
     ref = ids_of("lp trace", outs["lp trace"])
     same = {name: ids_of(name, o) == ref for name, o in outs.items()}
     print("same tokens as lp trace: " + ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in same.items()))
@@ -256,6 +267,10 @@ def main() -> None:
     verdict("hf eager+attn+scores (c)", 1.0, "(c) hf generate(output_attentions, output_scores)")
     print(f"  lp trace vs (b) hf generate sdpa: {med['lp trace'] / med['hf sdpa (b)']:.3f}x (medians), "
           f"{best['lp trace'] / best['hf sdpa (b)']:.3f}x (minima); no target")
+    print(f"  lp trace vs hf generate sdpa with 1-thread layers: "
+          f"{med['lp trace'] / med['hf sdpa [1-thread layers]']:.3f}x (medians), "
+          f"{best['lp trace'] / best['hf sdpa [1-thread layers]']:.3f}x (minima); reference, no target "
+          f"(lp trace's decode threads: {decode_threads})")
     print(f"  bridge KV loop (no lensprobe) vs (c): {best['bridge KV loop'] / best['hf eager+attn+scores (c)']:.3f}x "
           f"(minima): the TransformerBridge's own cost per step, which the default engine avoids; "
           f"lp trace vs bridge KV loop: {best['lp trace'] / best['bridge KV loop']:.3f}x (minima)")

@@ -46,7 +46,7 @@ import contextvars
 import dataclasses
 import hashlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -71,13 +71,10 @@ from lensprobe.prompts import Prompt
 from lensprobe.schedule import Rule, StepState, check_rule, emitted
 from lensprobe.thinking import LatentFusion, Pause, nucleus_probs, thinking_token_id
 from lensprobe.trace import GenerationTrace
+from lensprobe.tracking import SPECIAL_SETS, TrackSpec, add_position, resolve_track, set_masks
 
 __all__ = ["SPECIAL_SETS", "StepInfo", "current_step", "generate", "trace_generation"]
 
-SPECIAL_SETS = ("prompt", "generated", "thinking")
-"""Tracked-set names that need no prompt segment."""
-
-TrackSpec = str | int | Callable[[int, int], bool]
 Engine = Literal["auto", "bridge", "hf"]
 
 
@@ -152,78 +149,6 @@ def _as_prompt_list(model, prompts) -> list[tuple[list[int], Prompt | None]]:
         bad = [i for i in ids if not 0 <= i < vocab]
         if bad:
             raise LensprobeError(f"token id {bad[0]} is outside the vocabulary (0-{vocab - 1}).")
-    return out
-
-
-@dataclass
-class _TrackedSet:
-    name: str
-    segment: str | None = None
-    token_ids: frozenset = frozenset()
-    prompt: bool = False
-    generated: bool = False
-    thinking: bool = False
-    fn: Callable | None = None
-
-
-def _resolve_track(model, track, prompts: list[tuple[list[int], Prompt | None]],
-                   think_id: int | None, has_thinking: bool) -> list[_TrackedSet]:
-    if track is None:
-        return []
-    if isinstance(track, (str, int)) or callable(track):
-        track = [track]
-    if not isinstance(track, Mapping):
-        track = {str(spec) if not callable(spec) else getattr(spec, "__name__", "callable"): spec for spec in track}
-    segments = [set(p.segments) if p is not None else set() for _, p in prompts]
-    common = set.intersection(*segments) if segments else set()
-    out = []
-    for name, spec in track.items():
-        if not isinstance(name, str) or not name:
-            raise LensprobeError(f"tracked set names must be non-empty strings, got {name!r}.")
-        ts = _TrackedSet(name)
-        if isinstance(spec, bool):
-            raise LensprobeError(f"tracked set {name!r}: {spec!r} is not a segment, token or callable.")
-        if isinstance(spec, int):
-            if not 0 <= spec < int(model.cfg.d_vocab):
-                raise LensprobeError(f"tracked set {name!r}: token id {spec} is outside the vocabulary.")
-            ts.token_ids = frozenset([spec])
-        elif isinstance(spec, str):
-            if spec == "prompt":
-                ts.prompt = True
-            elif spec == "generated":
-                ts.generated = True
-            elif spec == "thinking":
-                if think_id is None:
-                    raise LensprobeError(
-                        f"tracked set {name!r} = 'thinking' needs thinking=... (lp.LatentFusion() or "
-                        "lp.Pause()) or a '<thinking>' token in the vocabulary (lp.add_thinking_token)."
-                    )
-                ts.thinking = has_thinking
-                ts.token_ids = frozenset([think_id])
-            elif spec in common:
-                ts.segment = spec
-            else:
-                ids = model.tokenizer.encode(spec, add_special_tokens=False)
-                if len(ids) == 1 and model.tokenizer.decode(ids) == spec:
-                    ts.token_ids = frozenset([int(ids[0])])
-                else:
-                    have = sorted(common)
-                    missing = [i for i, s in enumerate(segments) if spec in s and spec not in common]
-                    hint = (f" (only some prompts have it: it is missing from prompt(s) "
-                            f"{[i for i, s in enumerate(segments) if spec not in s]})" if missing else "")
-                    raise LensprobeError(
-                        f"unknown tracked set {name!r} = {spec!r}{hint}: it is not a segment of the "
-                        f"prompt(s) (segments: {have}), not one of {list(SPECIAL_SETS)}, and not a single "
-                        f"token (it encodes as {len(ids)} tokens). Pass a segment name, a one-token string, "
-                        "a token id, or a callable fn(position, token_id) -> bool."
-                    )
-        elif callable(spec):
-            ts.fn = spec
-        else:
-            raise LensprobeError(
-                f"tracked set {name!r}: {type(spec).__name__} is not a segment name, token, token id or callable."
-            )
-        out.append(ts)
     return out
 
 
@@ -391,7 +316,7 @@ def generate(model, prompts, *, max_new_tokens: int, interventions: Sequence = (
     if think_id is None and track is not None:
         with contextlib.suppress(LensprobeError):
             think_id = thinking_token_id(model, "<thinking>")
-    sets = _resolve_track(model, track, items, think_id, thinking is not None)
+    sets = resolve_track(model, track, items, think_id, thinking is not None)
     rec_layers = check_layers(model, layers) if sets else []
 
     with torch.inference_mode():
@@ -478,25 +403,8 @@ def _run(model, items, *, max_new_tokens, interventions, thinking, think_when, t
     ids, mask, lengths = ids.to(device), mask.to(device), lengths.to(device)
     pad_offset = P - lengths  # padded index of each row's first token
 
-    # tracked-set masks over padded positions: [row, T, set]
     S = len(sets)
-    masks = torch.zeros((R, T, S), dtype=torch.float32, device=device) if S else None
-    if S:
-        for r, (pi, _) in enumerate(rows):
-            seq, prompt = items[pi]
-            off = P - len(seq)
-            for s, ts in enumerate(sets):
-                member = [False] * len(seq)
-                if ts.prompt:
-                    member = [True] * len(seq)
-                elif ts.segment is not None:
-                    start, end = prompt.segments[ts.segment]
-                    member = [start <= i < end for i in range(len(seq))]
-                if ts.token_ids:
-                    member = [m or (t in ts.token_ids) for m, t in zip(member, seq, strict=True)]
-                if ts.fn is not None:
-                    member = [m or bool(ts.fn(i, t)) for i, (m, t) in enumerate(zip(member, seq, strict=True))]
-                masks[r, off:P, s] = torch.tensor(member, dtype=torch.float32, device=device)
+    masks = set_masks(items, sets, [pi for pi, _ in rows], P, T, device) if S else None  # [row, T, set]
     hidden_hook = _final_hidden_hook(model) if isinstance(thinking, LatentFusion) else None
     rec = _Recorder(layers, R, S, int(model.cfg.n_heads), max_new_tokens, masks, hidden_hook, device)
     view = _plain_view(model, engine, interventions, [name for name, _ in rec.hooks(model)])
@@ -581,7 +489,7 @@ def _run(model, items, *, max_new_tokens, interventions, thinking, think_when, t
                 col = P + t
                 mask[:, col] = 1
                 if S:
-                    _add_position(masks, sets, col, choice, think, lengths, t, active)
+                    add_position(masks, sets, col, choice, think, lengths, t, active)
                 rec.replace = None
                 if thinking is not None and bool(think.any()):
                     rows_idx = think.nonzero().flatten()
@@ -681,24 +589,3 @@ def _choose(logits: Tensor, do_sample: bool, temperature: float, top_p: float, g
     if gens is None:
         return torch.multinomial(probs, 1)[:, 0]
     return torch.stack([torch.multinomial(probs[r], 1, generator=g)[0] for r, g in enumerate(gens)])
-
-
-def _add_position(masks: Tensor, sets: list[_TrackedSet], col: int, choice: Tensor, think: Tensor,
-                  lengths: Tensor, t: int, active: Tensor) -> None:
-    """Mark padded position ``col`` (the token chosen at step ``t``) in every tracked set."""
-    ch = choice.tolist()
-    th = think.tolist()
-    for s, ts in enumerate(sets):
-        if ts.generated:
-            masks[:, col, s] = 1.0
-            continue
-        member = [False] * len(ch)
-        if ts.token_ids:
-            member = [c in ts.token_ids for c in ch]
-        if ts.thinking:
-            member = [m or k for m, k in zip(member, th, strict=True)]
-        if ts.fn is not None:
-            ln = lengths.tolist()
-            member = [m or bool(ts.fn(ln[r] + t, ch[r])) for r, m in enumerate(member)]
-        if any(member):
-            masks[:, col, s] = torch.tensor(member, dtype=masks.dtype, device=masks.device)

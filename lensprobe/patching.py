@@ -77,12 +77,15 @@ class PatchResult:
     def to_dataframe(self):
         """One row per site: ``site``, ``hook``, ``segment``, ``n_positions``, ``clean``
         (target without patching), ``patched``, ``change`` (patched - clean), ``source`` (the
-        metric on the source prompt), ``kl`` (KL divergence, nats, from the clean target's
-        next-token distribution at the last prompt position to the patched one)."""
+        metric on the source prompt), ``share`` (``change / (source - clean)``: the share of
+        the source-target difference that patching the site carries over; NaN when the
+        source and the clean target give the same value), ``kl`` (KL divergence, nats, from
+        the clean target's next-token distribution at the last prompt position to the
+        patched one)."""
         import pandas as pd
 
         return pd.DataFrame(self.rows, columns=["site", "hook", "segment", "n_positions", "clean", "patched",
-                                                "change", "source", "kl"])
+                                                "change", "source", "share", "kl"])
 
 
 def _positions_of(prompt, segment: str) -> list[int]:
@@ -183,6 +186,7 @@ def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], 
     logp = torch.log_softmax(logits[:, last].float(), dim=-1)
     kl = (logp[0].exp() * (logp[0] - logp)).sum(-1).cpu()
     rows = []
+    gap = source_value - float(values[0])
     for row, group in enumerate(row_sites[1:], start=1):
         if len(group) == 1:
             name, seg = group[0]
@@ -194,6 +198,7 @@ def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], 
         rows.append({
             "site": site, "hook": hook_col, "segment": seg_col, "n_positions": n_pos,
             "clean": float(values[0]), "patched": float(values[row]),
-            "change": float(values[row] - values[0]), "source": source_value, "kl": float(kl[row]),
+            "change": float(values[row] - values[0]), "source": source_value,
+            "share": float(values[row] - values[0]) / gap if gap != 0 else float("nan"), "kl": float(kl[row]),
         })
     return PatchResult(getattr(measure, "name", str(metric)), float(values[0]), source_value, rows)

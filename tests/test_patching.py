@@ -71,6 +71,8 @@ def test_patch_question_across_lengths_matches_hand_patch(tiny, pair):
     logits = hf_patched_logits(tiny, tgt.tokens, 0, both_t, layer0[both])
     assert df.iloc[-1]["patched"] == pytest.approx(entropy(logits[0, -1]).item(), abs=1e-5)
     assert (df["change"] - (df["patched"] - df["clean"])).abs().max() < 1e-9
+    for row in df.itertuples():  # share of the source-target difference, by hand
+        assert row.share == pytest.approx((row.patched - clean) / (src_value - clean), rel=1e-4, abs=1e-4)
     assert df["kl"].min() >= 0 and df["kl"].max() > 0
 
 
@@ -80,6 +82,7 @@ def test_patching_a_prompt_into_itself_changes_nothing(tiny, pair):
     df = res.to_dataframe()
     assert len(df) == 3
     assert df["change"].abs().max() < 1e-6 and df["kl"].abs().max() < 1e-6
+    assert df["share"].isna().all()  # no source-target difference to carry over
 
 
 def test_patch_hook_z_changes_only_through_that_head_layer(tiny, pair):

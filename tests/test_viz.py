@@ -13,6 +13,7 @@ from lensprobe.viz import (
     attention_view_html,
     condition_change_figure,
     filler_vs_random_figure,
+    patch_figure,
     token_class_figure,
 )
 
@@ -165,3 +166,31 @@ def test_viz_and_report_are_attributes_imported_on_first_use():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "no attribute 'nonexistent'" in res.stdout
+
+
+def patch_table():
+    rows = []
+    for i, hook in enumerate(["blocks.0.hook_resid_post", "blocks.1.attn.hook_z"]):
+        for j, seg in enumerate(["system", "question"]):
+            change = 0.1 * i + 0.2 * j
+            rows.append({"site": f"{hook} @ {seg}", "hook": hook, "segment": seg, "n_positions": 3 + j,
+                         "clean": 1.0, "patched": 1.0 + change, "change": change, "source": 1.5,
+                         "share": change / 0.5, "kl": 0.01 * (i + j)})
+    rows.append({"site": "all sites", "hook": "all", "segment": "all", "n_positions": 14, "clean": 1.0,
+                 "patched": 1.45, "change": 0.45, "source": 1.5, "share": 0.9, "kl": 0.2})
+    return pd.DataFrame(rows)
+
+
+def test_patch_figure_cells_and_combined_row():
+    fig = patch_figure(patch_table())
+    (heat,) = fig.data
+    assert list(heat.y) == ["blocks.0.hook_resid_post", "blocks.1.attn.hook_z"]
+    assert list(heat.x) == ["system", "question"]
+    assert [v for r in heat.z for v in r] == pytest.approx([0.0, 0.4, 0.2, 0.6])
+    assert heat.text[1][1] == "0.600" and heat.zmid == 0
+    assert "all sites at once: share 0.900" in fig.layout.title.text
+    assert "clean 1.0000 → patched 1.3000" in heat.customdata[1][1]
+    kl = patch_figure(patch_table(), value="kl").data[0]
+    assert [v for r in kl.z for v in r] == pytest.approx([0.0, 0.01, 0.01, 0.02]) and kl.zmid is None
+    with pytest.raises(ValueError, match="value must be"):
+        patch_figure(patch_table(), value="patched")

@@ -5,7 +5,7 @@ never call ``.show()``. Layers and heads are labelled TransformerLens-style, 0-b
 ("L0H13" is the papers' "layer 1, head 14").
 """
 
-from lensprobe.viz.ablation import head_attention_figure, next_token_figure, sweep_heatmap
+from lensprobe.viz.ablation import head_attention_figure, next_token_figure, patch_figure, sweep_heatmap
 from lensprobe.viz.attention import (
     attention_received_figure,
     attention_view_html,
@@ -26,6 +26,7 @@ __all__ = [
     "generation_trace_figure",
     "head_attention_figure",
     "next_token_figure",
+    "patch_figure",
     "sweep_heatmap",
     "token_class_figure",
 ]

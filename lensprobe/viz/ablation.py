@@ -1,4 +1,4 @@
-"""Figures of the head studies: average attention on one head per condition, and the ablation sweep heatmap.
+"""Figures of the head studies: attention on one head per condition, the ablation sweep, patching results.
 
 Functions take results (tidy DataFrames, :class:`~lensprobe.sweep.SweepResult`) and draw
 them; nothing is computed here and nothing is shown. Heads are labelled 0-based,
@@ -148,5 +148,59 @@ def next_token_figure(effect, *, title: str | None = None):
         title=dict(text=f"{title or 'Next-token probabilities with and without the ablation'}<br><sup>{sub}</sup>"),
         xaxis_title="token (top tokens of either run)", yaxis_title="probability",
         margin=dict(t=100, l=70, r=30, b=80),
+    )
+    return fig
+
+
+def patch_figure(result, *, value: str = "share", title: str | None = None):
+    """Activation patching results as a heatmap: hook points (rows) x segments (columns).
+
+    Args:
+        result: a :class:`~lensprobe.patching.PatchResult` (or its ``to_dataframe()``).
+        value: the column to colour by: ``"share"`` (share of the source-target difference
+            a site carries over; the default), ``"change"`` (patched - clean) or ``"kl"``.
+        title: figure title.
+
+    Returns:
+        A plotly ``Figure``; each cell shows its value, the hover its clean and patched
+        metric, change and KL. The row patching every site at once ("all sites") is given
+        in the subtitle.
+    """
+    import plotly.graph_objects as go
+
+    if value not in ("share", "change", "kl"):
+        raise ValueError(f"value must be 'share', 'change' or 'kl', got {value!r}.")
+    df = result.to_dataframe() if hasattr(result, "to_dataframe") else result
+    single, combined = df[df["site"] != "all sites"], df[df["site"] == "all sites"]
+    hooks, segments = _unique(single["hook"]), _unique(single["segment"])
+    cell = {(r.hook, r.segment): r for r in single.itertuples()}
+    z, text, hover = [], [], []
+    for hook in hooks:
+        rows = [cell.get((hook, seg)) for seg in segments]
+        values = [None if r is None else float(getattr(r, value)) for r in rows]
+        z.append(values)
+        text.append(["" if v is None or v != v else f"{v:.3f}" for v in values])
+        hover.append(["" if r is None else
+                      f"{r.site}<br>clean {r.clean:.4f} → patched {r.patched:.4f}<br>change {r.change:+.4f}"
+                      f"<br>share {r.share:.3f}<br>KL {r.kl:.4f} nats<br>{r.n_positions} positions" for r in rows])
+    label = {"share": "share of the source-target difference", "change": "patched − clean",
+             "kl": "KL from the clean run (nats)"}[value]
+    heat = go.Heatmap(z=z, x=segments, y=hooks, text=text, texttemplate="%{text}", customdata=hover,
+                      hovertemplate="%{customdata}<extra></extra>", colorbar=dict(title=value),
+                      colorscale="Viridis" if value == "kl" else "RdBu_r", zmid=None if value == "kl" else 0)
+    metric = getattr(result, "metric", None)
+    first = df.iloc[0] if len(df) else None
+    sub = ""
+    if first is not None:
+        sub = f"{metric or 'metric'}: clean target {first['clean']:.4f}, source {first['source']:.4f}"
+    if len(combined):
+        c = combined.iloc[0]
+        sub += f"; all sites at once: {value} {float(c[value]):.3f}"
+    fig = go.Figure(heat)
+    fig.update_layout(
+        template="plotly_white", height=max(300, 90 + 60 * len(hooks)),
+        title=dict(text=f"{title or 'Activation patching: ' + label}<br><sup>{sub}</sup>"),
+        xaxis_title="segment (positions copied from the source)", yaxis_title="hook point",
+        yaxis=dict(autorange="reversed"), margin=dict(t=100, l=220, r=30, b=70),
     )
     return fig
