@@ -21,10 +21,12 @@ Attention implementations of a view (``attention=``):
 
 - ``"eager"``: the bridge's own; returns the full ``[batch, head, query, key]`` weights.
 - ``"sdpa"``: fused; faster, the same numbers up to float rounding; returns no weights.
-- ``"sdpa_last"``: fused sdpa for the output, plus the **newest query's** attention
-  weights, ``[batch, head, 1, key]``, computed from the post-RoPE query and the cached
-  keys (one ``[head, key]`` row per sequence; what a generation trace records). A view
-  with it is used only after its rows match eager attention's last rows on a probe.
+- ``"sdpa_last"``: the output plus the **newest query's** attention weights, ``[batch,
+  head, 1, key]``, computed from the post-RoPE query and the cached keys (one ``[head,
+  key]`` row per sequence; what a generation trace records). The prompt forward runs fused
+  sdpa for the output; a cached decode step (one query) computes the weights once and
+  multiplies them by the values. A view with it is used only after its rows and logits
+  match eager attention's on a probe (the prompt forward and one decode step).
 
 Decode steps on a view of a small model run its decoder layers on one thread
 (:func:`decode_threads`, :func:`layer_threads`): see :data:`ONE_THREAD_LAYER_BYTES`.
@@ -47,7 +49,7 @@ from torch import nn
 from lensprobe.errors import LensprobeError
 
 __all__ = ["ATTENTIONS", "ONE_THREAD_LAYER_BYTES", "ONE_THREAD_MAX_ROWS", "PLAIN_HOOKS", "attached", "decode_threads",
-           "has_user_hooks", "last_query_weights", "layer_threads", "one_thread", "plain_model",
+           "has_user_hooks", "last_query_attention", "last_query_weights", "layer_threads", "one_thread", "plain_model",
            "sdpa_last_attention", "supports"]
 
 _WRAP = "._original_component"
@@ -183,7 +185,11 @@ def _same_logits(model, view: nn.Module) -> bool:
 
 
 def _same_last_rows(model, view: nn.Module) -> bool:
-    """Whether the view's newest-query attention rows equal eager attention's, on a padded probe."""
+    """Whether the view's newest-query attention rows and logits equal eager attention's.
+
+    On a left-padded probe: the prompt forward (several queries: fused attention plus the
+    last row) and then one cached decode step (one query: the row's own attention output).
+    """
     eager = plain_model(model, "eager")
     if eager is None:
         return False
@@ -191,28 +197,38 @@ def _same_last_rows(model, view: nn.Module) -> bool:
     device = next(view.parameters()).device
     probe = torch.tensor([[1, 2, 3, 5, 8, 13], [0, 0, 4, 6, 9, 11]], device=device) % vocab
     mask = torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]], device=device)
-    got, ref = {}, {}
+    step = torch.tensor([[21], [7]], device=device) % vocab
+    positions = torch.tensor([[6], [4]], device=device)
+    got, ref = [], []  # (layer, weights) per attention call, in call order
+    logits = []  # [view's, eager's] last logits of each forward
     hooks = []
     for store, m in ((got, view), (ref, eager)):
         for layer, module in _attention_modules(model, m).items():
             hooks.append(module.register_forward_hook(
-                lambda _m, _a, out, store=store, layer=layer: store.__setitem__(layer, out[1])))
+                lambda _m, _a, out, store=store, layer=layer: store.append((layer, out[1]))))
     try:
         with torch.inference_mode():
-            view(input_ids=probe, attention_mask=mask, use_cache=False)
-            eager(input_ids=probe, attention_mask=mask, use_cache=False)
+            for m in (view, eager):
+                first = m(input_ids=probe, attention_mask=mask, use_cache=True)
+                then = m(input_ids=step, attention_mask=torch.cat([mask, torch.ones_like(step)], 1),
+                         position_ids=positions, past_key_values=first.past_key_values, use_cache=True)
+                logits.append([first.logits[:, -1].float(), then.logits[:, -1].float()])
     except Exception:  # noqa: BLE001 - any failure means: do not use the view
         return False
     finally:
         for h in hooks:
             h.remove()
-    for layer, weights in ref.items():
-        row = got.get(layer)
-        if not isinstance(row, torch.Tensor) or row.shape != weights[:, :, -1:].shape:
+    if not ref or len(got) != len(ref):
+        return False
+    for (layer, row), (ref_layer, weights) in zip(got, ref, strict=True):
+        if layer != ref_layer or not isinstance(row, torch.Tensor) or row.shape != weights[:, :, -1:].shape:
             return False
         if not torch.allclose(row.float(), weights[:, :, -1:].float(), atol=1e-5, rtol=1e-4):
             return False
-    return len(ref) > 0
+    for a, b in zip(*logits, strict=True):
+        if not (a - b).abs().max() <= 1e-4 * b.abs().max().clamp(min=1.0):
+            return False
+    return True
 
 
 # ----- sdpa with the newest query's weights -----------------------------------------------
@@ -227,18 +243,34 @@ def _register_sdpa_last() -> None:
         ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
 
 
+_DECODE_KWARGS = frozenset({"position_ids", "cache_position", "output_attentions", "use_cache", "is_causal",
+                            "sliding_window"})
+"""Keyword arguments an attention call may carry and still take the one-query path of
+:func:`sdpa_last_attention` (anything else, e.g. ``softcap``, ``sinks``, goes through sdpa)."""
+
+
 def sdpa_last_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                        attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs):
-    """Fused sdpa attention, plus the newest query's attention weights ``[batch, head, 1, key]``.
+                        attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                        **kwargs):
+    """Attention output plus the newest query's attention weights ``[batch, head, 1, key]``.
 
     ``query`` ``[batch, head, q, d]`` is post-RoPE and ``key`` ``[batch, kv_head, key, d]``
     holds every cached key (GQA: query head ``h`` reads kv head ``h // group``);
     ``attention_mask`` is sdpa's boolean mask (``True`` = attend) or ``None`` (attend to all,
     which holds for the newest query under a causal mask).
+
+    Several queries (the prompt forward): fused sdpa, plus :func:`last_query_weights`. One
+    query (a cached decode step) with no dropout or other extras: the weights are computed
+    once and give the output too (:func:`last_query_attention`), instead of sdpa computing
+    them again.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    if query.shape[2] == 1 and not dropout and all(k in _DECODE_KWARGS or v is None for k, v in kwargs.items()):
+        with one_thread():
+            return last_query_attention(query, key, value, attention_mask, scaling)
+    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                    **kwargs)
     with one_thread():
         return out, last_query_weights(query, key, attention_mask, scaling)
 
@@ -313,26 +345,54 @@ def layer_threads(view: nn.Module, threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def last_query_weights(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None,
-                       scaling: float | None = None) -> torch.Tensor:
-    """softmax(q_last . k / sqrt(d) + mask) for the newest query: ``[batch, head, 1, key]``.
+def _last_query_probs(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None,
+                      scaling: float | None) -> torch.Tensor:
+    """softmax(q_last . k * scale + mask) over the keys, as ``[batch, kv_head, key, group]`` floats.
 
     GQA without copying the keys: each kv group's keys ``[key, d]`` multiply the group's
     query heads ``[d, group]`` in one matmul. (Keys on the left: with the keys transposed on
     the right, the CPU matmul keeps a kernel per key length, which grows memory by tens of
-    MiB over a long generation.) ``attention_mask`` is boolean (``True`` = attend) or
-    additive, ``[batch, 1 or head, q, key]``, or ``None``.
+    MiB over a long generation.)
     """
     b, h, _q, d = query.shape
     kv = key.shape[1]
     scale = d ** -0.5 if scaling is None else scaling
     q = query[:, :, -1, :].reshape(b, kv, h // kv, d).transpose(-1, -2)  # [b, kv, d, group]
-    scores = torch.matmul(key, q).transpose(-1, -2).reshape(b, h, 1, -1).float() * scale
+    scores = torch.matmul(key, q).float() * scale  # [b, kv, key, group]
     if attention_mask is not None:
-        last = attention_mask[:, :, -1:, : scores.shape[-1]]
+        last = attention_mask[:, :, -1, : scores.shape[-2]]  # [b, 1 or h, key]
+        last = (last.reshape(b, 1, -1, 1) if last.shape[1] == 1
+                else last.reshape(b, kv, h // kv, -1).transpose(-1, -2))
         scores = (scores.masked_fill(~last, float("-inf")) if last.dtype == torch.bool
                   else scores + last.float())
-    return torch.softmax(scores, dim=-1).to(query.dtype)
+    return torch.softmax(scores, dim=-2)
+
+
+def last_query_weights(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None,
+                       scaling: float | None = None) -> torch.Tensor:
+    """softmax(q_last . k * scale + mask) for the newest query: ``[batch, head, 1, key]``.
+
+    ``attention_mask`` is boolean (``True`` = attend) or additive, ``[batch, 1 or head, q,
+    key]``, or ``None``; ``scaling`` defaults to ``1 / sqrt(d)``.
+    """
+    b, h = query.shape[:2]
+    probs = _last_query_probs(query, key, attention_mask, scaling)
+    return probs.transpose(-1, -2).reshape(b, h, 1, -1).to(query.dtype)
+
+
+def last_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         attention_mask: torch.Tensor | None, scaling: float | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of the newest query: output ``[batch, 1, head, d]`` and weights ``[batch, head, 1, key]``.
+
+    The output is laid out as transformers' attention functions return it (query position
+    before head). Values on the left of the matmul, as the keys in the scores.
+    """
+    b, h, _q, d = query.shape
+    probs = _last_query_probs(query, key, attention_mask, scaling)  # [b, kv, key, group]
+    out = torch.matmul(value.transpose(-1, -2), probs.to(value.dtype))  # [b, kv, d, group]
+    out = out.transpose(-1, -2).reshape(b, 1, h, value.shape[-1])
+    return out, probs.transpose(-1, -2).reshape(b, h, 1, -1).to(query.dtype)
 
 
 def supports(hook_names: Sequence[str]) -> bool:

@@ -199,6 +199,76 @@ def test_last_query_weights_by_hand(mask_kind):
             assert torch.allclose(got[r, head, 0], want, atol=1e-6), (r, head)
 
 
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "additive", "per-head"])
+def test_last_query_attention_by_hand(mask_kind):
+    """One query: output = sum_j w_j v_j per head, written out by hand; weights as last_query_weights."""
+    g = torch.Generator().manual_seed(1)
+    b, h, kv, k_len, d = 2, 6, 3, 5, 4
+    query = torch.randn(b, h, 1, d, generator=g)
+    key, value = torch.randn(b, kv, k_len, d, generator=g), torch.randn(b, kv, k_len, d, generator=g)
+    allowed = torch.ones(b, 1, 1, k_len, dtype=torch.bool)
+    allowed[0, :, :, :1] = False
+    bias = torch.randn(b, h, 1, k_len, generator=g)  # a different additive bias per head
+    mask = {"none": None, "bool": allowed, "additive": torch.where(allowed, 0.0, torch.finfo(torch.float32).min),
+            "per-head": bias}[mask_kind]
+    out, weights = plain.last_query_attention(query, key, value, mask, scaling=0.5)
+    assert out.shape == (b, 1, h, d) and weights.shape == (b, h, 1, k_len)
+    assert torch.allclose(weights, plain.last_query_weights(query, key, mask, scaling=0.5), atol=1e-7)
+    for r in range(b):
+        for head in range(h):
+            kvh = head // (h // kv)
+            scores = torch.tensor([0.5 * float(query[r, head, 0] @ key[r, kvh, j]) for j in range(k_len)])
+            if mask_kind == "per-head":
+                scores = scores + bias[r, head, 0]
+            elif mask_kind != "none":
+                scores = scores.masked_fill(~allowed[r, 0, 0], float("-inf"))
+            w = torch.softmax(scores, dim=0)
+            assert torch.allclose(weights[r, head, 0], w, atol=1e-6), (r, head)
+            want = sum(w[j] * value[r, kvh, j] for j in range(k_len))
+            assert torch.allclose(out[r, 0, head], want, atol=1e-6), (r, head)
+
+
+def test_sdpa_last_decode_step_uses_its_own_weights_and_matches_eager(tiny, monkeypatch):
+    """A cached one-query step on the sdpa_last view: eager's row and logits, via last_query_attention."""
+    views = {a: plain_model(tiny, a) for a in ("eager", "sdpa_last")}
+    calls = []
+    real = plain.last_query_attention
+    monkeypatch.setattr(plain, "last_query_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    tokens = torch.tensor([[5, 9, 14, 3, 22], [0, 0, 7, 31, 4]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    weights, logits = {}, {}
+    handles = [plain._attention_modules(tiny, v)[1].register_forward_hook(
+        lambda m, a, out, name=name: weights.__setitem__(name, out[1])) for name, v in views.items()]
+    try:
+        with torch.inference_mode():
+            for name, view in views.items():
+                first = view(input_ids=tokens, attention_mask=mask, use_cache=True)
+                calls.clear()
+                logits[name] = view(input_ids=torch.tensor([[8], [12]]), past_key_values=first.past_key_values,
+                                    attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1),
+                                    position_ids=torch.tensor([[5], [3]]), use_cache=True).logits
+    finally:
+        for h in handles:
+            h.remove()
+    assert len(calls) == tiny.cfg.n_layers  # the decode step took the one-query path at every layer
+    assert weights["sdpa_last"].shape == weights["eager"].shape == (2, tiny.cfg.n_heads, 1, 6)
+    assert torch.allclose(weights["sdpa_last"], weights["eager"], atol=1e-6)
+    assert float(weights["sdpa_last"][1, :, 0, :2].abs().max()) == 0.0
+    assert torch.allclose(logits["sdpa_last"], logits["eager"], atol=1e-5)
+
+
+def test_a_view_whose_decode_rows_differ_is_refused(monkeypatch):
+    model = tiny_model(seed=0)
+    good = plain.last_query_attention
+
+    def wrong(*a, **k):
+        out, w = good(*a, **k)
+        return out, torch.softmax(2 * w.log(), dim=-1)
+
+    monkeypatch.setattr(plain, "last_query_attention", wrong)
+    assert plain_model(model, "sdpa_last") is None
+
+
 def test_sdpa_last_view_returns_eager_last_rows_and_sdpa_output(tiny):
     """The sdpa_last view: output as sdpa, weights = the last row of eager attention's, padded batch."""
     views = {a: plain_model(tiny, a) for a in ("eager", "sdpa", "sdpa_last")}
