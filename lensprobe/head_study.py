@@ -197,7 +197,7 @@ def build_section(model, *, quick: bool = False) -> list:
     from lensprobe.patching import patch
     from lensprobe.report import Section
     from lensprobe.sweep import ablation_sweep
-    from lensprobe.viz import head_attention_figure, next_token_figure, sweep_heatmap
+    from lensprobe.viz import head_attention_figure, next_token_figure, patch_figure, sweep_heatmap
 
     name = model_label(model)
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
@@ -306,7 +306,6 @@ def build_section(model, *, quick: bool = False) -> list:
     res = patch(model, prompts["meaningless"], prompts["none"], list(PATCH_HOOKS), segments=list(PATCH_SEGMENTS))
     df = res.to_dataframe()
     effect = res.source_value - res.target_value
-    df["share_of_filler_effect"] = df["change"] / effect if abs(effect) > 1e-9 else float("nan")
     s4 = Section(
         title="Activation patching: layer 0 from the Mless run into the plain run",
         intro=(
@@ -314,13 +313,14 @@ def build_section(model, *, quick: bool = False) -> list:
             "copied from the Mless run, one site at a time (hook point x prompt segment; segments are aligned "
             "by name, so the two prompts may differ in length), plus all sites at once. Entropy at the last "
             f"prompt position: {res.target_value:.4f} nats without filler, {res.source_value:.4f} with Mless "
-            f"(difference {effect:+.4f}). <code>share_of_filler_effect</code> = change / that difference: 1 "
+            f"(difference {effect:+.4f}). <code>share</code> = change / that difference: 1 "
             "means the patched site alone carries the whole filler effect on the entropy. Positions before the "
             "filler (the system prompt) cannot differ between the runs, so patching them changes nothing; and "
             "at layer 0 patching the attention output (<code>hook_z</code>) gives the same numbers as patching "
             "the residual stream after the layer, since the token embedding is the same and the MLP recomputes "
             "from it. Both are checks on the patching itself.</p>"
         ),
+        figures=[patch_figure(res, title="Layer 0 patched from the Mless run into the plain run (entropy)")],
         tables={"patching": df},
         data={"model": name, "hooks": list(PATCH_HOOKS), "segments": list(PATCH_SEGMENTS),
               "entropy_without_filler": res.target_value, "entropy_mless": res.source_value},

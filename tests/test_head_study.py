@@ -98,6 +98,10 @@ def test_report_section_quick(tiny, tmp_path):
     assert set(single.tables["single_ablations"]["condition"]) == {"w/o filler", "Mless", "Mful"}
     df = patching.tables["patching"]
     assert len(df) == 3 * 3 + 1 and df["kl"].min() >= 0
+    (heat,) = patching.figures[0].data  # hook x segment shares, as in the table
+    cells = df[df["site"] != "all sites"].set_index(["hook", "segment"])["share"]
+    assert [v for row in heat.z for v in row] == pytest.approx(
+        [cells[(h, s)] for h in heat.y for s in heat.x], nan_ok=True)
     index = write_report(tmp_path, sections)
     assert index.is_file() and "Head ablation sweep" in index.read_text(encoding="utf-8")
 
