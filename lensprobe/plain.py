@@ -318,7 +318,9 @@ def layer_threads(view: nn.Module, threads: int) -> Iterator[None]:
 
     The unembedding and every other forward keep torch's thread count. The count is set by
     hooks on the decoder stack (``view.base_model``), which are removed on exit, and the
-    count at entry is restored, also after an exception or a KeyboardInterrupt.
+    count at entry is restored, also after an exception or a KeyboardInterrupt. torch's
+    thread count is process-wide: generations running concurrently in several Python
+    threads see each other's setting (only their speed changes, not their numbers).
     """
     before = torch.get_num_threads()
     if threads == before:
