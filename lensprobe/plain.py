@@ -370,6 +370,11 @@ def _last_query_probs(query: torch.Tensor, key: torch.Tensor, attention_mask: to
     return torch.softmax(scores, dim=-2)
 
 
+def _as_rows(probs: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """``[batch, kv_head, key, group]`` probabilities as ``[batch, head, 1, key]`` weights in the query's dtype."""
+    return probs.transpose(-1, -2).reshape(query.shape[0], query.shape[1], 1, -1).to(query.dtype)
+
+
 def last_query_weights(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None,
                        scaling: float | None = None) -> torch.Tensor:
     """softmax(q_last . k * scale + mask) for the newest query: ``[batch, head, 1, key]``.
@@ -377,9 +382,7 @@ def last_query_weights(query: torch.Tensor, key: torch.Tensor, attention_mask: t
     ``attention_mask`` is boolean (``True`` = attend) or additive, ``[batch, 1 or head, q,
     key]``, or ``None``; ``scaling`` defaults to ``1 / sqrt(d)``.
     """
-    b, h = query.shape[:2]
-    probs = _last_query_probs(query, key, attention_mask, scaling)
-    return probs.transpose(-1, -2).reshape(b, h, 1, -1).to(query.dtype)
+    return _as_rows(_last_query_probs(query, key, attention_mask, scaling), query)
 
 
 def last_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -394,7 +397,7 @@ def last_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     probs = _last_query_probs(query, key, attention_mask, scaling)  # [b, kv, key, group]
     out = torch.matmul(value.transpose(-1, -2), probs.to(value.dtype))  # [b, kv, d, group]
     out = out.transpose(-1, -2).reshape(b, 1, h, value.shape[-1])
-    return out, probs.transpose(-1, -2).reshape(b, h, 1, -1).to(query.dtype)
+    return out, _as_rows(probs, query)
 
 
 def supports(hook_names: Sequence[str]) -> bool:

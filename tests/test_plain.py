@@ -1,5 +1,7 @@
 """The plain Hugging Face view generation runs on: shared tensors, same numbers as the bridge, when it is used."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -228,6 +230,19 @@ def test_last_query_attention_by_hand(mask_kind):
             assert torch.allclose(out[r, 0, head], want, atol=1e-6), (r, head)
 
 
+@contextlib.contextmanager
+def _layer1_weights(model, views):
+    """{view name: the attention weights layer 1 of that view returned last}; hooks removed on exit."""
+    weights = {}
+    handles = [plain._attention_modules(model, v)[1].register_forward_hook(
+        lambda m, a, out, name=name: weights.__setitem__(name, out[1])) for name, v in views.items()]
+    try:
+        yield weights
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def test_sdpa_last_decode_step_uses_its_own_weights_and_matches_eager(tiny, monkeypatch):
     """A cached one-query step on the sdpa_last view: eager's row and logits, via last_query_attention."""
     views = {a: plain_model(tiny, a) for a in ("eager", "sdpa_last")}
@@ -236,20 +251,14 @@ def test_sdpa_last_decode_step_uses_its_own_weights_and_matches_eager(tiny, monk
     monkeypatch.setattr(plain, "last_query_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
     tokens = torch.tensor([[5, 9, 14, 3, 22], [0, 0, 7, 31, 4]])
     mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
-    weights, logits = {}, {}
-    handles = [plain._attention_modules(tiny, v)[1].register_forward_hook(
-        lambda m, a, out, name=name: weights.__setitem__(name, out[1])) for name, v in views.items()]
-    try:
-        with torch.inference_mode():
-            for name, view in views.items():
-                first = view(input_ids=tokens, attention_mask=mask, use_cache=True)
-                calls.clear()
-                logits[name] = view(input_ids=torch.tensor([[8], [12]]), past_key_values=first.past_key_values,
-                                    attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1),
-                                    position_ids=torch.tensor([[5], [3]]), use_cache=True).logits
-    finally:
-        for h in handles:
-            h.remove()
+    logits = {}
+    with _layer1_weights(tiny, views) as weights, torch.inference_mode():
+        for name, view in views.items():
+            first = view(input_ids=tokens, attention_mask=mask, use_cache=True)
+            calls.clear()
+            logits[name] = view(input_ids=torch.tensor([[8], [12]]), past_key_values=first.past_key_values,
+                                attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1),
+                                position_ids=torch.tensor([[5], [3]]), use_cache=True).logits
     assert len(calls) == tiny.cfg.n_layers  # the decode step took the one-query path at every layer
     assert weights["sdpa_last"].shape == weights["eager"].shape == (2, tiny.cfg.n_heads, 1, 6)
     assert torch.allclose(weights["sdpa_last"], weights["eager"], atol=1e-6)
@@ -276,16 +285,10 @@ def test_sdpa_last_view_returns_eager_last_rows_and_sdpa_output(tiny):
     assert views["sdpa_last"].config._attn_implementation == plain.ATTENTIONS["sdpa_last"]
     tokens = torch.tensor([[5, 9, 14, 3, 22], [0, 0, 7, 31, 4]])
     mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
-    weights, outs = {}, {}
-    handles = [plain._attention_modules(tiny, v)[1].register_forward_hook(
-        lambda m, a, out, name=name: weights.__setitem__(name, out[1])) for name, v in views.items()]
-    try:
-        with torch.inference_mode():
-            for name, view in views.items():
-                outs[name] = view(input_ids=tokens, attention_mask=mask).logits
-    finally:
-        for h in handles:
-            h.remove()
+    outs = {}
+    with _layer1_weights(tiny, views) as weights, torch.inference_mode():
+        for name, view in views.items():
+            outs[name] = view(input_ids=tokens, attention_mask=mask).logits
     assert weights["sdpa"] is None and weights["eager"].shape[2] == 5
     assert weights["sdpa_last"].shape == (2, tiny.cfg.n_heads, 1, 5)
     assert torch.allclose(weights["sdpa_last"], weights["eager"][:, :, -1:], atol=1e-6)
