@@ -10,7 +10,7 @@ REPORT ?= lensprobe-report
 OMP_WAIT_POLICY ?= PASSIVE
 export OMP_WAIT_POLICY
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# The tests that need no real model (tiny random models, hand-made tensors): under a minute.
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: install
 	$(BIN)/ruff check lensprobe tests benchmarks

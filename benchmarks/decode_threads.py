@@ -2,16 +2,16 @@
 
 A decode step multiplies every weight matrix by one vector per row: it streams the
 weights from memory. For small matrices, waking torch's other threads costs more than
-they save; :func:`lensprobe.plain.decode_threads` therefore runs the layers of small
+they save; :func:`lensprobe.generation.engines.threads.decode_threads` therefore runs the layers of small
 models on one thread in decode steps (the unembedding keeps torch's count). This script
-measures where that pays off on this machine, to set ``plain.ONE_THREAD_LAYER_BYTES``:
+measures where that pays off on this machine, to set ``threads.ONE_THREAD_LAYER_BYTES``:
 
 - Llama models with random weights and the shapes of SmolLM2-135M (576/1536), SmolLM2-360M
   (960/2560), a 1536/4096 model and a 2048/8192 model (fewer layers for the larger ones:
   the question is the per-matrix cost), through ``transformers`` ``generate`` (sdpa), with
-  and without :func:`lensprobe.plain.layer_threads` (one thread);
+  and without :func:`lensprobe.generation.engines.threads.layer_threads` (one thread);
 - the embedded SmolLM2-135M-Instruct through ``lp.generate`` with the rule on and off
-  (``plain.ONE_THREAD_LAYER_BYTES = 0``).
+  (``threads.ONE_THREAD_LAYER_BYTES = 0``).
 
 Times per generated token are best of ``--repeats``; ratios > 1 mean one thread is faster.
 
@@ -29,7 +29,7 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 import lensprobe as lp  # noqa: E402
-from lensprobe import plain  # noqa: E402
+from lensprobe.generation.engines import threads  # noqa: E402
 
 SHAPES = [(576, 1536, 30, 9, 3), (960, 2560, 16, 15, 5), (1536, 4096, 8, 12, 4), (2048, 8192, 4, 32, 8)]
 
@@ -76,7 +76,7 @@ def main() -> None:
                     model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
 
             def one(model=model, run=run):
-                with plain.layer_threads(model, 1):
+                with threads.layer_threads(model, 1):
                     run()
 
             many, single = best(run, args.repeats), best(one, args.repeats)
@@ -86,14 +86,14 @@ def main() -> None:
         del model
     model = lp.load_model()
     prompt = lp.build_prompt(model, "Find $x$ such that $\\sqrt{x + 7} = 9$.", system=lp.MATH_SYSTEM_PROMPT)
-    limit = plain.ONE_THREAD_LAYER_BYTES
+    limit = threads.ONE_THREAD_LAYER_BYTES
     for batch in args.batches:
         def gen(on: bool, batch=batch):
-            plain.ONE_THREAD_LAYER_BYTES = limit if on else 0
+            threads.ONE_THREAD_LAYER_BYTES = limit if on else 0
             try:
                 return lp.generate(model, [prompt] * batch, max_new_tokens=n, stop_at_eos=False)
             finally:
-                plain.ONE_THREAD_LAYER_BYTES = limit
+                threads.ONE_THREAD_LAYER_BYTES = limit
 
         rule = gen(True).meta["decode_threads"]
         off, on = best(lambda: gen(False), args.repeats), best(lambda: gen(True), args.repeats)

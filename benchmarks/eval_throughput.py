@@ -27,9 +27,9 @@ import time
 import torch
 
 import lensprobe as lp
+from lensprobe.core.models import model_label
 from lensprobe.evals import builtin_condition
-from lensprobe.evals.data import local_math500_path
-from lensprobe.filler_study import model_label
+from lensprobe.evals.data import math500_path
 
 
 def hf_generate(hf, tokenizer, prompts, batch_size: int, max_new_tokens: int) -> tuple[int, list[list[int]]]:
@@ -67,7 +67,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    path = args.data or local_math500_path()
+    path = args.data or math500_path()
     if path is None:
         raise SystemExit("MATH-500 not found: pass --data PATH.jsonl or set LENSPROBE_MATH500")
     model = lp.load_model()
@@ -76,7 +76,7 @@ def main() -> None:
     prompts = [build(p.problem) for p in problems]
     from transformers import AutoModelForCausalLM
 
-    from lensprobe.models import quiet
+    from lensprobe.core.models import quiet
 
     folder = model.original_model.name_or_path  # the converted folder the bridge was loaded from
     with quiet():

@@ -7,7 +7,7 @@ times:
 - ``lp trace``: ``lp.trace_generation`` recording, at every step, the entropy and the
   attention proportion onto two tracked sets at every layer and head (30 x 9), default
   engine (with no interventions: the bridge's weights through the unwrapped Hugging Face
-  modules, :mod:`lensprobe.plain`, with fused sdpa attention plus each layer's newest-query
+  modules, :mod:`lensprobe.generation.engines.view`, with fused sdpa attention plus each layer's newest-query
   attention row computed from the cached keys; in decode steps the decoder layers of a
   model this small run on one thread, the unembedding on torch's threads);
 - ``lp generate``: the same loop with no recorders (``lp.generate``, ``track=None``): (a);
@@ -20,7 +20,7 @@ times:
 - ``hf eager+attn+scores``: ``transformers`` ``generate(output_attentions=True,
   output_scores=True)`` with eager attention: (c);
 - ``hf sdpa [1-thread layers]``: (b) with its decoder layers on one thread in decode steps,
-  as lensprobe's default engine runs a model this small (:func:`lensprobe.plain.decode_threads`),
+  as lensprobe's default engine runs a model this small (:func:`lensprobe.generation.engines.threads.decode_threads`),
   for reference: it shows how much of the difference to (b) and (c) that choice makes.
 
 Methods run interleaved for ``--repeats`` rounds; wall-time medians and minima and the
@@ -59,7 +59,7 @@ import torch  # noqa: E402
 from procmem import reset_peak, rss_kib  # noqa: E402
 
 import lensprobe as lp  # noqa: E402
-from lensprobe import plain  # noqa: E402
+from lensprobe.generation.engines import threads  # noqa: E402
 
 QUESTION = "Find the value of $x$ such that $\\sqrt{x + 7} = 9$. Explain each step."
 
@@ -116,7 +116,7 @@ def setup(steps: int):
     """Model, prompt and the timed methods (name -> zero-argument function)."""
     from transformers import AutoModelForCausalLM
 
-    from lensprobe.models import converted_gguf_folder, embedded_gguf_path, quiet
+    from lensprobe.core.models import converted_gguf_folder, embedded_gguf_path, quiet
 
     model = lp.load_model()
     prompt = lp.build_prompt(model, QUESTION, system=lp.MATH_SYSTEM_PROMPT)
@@ -165,7 +165,7 @@ def setup(steps: int):
             return run
 
         def hf_one_thread_layers():
-            with plain.layer_threads(hf_sdpa, 1):
+            with threads.layer_threads(hf_sdpa, 1):
                 return hf(hf_sdpa)()
 
         return {

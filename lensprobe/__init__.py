@@ -9,9 +9,19 @@ Example:
     >>> recv = lp.average_attention_received(pats[0])  # [head, key_pos]
 """
 
-from lensprobe import schedule
-from lensprobe.ablation import HeadAblation, ablate_heads, ablate_kv_group
-from lensprobe.errors import LensprobeError, ModelLoadError
+from lensprobe.core.errors import LensprobeError, ModelLoadError
+from lensprobe.core.forward import attention_patterns, forward
+from lensprobe.core.hooks import AttentionRecorder, Intervention, intervene
+from lensprobe.core.measures import AnswerLogProb, AttentionTo, Entropy, measure_once
+from lensprobe.core.metrics import (
+    DEFAULT_TOKEN_CLASSES,
+    attention_by_token_class,
+    attention_proportion,
+    average_attention_received,
+    entropy,
+)
+from lensprobe.core.models import cache_dir, load_model, model_label
+from lensprobe.core.prompts import MATH_SYSTEM_PROMPT, Filler, Prompt, build_prompt, prompt_json
 from lensprobe.evals import (
     Condition,
     EvalConfig,
@@ -20,35 +30,45 @@ from lensprobe.evals import (
     grade,
     load_math500,
     load_results,
+    math500_path,
 )
-from lensprobe.filler_study import (
+from lensprobe.generation import current_step, generate, schedule, trace_generation
+from lensprobe.generation.thinking import LatentFusion, Pause, add_thinking_token
+from lensprobe.generation.trace import GenerationTrace, load_trace, trace_summary
+from lensprobe.interventions.ablation import HeadAblation, ablate_heads, ablate_kv_group
+from lensprobe.interventions.patching import PatchResult, patch
+from lensprobe.interventions.replacement import HeadMeans, head_means
+from lensprobe.interventions.sweep import SweepResult, ablation_sweep
+from lensprobe.studies.filler import (
     FillerSetup,
+    ascii_grid,
     attention_received,
     condition_changes,
     filler_vs_random,
     heads_by_change,
     token_class_attention,
 )
-from lensprobe.generation import current_step, generate, trace_generation
-from lensprobe.interventions import AttentionRecorder, Intervention, intervene
-from lensprobe.measures import AnswerLogProb, AttentionTo, Entropy
-from lensprobe.metrics import (
-    DEFAULT_TOKEN_CLASSES,
-    attention_by_token_class,
-    attention_proportion,
-    average_attention_received,
-    entropy,
+from lensprobe.studies.heads import AblationEffect, ablation_effect, head_attention_over_generation
+from lensprobe.studies.thinking import (
+    THINKING_SETTINGS,
+    compare_thinking,
+    thinking_setting,
+    with_thinking_token,
 )
-from lensprobe.models import cache_dir, load_model
-from lensprobe.patching import PatchResult, patch
-from lensprobe.prompts import MATH_SYSTEM_PROMPT, Filler, Prompt, build_prompt
-from lensprobe.replacement import HeadMeans, head_means
-from lensprobe.run import attention_patterns, forward
-from lensprobe.sweep import SweepResult, ablation_sweep
-from lensprobe.thinking import LatentFusion, Pause, add_thinking_token
-from lensprobe.trace import GenerationTrace, load_trace, trace_summary
 
 __all__ = [
+    "ascii_grid",
+    "measure_once",
+    "with_thinking_token",
+    "thinking_setting",
+    "compare_thinking",
+    "THINKING_SETTINGS",
+    "head_attention_over_generation",
+    "ablation_effect",
+    "AblationEffect",
+    "math500_path",
+    "prompt_json",
+    "model_label",
     "DEFAULT_TOKEN_CLASSES",
     "MATH_SYSTEM_PROMPT",
     "AttentionRecorder",
@@ -105,11 +125,11 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-_LAZY_SUBMODULES = ("viz", "report", "plain")
+_LAZY_SUBMODULES = ("viz",)
 
 
 def __getattr__(name: str):
-    """``lp.viz``, ``lp.report``, ``lp.plain``: imported on first use (plotting stays out of ``import lensprobe``)."""
+    """``lp.viz``: imported on first use (plotting stays out of ``import lensprobe``)."""
     if name in _LAZY_SUBMODULES:
         import importlib
 

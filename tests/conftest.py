@@ -22,9 +22,34 @@ def _one_thread():
 
 @pytest.fixture(scope="session")
 def tiny():
-    from lensprobe.testing import tiny_model
+    from lensprobe.core.testing import tiny_model
 
     return tiny_model(seed=0)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that takes the embedded model (the ``smol`` fixture) is a slow test."""
+    for item in items:
+        if "smol" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_never_load_the_embedded_model(request, monkeypatch):
+    """Outside ``slow`` tests, loading the embedded SmolLM2 fails: the fast tier stays fast."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+    import lensprobe.core.models as models
+
+    embedded = models.embedded_gguf_path().resolve()
+    convert = models.converted_gguf_folder
+
+    def refuse_embedded(gguf):
+        if Path(gguf).resolve() == embedded:
+            raise AssertionError(f"{request.node.nodeid} loads the embedded model: mark it @pytest.mark.slow")
+        return convert(gguf)
+
+    monkeypatch.setattr(models, "converted_gguf_folder", refuse_embedded)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """MATH-500 evaluation across prompt and intervention conditions.
 
 - :mod:`~lensprobe.evals.data`: :func:`load_math500` (local JSONL or the hub), :class:`Problem`.
-- :mod:`~lensprobe.evals.conditions`: :class:`Condition` and the built-in conditions
+- :mod:`~lensprobe.core.conditions`: :class:`Condition` and the built-in conditions
   ``"w/o"``, ``"w/ Mless"``, ``"w/ Mful"``, ``"random sentence"``.
 - :mod:`~lensprobe.evals.grading`: :func:`extract_boxed`, :func:`grade` (math-verify and
   the MATH paper's string grader).
@@ -10,7 +10,7 @@
 - :mod:`~lensprobe.evals.results`: result folders, :func:`load_results`.
 - :mod:`~lensprobe.evals.stats`: :func:`accuracy` with Wilson intervals, :func:`compare`
   (exact McNemar test), pass@k.
-- :mod:`~lensprobe.evals.report`: tables, figures and the report section.
+- :func:`~lensprobe.evals.stats.summary_tables`: accuracy tables and paired comparisons.
 
 Example:
     >>> import lensprobe as lp
@@ -19,16 +19,18 @@ Example:
     >>> rows = lp.evaluate(model, probs, "w/o,w/ Mless,w/ Mful", out="runs/smol", max_new_tokens=256)
     >>> lp.evals.accuracy(rows, "condition")
     >>> lp.evals.compare(rows, "w/o", "w/ Mless").p_value
+
+May import: :mod:`lensprobe.core`, :mod:`lensprobe.interventions`, :mod:`lensprobe.generation`.
 """
 
-from lensprobe.evals.conditions import (
+from lensprobe.core.conditions import (
     BUILTIN_CONDITIONS,
     Condition,
     MatchedRandomSentence,
     builtin_condition,
     resolve_conditions,
 )
-from lensprobe.evals.data import Problem, load_math500, read_jsonl_problems
+from lensprobe.evals.data import Problem, load_math500, math500_path, read_jsonl_problems
 from lensprobe.evals.grading import GRADERS, extract_boxed, grade, grade_all, normalize_answer
 from lensprobe.evals.harness import EvalConfig, evaluate, shard_info
 from lensprobe.evals.results import load_results, read_config
@@ -59,6 +61,7 @@ __all__ = [
     "grade_all",
     "load_math500",
     "load_results",
+    "math500_path",
     "mcnemar_exact",
     "normalize_answer",
     "pass_at_k",

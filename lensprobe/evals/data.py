@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from lensprobe.errors import LensprobeError
+from lensprobe.core.errors import LensprobeError
 
 HUB_DATASET = "HuggingFaceH4/MATH-500"
 
@@ -41,7 +41,7 @@ class Problem:
     level: int | None = None
 
 
-def local_math500_path() -> Path | None:
+def math500_path() -> Path | None:
     """A local MATH-500 file if one is found, else ``None``.
 
     Looks at ``$LENSPROBE_MATH500``, then ``shared/data/math500/test.jsonl`` beside the

@@ -22,7 +22,7 @@ import re
 import threading
 from typing import Literal
 
-from lensprobe.errors import LensprobeError
+from lensprobe.core.errors import LensprobeError
 
 GradingMethod = Literal["math-verify", "paper"]
 METHODS = ("math-verify", "paper")

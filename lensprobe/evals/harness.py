@@ -27,11 +27,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lensprobe.errors import LensprobeError
-from lensprobe.evals.conditions import Condition, resolve_conditions
+from lensprobe.core.conditions import Condition, resolve_conditions
+from lensprobe.core.errors import LensprobeError
 from lensprobe.evals.data import Problem
 from lensprobe.evals.grading import GRADERS, extract_boxed, grade_all
 from lensprobe.evals.results import RowWriter, prepare_folder, read_rows, results_file
+from lensprobe.generation.loop import generate
+from lensprobe.studies.filler import model_label
 
 DEFAULT_CONDITIONS = "w/o,w/ Mless,w/ Mful"
 FORMAT_VERSION = 1
@@ -112,7 +114,6 @@ def model_fingerprint(model, name: str | None = None) -> dict:
 
     cfg = model.cfg
     if name is None:
-        from lensprobe.filler_study import model_label
 
         name = model_label(model)
     weights = None
@@ -418,7 +419,6 @@ def _generate(model, batch: list[_Item], interventions: tuple, cond: Condition,
     row per prompt. Sampling: all ``n_samples`` rows of each distinct problem in the batch are
     drawn and the items' own samples picked out.
     """
-    from lensprobe.generation import generate
 
     prompts, first = [], {}
     for it in batch:

@@ -18,9 +18,12 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lensprobe.errors import LensprobeError
+from lensprobe.core.errors import LensprobeError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 CONFIG_FILE = "config.json"
 RESULTS_GLOB = "results-rank*.jsonl"
@@ -215,3 +218,23 @@ class RowWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def load_many_results(folders) -> "pd.DataFrame":
+    """Rows of several result folders as one table; two folders of one model are told apart by folder name."""
+    import pandas as pd
+
+    frames = []
+    for folder in folders:
+        folder = Path(folder)
+        df = load_results(folder)
+        if len(df) == 0:
+            raise LensprobeError(f"{folder} holds no result rows yet.")
+        frames.append(df.assign(_folder=folder.name))
+    rows = pd.concat(frames, ignore_index=True)
+    # Two folders of the same model (e.g. two settings): tell them apart by folder name.
+    for model, part in rows.groupby("model"):
+        if part["_folder"].nunique() > 1:
+            mask = rows["model"] == model
+            rows.loc[mask, "model"] = rows.loc[mask, "model"] + " (" + rows.loc[mask, "_folder"] + ")"
+    return rows.drop(columns="_folder")

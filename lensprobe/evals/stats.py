@@ -8,7 +8,7 @@ with a boolean column per grader (``"math-verify"``, ``"paper"``, ``"paper-lenie
 import math
 from dataclasses import asdict, dataclass
 
-from lensprobe.errors import LensprobeError
+from lensprobe.core.errors import LensprobeError
 from lensprobe.evals.grading import GRADERS
 
 _Z95 = 1.959963984540054  # standard normal quantile at 0.975
@@ -200,3 +200,45 @@ def pass_at_k_table(df, k: int, by: str | list[str] = "condition", *, grader: st
         records.append({**dict(zip(by, key, strict=True)), "k": k, "problems": len(values),
                         f"pass@{k}": sum(values) / len(values)})
     return pd.DataFrame.from_records(records)
+
+
+def conditions_in_order(rows) -> list[str]:
+    return list(dict.fromkeys(rows["condition"]))
+
+
+def summary_tables(rows, *, grader: str = "math-verify", baseline: str | None = None) -> dict:
+    """Accuracy tables and paired comparisons from result rows.
+
+    Args:
+        rows: result rows (from :func:`~lensprobe.evals.harness.evaluate` or
+            :func:`~lensprobe.evals.results.load_results`), possibly of several models.
+        grader: grader of the per-level/per-subject tables and the figures.
+        baseline: condition every other condition is compared with (default: the first).
+
+    Returns:
+        ``{"accuracy": every grader per model x condition, "by_level": ..., "by_subject": ...,
+        "comparisons": McNemar tests vs the baseline per model and grader}`` (DataFrames).
+    """
+    import pandas as pd
+
+    if len(rows) == 0:
+        raise LensprobeError("no result rows to summarise: run an evaluation first.")
+    group = ["model", "condition"]
+    tables = {"accuracy": pd.concat([accuracy(rows, group, grader=g) for g in GRADERS], ignore_index=True)}
+    if rows["level"].notna().any():
+        tables["by_level"] = accuracy(rows[rows["level"].notna()], group + ["level"], grader=grader)
+    if rows["subject"].notna().any():
+        tables["by_subject"] = accuracy(rows[rows["subject"].notna()], group + ["subject"], grader=grader)
+    records = []
+    for model, part in rows.groupby("model", sort=False):
+        conds = conditions_in_order(part)
+        base = baseline if baseline is not None else conds[0]
+        if base not in conds:
+            raise LensprobeError(f"baseline condition {base!r} is not in the results ({conds}).")
+        for other in conds:
+            if other == base:
+                continue
+            for g in GRADERS:
+                records.append({"model": model, **compare(part, base, other, grader=g).to_dict()})
+    tables["comparisons"] = pd.DataFrame.from_records(records)
+    return tables

@@ -2,7 +2,10 @@
 
 Figure functions take results (DataFrames or result dataclasses), compute nothing and
 never call ``.show()``. Layers and heads are labelled TransformerLens-style, 0-based
-("L0H13" is the papers' "layer 1, head 14").
+("L0H13" is the papers' "layer 1, head 14"). Colours and labels come from
+:mod:`lensprobe.viz.style`; :mod:`lensprobe.viz.report` writes the report page.
+
+May import: :mod:`lensprobe.core` (for names and labels) and plotting libraries; never a study.
 """
 
 from lensprobe.viz.ablation import head_attention_figure, next_token_figure, patch_figure, sweep_heatmap
@@ -13,10 +16,16 @@ from lensprobe.viz.attention import (
     filler_vs_random_figure,
     token_class_figure,
 )
+from lensprobe.viz.eval_report import results_section, write_eval_report
 from lensprobe.viz.evals import accuracy_bars, accuracy_by_level
+from lensprobe.viz.report import Section, write_report
 from lensprobe.viz.trace import generation_trace_figure
 
 __all__ = [
+    "Section",
+    "results_section",
+    "write_eval_report",
+    "write_report",
     "accuracy_bars",
     "accuracy_by_level",
     "attention_received_figure",

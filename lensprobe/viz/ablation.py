@@ -1,20 +1,21 @@
 """Figures of the head studies: attention on one head per condition, the ablation sweep, patching results.
 
-Functions take results (tidy DataFrames, :class:`~lensprobe.sweep.SweepResult`) and draw
+Functions take results (tidy DataFrames, :class:`~lensprobe.interventions.sweep.SweepResult`) and draw
 them; nothing is computed here and nothing is shown. Heads are labelled 0-based,
 TransformerLens-style ("L0H13" is the papers' "layer 1, head 14").
 """
 
 from collections.abc import Sequence
 
-from lensprobe.viz.attention import CONDITION_COLORS, INDEX_NOTE, _color, _table, _unique
-
-try:  # labels of the filler study's conditions, when that study is installed alongside
-    from lensprobe.filler_study import CONDITION_LABELS
-except ImportError:  # pragma: no cover
-    CONDITION_LABELS = {}
-
-GENERATED_COLOR = "#9ecae1"
+from lensprobe.viz.style import (
+    CONDITION_COLORS,
+    CONDITION_LABELS,
+    GENERATED_COLOR,
+    INDEX_NOTE,
+    color,
+    table_of,
+    unique,
+)
 
 
 def head_attention_figure(result, layer: int, head: int, *, conditions: Sequence[str] | None = None,
@@ -22,8 +23,8 @@ def head_attention_figure(result, layer: int, head: int, *, conditions: Sequence
     """The paper's "average attention on head H": one line per condition over aligned positions.
 
     Works for the prompt alone (the table of
-    :func:`~lensprobe.filler_study.attention_received`) and for prompt plus generated
-    tokens (:func:`~lensprobe.head_study.head_attention_over_generation`); rows whose
+    :func:`~lensprobe.studies.filler.attention_received`) and for prompt plus generated
+    tokens (:func:`~lensprobe.studies.heads.head_attention_over_generation`); rows whose
     ``segment`` is ``"generated"`` are shaded, with a line where generation starts.
 
     Args:
@@ -44,9 +45,9 @@ def head_attention_figure(result, layer: int, head: int, *, conditions: Sequence
     """
     import plotly.graph_objects as go
 
-    t = _table(result)
+    t = table_of(result)
     sel = t[(t["layer"] == layer) & (t["head"] == head) & t["aligned_pos"].notna()]
-    conds = list(conditions) if conditions is not None else _unique(sel["condition"])
+    conds = list(conditions) if conditions is not None else unique(sel["condition"])
     fig = go.Figure()
     hover = "%{customdata}<br>aligned position %{x}<br>attention %{y:.4f}<extra>%{fullData.name}</extra>"
     gen_starts = []
@@ -55,7 +56,7 @@ def head_attention_figure(result, layer: int, head: int, *, conditions: Sequence
         fig.add_trace(go.Scatter(
             x=rows["aligned_pos"].astype(int).tolist(), y=rows["attention"].tolist(),
             customdata=rows["token"].tolist(), mode="lines", name=CONDITION_LABELS.get(c, c),
-            line=dict(color=_color(c, CONDITION_COLORS, i), width=1.5), hovertemplate=hover))
+            line=dict(color=color(c, CONDITION_COLORS, i), width=1.5), hovertemplate=hover))
         gen = rows.loc[rows["segment"] == "generated", "aligned_pos"]
         if len(gen):
             gen_starts.append(int(gen.min()))
@@ -84,7 +85,7 @@ def sweep_heatmap(result, *, title: str | None = None, zmax: float | None = None
     """Heatmap of a head-ablation sweep: metric change per (layer, head).
 
     Args:
-        result: a :class:`~lensprobe.sweep.SweepResult` (or its ``table``, a [layer, head]
+        result: a :class:`~lensprobe.interventions.sweep.SweepResult` (or its ``table``, a [layer, head]
             DataFrame of mean changes).
         title: figure title (default names the metric and method).
         zmax: colour scale limit (symmetric around 0; default: the largest |change|).
@@ -125,7 +126,7 @@ def next_token_figure(effect, *, title: str | None = None):
     """Next-token probabilities with and without an ablation (grouped bars, one pair per token).
 
     Args:
-        effect: an :class:`~lensprobe.head_study.AblationEffect` (or its ``tokens`` DataFrame
+        effect: an :class:`~lensprobe.studies.heads.AblationEffect` (or its ``tokens`` DataFrame
             with ``token``, ``p_clean``, ``p_ablated``).
         title: figure title.
 
@@ -156,7 +157,7 @@ def patch_figure(result, *, value: str = "share", title: str | None = None):
     """Activation patching results as a heatmap: hook points (rows) x segments (columns).
 
     Args:
-        result: a :class:`~lensprobe.patching.PatchResult` (or its ``to_dataframe()``).
+        result: a :class:`~lensprobe.interventions.patching.PatchResult` (or its ``to_dataframe()``).
         value: the column to colour by: ``"share"`` (share of the source-target difference
             a site carries over; the default), ``"change"`` (patched - clean) or ``"kl"``.
         title: figure title.
@@ -172,7 +173,7 @@ def patch_figure(result, *, value: str = "share", title: str | None = None):
         raise ValueError(f"value must be 'share', 'change' or 'kl', got {value!r}.")
     df = result.to_dataframe() if hasattr(result, "to_dataframe") else result
     single, combined = df[df["site"] != "all sites"], df[df["site"] == "all sites"]
-    hooks, segments = _unique(single["hook"]), _unique(single["segment"])
+    hooks, segments = unique(single["hook"]), unique(single["segment"])
     cell = {(r.hook, r.segment): r for r in single.itertuples()}
     z, text, hover = [], [], []
     for hook in hooks:

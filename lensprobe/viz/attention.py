@@ -1,6 +1,6 @@
 """Attention figures of the meaningless-tokens study (plotly) and a circuitsvis attention view.
 
-Every function takes the tidy tables of :mod:`lensprobe.filler_study` (or the result
+Every function takes the tidy tables of :mod:`lensprobe.studies.filler` (or the result
 dataclasses that hold them), draws them as they are and returns the figure; nothing is
 computed here and nothing is shown. Heads are labelled 0-based, TransformerLens-style
 ("L0H13" is the papers' "layer 1, head 14").
@@ -10,54 +10,19 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from lensprobe.filler_study import CONDITION_LABELS
-
-INDEX_NOTE = "0-based indices (TransformerLens): L0H13 = the papers' layer 1, head 14"
-
-CONDITION_COLORS = {
-    "none": "#222222",
-    "meaningless": "#d62728",
-    "meaningful": "#1f77b4",
-    "random": "#2ca02c",
-}
-CLASS_COLORS = {
-    "# (hash)": "#1f77b4",
-    "* (star)": "#ff7f0e",
-    "whitespace": "#2ca02c",
-    "other": "#c7c7c7",
-}
-_PALETTE = ["#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
-SPAN_COLOR = "#ffbf00"
-
-
-def _table(result):
-    return getattr(result, "table", result)
-
-
-def _color(key: str, table: dict[str, str], i: int) -> str:
-    return table.get(key, _PALETTE[i % len(_PALETTE)])
-
-
-def _unique(values) -> list:
-    return list(dict.fromkeys(values))
-
-
-def _span(rows) -> tuple[int, int] | None:
-    pos = rows.loc[rows["segment"] == "filler", "position"]
-    return (int(pos.min()), int(pos.max()) + 1) if len(pos) else None
-
-
-def _header(text: str, height: float, legend_title: str = "") -> dict:
-    """Title at the top, a horizontal legend under it on the left (clear of the plot's toolbar)."""
-    return dict(
-        title=dict(text=text, y=1 - 12 / height, yanchor="top", yref="container", x=0, xref="paper"),
-        legend=dict(orientation="h", yref="container", y=1 - 64 / height, yanchor="top", xref="paper", x=0,
-                    xanchor="left", title_text=legend_title),
-    )
-
-
-def _vspacing(rows: int, gap_px: float, height: float) -> float:
-    return 0.0 if rows <= 1 else min(gap_px / height, 1.0 / (rows - 1))
+from lensprobe.viz.style import (
+    CLASS_COLORS,
+    CONDITION_COLORS,
+    CONDITION_LABELS,
+    INDEX_NOTE,
+    SPAN_COLOR,
+    color,
+    filler_span,
+    header,
+    table_of,
+    unique,
+    vspacing,
+)
 
 
 def attention_received_figure(result, pairs: Sequence[tuple[int, int]] | None = None, *,
@@ -71,7 +36,7 @@ def attention_received_figure(result, pairs: Sequence[tuple[int, int]] | None = 
     without meaningless tokens"). Without any filler condition only the left panel is drawn.
 
     Args:
-        result: an :class:`~lensprobe.filler_study.AttentionReceived` or its ``table``.
+        result: an :class:`~lensprobe.studies.filler.AttentionReceived` or its ``table``.
         pairs: ``[(layer, head), ...]`` rows to draw (default: every pair in the table).
         conditions: conditions on the left panel (default: all in the table).
         shade_condition: the with-filler condition on the right panel.
@@ -88,12 +53,12 @@ def attention_received_figure(result, pairs: Sequence[tuple[int, int]] | None = 
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    t = _table(result)
+    t = table_of(result)
     if pairs is None:
-        pairs = _unique(zip(t["layer"].tolist(), t["head"].tolist(), strict=True))
+        pairs = unique(zip(t["layer"].tolist(), t["head"].tolist(), strict=True))
     pairs = [(int(a), int(b)) for a, b in pairs]
-    conditions = list(conditions) if conditions is not None else _unique(t["condition"])
-    with_filler = [c for c in _unique(t["condition"]) if (t.loc[t["condition"] == c, "segment"] == "filler").any()]
+    conditions = list(conditions) if conditions is not None else unique(t["condition"])
+    with_filler = [c for c in unique(t["condition"]) if (t.loc[t["condition"] == c, "segment"] == "filler").any()]
     shade = shade_condition if shade_condition in with_filler else (with_filler[0] if with_filler else None)
     cols = 2 if shade else 1
     height = 140 + 250 * len(pairs)
@@ -106,7 +71,7 @@ def attention_received_figure(result, pairs: Sequence[tuple[int, int]] | None = 
         else:
             titles += [""] * cols
     fig = make_subplots(rows=len(pairs), cols=cols, subplot_titles=titles, horizontal_spacing=0.07,
-                        vertical_spacing=_vspacing(len(pairs), 70, height))
+                        vertical_spacing=vspacing(len(pairs), 70, height))
     hover = "%{customdata}<br>position %{x}<br>attention %{y:.4f}<extra>%{fullData.name}</extra>"
     for r, (layer, head) in enumerate(pairs, start=1):
         sel = t[(t["layer"] == layer) & (t["head"] == head)]
@@ -115,16 +80,16 @@ def attention_received_figure(result, pairs: Sequence[tuple[int, int]] | None = 
             fig.add_trace(go.Scatter(
                 x=rows["aligned_pos"].astype(int).tolist(), y=rows["attention"].tolist(),
                 customdata=rows["token"].tolist(), mode="lines", name=CONDITION_LABELS.get(c, c),
-                legendgroup=c, showlegend=r == 1, line=dict(color=_color(c, CONDITION_COLORS, i), width=1.5),
+                legendgroup=c, showlegend=r == 1, line=dict(color=color(c, CONDITION_COLORS, i), width=1.5),
                 hovertemplate=hover), row=r, col=1)
         fig.update_yaxes(title_text=f"<b>L{layer}H{head}</b><br>avg attention received", row=r, col=1)
         if shade:
             rows = sel[sel["condition"] == shade]
-            span = _span(rows)
+            span = filler_span(rows)
             fig.add_trace(go.Scatter(
                 x=rows["position"].tolist(), y=rows["attention"].tolist(), customdata=rows["token"].tolist(),
                 mode="lines", name=CONDITION_LABELS.get(shade, shade), legendgroup=shade, showlegend=False,
-                line=dict(color=_color(shade, CONDITION_COLORS, 0), width=1.5), hovertemplate=hover),
+                line=dict(color=color(shade, CONDITION_COLORS, 0), width=1.5), hovertemplate=hover),
                 row=r, col=2)
             if span:
                 note = (dict(annotation_text=f"filler {span[0]}-{span[1] - 1}", annotation_position="top left",
@@ -139,7 +104,7 @@ def attention_received_figure(result, pairs: Sequence[tuple[int, int]] | None = 
                          row=len(pairs), col=2)
     head = title or "Average attention received per token position, with vs without filler"
     fig.update_layout(
-        **_header(f"{head}<br><sup>{INDEX_NOTE}; mean over later queries i &gt; j</sup>", height, "condition: "),
+        **header(f"{head}<br><sup>{INDEX_NOTE}; mean over later queries i &gt; j</sup>", height, "condition: "),
         height=height, template="plotly_white", hovermode="closest",
         margin=dict(t=120, l=90, r=30, b=60),
     )
@@ -150,7 +115,7 @@ def filler_vs_random_figure(result, *, title: str | None = None, cols: int = 3):
     """Filler vs a random sentence of the same token count, one panel per model.
 
     Args:
-        result: a :class:`~lensprobe.filler_study.FillerVsRandom` or its ``table``
+        result: a :class:`~lensprobe.studies.filler.FillerVsRandom` or its ``table``
             (columns ``model``, ``condition``, ``head_label``, ``position``, ``token``,
             ``segment``, ``attention``).
         title: figure title.
@@ -162,26 +127,26 @@ def filler_vs_random_figure(result, *, title: str | None = None, cols: int = 3):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    t = _table(result)
-    models = _unique(t["model"])
+    t = table_of(result)
+    models = unique(t["model"])
     ncols = max(1, min(cols, len(models)))
     nrows = -(-len(models) // ncols)
-    heads = {m: ", ".join(_unique(t.loc[t["model"] == m, "head_label"])) for m in models}
+    heads = {m: ", ".join(unique(t.loc[t["model"] == m, "head_label"])) for m in models}
     height = 160 + 320 * nrows
     fig = make_subplots(rows=nrows, cols=ncols, subplot_titles=[f"{m} · {heads[m]}" for m in models],
-                        horizontal_spacing=0.08, vertical_spacing=_vspacing(nrows, 80, height))
+                        horizontal_spacing=0.08, vertical_spacing=vspacing(nrows, 80, height))
     hover = "%{customdata}<br>position %{x}<br>attention %{y:.4f}<extra>%{fullData.name}</extra>"
     for k, m in enumerate(models):  # one panel per model
         r, c = k // ncols + 1, k % ncols + 1
         sel = t[t["model"] == m]
-        for i, cond in enumerate(_unique(sel["condition"])):
+        for i, cond in enumerate(unique(sel["condition"])):
             rows = sel[sel["condition"] == cond]
             fig.add_trace(go.Scatter(
                 x=rows["position"].tolist(), y=rows["attention"].tolist(), customdata=rows["token"].tolist(),
                 mode="lines", name=CONDITION_LABELS.get(cond, cond), legendgroup=cond, showlegend=k == 0,
-                line=dict(color=_color(cond, CONDITION_COLORS, i), width=1.5), hovertemplate=hover),
+                line=dict(color=color(cond, CONDITION_COLORS, i), width=1.5), hovertemplate=hover),
                 row=r, col=c)
-        span = _span(sel)
+        span = filler_span(sel)
         if span:
             fig.add_vrect(x0=span[0] - 0.5, x1=span[1] - 0.5, fillcolor=SPAN_COLOR, opacity=0.25, line_width=0,
                           layer="below", row=r, col=c, annotation_text=f"filler / sentence {span[0]}-{span[1] - 1}",
@@ -190,7 +155,7 @@ def filler_vs_random_figure(result, *, title: str | None = None, cols: int = 3):
         fig.update_yaxes(title_text="avg attention received" if c == 1 else None, row=r, col=c)
     head = title or "Filler tokens vs a random sentence of the same length"
     fig.update_layout(
-        **_header(f"{head}<br><sup>{INDEX_NOTE}</sup>", height), height=height, template="plotly_white",
+        **header(f"{head}<br><sup>{INDEX_NOTE}</sup>", height), height=height, template="plotly_white",
         margin=dict(t=120, l=80, r=30, b=60),
     )
     return fig
@@ -200,7 +165,7 @@ def condition_change_figure(table, *, title: str | None = None):
     """Grouped bars: how much each filler condition changes each head's attention, vs no filler.
 
     Args:
-        table: the DataFrame of :func:`~lensprobe.filler_study.condition_changes`
+        table: the DataFrame of :func:`~lensprobe.studies.filler.condition_changes`
             (columns ``condition``, ``head_label``, ``change``).
         title: figure title.
 
@@ -210,15 +175,15 @@ def condition_change_figure(table, *, title: str | None = None):
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    for i, c in enumerate(_unique(table["condition"])):
+    for i, c in enumerate(unique(table["condition"])):
         rows = table[table["condition"] == c]
         fig.add_trace(go.Bar(x=rows["head_label"].tolist(), y=rows["change"].tolist(),
-                             name=CONDITION_LABELS.get(c, c), marker_color=_color(c, CONDITION_COLORS, i),
+                             name=CONDITION_LABELS.get(c, c), marker_color=color(c, CONDITION_COLORS, i),
                              hovertemplate="%{x}: %{y:.4f}<extra>%{fullData.name}</extra>"))
     head = title or "Change of average attention received vs no filler, per head"
     fig.update_layout(
         barmode="group", template="plotly_white", height=420,
-        **_header(f"{head}<br><sup>mean over aligned positions of |condition - w/o filler|; {INDEX_NOTE}</sup>", 420),
+        **header(f"{head}<br><sup>mean over aligned positions of |condition - w/o filler|; {INDEX_NOTE}</sup>", 420),
         xaxis=dict(title_text="head", tickangle=-45, type="category"),
         yaxis=dict(title_text="mean |change|"),
         margin=dict(t=110, l=70, r=30, b=90),
@@ -230,7 +195,7 @@ def token_class_figure(table, *, title: str | None = None):
     """Stacked bars of attention per token class at each layer, groups (conditions or models) side by side.
 
     Args:
-        table: the DataFrame of :func:`~lensprobe.filler_study.token_class_attention`
+        table: the DataFrame of :func:`~lensprobe.studies.filler.token_class_attention`
             (columns ``group``, ``layer``, ``layer_label``, ``token_class``, ``attention``,
             ``n_tokens``).
         title: figure title.
@@ -241,10 +206,10 @@ def token_class_figure(table, *, title: str | None = None):
     import plotly.graph_objects as go
 
     t = table.sort_values("layer", kind="stable")
-    layers = _unique(t["layer_label"])
-    groups = _unique(table["group"])
+    layers = unique(t["layer_label"])
+    groups = unique(table["group"])
     fig = go.Figure()
-    for i, cls in enumerate(_unique(t["token_class"])):
+    for i, cls in enumerate(unique(t["token_class"])):
         rows = t[t["token_class"] == cls].set_index(["layer_label", "group"])
         xs, ys, ns = [[], []], [], []
         for layer in layers:
@@ -255,7 +220,7 @@ def token_class_figure(table, *, title: str | None = None):
                     ys.append(float(rows.loc[(layer, g), "attention"]))
                     ns.append(int(rows.loc[(layer, g), "n_tokens"]))
         fig.add_trace(go.Bar(
-            x=xs, y=ys, name=cls, customdata=ns, marker_color=_color(cls, CLASS_COLORS, i),
+            x=xs, y=ys, name=cls, customdata=ns, marker_color=color(cls, CLASS_COLORS, i),
             hovertemplate="%{x}<br>" + cls + ": %{y:.3f}<br>%{customdata} key tokens<extra></extra>"))
     head = title or "Attention per token class by layer"
     fig.update_layout(

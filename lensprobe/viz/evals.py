@@ -6,28 +6,28 @@ Both take the tables of :func:`lensprobe.evals.stats.accuracy` (columns ``accura
 
 from collections.abc import Sequence
 
-CONDITION_COLORS = {
+from lensprobe.viz.style import unique
+
+EVAL_CONDITION_COLORS = {
     "w/o": "#7f7f7f",
     "w/ Mless": "#d62728",
     "w/ Mful": "#1f77b4",
     "random sentence": "#2ca02c",
 }
-_PALETTE = ["#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff7f0e"]
+PALETTE = ["#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff7f0e"]
 
 
 def _colors(conditions: Sequence[str]) -> dict[str, str]:
     out, i = {}, 0
     for c in conditions:
-        if c in CONDITION_COLORS:
-            out[c] = CONDITION_COLORS[c]
+        if c in EVAL_CONDITION_COLORS:
+            out[c] = EVAL_CONDITION_COLORS[c]
         else:
-            out[c] = _PALETTE[i % len(_PALETTE)]
+            out[c] = PALETTE[i % len(PALETTE)]
             i += 1
     return out
 
 
-def _unique(values) -> list:
-    return list(dict.fromkeys(values))
 
 
 def _error(rows):
@@ -50,8 +50,8 @@ def accuracy_bars(table, *, title: str | None = None, model_column: str = "model
     """
     import plotly.graph_objects as go
 
-    models = _unique(table[model_column]) if model_column in table.columns else [""]
-    conditions = _unique(table["condition"])
+    models = unique(table[model_column]) if model_column in table.columns else [""]
+    conditions = unique(table["condition"])
     colors = _colors(conditions)
     grader = table["grader"].iloc[0] if "grader" in table.columns and len(table) else "math-verify"
     fig = go.Figure()
@@ -87,8 +87,8 @@ def accuracy_by_level(table, *, title: str | None = None, model_column: str = "m
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    models = _unique(table[model_column]) if model_column in table.columns else [None]
-    conditions = _unique(table["condition"])
+    models = unique(table[model_column]) if model_column in table.columns else [None]
+    conditions = unique(table["condition"])
     colors = _colors(conditions)
     grader = table["grader"].iloc[0] if "grader" in table.columns and len(table) else "math-verify"
     fig = make_subplots(rows=1, cols=len(models), shared_yaxes=True,

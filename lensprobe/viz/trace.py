@@ -5,13 +5,7 @@ condition, metric and step), draws it as it is and returns the figure; nothing i
 here and nothing is shown.
 """
 
-TRACE_COLORS = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
-
-
-def _rgba(hex_color: str, alpha: float) -> str:
-    h = hex_color.lstrip("#")
-    r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
-    return f"rgba({r},{g},{b},{alpha})"
+from lensprobe.viz.style import TRACE_COLORS, rgba
 
 
 def generation_trace_figure(summary, *, title: str | None = None, band_label: str | None = None,
@@ -53,7 +47,7 @@ def generation_trace_figure(summary, *, title: str | None = None, band_label: st
             x = rows["step"].tolist()
             fig.add_trace(go.Scatter(
                 x=x + x[::-1], y=rows["upper"].tolist() + rows["lower"].tolist()[::-1], fill="toself",
-                fillcolor=_rgba(color, 0.18), line=dict(width=0), hoverinfo="skip", showlegend=False,
+                fillcolor=rgba(color, 0.18), line=dict(width=0), hoverinfo="skip", showlegend=False,
                 legendgroup=cond, name=f"{cond} band"), row=1, col=col)
             fig.add_trace(go.Scatter(
                 x=x, y=rows["mean"].tolist(), mode="lines", line=dict(color=color, width=2), name=cond,

@@ -1,0 +1,1 @@
+"""One module per ``lensprobe`` subcommand, each with an ``add_<name>(subparsers)`` function."""

@@ -1,0 +1,89 @@
+"""``lensprobe attention``: average attention received per position, with vs without filler."""
+
+import json
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from lensprobe.app.common import (
+    add_model_argument,
+    add_system_arguments,
+    int_list,
+    layer_list,
+    load_cli_model,
+    print_files,
+    system_of,
+    write_figure,
+)
+from lensprobe.core.jsonable import to_jsonable
+from lensprobe.core.models import check_heads, check_layers
+from lensprobe.core.prompts import PLACEMENTS
+from lensprobe.studies import filler as fs
+from lensprobe.viz import attention_received_figure, attention_view_html
+
+FILLER_CHOICES = ("meaningless", "meaningful", "random", "none")
+
+
+def add_attention(subparsers) -> None:
+    """Register ``lensprobe attention``."""
+    p = subparsers.add_parser(
+        "attention", help="average attention received per position, with vs without filler",
+        description="Run a question with and without filler tokens and write, per layer, the average "
+                    "attention each position receives (aligned and with the filler span shaded) as HTML "
+                    "figures, a circuitsvis view, and the numbers as CSV/JSON. Layers and heads are "
+                    "0-based (TransformerLens); papers count from 1.")
+    add_model_argument(p)
+    p.add_argument("--question", required=True, help="the question text")
+    p.add_argument("--filler", default="meaningless", choices=FILLER_CHOICES,
+                   help="filler condition compared with no filler (default: meaningless, '/' x 55)")
+    p.add_argument("--count", type=int, default=55, help="filler repetitions (default 55)")
+    add_system_arguments(p)
+    p.add_argument("--placement", default="between", choices=PLACEMENTS, help="where the filler goes")
+    p.add_argument("--layers", type=layer_list, default=[0], help="0-based layers, e.g. 0 or 0,5,29 or all")
+    p.add_argument("--heads", type=int_list, default=None, help="0-based heads, e.g. 0,1,7 (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random sentence")
+    p.add_argument("--out", type=Path, default=Path("lensprobe-attention"), help="output folder")
+    p.set_defaults(func=run_attention)
+
+
+def run_attention(args) -> int:
+    conditions = ("none",) if args.filler == "none" else ("none", args.filler)
+    setup = fs.FillerSetup(conditions=conditions, system=system_of(args),
+                           count=args.count, seed=args.seed, placement=args.placement)
+    model = load_cli_model(args.model)
+    layers = check_layers(model, args.layers)
+    heads = check_heads(model, args.heads)
+    res = fs.attention_received(model, args.question, layers=layers, heads=heads, setup=setup, progress=True)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    files: list[Path] = []
+    shade = args.filler if args.filler != "none" else None
+    view_cond = shade or "none"
+    for layer in tqdm(layers, desc="figures", leave=False):
+        fig = attention_received_figure(
+            res.table, [(layer, h) for h in heads], shade_condition=shade or "meaningless",
+            title=f"{res.model_name}: average attention received, layer {layer}")
+        path = out / f"attention_received_L{layer}.html"
+        write_figure(fig, path)
+        files.append(path)
+        pattern = fs.attention_view_pattern(model, res.prompts[view_cond], layer)
+        view = attention_view_html(pattern, res.prompts[view_cond].str_tokens, layer=layer,
+                                   span=res.filler_span(view_cond))
+        path = out / f"attention_view_L{layer}.html"
+        path.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Layer {layer} attention"
+                        f"</title></head><body>{view}</body></html>", encoding="utf-8")
+        files.append(path)
+    csv = out / "attention_received.csv"
+    res.table.to_csv(csv, index=False)
+    summary = {
+        "model": res.model_name, "question": args.question, "conditions": list(res.conditions),
+        "layers": layers, "heads": heads, "indexing": "0-based layers and heads (L0H13 = papers' layer 1, head 14)",
+        "filler_spans": {c: res.filler_span(c) for c in res.conditions}, "prompts": res.prompts_json(),
+    }
+    if shade:
+        summary["heads_by_change"] = fs.heads_by_change(res, condition=shade).to_dict(orient="records")
+    js = out / "attention_received.json"
+    js.write_text(json.dumps(to_jsonable(summary), indent=1), encoding="utf-8")
+    files += [csv, js]
+    print_files(out, files)
+    return 0

@@ -1,0 +1,125 @@
+"""``lensprobe eval`` and ``lensprobe eval-report``: registered in :mod:`lensprobe.app.cli`.
+
+Examples:
+    lensprobe eval --data test.jsonl --conditions "w/o,w/ Mless,w/ Mful" --limit 20 --max-new-tokens 512 --out runs/smol
+    accelerate launch --multi_gpu --num_processes 2 -m lensprobe.app.cli eval --data test.jsonl --out runs/smol
+    lensprobe eval-report runs/smol
+"""
+
+from pathlib import Path
+
+from lensprobe.app.common import TEST_MODEL, add_model_argument, int_list, load_cli_model, str_list
+from lensprobe.core.conditions import resolve_conditions
+from lensprobe.core.models import model_label
+from lensprobe.evals.data import load_math500
+from lensprobe.evals.grading import GRADERS
+from lensprobe.evals.harness import DEFAULT_CONDITIONS, EvalConfig, evaluate, shard_info
+from lensprobe.evals.results import load_results
+from lensprobe.evals.stats import summary_tables
+from lensprobe.interventions.ablation import ablate_heads
+from lensprobe.viz.eval_report import write_eval_report
+
+
+def add_eval(subparsers) -> None:
+    """Register ``lensprobe eval``."""
+    p = subparsers.add_parser(
+        "eval", help="MATH-500 accuracy under prompt/intervention conditions (resumable, shardable)",
+        description="Generate and grade answers for every condition x problem. One JSONL row per "
+                    "(condition, problem, sample) is written to --out as soon as it is graded; rerunning "
+                    "the same command resumes. Under `accelerate launch` each process takes its share of "
+                    "the problems. At the end the accuracy table, paired McNemar tests and figures are "
+                    "written to --out/report.")
+    add_model_argument(p)
+    p.add_argument("--data", default=None,
+                   help="JSONL file with 'problem' and 'answer' per line (e.g. MATH-500's test.jsonl); "
+                        "default: HuggingFaceH4/MATH-500 from the hub")
+    p.add_argument("--conditions", default=DEFAULT_CONDITIONS,
+                   help=f"comma-separated conditions (default {DEFAULT_CONDITIONS!r}; also 'random sentence')")
+    p.add_argument("--system", default=None, help="replace the system prompt of every condition")
+    p.add_argument("--ablate-heads", default=None, metavar="HEADS",
+                   help="also run every condition with these heads zero-ablated, e.g. L0H3,L1H2 (0-based)")
+    p.add_argument("--subjects", type=str_list, default=None, help="keep these subjects, e.g. Algebra,Geometry")
+    p.add_argument("--levels", type=int_list, default=None, help="keep these levels, e.g. 1,2")
+    p.add_argument("--limit", type=int, default=None, help="at most this many problems")
+    p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle problems with this seed before --limit")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="generated tokens per answer (default 512)")
+    p.add_argument("--batch-size", type=int, default=8, help="prompts generated together (default 8)")
+    p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--n-samples", type=int, default=1, help="answers per problem (with --sample)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--grader", default="math-verify", choices=GRADERS, help="grader of the summary and figures")
+    p.add_argument("--out", type=Path, default=Path("lensprobe-eval"), help="output folder (default lensprobe-eval)")
+    p.add_argument("--no-resume", action="store_true", help="refuse a folder that already holds results")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_eval)
+
+
+def add_eval_report(subparsers) -> None:
+    """Register ``lensprobe eval-report``."""
+    p = subparsers.add_parser(
+        "eval-report", help="rebuild accuracy tables and figures from saved evaluation rows",
+        description="Read one or more `lensprobe eval` output folders (several: one per model) and write "
+                    "the accuracy tables (CSV), paired comparisons and figures as an HTML report.")
+    p.add_argument("dirs", nargs="+", type=Path, help="result folder(s)")
+    p.add_argument("--out", type=Path, default=None, help="report folder (default: DIR/report)")
+    p.add_argument("--grader", default="math-verify", choices=GRADERS, help="grader of the figures")
+    p.add_argument("--baseline", default=None, help="condition compared with the others (default: the first)")
+    p.set_defaults(func=run_eval_report)
+
+
+def conditions_from_args(args) -> list:
+    from dataclasses import replace
+
+    conds = resolve_conditions(args.conditions)
+    if args.system is not None:
+        conds = [replace(c, system=args.system or None) for c in conds]
+    if args.ablate_heads:
+
+        ablation = ablate_heads(args.ablate_heads)
+        conds = conds + [replace(c, name=f"{c.name} [ablate {args.ablate_heads}]",
+                                 interventions=c.interventions + (ablation,)) for c in conds]
+    return conds
+
+
+def run_eval(args) -> int:
+    config = EvalConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, do_sample=args.sample,
+                        temperature=args.temperature, top_p=args.top_p, n_samples=args.n_samples,
+                        seed=args.seed)
+    problems = load_math500(args.data, subjects=args.subjects, levels=args.levels, limit=args.limit,
+                            seed=args.shuffle_seed)
+    model = load_cli_model(args.model)
+    conds = conditions_from_args(args)
+    name = TEST_MODEL if args.model == TEST_MODEL else model_label(model)
+    rows = evaluate(model, problems, conds, out=args.out, config=config, model_name=name,
+                    resume=not args.no_resume, progress=not args.no_progress)
+    rank, world = shard_info()
+    if rank != 0:
+        return 0
+    index = write_eval_report([args.out], args.out / "report", grader=args.grader)
+    print(_summary_text(rows, args.grader))
+    print(f"rows: {args.out.resolve()}/results-rank*.jsonl; report: {index.resolve()}")
+    return 0
+
+
+def _summary_text(rows, grader: str) -> str:
+    tables = summary_tables(rows, grader=grader)
+    acc = tables["accuracy"]
+    lines = [f"accuracy ({grader} grader, 95% Wilson interval):"]
+    for r in acc[acc["grader"] == grader].itertuples():
+        lines.append(f"  {r.condition:<24} {100 * r.accuracy:5.1f}%  [{100 * r.low:5.1f}, {100 * r.high:5.1f}]"
+                     f"  ({r.correct}/{r.n})")
+    cmp = tables["comparisons"]
+    for r in cmp[cmp["grader"] == grader].itertuples() if len(cmp) else []:
+        lines.append(f"  {r.b} vs {r.a}: {100 * r.difference:+.1f} points, McNemar exact p = {r.p_value:.3g} "
+                     f"(n = {r.n})")
+    return "\n".join(lines)
+
+
+def run_eval_report(args) -> int:
+    index = write_eval_report(args.dirs, args.out, grader=args.grader, baseline=args.baseline)
+    if len(args.dirs) == 1:
+        print(_summary_text(load_results(args.dirs[0]), args.grader))
+    print(f"report written to {index.resolve()}")
+    return 0

@@ -1,0 +1,153 @@
+"""``lensprobe ablate`` and ``lensprobe sweep``: head ablation on one question, and every head one at a time."""
+
+import json
+from pathlib import Path
+
+from lensprobe.app.common import (
+    add_model_argument,
+    add_system_arguments,
+    load_cli_model,
+    system_of,
+    write_figure,
+)
+from lensprobe.app.sections.filler import demo_question
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.heads import head_label, resolve_heads
+from lensprobe.core.jsonable import to_jsonable
+from lensprobe.core.models import model_label
+from lensprobe.core.prompts import build_prompt, prompt_json
+from lensprobe.interventions.ablation import ablate_heads
+from lensprobe.interventions.sweep import ablation_sweep
+from lensprobe.studies.filler import FillerSetup, attention_received
+from lensprobe.studies.heads import ablation_effect
+from lensprobe.viz import head_attention_figure, next_token_figure, sweep_heatmap
+
+
+def _common_prompt_args(p) -> None:
+    add_model_argument(p)
+    add_system_arguments(p)
+    p.add_argument("--filler", default="none", choices=("none", "meaningless", "meaningful"),
+                   help="filler between system prompt and question (default: none)")
+    p.add_argument("--method", default="zero", choices=("zero", "mean", "resample"), help="ablation method")
+    p.add_argument("--reference", action="append", default=None, metavar="TEXT",
+                   help="a reference question for --method mean (repeat for several) or resample (once)")
+    p.add_argument("--out", type=Path, required=True, help="output folder")
+
+
+def _prompt_of(model, args, question: str):
+    setup = FillerSetup(conditions=(args.filler,), system=system_of(args))
+    return build_prompt(model, question, system=setup.system, filler=setup.filler(args.filler, model))
+
+
+def _reference_of(model, args):
+    if args.method != "zero" and not args.reference:
+        raise LensprobeError(
+            f"--method {args.method} needs --reference TEXT: a question whose head outputs are "
+            + ("averaged (repeat --reference for several)." if args.method == "mean" else "copied in.")
+        )
+    if not args.reference:
+        return None
+    refs = [_prompt_of(model, args, q) for q in args.reference]
+    return refs[0] if args.method == "resample" and len(refs) == 1 else refs
+
+
+def add_ablate(subparsers) -> None:
+    """Register ``lensprobe ablate``."""
+    p = subparsers.add_parser(
+        "ablate", help="ablate attention heads: next-token entropy and logit change, attention figures",
+        description="Ablate heads at blocks.{l}.attn.hook_z (per query head, GQA-correct) on one question and "
+                    "write the next-token entropy and logit change (JSON/CSV, a bar chart) and, per ablated "
+                    "head, its average attention per token position. Heads are 0-based: L0H13 is the papers' "
+                    "layer 1, head 14.")
+    p.add_argument("--heads", required=True, help="heads, e.g. L0H3,L1H2 or H13 (head 13 in every layer)")
+    p.add_argument("--question", required=True, help="the question text")
+    p.add_argument("--positions", default=None,
+                   help="restrict the ablation to a prompt segment (e.g. question) or positions (e.g. 3,4,5)")
+    p.add_argument("--top-k", type=int, default=10, help="tokens to list (default 10)")
+    _common_prompt_args(p)
+    p.set_defaults(func=run_ablate_command)
+
+
+def run_ablate_command(args) -> int:
+    model = load_cli_model(args.model)
+    prompt = _prompt_of(model, args, args.question)
+    positions = args.positions
+    if positions is not None and all(part.strip().isdigit() for part in positions.split(",")):
+        positions = [int(part) for part in positions.split(",")]
+    abl = ablate_heads(args.heads, method=args.method, reference=_reference_of(model, args),
+                       positions=positions, prompt=prompt)
+    pairs = abl.resolve(model)
+    effect = ablation_effect(model, prompt, abl, top_k=args.top_k)
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    files = [out / "ablation.json", out / "next_tokens.csv", out / "next_tokens.html"]
+    files[0].write_text(json.dumps(to_jsonable({
+        "model": model_label(model), "heads": [head_label(*hp) for hp in pairs], "method": args.method,
+        "positions": args.positions, "filler": args.filler, "prompt": prompt_json(prompt), **effect.summary,
+        "indexing": "0-based layers and heads (L0H13 = papers' layer 1, head 14)",
+    }), indent=1), encoding="utf-8")
+    effect.tokens.to_csv(files[1], index=False)
+    write_figure(next_token_figure(effect, title=f"Next token, {args.heads} {args.method}-ablated"), files[2])
+    conditions = ("none",) if args.filler == "none" else ("none", args.filler)
+    setup = FillerSetup(conditions=conditions, system=system_of(args))
+    layers = sorted({lay for lay, _ in pairs})
+    heads = sorted({h for _, h in pairs})
+    recv = attention_received(model, args.question, layers=layers, heads=heads, setup=setup)
+    recv.table.to_csv(out / "head_attention.csv", index=False)
+    files.append(out / "head_attention.csv")
+    for lay, h in pairs:
+        path = out / f"attention_{head_label(lay, h)}.html"
+        write_figure(head_attention_figure(recv, lay, h, title=f"Average attention on head {head_label(lay, h)}"),
+                   path)
+        files.append(path)
+    print(f"entropy {effect.summary['entropy_clean']:.4f} -> {effect.summary['entropy_ablated']:.4f} nats "
+          f"({effect.summary['entropy_change']:+.4f}); KL {effect.summary['kl']:.4g}; top token "
+          f"{effect.summary['top_token_clean']!r} -> {effect.summary['top_token_ablated']!r}")
+    print(f"wrote {len(files)} files to {out.resolve()}")
+    return 0
+
+
+def add_sweep(subparsers) -> None:
+    """Register ``lensprobe sweep``."""
+    p = subparsers.add_parser(
+        "sweep", help="ablate every head one at a time: [layer, head] table of metric changes",
+        description="Ablate each head on its own (batched: one forward serves --batch-size heads) and write "
+                    "the [layer, head] table of metric changes as CSV, a heatmap and a JSON summary. Heads "
+                    "are 0-based: L0H13 is the papers' layer 1, head 14.")
+    p.add_argument("--metric", default="entropy",
+                   help="entropy | logprob (needs --answer) | attention:<segment>, e.g. attention:system")
+    p.add_argument("--question", action="append", default=None, metavar="TEXT",
+                   help="a question (repeat for several; default: a level-1 MATH-500 problem)")
+    p.add_argument("--answer", action="append", default=None, metavar="TEXT",
+                   help="the answer for --metric logprob (one, or one per --question)")
+    p.add_argument("--heads", default="all", help="heads to sweep (default all), e.g. L0H0,L0H1 or H3")
+    p.add_argument("--batch-size", type=int, default=32, help="heads per forward pass (default 32)")
+    _common_prompt_args(p)
+    p.set_defaults(func=run_sweep_command)
+
+
+def run_sweep_command(args) -> int:
+    model = load_cli_model(args.model)
+    resolve_heads(model, args.heads)  # bad heads fail before any work
+    questions = args.question or [demo_question()[0]]
+    prompts = [_prompt_of(model, args, q) for q in questions]
+    answers = None
+    if args.answer:
+        answers = args.answer[0] if len(args.answer) == 1 else args.answer
+    res = ablation_sweep(model, prompts, args.metric, heads=args.heads, method=args.method,
+                         reference=_reference_of(model, args), answers=answers, batch_size=args.batch_size,
+                         progress=True)
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    csv = res.to_csv(out / "sweep.csv")
+    write_figure(sweep_heatmap(res), out / "sweep_heatmap.html")
+    (out / "sweep.json").write_text(json.dumps(to_jsonable({
+        "model": model_label(model), "metric": res.metric, "method": args.method, "filler": args.filler,
+        "baseline": res.baseline.tolist(), "heads_swept": len(res.heads),
+        "top_heads": res.top(10).to_dict(orient="records"), "prompts": [prompt_json(p) for p in prompts],
+        "indexing": "0-based layers and heads (L0H13 = papers' layer 1, head 14)",
+    }), indent=1), encoding="utf-8")
+    top = res.top(5)
+    print("largest changes: " + ", ".join(f"{r.label} {r.change:+.4g}" for r in top.itertuples()))
+    print(f"wrote {csv.name}, {csv.stem}_long.csv, sweep_heatmap.html, sweep.json to {out.resolve()}")
+    return 0

@@ -1,0 +1,111 @@
+"""``lensprobe trace``: entropy and attention onto thinking tokens per generation step."""
+
+import re
+from pathlib import Path
+
+from lensprobe.app.common import (
+    add_model_argument,
+    add_system_arguments,
+    load_cli_model,
+    print_files,
+    system_of,
+    write_figure,
+)
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.models import model_label
+from lensprobe.core.prompts import build_prompt
+from lensprobe.generation.schedule import parse_schedule
+from lensprobe.generation.thinking import THINKING_TOKEN, add_thinking_token
+from lensprobe.generation.trace import trace_summary
+from lensprobe.studies.thinking import (
+    SETTING_LABELS,
+    THINKING_SETTINGS,
+    compare_thinking,
+    texts_table,
+    thinking_setting,
+)
+from lensprobe.viz.trace import generation_trace_figure
+
+
+def add_trace(subparsers) -> None:
+    """Register ``lensprobe trace``."""
+    p = subparsers.add_parser(
+        "trace", help="trace entropy and attention onto thinking tokens per generation step",
+        description="Generate from a question under one or more thinking settings (LatentFusion, Coconut, "
+                    "Soft-Thinking, pause tokens, none) with a KV cache, recording per step the next-token "
+                    "entropy and the attention proportion from the newest query onto the thinking positions "
+                    "(and other tracked sets), per layer and head. Writes one trace file per setting, the "
+                    "per-step summary as CSV and the two-panel figure as HTML. Step 0 is the last prompt "
+                    "position. Layers and heads are 0-based.")
+    add_model_argument(p)
+    p.add_argument("--question", required=True, help="the question text")
+    add_system_arguments(p)
+    p.add_argument("--max-new-tokens", type=int, default=400, help="generation steps (default 400)")
+    p.add_argument("--think", default="fusion",
+                   help=f"thinking setting(s), comma-separated, from {','.join(THINKING_SETTINGS)} (default fusion)")
+    p.add_argument("--schedule", default="every:8",
+                   help="when to think: every:N, first:K, at:S1,S2, entropy:NATS, emitted (the model emits the "
+                        "token), joined with '+' (default every:8)")
+    p.add_argument("--alpha", type=float, default=0.6, help="LatentFusion alpha for --think fusion (default 0.6)")
+    p.add_argument("--fusion-top-p", type=float, default=0.9, help="top-p of the latent mixture (default 0.9)")
+    p.add_argument("--token", default=THINKING_TOKEN, help="the thinking token (added if missing)")
+    p.add_argument("--track", default="system,question",
+                   help="extra tracked sets, comma-separated: segment names, 'prompt', 'generated', or one-token "
+                        "strings (default system,question)")
+    p.add_argument("--samples", type=int, default=1, help="samples per setting (needs --sample for variety)")
+    p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--smooth", type=int, default=1, help="moving-average window of the figure, in steps")
+    p.add_argument("--format", default="parquet", choices=("parquet", "json"), help="trace file format")
+    p.add_argument("--out", type=Path, default=Path("lensprobe-trace"), help="output folder")
+    p.set_defaults(func=run_trace)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "trace"
+
+
+def run_trace(args) -> int:
+    names = [s.strip() for s in args.think.split(",") if s.strip()]
+    settings = {SETTING_LABELS.get(n, n): thinking_setting(n, alpha=args.alpha, top_p=args.fusion_top_p,
+                                                           token=args.token) for n in names}
+    if not settings:
+        raise LensprobeError(f"--think needs at least one of {', '.join(THINKING_SETTINGS)}.")
+    rule = parse_schedule(args.schedule)
+    track = {s.strip(): s.strip() for s in args.track.split(",") if s.strip()}
+    model = load_cli_model(args.model)
+    if any(t is not None for t in settings.values()):
+        ids = model.tokenizer.encode(args.token, add_special_tokens=False)
+        if not (len(ids) == 1 and model.tokenizer.decode(ids) == args.token):
+            add_thinking_token(model, args.token)  # this process owns the model
+    prompt = build_prompt(model, args.question, system=system_of(args))
+    traces = compare_thinking(model, prompt, settings, max_new_tokens=args.max_new_tokens, think_when=rule,
+                              track=track, n_samples=args.samples, do_sample=args.sample,
+                              temperature=args.temperature, top_p=args.top_p,
+                              seed=args.seed if args.sample else None, progress=True)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    for label, tr in traces.items():
+        files.append(tr.save(out / f"trace-{_slug(label)}.{args.format}"))
+    summary = trace_summary(traces, track="thinking" if any(t is not None for t in settings.values()) else
+                            next(iter(track), None), band="std", smooth=args.smooth)
+    csv = out / "summary.csv"
+    summary.to_csv(csv, index=False)
+    files.append(csv)
+    texts = texts_table(traces, max_chars=100_000)
+    tcsv = out / "texts.csv"
+    texts.to_csv(tcsv, index=False)
+    files.append(tcsv)
+    band = f"band: ± 1 std across {args.samples} samples" if args.samples > 1 else None
+    fig = generation_trace_figure(summary, title=f"{model_label(model)}: {args.question[:60]}", band_label=band)
+    fig_path = out / "trace.html"
+    write_figure(fig, fig_path)
+    files.append(fig_path)
+    print_files(out, files)
+    for label, tr in traces.items():
+        print(f"{label}: {tr.lengths[0]} steps, {int(tr.thinking_rows[0].sum())} thinking, "
+              f"mean entropy {float(tr.entropy_rows.nanmean()):.3f} nats")
+    return 0

@@ -1,0 +1,192 @@
+"""Interventions and recorders, and the one context manager that attaches them.
+
+An intervention is anything with a ``hooks(model)`` method returning TransformerLens
+forward hooks ``[(hook_name, fn), ...]`` where ``fn(activation, hook) -> activation | None``,
+or a plain ``(hook_name, fn)`` pair. :func:`intervene` attaches a list of them through
+``model.hooks()`` and removes exactly those hooks on exit, also when an exception (or a
+KeyboardInterrupt) is raised; hooks the user attached before are left alone.
+Interventions never mutate weights; a hook that edits an activation clones it first.
+"""
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from lensprobe.core.errors import LensprobeError
+
+HookFn = Callable[[torch.Tensor, Any], torch.Tensor | None]
+Hook = tuple[str, HookFn]
+
+
+@runtime_checkable
+class Intervention(Protocol):
+    """Protocol: an object that yields the TransformerLens forward hooks it needs."""
+    def hooks(self, model) -> list[Hook]: ...
+
+
+def _hooks_of(model, item) -> list[Hook]:
+    if isinstance(item, Intervention):
+        return list(item.hooks(model))
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and callable(item[1]):
+        return [item]
+    raise LensprobeError(
+        f"cannot attach {item!r}: pass an intervention (an object with a hooks(model) method) "
+        "or a (hook_name, fn) pair."
+    )
+
+
+def resolve_hooks(model, interventions) -> list[Hook]:
+    """Flatten interventions into hooks and check every hook name exists on the model."""
+    hooks: list[Hook] = []
+    for item in interventions:
+        hooks.extend(_hooks_of(model, item))
+    names = model.hook_dict
+    for name, _ in hooks:
+        if name not in names:
+            near = [n for n in names if n.endswith(name.split(".")[-1])][:3]
+            raise LensprobeError(
+                f"hook point {name!r} does not exist on this model"
+                + (f" (similar: {near})" if near else "")
+                + "; use TransformerLens hook names such as 'blocks.0.attn.hook_pattern'."
+            )
+    return hooks
+
+
+@contextlib.contextmanager
+def intervene(model, *interventions) -> Iterator[Any]:
+    """Attach interventions and recorders for the duration of a ``with`` block.
+
+    Args:
+        model: a TransformerLens model.
+        *interventions: interventions, recorders, or ``(hook_name, fn)`` pairs.
+
+    Example:
+        >>> rec = AttentionRecorder(layers=[0])
+        >>> with intervene(model, rec):
+        ...     model(prompt.tokens)
+        >>> rec.patterns[0].shape  # [batch, head, query_pos, key_pos]
+    """
+    hooks = resolve_hooks(model, interventions)
+    with model.hooks(fwd_hooks=hooks, reset_hooks_end=True):
+        yield model
+
+
+def pattern_hook_name(layer: int) -> str:
+    return f"blocks.{layer}.attn.hook_pattern"
+
+
+@dataclass
+class AttentionRecorder:
+    """Keeps the attention patterns of the requested layers (nothing else) from a forward pass.
+
+    ``patterns[layer]`` is ``[batch, head, query_pos, key_pos]``. A ``reduce`` function
+    (pattern -> tensor) keeps a reduction instead of the full pattern, computed inside the
+    hook so the full pattern is never stored.
+
+    With ``copy=True`` (the default) the recorder stores a copy, so a hook attached after
+    it that edits the pattern in place cannot change what was recorded. ``copy=False``
+    keeps the model's own tensor (no extra memory or time); use it when the recorder is
+    the last hook on its hook points, as :func:`lensprobe.attention_patterns` does.
+
+    Example:
+        >>> rec = AttentionRecorder(layers=[0], reduce=average_attention_received)
+        >>> with intervene(model, rec):
+        ...     model(prompt.tokens)
+        >>> rec.patterns[0].shape  # [batch, head, key_pos]
+    """
+
+    layers: list[int]
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+    patterns: dict[int, torch.Tensor] = field(default_factory=dict)
+    copy: bool = True
+
+    def hooks(self, model) -> list[Hook]:
+        return [(pattern_hook_name(layer), self._hook(layer)) for layer in self.layers]
+
+    def _hook(self, layer: int) -> HookFn:
+        def record(pattern: torch.Tensor, hook) -> None:
+            value = pattern.detach()
+            if self.reduce is not None:
+                self.patterns[layer] = self.reduce(value)
+            else:
+                self.patterns[layer] = value.clone() if self.copy else value
+
+        return record
+
+
+# --------------------------------------------------------------------------- step context
+@dataclass(frozen=True)
+class StepInfo:
+    """The forward pass currently running inside :func:`lensprobe.generate`.
+
+    Attributes:
+        step: generation step (0 = the prompt forward, whose last query predicts step 0).
+        positions: ``[batch, pos]`` absolute token positions of the activations' ``pos``
+            axis (counted from each row's first prompt token; left padding is negative).
+        prompt_lengths: ``[batch]`` prompt lengths without padding.
+    """
+
+    step: int
+    positions: Int[Tensor, "batch pos"]
+    prompt_lengths: Int[Tensor, " batch"]
+
+
+_CURRENT: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar("lensprobe_step", default=None)
+
+
+def current_step() -> StepInfo | None:
+    """The :class:`StepInfo` of the forward pass :func:`lensprobe.generate` is running, else ``None``.
+
+    Hooks use it to map the ``pos`` axis of an activation to absolute positions, e.g. to
+    act on prompt positions only.
+
+    Example:
+        >>> def hook(z, hook):
+        ...     info = lp.current_step()
+        ...     keep = info.positions < 10 if info else ...
+    """
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def step_context() -> Iterator[Callable[[StepInfo], None]]:
+    """While open, ``publish(info)`` makes ``info`` what :func:`current_step` returns.
+
+    The generation loop publishes each forward's :class:`StepInfo` through it; on exit
+    (also after an exception) :func:`current_step` returns what it returned before.
+    """
+    token = _CURRENT.set(None)
+    try:
+        yield _CURRENT.set
+    finally:
+        _CURRENT.reset(token)
+
+
+@dataclass
+class ActivationRecorder:
+    """Keeps a copy of each named hook point's activation from a forward pass (the last one seen).
+
+    Example:
+        >>> rec = ActivationRecorder(["blocks.0.attn.hook_z"])
+        >>> with intervene(model, rec):
+        ...     model(prompt.tokens)
+        >>> rec.acts["blocks.0.attn.hook_z"].shape  # [batch, pos, head_index, d_head]
+    """
+
+    names: list[str]
+    acts: dict[str, Tensor] = field(default_factory=dict)
+
+    def hooks(self, model) -> list[Hook]:
+        return [(name, self._hook(name)) for name in self.names]
+
+    def _hook(self, name: str):
+        def record(act: Tensor, hook) -> None:
+            self.acts[name] = act.detach().clone()
+
+        return record

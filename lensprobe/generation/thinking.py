@@ -1,0 +1,295 @@
+"""Latent thinking tokens: what goes in at a thinking position (LT-Tuning, Coconut, Soft-Thinking, pause).
+
+At a thinking step (see :mod:`lensprobe.generation.schedule` for *when*), the token recorded for the
+step is the thinking token (e.g. ``<thinking>``), and the input embedding at the new
+position is replaced:
+
+- :class:`LatentFusion` (LT-Tuning, arXiv 2602.10229):
+  ``alpha * h + (1 - alpha) * sum_w p~(w) E(w)``, where ``h`` is the final hidden state
+  (after the final norm) at the position that predicted the thinking step, ``p~`` the
+  softmax of ``logits / temperature`` with the thinking token masked out, kept to the
+  top-p nucleus and renormalised, and ``E`` the input embedding matrix. ``alpha = 1`` is
+  Coconut (the raw hidden state), ``alpha = 0`` is Soft-Thinking (the probability-weighted
+  embedding).
+- :class:`Pause`: the thinking token's own embedding (the paper's "w/o Latent (Pause)"
+  baseline).
+
+The replacement is made at ``hook_embed`` for the new position only, so it is exactly what
+a ``transformers`` loop passing ``inputs_embeds`` computes, and it stays correct under the
+KV cache (the cache holds the keys and values computed from the latent input).
+
+Example:
+    >>> import lensprobe as lp
+    >>> tid = lp.add_thinking_token(model, "<thinking>")
+    >>> trace = lp.trace_generation(model, prompt, max_new_tokens=64,
+    ...                             thinking=lp.LatentFusion(alpha=0.6, top_p=0.9),
+    ...                             think_when=lp.schedule.every(8))
+"""
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from lensprobe.core.errors import LensprobeError
+
+__all__ = [
+    "THINKING_TOKEN",
+    "LatentFusion",
+    "Pause",
+    "add_thinking_token",
+    "latent_fusion_vector",
+    "nucleus_probs",
+    "thinking_token_id",
+]
+
+THINKING_TOKEN = "<thinking>"
+"""The default thinking token string."""
+
+
+@dataclass(frozen=True)
+class LatentFusion:
+    """Latent thinking input ``alpha * h + (1 - alpha) * sum_w p~(w) E(w)`` (LT-Tuning).
+
+    Args:
+        alpha: weight of the hidden state in ``[0, 1]``; 0.6 in the paper. ``1`` is Coconut,
+            ``0`` is Soft-Thinking.
+        top_p: nucleus of the probability-weighted embedding, in ``(0, 1]``.
+        temperature: softmax temperature of ``p~`` (> 0).
+        token: the thinking token string (must be one token of the vocabulary; add it with
+            :func:`add_thinking_token`).
+
+    Example:
+        >>> lp.LatentFusion(alpha=0.6, top_p=0.9)
+        >>> lp.LatentFusion.coconut(), lp.LatentFusion.soft_thinking()
+    """
+
+    alpha: float = 0.6
+    top_p: float = 0.9
+    temperature: float = 1.0
+    token: str = THINKING_TOKEN
+
+    def __post_init__(self):
+        if not isinstance(self.alpha, (int, float)) or not 0.0 <= self.alpha <= 1.0:
+            raise LensprobeError(f"LatentFusion alpha must lie in [0, 1], got {self.alpha!r} "
+                                 "(1 = Coconut, 0 = Soft-Thinking).")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise LensprobeError(f"LatentFusion top_p must lie in (0, 1], got {self.top_p!r}.")
+        if not isinstance(self.temperature, (int, float)) or self.temperature <= 0:
+            raise LensprobeError(f"LatentFusion temperature must be > 0, got {self.temperature!r}.")
+        _check_token_str(self.token)
+
+    @classmethod
+    def coconut(cls, token: str = THINKING_TOKEN) -> "LatentFusion":
+        """Coconut: the raw final hidden state (``alpha = 1``)."""
+        return cls(alpha=1.0, token=token)
+
+    @classmethod
+    def soft_thinking(cls, top_p: float = 0.9, temperature: float = 1.0,
+                      token: str = THINKING_TOKEN) -> "LatentFusion":
+        """Soft-Thinking: the probability-weighted embedding (``alpha = 0``)."""
+        return cls(alpha=0.0, top_p=top_p, temperature=temperature, token=token)
+
+    @property
+    def label(self) -> str:
+        if self.alpha == 1.0:
+            return "Coconut (alpha=1)"
+        if self.alpha == 0.0:
+            return f"Soft-Thinking (alpha=0, top_p={self.top_p:g})"
+        return f"LatentFusion (alpha={self.alpha:g}, top_p={self.top_p:g})"
+
+    def input_vectors(self, model, hidden: Float[Tensor, "batch d_model"],
+                      logits: Float[Tensor, "batch d_vocab"], token_id: int) -> Float[Tensor, "batch d_model"]:
+        """The latent inputs for the rows that think (``hidden``/``logits`` of those rows)."""
+        return latent_fusion_vector(hidden, logits, model.W_E, alpha=self.alpha, top_p=self.top_p,
+                                    temperature=self.temperature, exclude_token=token_id)
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Pause-token baseline: the thinking token's own input embedding goes in.
+
+    Args:
+        token: the thinking token string (one token of the vocabulary).
+
+    Example:
+        >>> lp.trace_generation(model, p, max_new_tokens=64, thinking=lp.Pause(),
+        ...                     think_when=lp.schedule.every(8))
+    """
+
+    token: str = THINKING_TOKEN
+
+    def __post_init__(self):
+        _check_token_str(self.token)
+
+    @property
+    def label(self) -> str:
+        return "Pause"
+
+    def input_vectors(self, model, hidden, logits, token_id: int):
+        """``None``: the token's own embedding is used, no replacement."""
+        return None
+
+
+def _check_token_str(token) -> None:
+    if not isinstance(token, str) or not token or any(c.isspace() for c in token):
+        raise LensprobeError(
+            f"thinking token must be a non-empty string without whitespace such as '<thinking>', got {token!r}."
+        )
+
+
+def nucleus_probs(logits: Float[Tensor, "... d_vocab"], *, top_p: float = 1.0, temperature: float = 1.0,
+                  exclude_token: int | None = None) -> Float[Tensor, "... d_vocab"]:
+    """Softmax of ``logits / temperature``, optionally without one token, cut to the top-p nucleus.
+
+    The nucleus is the smallest set of most probable tokens whose mass reaches ``top_p``
+    (the token that crosses ``top_p`` is kept); the result is renormalised to sum to 1.
+
+    Example:
+        >>> nucleus_probs(torch.tensor([2.0, 1.0, 0.0]), top_p=0.5)
+        tensor([1., 0., 0.])
+    """
+    z = logits.float() / temperature
+    if exclude_token is not None:
+        z = z.clone()
+        z[..., exclude_token] = float("-inf")
+    probs = torch.softmax(z, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        before = sorted_p.cumsum(-1) - sorted_p  # mass of strictly more probable tokens
+        keep_sorted = before < top_p
+        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        probs = torch.where(keep, probs, torch.zeros_like(probs))
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def latent_fusion_vector(hidden: Float[Tensor, "batch d_model"], logits: Float[Tensor, "batch d_vocab"],
+                         embedding: Float[Tensor, "d_vocab d_model"], *, alpha: float, top_p: float = 0.9,
+                         temperature: float = 1.0, exclude_token: int | None = None
+                         ) -> Float[Tensor, "batch d_model"]:
+    """``alpha * hidden + (1 - alpha) * p~ @ embedding`` (LT-Tuning's latent input).
+
+    Args:
+        hidden: final hidden states (after the final norm) at the predicting positions.
+        logits: next-token logits at those positions.
+        embedding: the input embedding matrix ``E`` (``model.W_E``).
+        alpha: weight of ``hidden``.
+        top_p, temperature, exclude_token: see :func:`nucleus_probs`.
+
+    Example:
+        >>> v = latent_fusion_vector(h, logits, model.W_E, alpha=0.6, top_p=0.9, exclude_token=tid)
+    """
+    if embedding.shape[0] != logits.shape[-1]:
+        raise LensprobeError(
+            f"embedding has {embedding.shape[0]} rows but the logits cover {logits.shape[-1]} tokens; "
+            "if you added a token, add it to both the input embedding and the output layer "
+            "(lp.add_thinking_token does)."
+        )
+    out = alpha * hidden.float()
+    if alpha < 1.0:
+        p = nucleus_probs(logits, top_p=top_p, temperature=temperature, exclude_token=exclude_token)
+        out = out + (1.0 - alpha) * (p @ embedding.float())
+    return out.to(embedding.dtype)
+
+
+def thinking_token_id(model, token: str) -> int:
+    """Id of ``token`` if the vocabulary holds it as one token, else a clear error."""
+    tok = model.tokenizer
+    ids = tok.encode(token, add_special_tokens=False)
+    if len(ids) == 1 and tok.decode(ids) == token:
+        return int(ids[0])
+    raise LensprobeError(
+        f"{token!r} is not a single token of this model's vocabulary (it encodes as {len(ids)} "
+        f"tokens); add it first with lp.add_thinking_token(model, {token!r})."
+    )
+
+
+def add_thinking_token(model, token: str = THINKING_TOKEN) -> int:
+    """Add a thinking token to the vocabulary if it lacks it, and return its id.
+
+    The token is added to the tokenizer as a special token (never split, never merged),
+    and one row is appended to the input embedding, initialised to the **mean of the
+    existing input embeddings**; with untied weights, one row initialised to the mean
+    output row is appended to the output layer too (tied weights grow together). So an
+    untrained model sees the thinking token as an "average" token. If the token already
+    is one token of the vocabulary, nothing changes.
+
+    This changes the model in place (its vocabulary grows by one); call it on a copy
+    (``copy.deepcopy(model)``) if other code shares the model.
+
+    Args:
+        model: a TransformerLens model over a Hugging Face model (a ``TransformerBridge``).
+        token: the token string, e.g. ``"<thinking>"`` (no whitespace).
+
+    Returns:
+        The token id.
+
+    Raises:
+        LensprobeError: the string contains whitespace, or it already reads as several
+            tokens of the vocabulary's special/added tokens (e.g. ``"<|im_start|><|im_end|>"``),
+            so it cannot become one token.
+
+    Example:
+        >>> tid = lp.add_thinking_token(model, "<thinking>")
+        >>> model.to_str_tokens(lp.build_prompt(model, "hi").tokens)  # unchanged prompts
+    """
+    _check_token_str(token)
+    tok = model.tokenizer
+    ids = tok.encode(token, add_special_tokens=False)
+    if len(ids) == 1 and tok.decode(ids) == token:
+        return int(ids[0])
+    added = set(getattr(tok, "all_special_ids", [])) | set(getattr(tok, "added_tokens_decoder", {}) or {})
+    if len(ids) > 1 and all(i in added for i in ids):
+        pieces = tok.convert_ids_to_tokens(ids)
+        raise LensprobeError(
+            f"{token!r} is already several tokens of the vocabulary ({pieces}); a thinking token "
+            "must be one token: pass one string such as '<thinking>'."
+        )
+    hf = getattr(model, "original_model", None)
+    if hf is None or not hasattr(hf, "get_input_embeddings"):
+        raise LensprobeError(
+            "add_thinking_token needs a TransformerLens TransformerBridge over a Hugging Face "
+            "model (lp.load_model() returns one)."
+        )
+    from tokenizers import AddedToken
+
+    emb = _base_module(hf.get_input_embeddings())
+    out = _base_module(hf.get_output_embeddings()) if hf.get_output_embeddings() is not None else None
+    old_vocab = emb.weight.shape[0]
+    if len(tok) != old_vocab:
+        raise LensprobeError(
+            f"the tokenizer has {len(tok)} tokens but the embedding has {old_vocab} rows; "
+            "add_thinking_token only grows a model whose tokenizer and embedding match."
+        )
+    tok.add_tokens([AddedToken(token, special=True, normalized=False)], special_tokens=True)
+    new_id = tok.convert_tokens_to_ids(token)
+    if new_id != old_vocab:  # pragma: no cover - tokenizer-specific
+        raise LensprobeError(f"the tokenizer gave the new token id {new_id}, expected {old_vocab}.")
+    tied = out is not None and out.weight is emb.weight
+    with torch.no_grad():
+        w = emb.weight
+        w.data = torch.cat([w.data, w.data.mean(0, keepdim=True)])
+        emb.num_embeddings = w.shape[0]
+        if out is not None:
+            if not tied:
+                u = out.weight
+                u.data = torch.cat([u.data, u.data.mean(0, keepdim=True)])
+            if getattr(out, "bias", None) is not None:
+                out.bias.data = torch.cat([out.bias.data, out.bias.data.mean().reshape(1)])
+            out.out_features = out.weight.shape[0]
+    new_vocab = old_vocab + 1
+    hf.config.vocab_size = new_vocab
+    for cfg in (getattr(hf.config, "text_config", None),):
+        if cfg is not None and hasattr(cfg, "vocab_size"):
+            cfg.vocab_size = new_vocab
+    for name in ("d_vocab", "d_vocab_out"):
+        if hasattr(model.cfg, name):
+            setattr(model.cfg, name, new_vocab)
+    return int(new_id)
+
+
+def _base_module(module):
+    """The plain torch module under a TransformerLens bridge component."""
+    return getattr(module, "original_component", module)

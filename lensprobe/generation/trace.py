@@ -1,0 +1,437 @@
+"""Generation traces: per-step tokens, entropy and attention onto tracked sets, as a result object.
+
+A :class:`GenerationTrace` is what :func:`lensprobe.generate` and
+:func:`lensprobe.trace_generation` return. It holds, for every batch row (a prompt, or one
+sample of a prompt) and every generation step:
+
+- the chosen token (id and text), and whether the step was a thinking step;
+- the entropy of the next-token distribution (nats) and the probability of the chosen
+  token under the model (temperature 1, before any sampling filter);
+- for each tracked set, the attention proportion from the newest query onto the set,
+  per layer and head.
+
+**Step 0 is the last prompt position**: its query predicts the first generated token, so
+``entropy[0]`` is the entropy of the first token's distribution and ``attention[s][0]`` is
+where the last prompt position looks. Step ``t`` is the query at prompt length ``+ t - 1``.
+
+Arrays are batched ``[row, step, ...]``; like :func:`lensprobe.attention_patterns`, the
+properties drop the row dimension when the trace has one row (``trace.entropy`` is
+``[step]`` for one prompt). The ``*_rows`` fields are always batched. Steps after a row
+stopped (end of sequence) are ``NaN`` (token id ``-1``).
+
+Traces save to Parquet or JSON (never pickle) and load back unchanged.
+
+Example:
+    >>> trace = lp.trace_generation(model, prompt, max_new_tokens=64, track={"system": "system"})
+    >>> trace.entropy.shape, trace.attention["system"].shape   # [step], [step, layer, head]
+    >>> trace.to_dataframe().head()
+    >>> trace.save("trace.parquet"); lp.load_trace("trace.parquet")
+"""
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from lensprobe.core.errors import LensprobeError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["GenerationTrace", "load_trace", "trace_summary"]
+
+FORMAT = "lensprobe.GenerationTrace"
+VERSION = 1
+DIMS = ("row", "step", "layer", "head")
+
+
+@dataclass
+class GenerationTrace:
+    """Per-step record of a (batched) generation. See the module docstring for the conventions.
+
+    Attributes:
+        token_ids_rows: ``[row, step]`` chosen token ids; ``-1`` after the row stopped.
+        entropy_rows: ``[row, step]`` next-token entropy in nats; ``NaN`` after the row stopped.
+        chosen_prob_rows: ``[row, step]`` model probability of the chosen token.
+        thinking_rows: ``[row, step]`` True where the step was a thinking step.
+        attention_rows: tracked set name -> ``[row, step, layer, head]`` attention proportion.
+        str_tokens_rows: per row, the text of each generated token.
+        texts: per row, the decoded generated text (the final end-of-sequence token left out).
+        prompt_index: per row, which input prompt it came from.
+        sample_index: per row, which sample of its prompt it is (0 .. n_samples-1).
+        prompt_lengths: per row, the prompt's length in tokens (without padding).
+        finish_reasons: per row, ``"eos"`` or ``"length"``.
+        layers: the layers of the attention arrays (0-based).
+        n_heads: query heads per layer.
+        meta: the generation settings (JSON-able).
+    """
+
+    token_ids_rows: Int[Tensor, "row step"]
+    entropy_rows: Float[Tensor, "row step"]
+    chosen_prob_rows: Float[Tensor, "row step"]
+    thinking_rows: Bool[Tensor, "row step"]
+    attention_rows: dict[str, Float[Tensor, "row step layer head"]]
+    str_tokens_rows: list[list[str]]
+    texts: list[str]
+    prompt_index: list[int]
+    sample_index: list[int]
+    prompt_lengths: list[int]
+    finish_reasons: list[str]
+    layers: list[int] = field(default_factory=list)
+    n_heads: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # ----- shape helpers -------------------------------------------------------------
+    @property
+    def n_rows(self) -> int:
+        return int(self.token_ids_rows.shape[0])
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.token_ids_rows.shape[1])
+
+    @property
+    def lengths(self) -> list[int]:
+        """Generated tokens per row (thinking steps included)."""
+        return [int(n) for n in (self.token_ids_rows >= 0).sum(-1)]
+
+    @property
+    def tracked(self) -> list[str]:
+        return list(self.attention_rows)
+
+    def _squeeze(self, x):
+        return x[0] if self.n_rows == 1 else x
+
+    @property
+    def token_ids(self) -> Int[Tensor, "... step"]:
+        """``[step]`` (one row) or ``[row, step]`` token ids, ``-1`` after a row stopped."""
+        return self._squeeze(self.token_ids_rows)
+
+    @property
+    def entropy(self) -> Float[Tensor, "... step"]:
+        """``[step]`` (one row) or ``[row, step]`` next-token entropy in nats."""
+        return self._squeeze(self.entropy_rows)
+
+    @property
+    def chosen_prob(self) -> Float[Tensor, "... step"]:
+        """``[step]`` (one row) or ``[row, step]`` probability of the chosen token."""
+        return self._squeeze(self.chosen_prob_rows)
+
+    @property
+    def thinking(self) -> Bool[Tensor, "... step"]:
+        """``[step]`` (one row) or ``[row, step]``: which steps were thinking steps."""
+        return self._squeeze(self.thinking_rows)
+
+    @property
+    def attention(self) -> dict[str, Float[Tensor, "... step layer head"]]:
+        """Set name -> ``[step, layer, head]`` (one row) or ``[row, step, layer, head]``."""
+        return {k: self._squeeze(v) for k, v in self.attention_rows.items()}
+
+    @property
+    def text(self) -> str | list[str]:
+        """The generated text (one row) or a list of texts."""
+        return self.texts[0] if self.n_rows == 1 else list(self.texts)
+
+    @property
+    def generated_ids(self) -> list[list[int]]:
+        """Per row, the generated token ids (always a list of lists)."""
+        return [[int(i) for i in row if i >= 0] for row in self.token_ids_rows]
+
+    def row(self, i: int) -> "GenerationTrace":
+        """A one-row trace of row ``i``."""
+        if not 0 <= i < self.n_rows:
+            raise LensprobeError(f"row {i} out of range: this trace has {self.n_rows} rows (0-{self.n_rows - 1}).")
+        n = max(self.lengths[i], 1)
+        sl = slice(i, i + 1)
+        return GenerationTrace(
+            token_ids_rows=self.token_ids_rows[sl, :n], entropy_rows=self.entropy_rows[sl, :n],
+            chosen_prob_rows=self.chosen_prob_rows[sl, :n], thinking_rows=self.thinking_rows[sl, :n],
+            attention_rows={k: v[sl, :n] for k, v in self.attention_rows.items()},
+            str_tokens_rows=[self.str_tokens_rows[i]], texts=[self.texts[i]],
+            prompt_index=[self.prompt_index[i]], sample_index=[self.sample_index[i]],
+            prompt_lengths=[self.prompt_lengths[i]], finish_reasons=[self.finish_reasons[i]],
+            layers=list(self.layers), n_heads=self.n_heads, meta=dict(self.meta),
+        )
+
+    # ----- reductions ----------------------------------------------------------------
+    def mean(self, over: Sequence[str] | str = ("layer", "head"), *, sets: Sequence[str] | None = None
+             ) -> dict[str, Tensor]:
+        """Mean attention proportion over some dimensions, per tracked set (NaNs ignored).
+
+        Args:
+            over: dimensions to average, any of ``"row"``, ``"step"``, ``"layer"``, ``"head"``.
+            sets: tracked set names (default: all).
+
+        Returns:
+            Set name -> tensor with the remaining dimensions in the order row, step, layer,
+            head (the row dimension dropped for a one-row trace, like :attr:`attention`).
+
+        Example:
+            >>> trace.mean()["thinking"]          # [step]: mean over layers and heads
+            >>> trace.mean(over=("row", "head"))  # [step, layer]
+        """
+        over = (over,) if isinstance(over, str) else tuple(over)
+        bad = [d for d in over if d not in DIMS]
+        if bad:
+            raise LensprobeError(f"cannot average over {bad}: choose from {DIMS}.")
+        sets = self.tracked if sets is None else list(sets)
+        for s in sets:
+            if s not in self.attention_rows:
+                raise LensprobeError(f"no tracked set {s!r} in this trace; it has {self.tracked}.")
+        dims = tuple(DIMS.index(d) for d in over)
+        out = {}
+        for s in sets:
+            x = self.attention_rows[s]
+            x = torch.nanmean(x, dim=dims) if dims else x
+            if "row" not in over and self.n_rows == 1:
+                x = x[0]
+            out[s] = x
+        return out
+
+    # ----- tables --------------------------------------------------------------------
+    def to_dataframe(self) -> "pd.DataFrame":
+        """One row per (batch row, generated step).
+
+        Columns: ``row``, ``prompt``, ``sample``, ``step``, ``token_id``, ``token``,
+        ``thinking``, ``entropy``, ``chosen_prob``, and ``attention:<set>`` for each tracked
+        set (mean over layers and heads; per layer and head in :meth:`attention_dataframe`).
+        """
+        import pandas as pd
+
+        means = {s: torch.nanmean(v, dim=(2, 3)) if v.numel() else v.sum((2, 3))
+                 for s, v in self.attention_rows.items()}
+        records = []
+        for r in range(self.n_rows):
+            for t in range(self.lengths[r]):
+                rec = {"row": r, "prompt": self.prompt_index[r], "sample": self.sample_index[r], "step": t,
+                       "token_id": int(self.token_ids_rows[r, t]), "token": self.str_tokens_rows[r][t],
+                       "thinking": bool(self.thinking_rows[r, t]), "entropy": float(self.entropy_rows[r, t]),
+                       "chosen_prob": float(self.chosen_prob_rows[r, t])}
+                for s, m in means.items():
+                    rec[f"attention:{s}"] = float(m[r, t])
+                records.append(rec)
+        cols = ["row", "prompt", "sample", "step", "token_id", "token", "thinking", "entropy", "chosen_prob"]
+        return pd.DataFrame.from_records(records, columns=cols + [f"attention:{s}" for s in means])
+
+    def attention_dataframe(self) -> "pd.DataFrame":
+        """Long table: one row per (batch row, step, set, layer, head) with ``attention``."""
+        import numpy as np
+        import pandas as pd
+
+        frames = []
+        for s, v in self.attention_rows.items():
+            R, T, L, H = v.shape
+            r, t, li, h = np.meshgrid(np.arange(R), np.arange(T), np.arange(L), np.arange(H), indexing="ij")
+            df = pd.DataFrame({"row": r.ravel(), "step": t.ravel(), "set": s,
+                               "layer": np.asarray(self.layers)[li.ravel()], "head": h.ravel(),
+                               "attention": v.numpy().ravel()})
+            frames.append(df.dropna(subset=["attention"]))
+        if not frames:
+            return pd.DataFrame(columns=["row", "prompt", "sample", "step", "set", "layer", "head", "attention"])
+        out = pd.concat(frames, ignore_index=True)
+        out.insert(1, "prompt", np.asarray(self.prompt_index)[out["row"].to_numpy()])
+        out.insert(2, "sample", np.asarray(self.sample_index)[out["row"].to_numpy()])
+        return out
+
+    # ----- files ---------------------------------------------------------------------
+    def _header(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, "layers": list(self.layers), "n_heads": self.n_heads,
+                "tracked": self.tracked, "texts": list(self.texts), "prompt_index": list(self.prompt_index),
+                "sample_index": list(self.sample_index), "prompt_lengths": list(self.prompt_lengths),
+                "finish_reasons": list(self.finish_reasons), "meta": self.meta,
+                "n_rows": self.n_rows, "n_steps": self.n_steps}
+
+    def save(self, path: str | Path) -> Path:
+        """Write the trace to ``.parquet`` (needs pyarrow) or ``.json``; returns the path.
+
+        Example:
+            >>> trace.save("out/trace.parquet")
+        """
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix not in (".parquet", ".json"):
+            raise LensprobeError(f"cannot save a trace as {path.name!r}: use a .parquet or .json file name.")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if suffix == ".json":
+            body = self._header()
+            body["token_ids"] = self.token_ids_rows.tolist()
+            body["entropy"] = _nan_to_none(self.entropy_rows.tolist())
+            body["chosen_prob"] = _nan_to_none(self.chosen_prob_rows.tolist())
+            body["thinking"] = self.thinking_rows.tolist()
+            body["str_tokens"] = self.str_tokens_rows
+            body["attention"] = {s: _nan_to_none(v.tolist()) for s, v in self.attention_rows.items()}
+            path.write_text(json.dumps(body, allow_nan=False))
+            return path
+        pa, pq = _pyarrow()
+        R, T = self.n_rows, self.n_steps
+        LH = len(self.layers) * self.n_heads
+        cols = {
+            "row": pa.array([r for r in range(R) for _ in range(T)], pa.int32()),
+            "step": pa.array([t for _ in range(R) for t in range(T)], pa.int32()),
+            "token_id": pa.array(self.token_ids_rows.reshape(-1).tolist(), pa.int64()),
+            "token": pa.array([self.str_tokens_rows[r][t] if t < len(self.str_tokens_rows[r]) else None
+                               for r in range(R) for t in range(T)], pa.string()),
+            "thinking": pa.array(self.thinking_rows.reshape(-1).tolist(), pa.bool_()),
+            "entropy": pa.array(self.entropy_rows.reshape(-1).numpy(), pa.float32()),
+            "chosen_prob": pa.array(self.chosen_prob_rows.reshape(-1).numpy(), pa.float32()),
+        }
+        for s, v in self.attention_rows.items():
+            flat = pa.array(v.reshape(-1).numpy(), pa.float32())
+            cols[f"attention:{s}"] = pa.FixedSizeListArray.from_arrays(flat, LH) if LH else pa.nulls(R * T)
+        table = pa.table(cols).replace_schema_metadata({"lensprobe": json.dumps(self._header())})
+        pq.write_table(table, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "GenerationTrace":
+        """Read a trace written by :meth:`save` (``.parquet`` or ``.json``)."""
+        path = Path(path)
+        if not path.is_file():
+            raise LensprobeError(f"trace file not found: {path}.")
+        if path.suffix.lower() == ".json":
+            body = json.loads(path.read_text())
+            _check_header(body, path)
+            head = body
+            R, T = body["n_rows"], body["n_steps"]
+            L, H = len(body["layers"]), body["n_heads"]
+            token_ids = torch.tensor(body["token_ids"], dtype=torch.long).reshape(R, T)
+            entropy = _tensor(body["entropy"]).reshape(R, T)
+            chosen = _tensor(body["chosen_prob"]).reshape(R, T)
+            thinking = torch.tensor(body["thinking"], dtype=torch.bool).reshape(R, T)
+            attention = {s: _tensor(body["attention"][s]).reshape(R, T, L, H) for s in body["tracked"]}
+            str_tokens = body["str_tokens"]
+        elif path.suffix.lower() == ".parquet":
+            pa, pq = _pyarrow()
+            table = pq.read_table(path)
+            raw = (table.schema.metadata or {}).get(b"lensprobe")
+            head = json.loads(raw) if raw else {}
+            _check_header(head, path)
+            R, T = head["n_rows"], head["n_steps"]
+            L, H = len(head["layers"]), head["n_heads"]
+            token_ids = torch.tensor(table["token_id"].to_pylist(), dtype=torch.long).reshape(R, T)
+            entropy = torch.tensor(table["entropy"].to_numpy(zero_copy_only=False)).float().reshape(R, T)
+            chosen = torch.tensor(table["chosen_prob"].to_numpy(zero_copy_only=False)).float().reshape(R, T)
+            thinking = torch.tensor(table["thinking"].to_pylist(), dtype=torch.bool).reshape(R, T)
+            attention = {}
+            for s in head["tracked"]:
+                col = table[f"attention:{s}"].combine_chunks()
+                flat = col.flatten().to_numpy(zero_copy_only=False) if L * H else []
+                attention[s] = torch.tensor(flat, dtype=torch.float32).reshape(R, T, L, H)
+            tok_col = table["token"].to_pylist()
+            str_tokens = [[tok_col[r * T + t] for t in range(T) if token_ids[r, t] >= 0] for r in range(R)]
+        else:
+            raise LensprobeError(f"cannot read a trace from {path.name!r}: expected a .parquet or .json file.")
+        return cls(token_ids_rows=token_ids, entropy_rows=entropy, chosen_prob_rows=chosen, thinking_rows=thinking,
+                   attention_rows=attention, str_tokens_rows=str_tokens, texts=head["texts"],
+                   prompt_index=head["prompt_index"], sample_index=head["sample_index"],
+                   prompt_lengths=head["prompt_lengths"], finish_reasons=head["finish_reasons"],
+                   layers=head["layers"], n_heads=head["n_heads"], meta=head["meta"])
+
+
+def load_trace(path: str | Path) -> GenerationTrace:
+    """Read a :class:`GenerationTrace` from a ``.parquet`` or ``.json`` file written by ``save``.
+
+    Example:
+        >>> trace = lp.load_trace("out/trace.parquet")
+    """
+    return GenerationTrace.load(path)
+
+
+def _check_header(head: Mapping, path: Path) -> None:
+    if head.get("format") != FORMAT:
+        raise LensprobeError(f"{path} is not a lensprobe generation trace (written by GenerationTrace.save).")
+    if head.get("version", 0) > VERSION:
+        raise LensprobeError(f"{path} was written by a newer lensprobe (trace format {head['version']}); upgrade.")
+
+
+def _pyarrow():
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as err:  # pragma: no cover - pyarrow is a dependency
+        raise LensprobeError("Parquet needs pyarrow: `pip install pyarrow`, or save as .json.") from err
+    return pa, pq
+
+
+def _nan_to_none(x):
+    if isinstance(x, list):
+        return [_nan_to_none(v) for v in x]
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+def _tensor(nested) -> Tensor:
+    def fix(x):
+        if isinstance(x, list):
+            return [fix(v) for v in x]
+        return float("nan") if x is None else x
+    return torch.tensor(fix(nested), dtype=torch.float32)
+
+
+Band = Literal["std", "ci95", "none"]
+
+
+def trace_summary(traces: Mapping[str, GenerationTrace] | GenerationTrace, *, track: str | None = "thinking",
+                  band: Band = "std", smooth: int = 1) -> "pd.DataFrame":
+    """Mean and band across rows (samples or prompts) per step, per condition: the figure's data.
+
+    For each condition and step: the entropy, and the attention proportion onto ``track``
+    (mean over layers and heads), averaged over the rows that are still generating at that
+    step. ``smooth > 1`` first applies a centred moving average of that many steps to each
+    row's series.
+
+    Args:
+        traces: condition name -> trace (or one trace, named ``"trace"``).
+        track: tracked set for the attention panel (``None``: entropy only). A condition
+            whose trace lacks the set gets no attention rows.
+        band: ``"std"`` (mean +- one standard deviation), ``"ci95"`` (mean +- 1.96 standard
+            errors), or ``"none"``.
+        smooth: moving-average window in steps (1 = none).
+
+    Returns:
+        Columns ``condition``, ``metric`` (``"entropy"`` or ``"attention"``), ``step``,
+        ``mean``, ``lower``, ``upper``, ``n`` (rows averaged), plus ``set``.
+
+    Example:
+        >>> df = lp.trace_summary({"LatentFusion": t1, "Pause": t2}, band="std", smooth=5)
+        >>> fig = lp.viz.generation_trace_figure(df)
+    """
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(traces, GenerationTrace):
+        traces = {"trace": traces}
+    if band not in ("std", "ci95", "none"):
+        raise LensprobeError(f"band must be 'std', 'ci95' or 'none', got {band!r}.")
+    if not isinstance(smooth, int) or smooth < 1:
+        raise LensprobeError(f"smooth must be an integer window >= 1 (steps), got {smooth!r}.")
+    frames = []
+    for name, trace in traces.items():
+        series = {"entropy": trace.entropy_rows.numpy()}
+        if track is not None and track in trace.attention_rows:
+            series["attention"] = torch.nanmean(trace.attention_rows[track], dim=(2, 3)).numpy()
+        for metric, x in series.items():
+            x = x.astype(float)
+            if smooth > 1:
+                x = pd.DataFrame(x.T).rolling(smooth, center=True, min_periods=1).mean().to_numpy().T.copy()
+                x[np.isnan(trace.entropy_rows.numpy())] = np.nan  # keep stopped steps empty
+            n = (~np.isnan(x)).sum(0)
+            keep = n > 0
+            with np.errstate(invalid="ignore", divide="ignore"):
+                mean = np.nanmean(np.where(keep, x, 0.0), 0) if x.size else np.zeros(0)
+                std = np.nanstd(x, 0, ddof=1) if x.shape[0] > 1 else np.zeros(x.shape[1])
+            std = np.nan_to_num(std)
+            half = {"std": std, "ci95": 1.96 * std / np.sqrt(np.maximum(n, 1)), "none": np.zeros_like(std)}[band]
+            steps = np.arange(x.shape[1])
+            frames.append(pd.DataFrame({
+                "condition": name, "metric": metric, "set": track if metric == "attention" else "",
+                "step": steps[keep], "mean": mean[keep], "lower": (mean - half)[keep],
+                "upper": (mean + half)[keep], "n": n[keep],
+            }))
+    cols = ["condition", "metric", "set", "step", "mean", "lower", "upper", "n"]
+    return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)

@@ -1,0 +1,378 @@
+"""Head ablation at ``blocks.{l}.attn.hook_z``: zero, mean or resample a query head's output.
+
+``hook_z`` holds the attention output per *query* head, ``[batch, pos, head, d_head]``,
+right before the output projection sums the heads. Replacing one head's slice there is
+exactly "remove this head's contribution" and is correct for grouped-query attention
+(several query heads share one key/value head; ablating a query head leaves its siblings
+alone). :func:`ablate_kv_group` ablates every query head of one KV group.
+
+Heads are 0-based, TransformerLens style: ``"L0H13"`` is layer 0, head 13, the paper's
+"layer 1, head 14".
+
+**Positions and the KV cache.** ``positions`` are absolute token positions in the sequence
+(prompt positions first, then generated ones). In a full forward the hook sees every
+position; in a KV-cached generation step it sees only the newest position. The ablation
+finds the absolute positions of what it sees from :func:`lensprobe.generation.loop.current_step`
+inside ``lp.generate``/``lp.trace_generation`` (per row, counted from each row's first
+prompt token, so left padding is accounted for), and otherwise from the attention pattern
+of the same layer (``key_len - query_len``; a manual KV loop over one unpadded sequence), so:
+
+- ``positions=None`` ablates every position, including every generated token;
+- prompt positions (ints or a segment name) are ablated when the prompt is processed; the
+  later layers' keys and values at those positions are cached with the ablation applied,
+  so every later step sees them ablated, and the new positions are left alone;
+- ``"generated"`` (or ``slice(n, None)``) ablates only the positions from ``n`` on.
+
+A KV-cached generation with an ablation therefore gives the same logits as one uncached
+forward over prompt + generated tokens with the same ablation. (In a manual KV loop over a
+left-padded batch, outside ``lp.generate``, positions would count from the start of each
+padded row.)
+"""
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.heads import (
+    Positions,
+    head_label,
+    hook_z_name,
+    is_int,
+    is_segment_spec,
+    kv_group_heads,
+    parse_heads,
+    parse_kv_groups,
+    resolve_heads,
+    resolve_positions,
+)
+from lensprobe.core.hooks import Hook, current_step, pattern_hook_name
+from lensprobe.interventions.replacement import (
+    HeadMeans,
+    Method,
+    check_method,
+    replacement_source,
+    replacement_values,
+)
+
+__all__ = ["HeadAblation", "RowHeadAblation", "ZAblationHook", "ablate_heads", "ablate_kv_group"]
+
+
+class _Offset:
+    """Absolute position of the first query row, read from the layer's attention pattern."""
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value: int | None = None
+
+    def record(self, pattern: Tensor, hook) -> None:
+        self.value = int(pattern.shape[-1] - pattern.shape[-2])
+
+    def take(self, layer: int) -> int:
+        if self.value is None:
+            raise LensprobeError(
+                f"could not tell which token positions layer {layer} is processing (its "
+                "attention pattern hook did not fire): position-dependent ablation needs a model "
+                "with eager attention, as lp.load_model() returns."
+            )
+        value, self.value = self.value, None
+        return value
+
+
+# --------------------------------------------------------------------------- the hook
+
+
+@dataclass(frozen=True)
+class ZAblationHook:
+    """Replaces selected ``hook_z`` slices of one layer.
+
+    ``head_mask`` is ``[rows, head]``: ``rows == 1`` applies the same heads to every batch
+    row; otherwise row ``b`` of the batch ablates the heads marked in ``head_mask[b]``
+    (the sweep puts a different head in each batch row).
+    """
+
+    layer: int
+    head_mask: Tensor
+    positions: Positions | None = None
+    source: Any = None
+    offset: _Offset | None = None
+
+    def __call__(self, z: Tensor, hook) -> Tensor | None:
+        batch, count = z.shape[0], z.shape[1]
+        if self.head_mask.shape[0] not in (1, batch):
+            raise LensprobeError(
+                f"this ablation was built for {self.head_mask.shape[0]} batch rows but the input has {batch}."
+            )
+        if self.offset is None:  # position-independent: every position, no lookups
+            selected = torch.ones(1, count, dtype=torch.bool, device=z.device)
+            pos = None
+        else:
+            pos, lengths = _absolute_positions(self.offset, self.layer, batch, count, z.device)
+            selected = torch.ones_like(pos, dtype=torch.bool) if self.positions is None \
+                else self.positions.select(pos, lengths)
+            if not bool(selected.any()):
+                return None
+        mask = selected[:, :, None] & self.head_mask.to(z.device)[:, None, :]  # [rows, pos, head]
+        values = replacement_values(self.source, self.layer, pos, selected)  # pos is None only when unused
+        if values is None:
+            return z.masked_fill(mask[..., None], 0.0)
+        return torch.where(mask[..., None], values.to(z.device, z.dtype).expand_as(z), z)
+
+
+def _absolute_positions(offset: _Offset, layer: int, batch: int, count: int,
+                        device) -> tuple[Tensor, Tensor | None]:
+    """``[rows, count]`` absolute positions of the ``pos`` axis this hook sees, and the
+    ``[rows]`` prompt lengths when known (inside ``lp.generate``).
+
+    Inside :func:`lensprobe.generate` / ``trace_generation`` the loop publishes them per row
+    (counted from each row's first prompt token, so left padding is accounted for);
+    otherwise the layer's attention pattern tells: row 0 of ``count`` queries over ``K``
+    keys is position ``K - count``.
+    """
+    first = offset.take(layer)
+    info = current_step()
+    if info is not None and info.positions.shape[-1] == count and info.positions.shape[0] in (1, batch):
+        return info.positions.to(device), info.prompt_lengths
+    return torch.arange(first, first + count, device=device)[None], None
+
+
+
+
+def _build_hooks(model, layer_masks: dict[int, Tensor], positions: Positions | None,
+                 source) -> list[Hook]:
+    needs_offset = positions is not None or (source is not None and not (
+        isinstance(source, HeadMeans) and not source.per_position))
+    hooks: list[Hook] = []
+    for layer, mask in layer_masks.items():
+        offset = _Offset() if needs_offset else None
+        if offset is not None:
+            hooks.append((pattern_hook_name(layer), offset.record))
+        hooks.append((hook_z_name(layer), ZAblationHook(layer, mask, positions, source, offset)))
+    return hooks
+
+
+# --------------------------------------------------------------------------- interventions
+
+
+@dataclass(frozen=True, eq=False)
+class HeadAblation:
+    """Intervention: ablate query heads at ``hook_z``. Build it with :func:`ablate_heads`.
+
+    Reference activations (``mean``/``resample``) are computed on first use per model (with
+    whatever hooks are attached at that moment) and then reused; pass a
+    :class:`HeadMeans` from :func:`head_means` to control that yourself.
+    """
+
+    heads: tuple
+    method: Method = "zero"
+    positions: Any = None
+    reference: Any = None
+    per_position: bool = False
+    kv_groups: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        # Reference activations per model, computed on first use. Not a dataclass field, so
+        # dataclasses.asdict (used to describe a run) never copies models or activations.
+        object.__setattr__(self, "_cache", weakref.WeakKeyDictionary())
+
+    def __repr__(self) -> str:
+        def sel(layer, head):
+            return "all" if layer is None and head is None else (
+                f"L{'*' if layer is None else layer}H{'*' if head is None else head}")
+
+        parts = [f"heads={','.join(sel(*s) for s in self.heads)!r}"] if self.heads else []
+        if self.kv_groups:
+            parts.append(f"kv_groups={','.join(f'L{lay}KV{g}' for lay, g in self.kv_groups)!r}")
+        parts.append(f"method={self.method!r}")
+        if isinstance(self.positions, Positions):
+            fixed = _ranges(sorted(self.positions.fixed))
+            desc = [f"[{fixed}]"] if fixed else []
+            desc += [f"from {self.positions.start}"] if self.positions.start is not None and not self.positions.generated else []
+            desc += ["generated"] if self.positions.generated else []
+            parts.append(f"positions={' + '.join(desc)}")
+        elif self.positions is not None:
+            parts.append(f"positions={self.positions!r}")
+        if self.reference is not None:
+            parts.append(f"reference=<{_describe_reference(self.reference)}>")
+        if self.per_position:
+            parts.append("per_position=True")
+        return f"HeadAblation({', '.join(parts)})"
+
+    def resolve(self, model) -> list[tuple[int, int]]:
+        """The ``(layer, head)`` pairs this ablation touches on ``model``."""
+        pairs = resolve_heads(model, self.heads) if self.heads else []
+        for layer, group in self.kv_groups:
+            for pair in kv_group_heads(model, layer, group):
+                if pair in pairs:
+                    raise LensprobeError(f"head {head_label(*pair)} is given twice; name each head once.")
+                pairs.append(pair)
+        return pairs
+
+    def bind(self, prompt) -> "HeadAblation":
+        """A copy with segment-name positions resolved against ``prompt`` (``self`` when there
+        are none; ``"generated"`` alone needs no prompt inside ``lp.generate``)."""
+        if not is_segment_spec(self.positions):
+            return self  # ints, or "generated" (placed per row by lp.generate)
+        return HeadAblation(self.heads, self.method, resolve_positions(self.positions, prompt),
+                            self.reference, self.per_position, self.kv_groups)
+
+    def hooks(self, model) -> list[Hook]:
+        positions = resolve_positions(self.positions)
+        pairs = self.resolve(model)
+        n_heads = int(model.cfg.n_heads)
+        masks: dict[int, Tensor] = {}
+        for layer, head in pairs:
+            masks.setdefault(layer, torch.zeros(1, n_heads, dtype=torch.bool))[0, head] = True
+        source = self._source(model, sorted(masks))
+        return _build_hooks(model, dict(sorted(masks.items())), positions, source)
+
+    def _source(self, model, layers: list[int]):
+        if self.method == "zero" or not layers:
+            return None
+        try:
+            cached = self._cache.get(model)
+        except TypeError:
+            cached = None
+        if cached is not None and all(_has_layer(cached, layer) for layer in layers):
+            return cached
+        source = replacement_source(model, self.method, self.reference, layers, self.per_position)
+        try:
+            self._cache[model] = source
+        except TypeError:
+            pass
+        return source
+
+
+def _ranges(values: list[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``"1-3,7"``."""
+    out, i = [], 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _describe_reference(ref) -> str:
+    """Count and a short content digest of a reference (the same in every process)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    if isinstance(ref, HeadMeans):
+        for layer in sorted(ref.values):
+            digest.update(ref.values[layer].detach().cpu().contiguous().numpy().tobytes())
+        return f"HeadMeans over {ref.n_prompts} prompts, sha256 {digest.hexdigest()[:12]}"
+    items = ref if isinstance(ref, (list, tuple)) and not all(is_int(t) for t in ref) else [ref]
+    for item in items:
+        tokens = getattr(item, "tokens", item)
+        ids = tokens.flatten().tolist() if isinstance(tokens, Tensor) else list(tokens)
+        digest.update((",".join(str(int(i)) for i in ids) + ";").encode())
+    return f"{len(items)} prompt{'s' if len(items) != 1 else ''}, sha256 {digest.hexdigest()[:12]}"
+
+
+def _has_layer(source, layer: int) -> bool:
+    return layer in (source.values if isinstance(source, HeadMeans) else source)
+
+
+def ablate_heads(heads: Any, *, method: Method = "zero", positions: Any = None, reference: Any = None,
+                 per_position: bool = False, prompt=None) -> HeadAblation:
+    """Ablate attention heads at ``blocks.{l}.attn.hook_z`` (per query head; GQA-correct).
+
+    Use it like any intervention: in ``lp.intervene``, ``lp.forward``, generation tracing
+    or evaluations.
+
+    Args:
+        heads: ``[(layer, head), ...]``, labels ``"L0H13"`` (0-based; the paper's layer 1
+            head 14), ``"H13"`` (head 13 in every layer), a comma-separated string of labels,
+            or ``"all"``. ``[]`` ablates nothing.
+        method: ``"zero"`` sets the head's output to 0; ``"mean"`` to its mean over
+            ``reference`` prompts; ``"resample"`` to its output on the ``reference`` prompt
+            (same absolute positions).
+        positions: ``None`` (every position, also every generated token), token positions,
+            a ``slice`` (``slice(n, None)`` = from ``n`` on), a segment name such as
+            ``"question"`` or a list of names (resolved against ``prompt`` or via
+            :meth:`HeadAblation.bind`), or ``"generated"`` (positions after the prompt). See
+            the module docs for what positions mean under the KV cache.
+        reference: prompts for ``mean`` (or a :class:`HeadMeans`), one prompt for
+            ``resample``.
+        per_position: for ``mean``: average per absolute position instead of over all
+            positions.
+        prompt: the prompt that segment names in ``positions`` refer to.
+
+    Raises:
+        LensprobeError: malformed labels (``"L0X3"``), unknown method, ``mean``/``resample``
+            without a reference. Heads out of range and duplicates are reported when the
+            ablation is attached to a model (before any forward runs).
+
+    Example:
+        >>> with lp.intervene(model, lp.ablate_heads(["L0H3", (1, 2)])):
+        ...     logits = model(prompt.tokens)
+        >>> abl = lp.ablate_heads("H4", positions="question", prompt=prompt)
+    """
+    check_method(method, reference)
+    selectors = parse_heads(heads) if not (isinstance(heads, (list, tuple)) and len(heads) == 0) else ()
+    if positions is not None and prompt is not None:
+        positions = resolve_positions(positions, prompt)
+    elif positions is not None and not is_segment_spec(positions):
+        positions = resolve_positions(positions)
+    return HeadAblation(selectors, method, positions, reference, per_position)
+
+
+def ablate_kv_group(groups: Any, *, method: Method = "zero", positions: Any = None, reference: Any = None,
+                    per_position: bool = False, prompt=None) -> HeadAblation:
+    """Ablate every query head that shares one key/value head (a GQA group) at ``hook_z``.
+
+    Query head ``h`` reads KV head ``h // (n_heads // n_kv_heads)``; on SmolLM2 (9 query
+    heads, 3 KV heads) group 1 of layer 0 is heads L0H3, L0H4, L0H5. Zero-ablating a group
+    equals zeroing that KV head's values.
+
+    Args:
+        groups: ``[(layer, kv_head), ...]`` or labels ``"L0KV1"`` (comma-separated allowed).
+        method, positions, reference, per_position, prompt: as in :func:`ablate_heads`.
+
+    Example:
+        >>> with lp.intervene(model, lp.ablate_kv_group("L0KV1")):
+        ...     logits = model(prompt.tokens)
+    """
+    check_method(method, reference)
+    parsed = parse_kv_groups(groups)
+    if len(set(parsed)) != len(parsed):
+        dup = next(g for g in parsed if parsed.count(g) > 1)
+        raise LensprobeError(f"KV group L{dup[0]}KV{dup[1]} is given twice; name each group once.")
+    if positions is not None and prompt is not None:
+        positions = resolve_positions(positions, prompt)
+    elif positions is not None and not is_segment_spec(positions):
+        positions = resolve_positions(positions)
+    return HeadAblation((), method, positions, reference, per_position, kv_groups=tuple(parsed))
+
+
+# --------------------------------------------------------------------------- per-row ablation
+
+
+@dataclass(frozen=True)
+class RowHeadAblation:
+    """Intervention for batched sweeps: batch row ``b`` ablates head ``rows[b]``.
+
+    ``rows[b]`` is a ``(layer, head)`` pair, or ``None`` for an unablated row. One forward
+    over a batch of copies of the same prompt thus measures several single-head ablations.
+    """
+
+    rows: tuple[tuple[int, int] | None, ...]
+    method: Method = "zero"
+    positions: Positions | None = None
+    source: Any = None
+
+    def hooks(self, model) -> list[Hook]:
+        n_heads = int(model.cfg.n_heads)
+        masks: dict[int, Tensor] = {}
+        for b, pair in enumerate(self.rows):
+            if pair is None:
+                continue
+            layer, head = pair
+            masks.setdefault(layer, torch.zeros(len(self.rows), n_heads, dtype=torch.bool))[b, head] = True
+        return _build_hooks(model, dict(sorted(masks.items())), self.positions, self.source)

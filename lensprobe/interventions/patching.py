@@ -1,0 +1,187 @@
+"""Activation patching: run a target prompt with activations copied from a source prompt.
+
+Positions are aligned by segment name, so the two prompts may differ in length: patching
+``segments="question"`` copies the source's question positions onto the target's
+question positions, token by token (the segment must hold the same number of tokens in
+both). Each patched site (hook point x segment) is measured on its own; all sites run as
+rows of one batch, with the unpatched target as row 0.
+
+Example: does the layer-0 output over the question carry the filler's effect?
+
+    >>> with_filler = lp.build_prompt(model, q, system=s, filler=lp.Filler.meaningless())
+    >>> without = lp.build_prompt(model, q, system=s)
+    >>> res = lp.patch(model, with_filler, without, "blocks.0.hook_resid_post", segments="question")
+    >>> res.to_dataframe()[["site", "clean", "patched", "change", "kl"]]
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.hooks import ActivationRecorder, resolve_hooks
+from lensprobe.core.measures import logits_needed, resolve_measure, run_logits, run_measure
+
+_UNPATCHABLE = ("hook_pattern", "hook_attn_scores")
+
+
+@dataclass(frozen=True)
+class PatchHook:
+    """Writes ``source[0, src_pos]`` into ``act[row, tgt_pos]`` for each ``(row, tgt_pos, src_pos)``."""
+    name: str
+    source: Tensor
+    writes: tuple[tuple[int, Tensor, Tensor], ...]
+    target_len: int
+
+    def __call__(self, act: Tensor, hook) -> Tensor:
+        if act.ndim < 2 or act.shape[1] != self.target_len:
+            raise LensprobeError(
+                f"cannot patch {self.name}: its activation has shape {tuple(act.shape)}, but patching needs "
+                f"[batch, pos, ...] with pos = {self.target_len} (the target's length)."
+            )
+        out = act.clone()
+        src = self.source.to(act.device, act.dtype)
+        for row, tgt, srcp in self.writes:
+            out[row, tgt.to(act.device)] = src[0, srcp.to(act.device)]
+        return out
+
+
+@dataclass
+class PatchResult:
+    """Metric per patched site. ``rows`` holds one dict per site (see :meth:`to_dataframe`)."""
+    metric: str
+    target_value: float
+    source_value: float
+    rows: list[dict[str, Any]]
+
+    def to_dataframe(self):
+        """One row per site: ``site``, ``hook``, ``segment``, ``n_positions``, ``clean``
+        (target without patching), ``patched``, ``change`` (patched - clean), ``source`` (the
+        metric on the source prompt), ``share`` (``change / (source - clean)``: the share of
+        the source-target difference that patching the site carries over; NaN when the
+        source and the clean target give the same value), ``kl`` (KL divergence, nats, from
+        the clean target's next-token distribution at the last prompt position to the
+        patched one)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=["site", "hook", "segment", "n_positions", "clean", "patched",
+                                                "change", "source", "share", "kl"])
+
+
+def _positions_of(prompt, segment: str) -> list[int]:
+    if not hasattr(prompt, "positions"):
+        raise LensprobeError(
+            f"segments={segment!r} needs Prompts with named segments (lp.build_prompt), not token ids."
+        )
+    return prompt.positions(segment)
+
+
+def _aligned(source, target, src_len: int, tgt_len: int, segment: str | None) -> tuple[list[int], list[int]]:
+    if segment is None:
+        if src_len != tgt_len:
+            raise LensprobeError(
+                f"source has {src_len} tokens and target {tgt_len}: patching every position needs equal "
+                "lengths. Pass segments='question' (or other segment names) to align by segment."
+            )
+        return list(range(src_len)), list(range(tgt_len))
+    src, tgt = _positions_of(source, segment), _positions_of(target, segment)
+    if len(src) != len(tgt):
+        raise LensprobeError(
+            f"segment {segment!r} has {len(src)} tokens in the source but {len(tgt)} in the target: "
+            "patching copies token by token, so the segment must have the same length in both."
+        )
+    if not src:
+        raise LensprobeError(f"segment {segment!r} is empty; pick a segment with tokens.")
+    return src, tgt
+
+
+def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], *,
+          segments: str | Sequence[str] | None = None, metric: Any = "entropy", answer: str | None = None,
+          combined: bool = True) -> PatchResult:
+    """Run ``target_prompt`` with activations copied from ``source_prompt``; measure each site.
+
+    Args:
+        model: a TransformerLens model.
+        source_prompt, target_prompt: :class:`~lensprobe.core.prompts.Prompt` objects (token ids
+            work when ``segments`` is ``None`` and the lengths match).
+        hook_names: hook point(s) to patch, e.g. ``"blocks.0.hook_resid_post"`` or
+            ``["blocks.0.attn.hook_z", "blocks.0.hook_mlp_out"]``. Any hook whose activation is
+            ``[batch, pos, ...]`` (not attention patterns).
+        segments: segment name(s) to copy, aligned by name across the prompts; ``None``
+            copies every position (equal lengths needed).
+        metric: what to measure (see :func:`~lensprobe.core.measures.resolve_measure`):
+            ``"entropy"``, ``"logprob"`` with ``answer``, ``"attention:<segment>"``, or a callable.
+        answer: the answer for ``"logprob"`` (appended to both prompts).
+        combined: also report a row with every site patched at once (when there are
+            several sites).
+
+    Returns:
+        A :class:`PatchResult`; ``.to_dataframe()`` has one row per site (hook x segment)
+        with the clean and patched metric, their difference and a KL divergence.
+
+    Example:
+        >>> res = lp.patch(model, with_filler, without, "blocks.0.hook_resid_post", segments="question")
+    """
+    names = [hook_names] if isinstance(hook_names, str) else list(hook_names)
+    if not names:
+        raise LensprobeError("no hook names given: pass e.g. 'blocks.0.hook_resid_post'.")
+    for name in names:
+        if name.endswith(_UNPATCHABLE):
+            raise LensprobeError(
+                f"cannot patch {name}: attention patterns have two position axes. Patch the head "
+                "outputs ('blocks.{l}.attn.hook_z') or values ('hook_v') instead."
+            )
+    if len(set(names)) != len(names):
+        raise LensprobeError("a hook name is given twice; name each hook point once.")
+    resolve_hooks(model, [(n, lambda a, h: None) for n in names])
+    segs: list[str | None] = [None] if segments is None else (
+        [segments] if isinstance(segments, str) else list(segments))
+    measure = resolve_measure(metric, answer=answer)
+    src_tokens = measure.inputs(model, source_prompt)
+    tgt_tokens = measure.inputs(model, target_prompt)
+    S, T = src_tokens.shape[1], tgt_tokens.shape[1]
+    alignment = {seg: _aligned(source_prompt, target_prompt, S, T, seg) for seg in segs}
+
+    rec = ActivationRecorder(names)
+    source_value = float(run_measure(model, measure, source_prompt, src_tokens, rec)[0][0])
+
+    sites = [(name, seg) for name in names for seg in segs]
+    row_sites: list[list[tuple[str, str | None]]] = [[]] + [[s] for s in sites]
+    if combined and len(sites) > 1:
+        row_sites.append(sites)
+    writes: dict[str, list[tuple[int, Tensor, Tensor]]] = {name: [] for name in names}
+    for row, group in enumerate(row_sites):
+        for name, seg in group:
+            src_pos, tgt_pos = alignment[seg]
+            writes[name].append((row, torch.tensor(tgt_pos), torch.tensor(src_pos)))
+    hooks = [(name, PatchHook(name, rec.acts[name], tuple(w), T)) for name, w in writes.items() if w]
+    batch = tgt_tokens.expand(len(row_sites), -1)
+    n_prompt = int(target_prompt.tokens.shape[1] if hasattr(target_prompt, "tokens") else T)
+    keep = max(logits_needed(measure, model, target_prompt), T - n_prompt + 1)
+    recs = measure.recorders(model, target_prompt)
+    logits = run_logits(model, batch, keep if logits_needed(measure, model, target_prompt) else 0, *hooks, *recs)
+    values = measure.compute(logits, batch, target_prompt, recs).float().cpu()
+
+    last = n_prompt - 1 - (T - logits.shape[1])  # the last prompt position among the kept logits
+    logp = torch.log_softmax(logits[:, last].float(), dim=-1)
+    kl = (logp[0].exp() * (logp[0] - logp)).sum(-1).cpu()
+    rows = []
+    gap = source_value - float(values[0])
+    for row, group in enumerate(row_sites[1:], start=1):
+        if len(group) == 1:
+            name, seg = group[0]
+            site = f"{name} @ {seg or 'all positions'}"
+            hook_col, seg_col, n_pos = name, seg or "all", len(alignment[seg][1])
+        else:
+            site, hook_col, seg_col = "all sites", "all", "all"
+            n_pos = sum(len(alignment[seg][1]) for _, seg in group)
+        rows.append({
+            "site": site, "hook": hook_col, "segment": seg_col, "n_positions": n_pos,
+            "clean": float(values[0]), "patched": float(values[row]),
+            "change": float(values[row] - values[0]), "source": source_value,
+            "share": float(values[row] - values[0]) / gap if gap != 0 else float("nan"), "kl": float(kl[row]),
+        })
+    return PatchResult(getattr(measure, "name", str(metric)), float(values[0]), source_value, rows)

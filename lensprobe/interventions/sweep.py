@@ -1,0 +1,215 @@
+"""Head-ablation sweeps: the effect of ablating each head, one at a time, as a [layer, head] table.
+
+Batched: one forward pass runs a batch of copies of the prompt, and batch row ``b``
+ablates its own head (:class:`~lensprobe.interventions.ablation.RowHeadAblation`), so ``batch_size``
+single-head ablations cost one forward. The first batch of every prompt also holds the
+unablated row, the baseline. Heads run in layer order, and the layers below a batch's
+lowest ablated head (identical in every row) run once, at batch size 1, before the
+residual stream is copied into the rows.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.forward import as_prompts
+from lensprobe.core.heads import head_label, resolve_heads, resolve_positions
+from lensprobe.core.measures import (
+    AnswerLogProb,
+    AttentionTo,
+    CallableMeasure,
+    Entropy,
+    Measure,
+    resolve_measure,
+    run_measure,
+)
+from lensprobe.interventions.ablation import RowHeadAblation
+from lensprobe.interventions.replacement import Method, ablation_source, check_method
+
+_PREFIX_SAFE = (Entropy, AnswerLogProb, AttentionTo, CallableMeasure)
+"""Measures that cope with batch-1 activations below the shared prefix's end."""
+
+
+@dataclass(frozen=True)
+class _ExpandBatch:
+    """Hook: copy a batch-1 residual stream into ``rows`` batch rows."""
+    rows: int
+
+    def __call__(self, resid: Tensor, hook) -> Tensor:
+        return resid.expand(self.rows, *resid.shape[1:]).clone()
+
+
+@dataclass
+class SweepResult:
+    """Metric change from ablating each head, per prompt.
+
+    Attributes:
+        heads: the swept ``(layer, head)`` pairs, in column order of ``ablated``.
+        baseline: ``[prompt]`` metric without ablation.
+        ablated: ``[prompt, n_swept]`` metric with one head ablated.
+        metric, method: what was measured and how heads were ablated.
+        n_layers, n_heads: the model's shape (for the full [layer, head] grid).
+    """
+
+    heads: list[tuple[int, int]]
+    baseline: Float[Tensor, " prompt"]
+    ablated: Float[Tensor, "prompt swept"]
+    metric: str
+    method: str
+    n_layers: int
+    n_heads: int
+
+    @property
+    def changes(self) -> Float[Tensor, "prompt swept"]:
+        """``ablated - baseline`` per prompt and swept head."""
+        return self.ablated - self.baseline[:, None]
+
+    def grid(self) -> Float[Tensor, "layer head"]:
+        """Mean change over prompts as a ``[layer, head]`` tensor (NaN where not swept)."""
+        out = torch.full((self.n_layers, self.n_heads), float("nan"))
+        mean = self.changes.mean(0)
+        for (layer, head), value in zip(self.heads, mean.tolist(), strict=True):
+            out[layer, head] = value
+        return out
+
+    @property
+    def table(self):
+        """Mean change over prompts as a DataFrame: index ``layer``, one column per head."""
+        import pandas as pd
+
+        df = pd.DataFrame(self.grid().numpy(), columns=list(range(self.n_heads)))
+        df.index.name = "layer"
+        df.columns.name = "head"
+        return df
+
+    def to_dataframe(self):
+        """Long form: one row per (prompt, head) with baseline, ablated value and change."""
+        import pandas as pd
+
+        rows = []
+        for p in range(self.ablated.shape[0]):
+            for i, (layer, head) in enumerate(self.heads):
+                rows.append({
+                    "prompt": p, "layer": layer, "head": head, "label": head_label(layer, head),
+                    "baseline": float(self.baseline[p]), "ablated": float(self.ablated[p, i]),
+                    "change": float(self.ablated[p, i] - self.baseline[p]),
+                })
+        return pd.DataFrame(rows, columns=["prompt", "layer", "head", "label", "baseline", "ablated", "change"])
+
+    def prompt(self, index: int) -> "SweepResult":
+        """The result for one prompt only."""
+        if not 0 <= index < self.ablated.shape[0]:
+            raise LensprobeError(f"prompt {index} out of range: this sweep has {self.ablated.shape[0]} prompts.")
+        return SweepResult(self.heads, self.baseline[index: index + 1], self.ablated[index: index + 1],
+                           self.metric, self.method, self.n_layers, self.n_heads)
+
+    def top(self, k: int = 10):
+        """The ``k`` heads with the largest mean absolute change."""
+        df = self.to_dataframe().groupby(["layer", "head", "label"], as_index=False)["change"].mean()
+        return df.reindex(df["change"].abs().sort_values(ascending=False).index).head(k).reset_index(drop=True)
+
+    def to_csv(self, path: str | Path) -> Path:
+        """Write the [layer, head] table of mean changes as CSV (and the long form beside it)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.table.to_csv(path)
+        self.to_dataframe().to_csv(path.with_name(path.stem + "_long.csv"), index=False)
+        return path
+
+
+def _measures(metric, n: int, answers) -> list[Measure]:
+    if answers is None or isinstance(answers, str):
+        one = resolve_measure(metric, answer=answers)
+        return [one] * n
+    answers = list(answers)
+    if len(answers) != n:
+        raise LensprobeError(f"got {len(answers)} answers for {n} prompts: pass one answer per prompt.")
+    return [resolve_measure(metric, answer=a) for a in answers]
+
+
+def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all", method: Method = "zero",
+                   reference: Any = None, per_position: bool = False, positions: Any = None,
+                   answers: str | Sequence[str] | None = None, batch_size: int = 32,
+                   progress: bool = True, share_prefix: bool = True) -> SweepResult:
+    """Ablate each head on its own and measure how a metric changes, for every head asked.
+
+    Args:
+        model: a TransformerLens model.
+        prompts: a :class:`~lensprobe.core.prompts.Prompt`, a question string (built with the chat
+            template), token ids, or a list of them.
+        metric: ``"entropy"`` (next-token entropy at the last prompt position), ``"logprob"``
+            (log-probability of ``answers``), ``"attention:<segment>"`` (attention proportion
+            onto a segment, mean over layers and heads), a
+            :class:`~lensprobe.core.measures.Measure`, or a callable ``fn(logits, prompt) -> [batch]``.
+        heads: heads to sweep, ``"all"`` or any spec :func:`~lensprobe.interventions.ablation.ablate_heads`
+            takes.
+        method: ``"zero"``, ``"mean"`` or ``"resample"`` (these two need ``reference``).
+        reference, per_position: as in :func:`~lensprobe.interventions.ablation.ablate_heads`.
+        positions: restrict the ablation to positions or a segment name (per prompt).
+        answers: the answer text for ``"logprob"``, one string or one per prompt.
+        batch_size: batch rows per forward pass, i.e. heads ablated per forward.
+        progress: show a progress bar.
+        share_prefix: run the layers below a batch's lowest ablated head once (batch 1)
+            and copy the residual stream into the batch rows there, since those layers are
+            the same in every row (built-in metrics only; the numbers are unchanged).
+
+    Returns:
+        A :class:`SweepResult`; ``.table`` is the [layer, head] DataFrame of mean changes
+        (``ablated - baseline``), ``.to_csv(path)`` writes it.
+
+    Example:
+        >>> res = lp.ablation_sweep(model, prompt, "entropy")
+        >>> res.table.loc[0, 3]   # entropy change from ablating L0H3
+    """
+    from tqdm.auto import tqdm
+
+    check_method(method, reference)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise LensprobeError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    pairs = resolve_heads(model, heads)
+    if not pairs:
+        raise LensprobeError("no heads to sweep: pass heads='all' or a list of heads.")
+    items = as_prompts(model, prompts, build_strings=True)
+    measures = _measures(metric, len(items), answers)
+    source = ablation_source(model, method, reference, [layer for layer, _ in pairs], per_position)
+    # Heads in layer order, so a batch's rows share the unablated layers below their heads.
+    order = sorted(range(len(pairs)), key=lambda i: pairs[i])
+    rows: list[tuple[int, int] | None] = [None, *(pairs[i] for i in order)]
+    chunks = [rows[i: i + batch_size] for i in range(0, len(rows), batch_size)]
+    share = share_prefix and type(measures[0]) in _PREFIX_SAFE
+    baseline = torch.empty(len(items))
+    ablated = torch.empty(len(items), len(pairs))
+    bar = tqdm(total=len(items) * len(chunks), desc="ablation sweep", unit="batch", disable=not progress)
+    try:
+        for p_idx, (prompt, measure) in enumerate(zip(items, measures, strict=True)):
+            pos = resolve_positions(positions, prompt if hasattr(prompt, "positions") else None)
+            tokens = measure.inputs(model, prompt)
+            values = []
+            for chunk in chunks:
+                abl = RowHeadAblation(tuple(chunk), method, pos, source)
+                start = min((pair[0] for pair in chunk if pair is not None), default=0) if share else 0
+                if start > 0:
+                    try:
+                        expand = (f"blocks.{start}.hook_resid_pre", _ExpandBatch(len(chunk)))
+                        values.append(run_measure(model, measure, prompt, tokens, expand, abl)[0])
+                        bar.update(1)
+                        continue
+                    except LensprobeError:
+                        raise
+                    except Exception:  # a model that cannot change batch size mid-forward
+                        share = False
+                values.append(run_measure(model, measure, prompt, tokens.expand(len(chunk), -1), abl)[0])
+                bar.update(1)
+            flat = torch.cat(values)
+            baseline[p_idx] = flat[0]
+            ablated[p_idx, torch.tensor(order)] = flat[1:]
+    finally:
+        bar.close()
+    return SweepResult(pairs, baseline, ablated, getattr(measures[0], "name", str(metric)), method,
+                       int(model.cfg.n_layers), int(model.cfg.n_heads))

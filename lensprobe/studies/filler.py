@@ -1,0 +1,453 @@
+"""The meaningless-tokens study: where attention goes with and without filler tokens.
+
+Reproduces the attention analyses of "Meaningless Tokens, Meaningful Gains" (arXiv
+2510.01032) on any TransformerLens model, from real forward passes:
+
+- :func:`attention_received`: average attention received per token position, per
+  (layer, head), under the conditions none / Mless / Mful / random sentence, both aligned
+  across conditions (the filler span dropped) and over the full with-filler prompt;
+- :func:`filler_vs_random`: the filler against a random sentence of the same token count,
+  one model after another, at one (layer, head);
+- :func:`token_class_attention`: attention mass per token class (``#``, ``*``,
+  whitespace) at chosen layers, for two conditions or two models (arXiv 2512.24532).
+
+Every function returns tidy pandas DataFrames (one row per number), so the figures in
+:mod:`lensprobe.viz` and the CSV files of the report show the same numbers. Layers and
+heads are 0-based, as in TransformerLens: ``L0H13`` is the papers' "layer 1, head 14".
+
+Example:
+    >>> import lensprobe as lp
+    >>> model = lp.load_model()
+    >>> res = lp.attention_received(model, "What is 12+7?", layers=[0])
+    >>> res.aligned().query("head == 0 and condition == 'meaningless'").head()
+"""
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.forward import attention_patterns
+from lensprobe.core.heads import head_label
+from lensprobe.core.metrics import (
+    DEFAULT_TOKEN_CLASSES,
+    attention_by_token_class,
+    average_attention_received,
+    token_class_mask,
+)
+from lensprobe.core.models import check_heads, check_layers, model_label
+from lensprobe.core.prompts import (
+    MATH_SYSTEM_PROMPT,
+    PLACEMENTS,
+    Filler,
+    Placement,
+    Prompt,
+    build_prompt,
+    prompt_json,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+Condition = Literal["none", "meaningless", "meaningful", "random"]
+CONDITIONS: tuple[str, ...] = ("none", "meaningless", "meaningful", "random")
+"""The paper's conditions: no filler, Mless ("/" x 55), Mful ("he" x 55), a random sentence."""
+
+_ALIASES = {"w/o": "none", "without": "none", "mless": "meaningless", "mful": "meaningful",
+            "random sentence": "random", "random_sentence": "random"}
+
+
+def normalize_conditions(conditions: Sequence[str] | str) -> tuple[str, ...]:
+    """Validate condition names; also accepts the paper's ``w/o``, ``Mless``, ``Mful``."""
+    if isinstance(conditions, str):
+        conditions = [conditions]
+    out: list[str] = []
+    for c in conditions:
+        name = _ALIASES.get(str(c).lower(), str(c).lower())
+        if name not in CONDITIONS:
+            raise LensprobeError(
+                f"unknown condition {c!r}: use one of {list(CONDITIONS)} (or the paper's 'w/o', 'Mless', 'Mful')."
+            )
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise LensprobeError(f"no condition given: pass some of {list(CONDITIONS)}.")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class FillerSetup:
+    """How the study's prompts are built (defaults: the paper's MATH-500 set-up).
+
+    Attributes:
+        conditions: which of ``none``, ``meaningless``, ``meaningful``, ``random`` to run.
+        system: system prompt (``None`` for none); default :data:`MATH_SYSTEM_PROMPT`.
+        count: filler length in repetitions (55 in the paper).
+        symbol: the meaningless symbol (``"/"``).
+        word: the meaningful word (``"he"``).
+        seed: seed of the random sentence, which has as many tokens as the Mless filler.
+        placement: where the filler goes (``"between"`` system prompt and question).
+        chat: apply the model's chat template.
+
+    Example:
+        >>> FillerSetup(conditions=("none", "Mless")).conditions
+        ('none', 'meaningless')
+    """
+
+    conditions: tuple[str, ...] = CONDITIONS
+    system: str | None = MATH_SYSTEM_PROMPT
+    count: int = 55
+    symbol: str = "/"
+    word: str = "he"
+    seed: int = 0
+    placement: Placement = "between"
+    chat: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "conditions", normalize_conditions(self.conditions))
+        if not isinstance(self.count, int) or self.count <= 0:
+            raise LensprobeError(f"filler count must be a positive integer, got {self.count!r}.")
+        if self.placement not in PLACEMENTS:
+            raise LensprobeError(f"unknown placement {self.placement!r}: use one of {PLACEMENTS}.")
+
+    def filler(self, condition: str, model) -> Filler | None:
+        """The :class:`Filler` of one condition for this model (``None`` for ``none``)."""
+        condition = normalize_conditions(condition)[0]
+        if condition == "none":
+            return None
+        if condition == "meaningless":
+            return Filler.meaningless(symbol=self.symbol, count=self.count)
+        if condition == "meaningful":
+            return Filler.meaningful(word=self.word, count=self.count)
+        # Same token count as the Mless filler (prompts tokenize each segment on its own).
+        tokenizer = getattr(model, "tokenizer", model)
+        mless = Filler.meaningless(symbol=self.symbol, count=self.count).content
+        return Filler.random_sentence(len(tokenizer.encode(mless, add_special_tokens=False)), seed=self.seed)
+
+
+def condition_prompts(model, question: str, setup: FillerSetup | None = None) -> dict[str, Prompt]:
+    """One prompt per condition, built with :func:`lensprobe.build_prompt`.
+
+    Example:
+        >>> ps = condition_prompts(model, "What is 12+7?")
+        >>> len(ps["meaningless"].positions("filler")) == len(ps["random"].positions("filler"))
+        True
+    """
+    setup = setup or FillerSetup()
+    return {
+        c: build_prompt(model, question, system=setup.system, filler=setup.filler(c, model),
+                        placement=setup.placement, chat=setup.chat)
+        for c in setup.conditions
+    }
+
+
+def aligned_positions(prompt: Prompt) -> list[int]:
+    """Positions of ``prompt`` that also exist in the same prompt without filler, in order.
+
+    Drops the ``filler`` span and its separator (``filler_sep``); a prompt without filler
+    keeps every position. Position ``k`` of the result lines up with position ``k`` of the
+    no-filler prompt.
+    """
+    if "filler" not in prompt.segments:
+        return list(range(len(prompt)))
+    return prompt.positions_except("filler")  # also drops the filler's separator
+
+
+@dataclass(frozen=True)
+class AttentionReceived:
+    """Average attention received per position, per condition, layer and head.
+
+    Attributes:
+        table: one row per (condition, layer, head, position) with columns ``condition``,
+            ``layer``, ``head``, ``head_label`` ("L0H13"), ``position`` (in that condition's
+            prompt), ``aligned_pos`` (position in the no-filler prompt; ``<NA>`` inside the
+            filler span), ``token``, ``segment`` and ``attention``. The last position has no
+            later query, so its ``attention`` is NaN.
+        prompts: the prompt of each condition.
+        model_name: which model produced the numbers.
+        question: the question text.
+    """
+
+    table: "pd.DataFrame"
+    prompts: dict[str, Prompt]
+    model_name: str
+    question: str
+    setup: FillerSetup = field(default_factory=FillerSetup)
+
+    @property
+    def conditions(self) -> tuple[str, ...]:
+        return tuple(self.prompts)
+
+    def aligned(self) -> "pd.DataFrame":
+        """Rows outside the filler span, with ``aligned_pos`` as the shared x axis."""
+        return self.table[self.table["aligned_pos"].notna()].reset_index(drop=True)
+
+    def filler_span(self, condition: str) -> tuple[int, int] | None:
+        """Half-open ``(start, end)`` token span of the filler in ``condition``'s prompt."""
+        return self.prompts[condition].segments.get("filler")
+
+    def prompts_json(self) -> dict[str, Any]:
+        """The prompts as JSON-able dicts (text, tokens, segments), for the report."""
+        return {c: prompt_json(p) for c, p in self.prompts.items()}
+
+
+def attention_received(model, question: str, *, layers: int | Sequence[int] | None = None,
+                       heads: int | Sequence[int] | None = None, setup: FillerSetup | None = None,
+                       progress: bool = False) -> AttentionReceived:
+    """Average attention received per token position under each filler condition.
+
+    One forward pass per condition (stopping after the last requested layer), keeping only
+    the requested layers' patterns; ``lp.average_attention_received`` gives, per key
+    position ``j``, the mean of ``A[i, j]`` over the queries ``i > j`` (queries inside the
+    filler included). For the aligned view the filler span (and its separator) is dropped
+    from the key positions afterwards, so position ``k`` means the same token in every
+    condition.
+
+    Args:
+        model: a TransformerLens model (e.g. ``lp.load_model()``).
+        question: the question text.
+        layers: 0-based layer indices (``None``: all).
+        heads: 0-based query-head indices (``None``: all).
+        setup: conditions and prompt settings; default all four paper conditions.
+        progress: show a progress bar over conditions.
+
+    Returns:
+        An :class:`AttentionReceived`.
+
+    Example:
+        >>> res = attention_received(model, "What is 12+7?", layers=[0], heads=[0, 1])
+        >>> res.aligned().groupby("condition")["attention"].mean()
+    """
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    setup = setup or FillerSetup()
+    layers = check_layers(model, layers)
+    heads = check_heads(model, heads)
+    prompts = condition_prompts(model, question, setup)
+    if "none" in prompts:
+        base = len(prompts["none"])
+        for c, p in prompts.items():
+            if len(aligned_positions(p)) != base:  # would mean a filler changed other tokens
+                raise LensprobeError(
+                    f"condition {c!r}: {len(aligned_positions(p))} positions outside the filler, "
+                    f"but the no-filler prompt has {base}; the prompts cannot be aligned."
+                )
+    frames = []
+    for c, prompt in tqdm(prompts.items(), desc="conditions", disable=not progress, leave=False):
+        pats = attention_patterns(model, prompt, layers)
+        n = len(prompt)
+        aligned = [pd.NA] * n
+        for k, p in enumerate(aligned_positions(prompt)):
+            aligned[p] = k
+        segment = [prompt.segment_of(p) for p in range(n)]
+        for layer in layers:
+            recv = average_attention_received(pats[layer].float())[heads].cpu().numpy()
+            for row, head in enumerate(heads):
+                frames.append(pd.DataFrame({
+                    "condition": c, "layer": layer, "head": head, "head_label": head_label(layer, head),
+                    "position": range(n), "aligned_pos": pd.array(aligned, dtype="Int64"),
+                    "token": prompt.str_tokens, "segment": segment, "attention": recv[row],
+                }))
+    return AttentionReceived(table=pd.concat(frames, ignore_index=True), prompts=prompts,
+                             model_name=model_label(model), question=question, setup=setup)
+
+
+def condition_changes(result: AttentionReceived, *, baseline: str = "none") -> "pd.DataFrame":
+    """How much each filler condition changes each head's aligned series, against ``baseline``.
+
+    ``change`` is the mean over aligned positions of ``|received(condition) -
+    received(baseline)|``; the last position, which has no later query, is skipped.
+
+    Returns:
+        Columns ``condition``, ``layer``, ``head``, ``head_label``, ``change``, one row per
+        (condition other than the baseline, layer, head), in table order.
+    """
+    import pandas as pd
+
+    baseline = normalize_conditions([baseline])[0]
+    if baseline not in result.prompts:
+        raise LensprobeError(f"condition {baseline!r} was not run: this result has {list(result.prompts)}.")
+    a = result.aligned()
+    keys = ["layer", "head", "head_label", "aligned_pos"]
+    y = a[a["condition"] == baseline].set_index(keys)["attention"]
+    frames = []
+    for c in result.conditions:
+        if c == baseline:
+            continue
+        x = a[a["condition"] == c].set_index(keys)["attention"]
+        diff = (x - y).abs().dropna().astype(float)
+        out = diff.groupby(level=["layer", "head", "head_label"], sort=False).mean().rename("change").reset_index()
+        out.insert(0, "condition", c)
+        frames.append(out)
+    if not frames:
+        raise LensprobeError(f"only the baseline {baseline!r} was run: add a filler condition to compare.")
+    return pd.concat(frames, ignore_index=True)
+
+
+def heads_by_change(result: AttentionReceived, *, condition: str = "meaningless", baseline: str = "none",
+                    k: int | None = None) -> "pd.DataFrame":
+    """Rank (layer, head) by how much ``condition`` changes the aligned series (see :func:`condition_changes`).
+
+    Returns:
+        Columns ``layer``, ``head``, ``head_label``, ``change``; largest change first; the
+        top ``k`` per layer when ``k`` is given.
+    """
+    condition = normalize_conditions([condition])[0]
+    if condition not in result.prompts:
+        raise LensprobeError(f"condition {condition!r} was not run: this result has {list(result.prompts)}.")
+    ch = condition_changes(result, baseline=baseline)
+    out = ch[ch["condition"] == condition].drop(columns=["condition"])
+    out = out.sort_values("change", ascending=False, kind="stable")
+    if k is not None:
+        out = out.groupby("layer", sort=False).head(k)
+    return out.reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class FillerVsRandom:
+    """Filler vs a random sentence of the same token count, per model, at one (layer, head).
+
+    Attributes:
+        table: rows ``model``, ``condition`` (``meaningless``/``random``), ``layer``,
+            ``head``, ``head_label``, ``position``, ``token``, ``segment``, ``attention``
+            (average attention received, over the full prompt: both prompts have the same
+            length, and the filler span sits at the same positions).
+        spans: model -> filler span ``(start, end)``.
+        prompts: model -> {condition -> Prompt}.
+    """
+
+    table: "pd.DataFrame"
+    spans: dict[str, tuple[int, int]]
+    prompts: dict[str, dict[str, Prompt]]
+    layer: int
+    head: int
+
+
+def filler_vs_random(models, question: str, *, layer: int = 0, head: int = 0,
+                     setup: FillerSetup | None = None) -> FillerVsRandom:
+    """The meaningless filler vs a random sentence of the same token count, one model after another.
+
+    Args:
+        models: a model, a list of models, or a ``{label: model}`` mapping.
+        question: the question text.
+        layer, head: the (0-based) head to read, in every model.
+        setup: prompt settings (its ``conditions`` are ignored).
+
+    Example:
+        >>> fr = filler_vs_random([model], "What is 12+7?", layer=0, head=3)
+        >>> fr.table.groupby(["model", "condition"])["attention"].mean()
+    """
+    import pandas as pd
+
+    base = setup or FillerSetup()
+    setup = FillerSetup(conditions=("meaningless", "random"), system=base.system, count=base.count,
+                        symbol=base.symbol, word=base.word, seed=base.seed, placement=base.placement,
+                        chat=base.chat)
+    named = _named_models(models)
+    frames, spans, prompts = [], {}, {}
+    for label, model in named.items():
+        res = attention_received(model, question, layers=[layer], heads=[head], setup=setup)
+        t = res.table.drop(columns=["aligned_pos"])
+        t.insert(0, "model", label)
+        frames.append(t)
+        spans[label] = res.filler_span("meaningless")
+        prompts[label] = res.prompts
+    return FillerVsRandom(table=pd.concat(frames, ignore_index=True), spans=spans, prompts=prompts,
+                          layer=layer, head=head)
+
+
+def _named_models(models) -> dict[str, Any]:
+    if isinstance(models, Mapping):
+        return dict(models)
+    if not isinstance(models, (list, tuple)):
+        models = [models]
+    named: dict[str, Any] = {}
+    for m in models:
+        label = model_label(m)
+        while label in named:
+            label += "'"
+        named[label] = m
+    if not named:
+        raise LensprobeError("no model given: pass a model or a list of models.")
+    return named
+
+
+def ascii_grid(rows: int = 8, cols: int = 16, *, seed: int = 0, chars: str = "#* ") -> str:
+    """A random grid of ``#``, ``*`` and spaces (the token-class study's input), rows joined by newlines.
+
+    Example:
+        >>> ascii_grid(2, 4, seed=1)
+        '# #*\\n*** '
+    """
+    if rows <= 0 or cols <= 0:
+        raise LensprobeError(f"grid needs rows > 0 and cols > 0, got {rows}x{cols}.")
+    rng = random.Random(seed)
+    return "\n".join("".join(rng.choice(chars) for _ in range(cols)) for _ in range(rows))
+
+
+def token_class_attention(runs: Mapping[str, tuple[Any, Prompt]], layers: Sequence[int],
+                          classes: Mapping[str, str | Callable[[str], bool]] | None = None,
+                          *, other: bool = True) -> "pd.DataFrame":
+    """Attention mass per token class at chosen layers, for several (model, prompt) runs.
+
+    Uses ``lp.attention_by_token_class``: for each query and head, the sum of attention on
+    the class's key tokens, then the mean over queries and heads.
+
+    Args:
+        runs: ``{group: (model, prompt)}``, e.g. two conditions on one model
+            (``{"w/o filler": (m, p0), "Mless": (m, p1)}``) or two models on the same text.
+        layers: 0-based layers (each must exist in every model).
+        classes: name -> rule (default ``#``, ``*``, whitespace).
+        other: add an ``other`` row holding the rest of the mass (1 - the classes' sum),
+            only when no token falls in two classes.
+
+    Returns:
+        Columns ``group``, ``layer``, ``layer_label`` ("L0"), ``token_class``, ``attention``,
+        ``n_tokens`` (key tokens in the class).
+
+    Example:
+        >>> p = lp.build_prompt(model, ascii_grid())
+        >>> token_class_attention({"SmolLM2": (model, p)}, layers=[0, 16])
+    """
+    import pandas as pd
+
+    classes = dict(DEFAULT_TOKEN_CLASSES if classes is None else classes)
+    rows = []
+    for group, (model, prompt) in runs.items():
+        lay = check_layers(model, list(layers))
+        pats = attention_patterns(model, prompt, lay)
+        per = attention_by_token_class({layer: pats[layer].float() for layer in lay}, prompt.str_tokens, classes)
+        mask = token_class_mask(prompt.str_tokens, classes)
+        counts = mask.sum(-1).tolist()
+        disjoint = bool((mask.sum(0) <= 1).all())
+        for i, layer in enumerate(sorted(lay)):
+            for j, name in enumerate(classes):
+                rows.append((group, layer, f"L{layer}", name, float(per[i, j]), int(counts[j])))
+            if other and disjoint:
+                rows.append((group, layer, f"L{layer}", "other", max(0.0, 1.0 - float(per[i].sum())),
+                             len(prompt.str_tokens) - int(sum(counts))))
+    return pd.DataFrame(rows, columns=["group", "layer", "layer_label", "token_class", "attention", "n_tokens"])
+
+
+def class_layers(model) -> list[int]:
+    """Layers of the token-class study: the paper's 0/16/20/27 when the model has them, else 4 spread out."""
+    n = int(model.cfg.n_layers)
+    if n >= 28:
+        return [0, 16, 20, 27]
+    return sorted({0, n // 2, (3 * n) // 4, n - 1})
+
+
+def attention_view_pattern(model, prompt: Prompt, layer: int, decimals: int = 4):
+    """The ``[head, query_pos, key_pos]`` pattern of one layer for the circuitsvis view.
+
+    Rounded to ``decimals`` (as float64, so it serialises short) to keep the HTML small.
+    """
+    return attention_patterns(model, prompt, [layer])[layer].cpu().double().round(decimals=decimals)
+
+
+# ---------------------------------------------------------------------------------------
+# Report sections (the demo)
+
+

@@ -1,0 +1,103 @@
+"""The evaluation report: accuracy bars, accuracy per level and the tables, from result rows or folders.
+
+:func:`results_section` turns result rows into a report :class:`~lensprobe.viz.report.Section`
+(tables from :func:`lensprobe.evals.stats.summary_tables`); :func:`write_eval_report`
+rebuilds everything from saved result folders (the ``lensprobe eval-report`` command).
+"""
+
+import html
+import os
+from pathlib import Path
+
+from lensprobe.core.errors import LensprobeError
+from lensprobe.evals.results import load_many_results
+from lensprobe.evals.stats import conditions_in_order, summary_tables
+from lensprobe.viz.evals import accuracy_bars, accuracy_by_level
+from lensprobe.viz.report import Section, write_report
+
+__all__ = ["results_section", "write_eval_report"]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _summary_html(tables: dict, grader: str) -> str:
+    acc = tables["accuracy"]
+    acc = acc[acc["grader"] == grader]
+    lines = ["<table class='data'><tr><th>model</th><th>condition</th><th>n</th><th>accuracy</th>"
+             "<th>95% interval</th></tr>"]
+    for r in acc.itertuples():
+        lines.append(f"<tr><td>{html.escape(str(r.model))}</td><td>{html.escape(str(r.condition))}</td>"
+                     f"<td>{r.n}</td><td>{_pct(r.accuracy)} ({r.correct})</td>"
+                     f"<td>{_pct(r.low)} - {_pct(r.high)}</td></tr>")
+    lines.append("</table>")
+    cmp = tables["comparisons"]
+    if len(cmp):
+        cmp = cmp[cmp["grader"] == grader]
+        lines.append("<p>Paired comparisons on the same problems (exact McNemar test):</p><ul>")
+        for r in cmp.itertuples():
+            lines.append(
+                f"<li>{html.escape(str(r.model))}: {html.escape(r.b)} vs {html.escape(r.a)}: "
+                f"{100 * r.difference:+.1f} points ({r.only_b} problems right only with {html.escape(r.b)}, "
+                f"{r.only_a} only with {html.escape(r.a)}, n = {r.n}), p = {r.p_value:.3g}</li>")
+        lines.append("</ul>")
+    return "\n".join(lines)
+
+
+def results_section(rows, *, title: str = "MATH-500 accuracy per condition", intro: str = "",
+                    grader: str = "math-verify", baseline: str | None = None):
+    """A report :class:`~lensprobe.viz.report.Section` with the bars, the per-level figure and the tables."""
+    tables = summary_tables(rows, grader=grader, baseline=baseline)
+    acc = tables["accuracy"]
+    figures = [accuracy_bars(acc[acc["grader"] == grader], title=title)]
+    if "by_level" in tables and tables["by_level"]["level"].nunique() > 1:
+        figures.append(accuracy_by_level(tables["by_level"]))
+    graders_note = (
+        f"<p>Graded with <b>{html.escape(grader)}</b> (figures). Every grader is in the tables: "
+        "<i>math-verify</i> (symbolic equivalence), <i>paper</i> (the MATH dataset's string "
+        "normalisation and exact match) and <i>paper-lenient</i> (also accepts a prediction that is a "
+        "substring of the answer, the meaningless-tokens paper's rule; it inflates accuracy). "
+        "Answers are the last <code>\\boxed{...}</code> of the generated text; a generation without one "
+        "is wrong. Intervals are 95% Wilson score intervals.</p>"
+    )
+    models = list(dict.fromkeys(rows["model"]))
+    data = {
+        "models": models, "conditions": conditions_in_order(rows), "rows": int(len(rows)),
+        "problems": int(rows["problem_id"].nunique()), "grader": grader,
+        "accuracy": acc.to_dict(orient="records"),
+        "comparisons": tables["comparisons"].to_dict(orient="records"),
+        "finish_reasons": rows["finish"].value_counts().to_dict() if "finish" in rows else {},
+    }
+    return Section(title=title, intro=intro + graders_note + _summary_html(tables, grader),
+                   figures=figures, tables=tables, data=data)
+
+
+def write_eval_report(folders, out: str | os.PathLike | None = None, *, grader: str = "math-verify",
+                      baseline: str | None = None) -> Path:
+    """Rebuild tables and figures from saved result folders and write a report.
+
+    Args:
+        folders: one result folder or several (e.g. one per model: the bars then compare
+            models x conditions).
+        out: report folder (default: ``<first folder>/report``).
+        grader: grader of the figures.
+        baseline: condition the others are compared with (default: the first).
+
+    Returns:
+        The path of the report's ``index.html``; the tables are CSV files beside it.
+
+    Example:
+        >>> write_eval_report(["runs/smol", "runs/qwen"], "runs/report")
+    """
+
+    if isinstance(folders, (str, os.PathLike)):
+        folders = [folders]
+    folders = [Path(f) for f in folders]
+    if not folders:
+        raise LensprobeError("pass at least one result folder.")
+    rows = load_many_results(folders)
+    section = results_section(rows, grader=grader, baseline=baseline)
+    out = Path(out) if out is not None else folders[0] / "report"
+    meta = {"result folders": ", ".join(str(f) for f in folders)}
+    return write_report(out, [section], title="lensprobe evaluation report", meta=meta)

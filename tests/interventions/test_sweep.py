@@ -1,0 +1,144 @@
+"""Ablation sweeps: every cell equals a single ablation run; metrics checked by hand."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+import lensprobe as lp
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.measures import AnswerLogProb, measure_once, resolve_measure
+from lensprobe.core.metrics import attention_proportion
+from lensprobe.interventions.ablation import ablate_heads
+from lensprobe.interventions.sweep import ablation_sweep
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny):
+    a = lp.build_prompt(tiny, "What is 12+7?", system="Please reason step by step.",
+                        filler=lp.Filler.meaningless(count=5))
+    b = lp.build_prompt(tiny, "What is 3*4?", system="Please reason step by step.",
+                        filler=lp.Filler.meaningful(count=3))
+    return [a, b]
+
+
+def single(model, prompt, metric, heads, answer=None, **kw):
+    measure = resolve_measure(metric, answer=answer)
+    return float(measure_once(model, measure, prompt, ablate_heads(heads, prompt=prompt, **kw))[0])
+
+
+def test_every_sweep_cell_equals_a_single_ablation(tiny, prompts):
+    # batch_size 3: the 8 heads + the clean row span three forwards
+    res = ablation_sweep(tiny, prompts, "logprob", answers=["19", "12"], batch_size=3, progress=False)
+    assert res.table.shape == (tiny.cfg.n_layers, tiny.cfg.n_heads)
+    for p_idx, (prompt, answer) in enumerate(zip(prompts, ["19", "12"], strict=True)):
+        base = single(tiny, prompt, "logprob", [], answer=answer)
+        assert res.baseline[p_idx].item() == pytest.approx(base, abs=1e-5)
+        for i, (layer, head) in enumerate(res.heads):
+            want = single(tiny, prompt, "logprob", [(layer, head)], answer=answer)
+            assert res.ablated[p_idx, i].item() == pytest.approx(want, abs=1e-5)
+    changes = res.changes.abs()
+    assert changes.max() > 1e-3  # ablations matter on this model
+    # the table is the mean change over prompts
+    assert res.table.loc[1, 2] == pytest.approx(res.changes[:, res.heads.index((1, 2))].mean().item(), abs=1e-6)
+
+
+def test_answer_logprob_by_hand(tiny, prompts):
+    p = prompts[0]
+    ids = tiny.tokenizer.encode(" 19", add_special_tokens=False)
+    tokens = torch.cat([p.tokens, torch.tensor([ids])], dim=1)
+    with torch.inference_mode():
+        logits = tiny.original_model(tokens).logits[0]
+    n = len(p)
+    want = sum(torch.log_softmax(logits[n - 1 + i], -1)[t].item() for i, t in enumerate(ids))
+    got = measure_once(tiny, AnswerLogProb(" 19"), p)[0].item()
+    assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_mean_sweep_cells(tiny, prompts):
+    ref = [prompts[1]]
+    res = ablation_sweep(tiny, prompts[0], "entropy", heads=["L0H1", "L1H3"], method="mean", reference=ref,
+                         batch_size=2, progress=False)
+    for i, pair in enumerate(res.heads):
+        want = single(tiny, prompts[0], "entropy", [pair], method="mean", reference=ref)
+        assert res.ablated[0, i].item() == pytest.approx(want, abs=1e-5)
+    grid = res.grid()
+    assert math.isnan(grid[0, 0]) and not math.isnan(grid[0, 1])  # unswept heads are NaN
+
+
+def test_attention_metric_sweep_by_hand(tiny, prompts):
+    p = prompts[0]
+    res = ablation_sweep(tiny, p, "attention:filler", heads="L0H2", progress=False)
+    keys = p.positions("filler")
+    pats = lp.attention_patterns(tiny, p, None, ablate_heads("L0H2"))
+    want = torch.stack([attention_proportion(pats[layer], keys) for layer in sorted(pats)]).mean().item()
+    assert res.ablated[0, 0].item() == pytest.approx(want, abs=1e-6)
+    # ablating a layer-0 head changes attention in layer 1 only
+    assert res.changes.abs().max() > 0
+
+
+def test_positions_restrict_the_sweep(tiny, prompts):
+    p = prompts[0]
+    res = ablation_sweep(tiny, p, "entropy", heads="H0", positions="question", progress=False)
+    for i, pair in enumerate(res.heads):
+        assert res.ablated[0, i].item() == pytest.approx(
+            single(tiny, p, "entropy", [pair], positions="question"), abs=1e-6)
+
+
+def test_callable_metric_and_outputs(tiny, prompts, tmp_path):
+    def top_logit(logits, prompt):
+        return logits[:, -1].max(-1).values
+
+    res = ablation_sweep(tiny, prompts, top_logit, heads="L1H0,L1H1", progress=False)
+    assert res.metric == "top_logit"
+    path = res.to_csv(tmp_path / "sweep.csv")
+    table = pd.read_csv(path, index_col="layer")
+    assert table.shape == (2, 4) and table.loc[1, "0"] == pytest.approx(res.table.loc[1, 0])
+    long = pd.read_csv(tmp_path / "sweep_long.csv")
+    assert len(long) == 2 * 2 and set(long["label"]) == {"L1H0", "L1H1"}
+    assert list(res.top(1)["label"]) == [long.groupby("label")["change"].mean().abs().idxmax()]
+
+    from lensprobe.viz import sweep_heatmap
+
+    fig = sweep_heatmap(res)
+    z = fig.data[0].z
+    assert z[1][0] == pytest.approx(res.table.loc[1, 0])
+    assert z[0][0] is None or math.isnan(z[0][0])  # layer 0 was not swept
+
+
+def test_sweep_bad_input(tiny, prompts):
+    with pytest.raises(LensprobeError, match="one value per batch row"):
+        ablation_sweep(tiny, prompts[0], lambda logits, p: logits[:, -1], heads="L0H0", progress=False)
+    with pytest.raises(LensprobeError, match="unknown metric"):
+        ablation_sweep(tiny, prompts[0], "perplexity", progress=False)
+    with pytest.raises(LensprobeError, match="answer"):
+        ablation_sweep(tiny, prompts[0], "logprob", progress=False)
+    with pytest.raises(LensprobeError, match="2 answers for 1 prompts"):
+        ablation_sweep(tiny, prompts[0], "logprob", answers=["1", "2"], progress=False)
+    with pytest.raises(LensprobeError, match="mean.*reference"):
+        ablation_sweep(tiny, prompts[0], method="mean", progress=False)
+    with pytest.raises(LensprobeError, match="0-3"):
+        ablation_sweep(tiny, prompts[0], heads="L0H7", progress=False)
+
+
+def test_sweep_cells_on_smollm2(smol):
+    """On the real GQA model, batched rows give the same numbers as single runs."""
+    p = lp.build_prompt(smol, "What is 12+7?", system=lp.MATH_SYSTEM_PROMPT)
+    heads = ["L0H0", "L0H4", "L7H8", "L29H3"]
+    res = ablation_sweep(smol, p, "entropy", heads=heads, batch_size=5, progress=False)
+    for i, pair in enumerate(res.heads):
+        assert res.ablated[0, i].item() == pytest.approx(single(smol, p, "entropy", [pair]), abs=1e-4)
+    assert res.changes.abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("metric", ["attention:filler", "entropy"])
+def test_shared_prefix_gives_the_same_numbers(tiny, prompts, metric):
+    """Rows of a batch whose heads all sit in layer 1 share layer 0 (run once, at batch size 1)."""
+    p = prompts[0]
+    shared = ablation_sweep(tiny, p, metric, heads="L1H0,L1H1,L1H3", batch_size=2, progress=False)
+    plain = ablation_sweep(tiny, p, metric, heads="L1H0,L1H1,L1H3", batch_size=2, progress=False,
+                           share_prefix=False)
+    assert torch.allclose(shared.ablated, plain.ablated, atol=1e-6)
+    for i, pair in enumerate(shared.heads):
+        assert shared.ablated[0, i].item() == pytest.approx(single(tiny, p, metric, [pair]), abs=1e-6)
