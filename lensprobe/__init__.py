@@ -1,5 +1,12 @@
 """lensprobe: attention, entropy and intervention studies on TransformerLens models.
 
+``import lensprobe as lp`` gives everything the README and the tutorials use (listed in
+``__all__``); the figures are in ``lp.viz``, imported on first use so that ``import
+lensprobe`` loads no plotting library, and the evaluation statistics in ``lp.evals``.
+The code is organised by role, data flowing one way (see the README): ``core`` ->
+``interventions`` -> ``generation`` -> ``studies`` -> ``viz`` -> ``app``, with ``evals``
+(conditions x problems -> graded rows) built on ``generation`` and read by ``viz`` and ``app``.
+
 Example:
     >>> import lensprobe as lp
     >>> model = lp.load_model()
@@ -9,6 +16,10 @@ Example:
     >>> recv = lp.average_attention_received(pats[0])  # [head, key_pos]
 """
 
+import importlib
+
+from lensprobe import evals
+from lensprobe.core.conditions import Condition
 from lensprobe.core.errors import LensprobeError, ModelLoadError
 from lensprobe.core.forward import attention_patterns, forward
 from lensprobe.core.hooks import AttentionRecorder, Intervention, intervene
@@ -22,8 +33,8 @@ from lensprobe.core.metrics import (
 )
 from lensprobe.core.models import cache_dir, load_model, model_label
 from lensprobe.core.prompts import MATH_SYSTEM_PROMPT, Filler, Prompt, build_prompt, prompt_json
+from lensprobe.core.version import __version__ as __version__
 from lensprobe.evals import (
-    Condition,
     EvalConfig,
     evaluate,
     extract_boxed,
@@ -32,7 +43,7 @@ from lensprobe.evals import (
     load_results,
     math500_path,
 )
-from lensprobe.generation import current_step, generate, schedule, trace_generation
+from lensprobe.generation import GenerationConfig, current_step, generate, schedule, trace_generation
 from lensprobe.generation.thinking import LatentFusion, Pause, add_thinking_token
 from lensprobe.generation.trace import GenerationTrace, load_trace, trace_summary
 from lensprobe.interventions.ablation import HeadAblation, ablate_heads, ablate_kv_group
@@ -57,73 +68,83 @@ from lensprobe.studies.thinking import (
 )
 
 __all__ = [
-    "ascii_grid",
-    "measure_once",
-    "with_thinking_token",
-    "thinking_setting",
-    "compare_thinking",
-    "THINKING_SETTINGS",
-    "head_attention_over_generation",
-    "ablation_effect",
-    "AblationEffect",
-    "math500_path",
-    "prompt_json",
+    # models and prompts
+    "load_model",
+    "cache_dir",
     "model_label",
-    "DEFAULT_TOKEN_CLASSES",
+    "Prompt",
+    "build_prompt",
+    "prompt_json",
+    "Filler",
     "MATH_SYSTEM_PROMPT",
-    "AttentionRecorder",
     "Condition",
-    "EvalConfig",
+    # forward passes, hooks and metrics
+    "forward",
+    "attention_patterns",
+    "intervene",
+    "Intervention",
+    "AttentionRecorder",
+    "average_attention_received",
+    "attention_proportion",
+    "attention_by_token_class",
+    "DEFAULT_TOKEN_CLASSES",
+    "entropy",
+    "Entropy",
+    "AnswerLogProb",
+    "AttentionTo",
+    "measure_once",
+    # interventions
+    "ablate_heads",
+    "ablate_kv_group",
+    "HeadAblation",
+    "head_means",
+    "HeadMeans",
+    "patch",
+    "PatchResult",
+    "ablation_sweep",
+    "SweepResult",
+    # generation
+    "generate",
+    "trace_generation",
+    "GenerationConfig",
     "GenerationTrace",
+    "load_trace",
+    "trace_summary",
+    "current_step",
+    "schedule",
     "LatentFusion",
     "Pause",
     "add_thinking_token",
-    "current_step",
-    "generate",
-    "load_trace",
-    "schedule",
-    "trace_generation",
-    "trace_summary",
-    "Filler",
-    "FillerSetup",
+    # studies
     "attention_received",
+    "FillerSetup",
     "condition_changes",
-    "filler_vs_random",
     "heads_by_change",
+    "filler_vs_random",
     "token_class_attention",
-    "AnswerLogProb",
-    "AttentionTo",
-    "Entropy",
-    "HeadAblation",
-    "HeadMeans",
-    "PatchResult",
-    "SweepResult",
-    "ablate_heads",
-    "ablate_kv_group",
-    "ablation_sweep",
-    "head_means",
-    "patch",
-    "Intervention",
+    "ascii_grid",
+    "head_attention_over_generation",
+    "ablation_effect",
+    "AblationEffect",
+    "compare_thinking",
+    "thinking_setting",
+    "THINKING_SETTINGS",
+    "with_thinking_token",
+    # evaluation
+    "evaluate",
+    "EvalConfig",
+    "load_math500",
+    "math500_path",
+    "load_results",
+    "extract_boxed",
+    "grade",
+    # subpackages (lensprobe.viz is imported on first use)
+    "evals",
+    "viz",
+    # errors
     "LensprobeError",
     "ModelLoadError",
-    "Prompt",
-    "attention_by_token_class",
-    "attention_patterns",
-    "attention_proportion",
-    "average_attention_received",
-    "build_prompt",
-    "cache_dir",
-    "entropy",
-    "evaluate",
-    "extract_boxed",
-    "forward",
-    "grade",
-    "intervene",
-    "load_math500",
-    "load_model",
-    "load_results",
 ]
-__version__ = "0.1.0"
 
 _LAZY_SUBMODULES = ("viz",)
 
@@ -131,7 +152,5 @@ _LAZY_SUBMODULES = ("viz",)
 def __getattr__(name: str):
     """``lp.viz``: imported on first use (plotting stays out of ``import lensprobe``)."""
     if name in _LAZY_SUBMODULES:
-        import importlib
-
         return importlib.import_module(f"lensprobe.{name}")
     raise AttributeError(f"module 'lensprobe' has no attribute {name!r}")

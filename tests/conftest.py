@@ -1,5 +1,7 @@
-"""Shared fixtures: a tiny random GQA Llama (fast) and the embedded SmolLM2 model (real)."""
+"""Shared fixtures: a tiny random GQA Llama (fast) and the embedded SmolLM2 model (real), each with
+a plain ``transformers`` twin that oracle tests compute expected values on."""
 
+import copy
 import os
 from pathlib import Path
 
@@ -25,6 +27,43 @@ def tiny():
     from lensprobe.core.testing import tiny_model
 
     return tiny_model(seed=0)
+
+
+def plain_twin(model):
+    """A plain ``transformers`` model with ``model``'s weights, for computing expected values.
+
+    Built from the bridge's Hugging Face config with ``from_config`` (eager attention, so
+    ``output_attentions=True`` works) and loaded with the bridge's state dict, the wrapper
+    prefixes stripped. No bridge component and no lensprobe code runs in its forward.
+    """
+    from transformers import AutoModelForCausalLM
+
+    wrapped = model.original_model
+    weights = {}
+    for key, value in wrapped.state_dict().items():
+        weights.setdefault(key.replace("._original_component", ""), value.detach().clone())
+    config = copy.deepcopy(wrapped.config)
+    config.vocab_size = int(weights["model.embed_tokens.weight"].shape[0])
+    twin = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    wanted = twin.state_dict().keys()
+    missing = sorted(set(wanted) - set(weights))
+    assert not missing, f"the bridge's state dict lacks {missing}"
+    twin.load_state_dict({k: weights[k] for k in wanted}, strict=True)
+    extra_bias = weights.get("lm_head.bias")  # the bridge adds a zero unembedding bias
+    assert extra_bias is None or not extra_bias.any(), "the bridge's unembedding bias is not zero"
+    return twin.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tiny):
+    """The ``tiny`` fixture's weights in a plain ``LlamaForCausalLM`` (see :func:`plain_twin`)."""
+    return plain_twin(tiny)
+
+
+@pytest.fixture(scope="session")
+def twin_of():
+    """:func:`plain_twin` for models a test builds itself (another seed, a thinking token)."""
+    return plain_twin
 
 
 def pytest_collection_modifyitems(config, items):
@@ -57,6 +96,22 @@ def smol():
     import lensprobe as lp
 
     return lp.load_model()
+
+
+@pytest.fixture(scope="session")
+def smol_hf(smol):
+    """SmolLM2 loaded on its own by ``transformers`` from the converted safetensors folder
+    (eager attention, float32), with no bridge around it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lensprobe.core.models import converted_gguf_folder, embedded_gguf_path, quiet
+
+    with quiet():
+        hf = AutoModelForCausalLM.from_pretrained(
+            str(converted_gguf_folder(embedded_gguf_path())), attn_implementation="eager", dtype=torch.float32
+        )
+    return hf.eval()
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from lensprobe.core.conditions import BUILTIN_CONDITIONS, canonical_condition_name
 from lensprobe.core.models import load_model
 from lensprobe.core.prompts import MATH_SYSTEM_PROMPT
 from lensprobe.core.testing import tiny_model
@@ -37,6 +38,26 @@ def layer_list(text: str) -> list[int] | None:
 def str_list(text: str) -> list[str]:
     """Parse ``"Algebra, Geometry"`` into ``["Algebra", "Geometry"]``."""
     return [v.strip() for v in text.split(",") if v.strip()]
+
+
+FILLER_ALIASES = ("none", "meaningless", "meaningful", "random")
+"""The older ``--filler`` spellings, still accepted (``none`` is ``w/o``, ``meaningless`` is ``w/ Mless``, ...)."""
+
+
+def filler_condition(choices: tuple[str, ...] = tuple(BUILTIN_CONDITIONS)):
+    """An argparse ``type`` for ``--filler``: a built-in condition among ``choices``, any spelling,
+    returned in its canonical spelling (``"meaningless"`` -> ``"w/ Mless"``)."""
+    def parse(text: str) -> str:
+        name = canonical_condition_name(text)
+        if name not in choices:
+            old = [a for a in FILLER_ALIASES if canonical_condition_name(a) in choices]
+            raise argparse.ArgumentTypeError(
+                f"invalid choice: {text!r} (choose from {', '.join(repr(c) for c in choices)}; "
+                f"or the older {', '.join(old)})")
+        return name
+
+    parse.__name__ = "filler condition"
+    return parse
 
 
 def add_model_argument(parser: argparse.ArgumentParser) -> None:

@@ -1,9 +1,12 @@
 """The core: what every other part of lensprobe builds on.
 
 Models (loading, the embedded default, validation of layers and heads), prompts with
-named segments, the one vocabulary of prompt conditions, head and position specs, hooks
-(:func:`~lensprobe.core.hooks.intervene`, recorders, the generation step context), one
-forward pass, metrics (pure functions of tensors) and measures.
+named segments, the one vocabulary of prompt conditions (:mod:`~lensprobe.core.conditions`),
+head and position specs, hooks (:func:`~lensprobe.core.hooks.intervene`, recorders, the
+generation step context), one forward pass and the one way to turn prompts into tokens
+(:mod:`~lensprobe.core.forward`), metrics (pure functions of tensors) and measures, JSON
+descriptions (:mod:`~lensprobe.core.jsonable`), the heavy libraries imported on first use
+(:mod:`~lensprobe.core.lazy`), errors and the version.
 
-May import: third-party libraries only (and other ``lensprobe.core`` modules).
+May import: third-party libraries and other ``lensprobe.core`` modules; nothing else of lensprobe.
 """

@@ -1,15 +1,21 @@
-r"""Evaluation conditions: a name, how to build the prompt, and what to attach during generation.
+r"""Prompt conditions: a name, how to build the prompt, and what to attach while the model runs.
 
-Built in (the meaningless-tokens paper's conditions; system prompt "Please reason step by
-step, and put your final answer within \boxed{}.", filler between the system prompt and the
-question):
+This is lensprobe's one vocabulary of conditions, used by the filler and head studies, the
+evaluations, the figures and the command line. Built in (the meaningless-tokens paper's
+conditions; system prompt "Please reason step by step, and put your final answer within
+\boxed{}.", filler between the system prompt and the question):
 
-==================  ====================================================================
-``"w/o"``           no filler
-``"w/ Mless"``      meaningless filler: ``"/"`` x 55, space-separated
-``"w/ Mful"``       meaningful filler: ``"he"`` x 55
+=====================  =================================================================
+``"w/o"``              no filler
+``"w/ Mless"``         meaningless filler: ``"/"`` x 55, space-separated
+``"w/ Mful"``          meaningful filler: ``"he"`` x 55
 ``"random sentence"``  random common words with as many tokens as the Mless filler
-==================  ====================================================================
+=====================  =================================================================
+
+Older spellings are aliases of these names (:func:`canonical_condition_name`): ``none``,
+``without``, ``baseline`` (``w/o``); ``meaningless``, ``mless`` (``w/ Mless``);
+``meaningful``, ``mful`` (``w/ Mful``); ``random``, ``random_sentence``. Figure labels and
+colours of the conditions live in :mod:`lensprobe.viz.style`.
 
 Anything else is a :class:`Condition` you build: your own filler, system prompt or prompt
 builder (a callable ``(model, question) -> Prompt``), plus interventions (e.g.
@@ -21,14 +27,12 @@ Example:
     >>> mine = Condition("short system", system="Answer in \\boxed{}.", filler=Filler.meaningless(count=10))
 """
 
-import hashlib
-import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.jsonable import json_digest, stable_repr
 from lensprobe.core.prompts import (
     MATH_SYSTEM_PROMPT,
     PLACEMENTS,
@@ -61,7 +65,10 @@ class MatchedRandomSentence:
 
 @dataclass(frozen=True)
 class Condition:
-    """One evaluation condition.
+    """One prompt condition: how the prompt is built, and what is attached while the model runs.
+
+    The evaluations, the filler and head studies, the figures and the command line all name
+    their conditions with it.
 
     Attributes:
         name: label used in result files, tables and figures.
@@ -72,7 +79,8 @@ class Condition:
         chat: apply the model's chat template.
         build: optional prompt builder ``(model, question) -> Prompt`` replacing the
             default one (``filler``/``system``/``placement``/``chat`` are then ignored).
-        interventions: interventions attached during generation (e.g. head ablations).
+        interventions: interventions attached while the model runs (e.g. head ablations):
+            during generation in evaluations, during the forward pass in the filler study.
             An intervention with a ``bind(prompt)`` method is bound to each prompt; if that
             changes it (e.g. positions given as segment names), problems of this condition
             are generated one at a time, since left padding shifts positions.
@@ -134,7 +142,8 @@ class Condition:
     def describe(self, model) -> dict:
         """JSON-able description: the exact prompt template and the attached objects.
 
-        The template is the prompt built with the question ``"{question}"``.
+        The template is the prompt built with the question ``"{question}"``; interventions
+        and generation settings are described by :func:`~lensprobe.core.jsonable.stable_repr`.
         """
         template = self.prompt_builder(model)(QUESTION_PLACEHOLDER).text
         return {
@@ -146,25 +155,57 @@ class Condition:
 
     def fingerprint(self, model) -> str:
         """Short hash of :meth:`describe`: same fingerprint, same condition."""
-        blob = json.dumps(self.describe(model), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        return json_digest(self.describe(model))
 
 
-def stable_repr(obj: Any) -> str:
-    """``repr`` without memory addresses (so it is the same in every process)."""
-    if callable(obj) and hasattr(obj, "__qualname__") and not hasattr(obj, "__dataclass_fields__"):
-        text = f"{getattr(obj, '__module__', '')}.{obj.__qualname__}"
-    else:
-        text = repr(obj)
-    return re.sub(r" at 0x[0-9a-fA-F]+", "", text)
+def bind_interventions(interventions: Sequence[Any], prompt) -> tuple[tuple, bool]:
+    """Interventions bound to ``prompt`` (through their ``bind(prompt)`` method, when they have
+    one), and whether binding changed any of them (e.g. positions given as segment names).
+
+    Example:
+        >>> bound, changed = bind_interventions(cond.interventions, prompt)
+    """
+    bound, changed = [], False
+    for item in interventions:
+        bind = getattr(item, "bind", None)
+        if callable(bind):
+            new = bind(prompt)
+            changed = changed or new is not item
+            bound.append(new)
+        else:
+            bound.append(item)
+    return tuple(bound), changed
 
 
-BUILTIN_CONDITIONS: dict[str, Condition] = {
-    "w/o": Condition("w/o"),
-    "w/ Mless": Condition("w/ Mless", filler=Filler.meaningless()),
-    "w/ Mful": Condition("w/ Mful", filler=Filler.meaningful()),
-    "random sentence": Condition("random sentence", filler=MatchedRandomSentence()),
-}
+def paper_conditions(*, system: str | None = MATH_SYSTEM_PROMPT, count: int = 55, symbol: str = "/",
+                     word: str = "he", seed: int = 0, placement: Placement = "between",
+                     chat: bool = True) -> dict[str, Condition]:
+    """The paper's four conditions by name, with their filler settings adjustable.
+
+    Args:
+        system: system prompt (``None`` for none).
+        count: filler length in repetitions (55 in the paper).
+        symbol: the meaningless symbol (``"/"``).
+        word: the meaningful word (``"he"``).
+        seed: seed of the random sentence, which has as many tokens as the Mless filler.
+        placement: where the filler goes (``"between"`` system prompt and question).
+        chat: apply the model's chat template.
+
+    Example:
+        >>> short = paper_conditions(count=5)["w/ Mless"]
+    """
+    mless = Filler.meaningless(symbol=symbol, count=count)
+    fillers: dict[str, Any] = {
+        "w/o": None,
+        "w/ Mless": mless,
+        "w/ Mful": Filler.meaningful(word=word, count=count),
+        "random sentence": MatchedRandomSentence(reference=mless, seed=seed),
+    }
+    return {name: Condition(name, filler=filler, system=system, placement=placement, chat=chat)
+            for name, filler in fillers.items()}
+
+
+BUILTIN_CONDITIONS: dict[str, Condition] = paper_conditions()
 """The paper's conditions by name."""
 
 _ALIASES = {
@@ -176,27 +217,41 @@ _ALIASES = {
 }
 
 
+def canonical_condition_name(name: str) -> str:
+    """The built-in name a spelling stands for (``"meaningless"`` -> ``"w/ Mless"``, case-insensitive);
+    any other name comes back as given (surrounding spaces removed): a user-defined condition.
+
+    Example:
+        >>> canonical_condition_name("none"), canonical_condition_name("my condition")
+        ('w/o', 'my condition')
+    """
+    text = str(name).strip()
+    return _ALIASES.get(text.lower(), text)
+
+
 def builtin_condition(name: str, **overrides) -> Condition:
-    """A built-in condition by name (aliases: ``none``, ``mless``, ``mful``, ``random``),
+    """A built-in condition by name (aliases: ``none``, ``mless``, ``mful``, ``random``, ...),
     optionally with fields replaced, e.g. ``builtin_condition("w/ Mless", system="...")``."""
-    key = _ALIASES.get(name.strip().lower()) if isinstance(name, str) else None
-    if key is None:
+    key = canonical_condition_name(name) if isinstance(name, str) else None
+    if key not in BUILTIN_CONDITIONS:
         raise LensprobeError(
             f"unknown condition {name!r}: built-in conditions are {list(BUILTIN_CONDITIONS)} "
-            "(aliases: none, mless, mful, random); for anything else build a "
+            "(aliases: none, meaningless, meaningful, random); for anything else build a "
             "lensprobe Condition(name, filler=..., interventions=...)."
         )
     cond = BUILTIN_CONDITIONS[key]
     return replace(cond, **overrides) if overrides else cond
 
 
-def resolve_conditions(spec: Any) -> list[Condition]:
+def resolve_conditions(spec: Any, *, builtins: dict[str, Condition] | None = None) -> list[Condition]:
     """Turn names, conditions and prompt-builder callables into a list of :class:`Condition`.
 
     Args:
-        spec: a comma-separated string (``"w/o,w/ Mless,w/ Mful"``), a :class:`Condition`,
-            a callable ``(model, question) -> Prompt`` (named after the function), or a list
-            of these.
+        spec: a comma-separated string (``"w/o,w/ Mless,w/ Mful"``; aliases such as
+            ``"none,meaningless"`` work too), a :class:`Condition`, a callable
+            ``(model, question) -> Prompt`` (named after the function), or a list of these.
+        builtins: the conditions names refer to (default :data:`BUILTIN_CONDITIONS`; e.g.
+            :func:`paper_conditions` with a shorter filler).
 
     Raises:
         LensprobeError: an unknown name, an empty list, or two conditions with one name.
@@ -212,7 +267,7 @@ def resolve_conditions(spec: Any) -> list[Condition]:
         if isinstance(item, Condition):
             out.append(item)
         elif isinstance(item, str):
-            out.extend(builtin_condition(n) for n in item.split(",") if n.strip())
+            out.extend(_named(n, builtins) for n in item.split(",") if n.strip())
         elif callable(item):
             out.append(Condition(getattr(item, "__name__", "custom"), build=item))
         else:
@@ -229,9 +284,7 @@ def resolve_conditions(spec: Any) -> list[Condition]:
     return out
 
 
-CONDITION_LABELS = {
-    "none": "w/o filler",
-    "meaningless": "Mless",
-    "meaningful": "Mful",
-    "random": "random sentence",
-}
+def _named(name: str, builtins: dict[str, Condition] | None) -> Condition:
+    """The built-in condition ``name`` stands for, taken from ``builtins`` when given."""
+    cond = builtin_condition(name)  # an unknown name fails here
+    return cond if builtins is None else builtins.get(cond.name, cond)

@@ -10,8 +10,25 @@ from lensprobe.core.models import check_layers
 from lensprobe.core.prompts import Prompt, build_prompt
 
 
-def as_tokens(model, prompt_or_tokens) -> Int[Tensor, "batch pos"]:
-    """Token ids ``[batch, pos]`` from a :class:`Prompt`, a tensor, or a list of ids."""
+def as_tokens(model, prompt_or_tokens, *, one_row: bool = False) -> Int[Tensor, "batch pos"]:
+    """Token ids ``[batch, pos]`` from a :class:`Prompt`, a tensor, or a list of ids, on the model's device.
+
+    This is the one place where lensprobe turns a prompt into token ids (lists of prompts go
+    through :func:`as_prompts`).
+
+    Args:
+        model: a TransformerLens model (its context length and device are used).
+        prompt_or_tokens: a :class:`Prompt`, token ids ``[pos]``/``[batch, pos]``, or a list of ints.
+        one_row: refuse several rows of tokens (for functions that take one prompt at a time).
+
+    Raises:
+        LensprobeError: not a prompt or token ids, longer than the model's context, or (with
+            ``one_row``) more than one row.
+
+    Example:
+        >>> as_tokens(model, [1, 2, 3]).shape
+        torch.Size([1, 3])
+    """
     if isinstance(prompt_or_tokens, Prompt):
         tokens = prompt_or_tokens.tokens
     elif isinstance(prompt_or_tokens, torch.Tensor):
@@ -27,6 +44,8 @@ def as_tokens(model, prompt_or_tokens) -> Int[Tensor, "batch pos"]:
         tokens = tokens[None]
     if tokens.ndim != 2 or tokens.dtype not in (torch.long, torch.int32, torch.int64):
         raise LensprobeError(f"token ids must be an integer tensor [batch, pos], got {tuple(tokens.shape)} {tokens.dtype}.")
+    if one_row and tokens.shape[0] != 1:
+        raise LensprobeError(f"pass one prompt at a time here, got {tokens.shape[0]} rows of tokens.")
     n_ctx = model.cfg.n_ctx
     if tokens.shape[-1] > n_ctx:
         raise LensprobeError(
@@ -72,7 +91,11 @@ def as_prompts(model, prompts, *, build_strings: bool = False) -> list[Prompt | 
 
 def forward(model, prompt_or_tokens, *interventions, stop_at_layer: int | None = None
             ) -> Float[Tensor, "batch pos d_vocab"] | None:
-    """One forward pass with interventions attached; returns logits (``None`` if stopped early)."""
+    """One forward pass with interventions attached; returns logits (``None`` if stopped early).
+
+    Example:
+        >>> logits = forward(model, prompt, lp.ablate_heads("L0H3"))  # [batch, pos, d_vocab]
+    """
     tokens = as_tokens(model, prompt_or_tokens)
     with torch.inference_mode(), intervene(model, *interventions):
         out = model(tokens) if stop_at_layer is None else model(tokens, stop_at_layer=stop_at_layer)
@@ -84,6 +107,7 @@ class _PatternsRecorded(Exception):
 
 
 def _stop_pass(pattern: Tensor, hook) -> None:
+    """Hook that ends the forward pass (the patterns asked for are recorded)."""
     raise _PatternsRecorded
 
 

@@ -78,7 +78,27 @@ def intervene(model, *interventions) -> Iterator[Any]:
 
 
 def pattern_hook_name(layer: int) -> str:
+    """Hook point of a layer's attention pattern, ``[batch, head, query_pos, key_pos]``."""
     return f"blocks.{layer}.attn.hook_pattern"
+
+
+def recording_hook(store: dict, key: Any, *, reduce: Callable[[Tensor], Tensor] | None = None,
+                   copy: bool = True) -> HookFn:
+    """A hook that keeps the activation it sees in ``store[key]`` (the last one seen).
+
+    This is how every recorder of lensprobe records: ``reduce(activation)`` when a reduction
+    is given (computed inside the hook, so the full activation is never stored), else a
+    copy of the activation (``copy=True``), or the model's own tensor (``copy=False``).
+    The activation is detached first and never edited.
+    """
+    def record(act: Tensor, hook) -> None:
+        value = act.detach()
+        if reduce is not None:
+            store[key] = reduce(value)
+        else:
+            store[key] = value.clone() if copy else value
+
+    return record
 
 
 @dataclass
@@ -107,17 +127,8 @@ class AttentionRecorder:
     copy: bool = True
 
     def hooks(self, model) -> list[Hook]:
-        return [(pattern_hook_name(layer), self._hook(layer)) for layer in self.layers]
-
-    def _hook(self, layer: int) -> HookFn:
-        def record(pattern: torch.Tensor, hook) -> None:
-            value = pattern.detach()
-            if self.reduce is not None:
-                self.patterns[layer] = self.reduce(value)
-            else:
-                self.patterns[layer] = value.clone() if self.copy else value
-
-        return record
+        return [(pattern_hook_name(layer), recording_hook(self.patterns, layer, reduce=self.reduce, copy=self.copy))
+                for layer in self.layers]
 
 
 # --------------------------------------------------------------------------- step context
@@ -172,6 +183,10 @@ def step_context() -> Iterator[Callable[[StepInfo], None]]:
 class ActivationRecorder:
     """Keeps a copy of each named hook point's activation from a forward pass (the last one seen).
 
+    ``acts[name]`` holds the activation (or ``reduce(activation)``, computed inside the hook;
+    with ``copy=False`` the model's own tensor instead of a copy), as for
+    :class:`AttentionRecorder`.
+
     Example:
         >>> rec = ActivationRecorder(["blocks.0.attn.hook_z"])
         >>> with intervene(model, rec):
@@ -181,12 +196,8 @@ class ActivationRecorder:
 
     names: list[str]
     acts: dict[str, Tensor] = field(default_factory=dict)
+    reduce: Callable[[Tensor], Tensor] | None = None
+    copy: bool = True
 
     def hooks(self, model) -> list[Hook]:
-        return [(name, self._hook(name)) for name in self.names]
-
-    def _hook(self, name: str):
-        def record(act: Tensor, hook) -> None:
-            self.acts[name] = act.detach().clone()
-
-        return record
+        return [(name, recording_hook(self.acts, name, reduce=self.reduce, copy=self.copy)) for name in self.names]

@@ -1,6 +1,17 @@
-"""Plain JSON types from lensprobe's results and settings (tensors, arrays, dataclasses, paths, NaN)."""
+"""Plain JSON from lensprobe's results and settings, and stable descriptions of objects.
 
+- :func:`to_jsonable`: numbers, tensors, arrays, DataFrames, tuples and paths as plain JSON
+  types (NaN -> null), for report data and summary files;
+- :func:`stable_repr`: an object as a string that is the same in every process (no memory
+  addresses), for describing interventions and settings in configuration files;
+- :func:`digest` and :func:`json_digest`: short content hashes (same content, same digest).
+"""
+
+import hashlib
+import json
 import math
+import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -9,7 +20,12 @@ from lensprobe.core.errors import LensprobeError
 
 
 def to_jsonable(value: Any) -> Any:
-    """Plain JSON types from numbers, tensors, arrays, DataFrames, tuples and paths (NaN -> null)."""
+    """Plain JSON types from numbers, tensors, arrays, DataFrames, tuples and paths (NaN -> null).
+
+    Example:
+        >>> to_jsonable({"x": torch.tensor([1.0, float("nan")]), "path": Path("a")})
+        {'x': [1.0, None], 'path': 'a'}
+    """
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
@@ -28,11 +44,45 @@ def to_jsonable(value: Any) -> Any:
         return to_jsonable(value.tolist())
     if hasattr(value, "item"):
         return to_jsonable(value.item())
-    try:
-        import pandas as pd
-
-        if value is pd.NA or value is pd.NaT:
-            return None
-    except ImportError:  # pragma: no cover - pandas is a dependency
-        pass
+    pd = sys.modules.get("pandas")  # pd.NA and pd.NaT exist only once pandas is imported
+    if pd is not None and (value is pd.NA or value is pd.NaT):
+        return None
     raise LensprobeError(f"cannot write {type(value).__name__} to JSON: convert it to numbers, lists or dicts.")
+
+
+def stable_repr(obj: Any) -> str:
+    """``repr`` without memory addresses (so it is the same in every process); a function or
+    class (not a dataclass instance) is named by its module and qualified name.
+
+    Example:
+        >>> stable_repr(lp.ablate_heads("L0H3"))
+        "HeadAblation(heads='L0H3', method='zero')"
+    """
+    if callable(obj) and hasattr(obj, "__qualname__") and not hasattr(obj, "__dataclass_fields__"):
+        text = f"{getattr(obj, '__module__', '')}.{obj.__qualname__}"
+    else:
+        text = repr(obj)
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", text)
+
+
+def digest(*chunks: bytes | str, length: int = 16) -> str:
+    """The first ``length`` hex digits of the SHA-256 of ``chunks`` in order (strings as UTF-8).
+
+    Example:
+        >>> digest("a", b"b") == digest("ab")
+        True
+    """
+    h = hashlib.sha256()
+    for chunk in chunks:
+        h.update(chunk.encode() if isinstance(chunk, str) else chunk)
+    return h.hexdigest()[:length]
+
+
+def json_digest(data: Any, length: int = 16) -> str:
+    """:func:`digest` of ``data`` as JSON with sorted keys.
+
+    Example:
+        >>> json_digest({"b": 1, "a": 2}) == json_digest({"a": 2, "b": 1})
+        True
+    """
+    return digest(json.dumps(data, sort_keys=True), length=length)

@@ -49,17 +49,6 @@ def logits_needed(measure, model, prompt) -> int:
     return int(fn(model, prompt)) if fn is not None else 0
 
 
-def _tokens(model, prompt) -> Tensor:
-    tokens = as_tokens(model, prompt)
-    if tokens.shape[0] != 1:
-        raise LensprobeError(f"pass one prompt at a time here, got {tokens.shape[0]} rows of tokens.")
-    return tokens
-
-
-def _prompt_len(model, prompt) -> int:
-    return int(_tokens(model, prompt).shape[1])
-
-
 @dataclass(frozen=True)
 class Entropy:
     """Next-token entropy (nats) at ``position`` (default: the last prompt position)."""
@@ -67,7 +56,7 @@ class Entropy:
     name: str = "entropy"
 
     def inputs(self, model, prompt) -> Tensor:
-        return _tokens(model, prompt)
+        return as_tokens(model, prompt, one_row=True)
 
     def recorders(self, model, prompt) -> list:
         return []
@@ -95,7 +84,7 @@ class AnswerLogProb:
         return ids
 
     def inputs(self, model, prompt) -> Tensor:
-        tokens = _tokens(model, prompt)
+        tokens = as_tokens(model, prompt, one_row=True)
         ans = torch.tensor([self._answer_ids(model)], dtype=tokens.dtype, device=tokens.device)
         return torch.cat([tokens, ans], dim=1)
 
@@ -138,7 +127,7 @@ class AttentionTo:
         return [int(k) for k in self.segment]
 
     def inputs(self, model, prompt) -> Tensor:
-        return _tokens(model, prompt)
+        return as_tokens(model, prompt, one_row=True)
 
     def logits_needed(self, model, prompt) -> int:
         return 1
@@ -166,7 +155,7 @@ class CallableMeasure:
     name: str = "custom"
 
     def inputs(self, model, prompt) -> Tensor:
-        return _tokens(model, prompt)
+        return as_tokens(model, prompt, one_row=True)
 
     def recorders(self, model, prompt) -> list:
         return []

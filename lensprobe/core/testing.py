@@ -3,7 +3,8 @@
 It is a real Hugging Face ``LlamaForCausalLM`` (so the KV cache and eager attention are
 the same code as in large models) wrapped in a TransformerLens ``TransformerBridge``,
 with a small byte-level BPE tokenizer trained on the spot and a ChatML chat template.
-Nothing is downloaded.
+Nothing is downloaded. tokenizers, transformers and transformer_lens are imported on first
+use (:func:`lensprobe.core.lazy.heavy`), so the command line starts fast.
 """
 
 import atexit
@@ -13,6 +14,7 @@ import tempfile
 
 import torch
 
+from lensprobe.core.lazy import heavy
 from lensprobe.core.models import quiet
 
 CHATML_TEMPLATE = (
@@ -35,11 +37,10 @@ _CORPUS = [
 @functools.cache
 def tiny_tokenizer(chat_template: bool = True):
     """A byte-level BPE tokenizer (vocabulary of a few hundred) with ChatML special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
+    tk, transformers = heavy("tokenizers"), heavy("transformers")
+    decoders, pre_tokenizers, trainers = tk.decoders, tk.pre_tokenizers, tk.trainers
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tok = Tokenizer(models.BPE())
+    tok = tk.Tokenizer(tk.models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -47,7 +48,7 @@ def tiny_tokenizer(chat_template: bool = True):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
     tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
+    fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
         pad_token="<|endoftext|>", unk_token="<|endoftext|>",
     )
@@ -57,7 +58,7 @@ def tiny_tokenizer(chat_template: bool = True):
     folder = tempfile.mkdtemp(prefix="lensprobe-tiny-tokenizer-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     fast.save_pretrained(folder)
-    return AutoTokenizer.from_pretrained(folder)
+    return transformers.AutoTokenizer.from_pretrained(folder)
 
 
 def tiny_hf_model(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, n_kv_heads: int = 2,
@@ -72,10 +73,9 @@ def tiny_hf_model(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, n_kv_he
         >>> hf.config.num_key_value_heads
         2
     """
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+    transformers = heavy("transformers")
     tok = tiny_tokenizer(chat_template)
-    config = LlamaConfig(
+    config = transformers.LlamaConfig(
         vocab_size=len(tok), hidden_size=d_model, intermediate_size=2 * d_model,
         num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
         max_position_embeddings=n_ctx, bos_token_id=tok.bos_token_id,
@@ -84,7 +84,7 @@ def tiny_hf_model(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, n_kv_he
     config._attn_implementation = "eager"
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        hf = LlamaForCausalLM(config).eval()
+        hf = transformers.LlamaForCausalLM(config).eval()
     return hf, tok
 
 
@@ -106,8 +106,7 @@ def tiny_model(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, n_kv_heads
         >>> model.cfg.n_heads, model.cfg.n_layers
         (4, 2)
     """
-    from transformer_lens.model_bridge import TransformerBridge
-
+    TransformerBridge = heavy("transformer_lens.model_bridge").TransformerBridge
     hf, tok = tiny_hf_model(seed, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
                             d_model=d_model, n_ctx=n_ctx, chat_template=chat_template)
     with quiet():

@@ -1,8 +1,9 @@
 """MATH-500 evaluation across prompt and intervention conditions.
 
-- :mod:`~lensprobe.evals.data`: :func:`load_math500` (local JSONL or the hub), :class:`Problem`.
-- :mod:`~lensprobe.core.conditions`: :class:`Condition` and the built-in conditions
-  ``"w/o"``, ``"w/ Mless"``, ``"w/ Mful"``, ``"random sentence"``.
+- :mod:`~lensprobe.evals.data`: :func:`load_math500` (the copy lensprobe ships, a local JSONL
+  file, or the hub), :class:`Problem`.
+- :mod:`~lensprobe.core.conditions` (re-exported here): :class:`Condition` and the built-in
+  conditions ``"w/o"``, ``"w/ Mless"``, ``"w/ Mful"``, ``"random sentence"``.
 - :mod:`~lensprobe.evals.grading`: :func:`extract_boxed`, :func:`grade` (math-verify and
   the MATH paper's string grader).
 - :mod:`~lensprobe.evals.harness`: :func:`evaluate` (batched generation, resumable rows,

@@ -2,9 +2,10 @@
 
 A problem set is a list of :class:`Problem`. :func:`load_math500` reads
 
+- with no path, the MATH-500 copy lensprobe ships (:func:`math500_path`), offline;
 - a local JSONL file with one JSON object per line holding at least ``problem`` and
   ``answer`` (MATH-500's own file, or your own set: GSM8K-style rows work too, see below);
-- with no path, the hub dataset ``HuggingFaceH4/MATH-500`` through ``datasets``.
+- ``"hub"``: the hub dataset ``HuggingFaceH4/MATH-500`` through ``datasets``.
 
 Optional fields: ``subject`` and ``level`` (used for per-subject and per-level accuracy)
 and ``unique_id`` or ``id`` (the problem's id in result files; otherwise ``"line-N"``).
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.lazy import heavy
 
 HUB_DATASET = "HuggingFaceH4/MATH-500"
 
@@ -41,16 +43,32 @@ class Problem:
     level: int | None = None
 
 
-def math500_path() -> Path | None:
-    """A local MATH-500 file if one is found, else ``None``.
+PACKAGED_MATH500 = Path(__file__).resolve().parent / "math500" / "test.jsonl"
+"""MATH-500 as shipped with lensprobe (MIT License; source in ``math500/README.md`` beside it)."""
 
-    Looks at ``$LENSPROBE_MATH500``, then ``shared/data/math500/test.jsonl`` beside the
-    project's folder (where a source checkout keeps it).
+
+def math500_path() -> Path:
+    """The MATH-500 file lensprobe reads: ``$LENSPROBE_MATH500`` when set, else the copy it ships.
+
+    Raises:
+        LensprobeError: ``$LENSPROBE_MATH500`` names no file, or the shipped copy is missing
+            (a broken installation: reinstall lensprobe).
+
+    Example:
+        >>> lp.math500_path().name
+        'test.jsonl'
     """
     env = os.environ.get("LENSPROBE_MATH500")
-    candidates = [Path(env).expanduser()] if env else []
-    candidates.append(Path(__file__).resolve().parents[3] / "shared" / "data" / "math500" / "test.jsonl")
-    return next((p for p in candidates if p.is_file()), None)
+    if env:
+        path = Path(env).expanduser()
+        if not path.is_file():
+            raise LensprobeError(f"LENSPROBE_MATH500={env!r} is not a file: point it at a MATH-500 JSONL file, "
+                                 "or unset it to use the copy lensprobe ships.")
+        return path
+    if not PACKAGED_MATH500.is_file():
+        raise LensprobeError(f"lensprobe's copy of MATH-500 is missing ({PACKAGED_MATH500}): reinstall lensprobe, "
+                             "or set LENSPROBE_MATH500 to a MATH-500 JSONL file.")
+    return PACKAGED_MATH500
 
 
 def _gsm8k_answer(answer: str) -> str:
@@ -134,7 +152,7 @@ def _check_unique_ids(problems: list[Problem], where: str) -> None:
 
 def _hub_problems() -> list[Problem]:
     try:
-        import datasets
+        datasets = heavy("datasets")
     except ImportError as err:
         raise LensprobeError(
             "loading MATH-500 from the hub needs the 'datasets' package (pip install datasets); "
@@ -170,8 +188,9 @@ def load_math500(path: str | os.PathLike | None = None, *, subjects: str | list[
     """Load MATH-500 (or any problem/answer JSONL), optionally filtered, shuffled and cut.
 
     Args:
-        path: a local JSONL file; ``None`` loads ``HuggingFaceH4/MATH-500`` from the hub with
-            ``datasets`` (offline this fails with a message saying to pass a path). Any JSONL
+        path: ``None`` for the MATH-500 copy lensprobe ships (:func:`math500_path`); a local
+            JSONL file; or ``"hub"`` to load ``HuggingFaceH4/MATH-500`` from the Hugging Face hub
+            with ``datasets`` (offline this fails with a message saying to pass a path). Any JSONL
             with ``problem`` and ``answer`` fields works; an answer holding ``"#### N"``
             (GSM8K's format) is cut to ``N``.
         subjects: keep only these subjects (e.g. ``"Algebra"``); names must exist in the file.
@@ -187,8 +206,11 @@ def load_math500(path: str | os.PathLike | None = None, *, subjects: str | list[
         >>> probs[0].answer
         '\\\\sqrt{51}'
     """
-    problems = _hub_problems() if path is None else read_jsonl_problems(path)
-    where = HUB_DATASET if path is None else str(path)
+    hub = isinstance(path, str) and path in ("hub", HUB_DATASET)
+    if path is None:
+        path = math500_path()
+    problems = _hub_problems() if hub else read_jsonl_problems(path)
+    where = HUB_DATASET if hub else str(path)
     subject_list = _as_list(subjects, "subjects")
     if subject_list is not None:
         known = sorted({p.subject for p in problems if p.subject is not None})

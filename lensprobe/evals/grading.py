@@ -23,6 +23,7 @@ import threading
 from typing import Literal
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.lazy import heavy
 
 GradingMethod = Literal["math-verify", "paper"]
 METHODS = ("math-verify", "paper")
@@ -170,12 +171,13 @@ def _paper_equiv(prediction: str, answer: str, lenient: bool) -> bool:
 
 def _math_verify_equiv(prediction: str, answer: str) -> bool:
     try:
-        from math_verify import parse, verify
+        math_verify = heavy("math_verify")
     except ImportError as err:
         raise LensprobeError(
             "method='math-verify' needs the math-verify package: "
             "pip install 'math-verify[antlr4_13_2]' (or use method='paper')."
         ) from err
+    parse, verify = math_verify.parse, math_verify.verify
     # math-verify's timeouts use SIGALRM, which only works in the main thread.
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
     gold = parse("\\boxed{" + answer + "}", parsing_timeout=timeout)

@@ -18,75 +18,79 @@ row never depends on which other problems shared its batch, on sharding, or on r
 and every condition sees the same random numbers (paired comparisons).
 """
 
+import dataclasses
 import hashlib
-import json
 import os
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lensprobe.core.conditions import Condition, resolve_conditions
+import torch
+from tqdm.auto import tqdm
+
+from lensprobe.core.conditions import Condition, bind_interventions, resolve_conditions
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.jsonable import json_digest, stable_repr
+from lensprobe.core.lazy import pandas
+from lensprobe.core.models import model_label
 from lensprobe.evals.data import Problem
 from lensprobe.evals.grading import GRADERS, extract_boxed, grade_all
 from lensprobe.evals.results import RowWriter, prepare_folder, read_rows, results_file
+from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.loop import generate
-from lensprobe.studies.filler import model_label
 
 DEFAULT_CONDITIONS = "w/o,w/ Mless,w/ Mful"
 FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True)
-class EvalConfig:
-    """Generation settings of an evaluation run.
+class EvalConfig(GenerationConfig):
+    """Generation settings of an evaluation run: a :class:`~lensprobe.GenerationConfig` plus a batch size.
 
     Attributes:
-        max_new_tokens: generated tokens per answer at most.
+        max_new_tokens: generated tokens per answer at most (default 512).
         batch_size: prompts generated together (left-padded); does not change greedy results
             and is not part of the configuration hash.
-        do_sample: sample instead of greedy decoding.
-        temperature, top_p: sampling settings (ignored when greedy).
+        seed: base seed of sampling (default 0; used only with ``do_sample=True``).
         n_samples: answers per problem (needs ``do_sample=True`` when > 1; for pass@k).
-        seed: base seed of sampling.
-        stop_at_eos: stop a row when it emits the end-of-sequence token.
+
+    The other fields (``do_sample``, ``temperature``, ``top_p``, ``stop_at_eos``, ``thinking``,
+    ``think_when``) are :class:`~lensprobe.GenerationConfig`'s.
     """
 
     max_new_tokens: int = 512
-    batch_size: int = 8
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n_samples: int = 1
     seed: int = 0
-    stop_at_eos: bool = True
+    batch_size: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("max_new_tokens", "batch_size", "n_samples"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise LensprobeError(f"{name} must be a positive integer, got {value!r}.")
-        if not isinstance(self.seed, int):
+        if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size <= 0:
+            raise LensprobeError(f"batch_size must be a positive integer, got {self.batch_size!r}.")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise LensprobeError(f"seed must be an integer, got {self.seed!r}.")
-        if not self.temperature > 0:
-            raise LensprobeError(f"temperature must be > 0, got {self.temperature!r}.")
-        if not 0 < self.top_p <= 1:
-            raise LensprobeError(f"top_p must be in (0, 1], got {self.top_p!r}.")
+        super().__post_init__()
         if self.n_samples > 1 and not self.do_sample:
             raise LensprobeError(
                 f"n_samples={self.n_samples} with greedy decoding gives {self.n_samples} identical "
                 "answers: set do_sample=True (e.g. --sample) or n_samples=1."
             )
 
+    def generation(self) -> GenerationConfig:
+        """The settings :func:`lensprobe.generate` runs with (the seed only when sampling)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(GenerationConfig)}
+        return GenerationConfig(**{**fields, "seed": self.seed if self.do_sample else None})
+
     def hashed(self) -> dict:
         """The settings that change results (everything but ``batch_size``)."""
-        d = asdict(self)
-        d.pop("batch_size")
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "batch_size"}
         if not self.do_sample:
             d.pop("temperature")
             d.pop("top_p")
+        for name in ("thinking", "think_when"):  # absent when unset: older folders keep their hash
+            value = d.pop(name)
+            if value is not None:
+                d[name] = stable_repr(value)
         return d
 
 
@@ -110,8 +114,6 @@ def shard_info() -> tuple[int, int]:
 
 def model_fingerprint(model, name: str | None = None) -> dict:
     """Identity of a model for the configuration hash: name, shape and a hash of its embedding rows."""
-    import torch
-
     cfg = model.cfg
     if name is None:
 
@@ -131,12 +133,8 @@ def model_fingerprint(model, name: str | None = None) -> dict:
             "d_model": int(cfg.d_model), "d_vocab": int(cfg.d_vocab), "embedding_hash": weights}
 
 
-def _hash(data: Any) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def problem_hash(problem: Problem) -> str:
-    return _hash([problem.problem, problem.answer])
+    return json_digest([problem.problem, problem.answer])
 
 
 def _check_problems(problems) -> list[Problem]:
@@ -164,20 +162,6 @@ class _Item:
     prompt: Any  # Prompt
 
 
-def _bound_interventions(cond: Condition, prompt) -> tuple[tuple, bool]:
-    """Interventions bound to ``prompt``; ``True`` if binding changed any (then batch alone)."""
-    bound, changed = [], False
-    for item in cond.interventions:
-        bind = getattr(item, "bind", None)
-        if callable(bind):
-            new = bind(prompt)
-            changed = changed or new is not item
-            bound.append(new)
-        else:
-            bound.append(item)
-    return tuple(bound), changed
-
-
 def _batches(items: list[_Item], cond: Condition, config: EvalConfig):
     """Split one condition's pending items into generation calls: ``(items, interventions)``.
 
@@ -185,7 +169,7 @@ def _batches(items: list[_Item], cond: Condition, config: EvalConfig):
     """
     shared: list[_Item] = []
     for it in items:
-        inter, changed = _bound_interventions(cond, it.prompt)
+        inter, changed = bind_interventions(cond.interventions, it.prompt)
         if changed:
             yield [it], inter
         else:
@@ -246,6 +230,43 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
     config = config if config is not None else EvalConfig(**settings)
     problems = _check_problems(problems)
     conds = resolve_conditions(conditions)
+    rank, world_size = _check_shard(rank, world_size, out)
+    fingerprint = model_fingerprint(model, model_name)
+    run = {"format": FORMAT_VERSION, "model": fingerprint, "generation": config.hashed()}
+    cond_desc = {}
+    for c in conds:
+        desc = c.describe(model)
+        cond_desc[c.name] = {**desc, "hash": json_digest(desc)}
+    info = _RunInfo(fingerprint["name"], json_digest(run), {n: d["hash"] for n, d in cond_desc.items()}, rank)
+    done: dict[tuple, dict] = {}
+    if out is not None:
+        out = prepare_folder(out, run, info.run_hash, cond_desc, resume=resume or rank != 0)
+        done = _finished_rows(out, problems)
+
+    mine = problems[rank::world_size]
+    plan = _plan(model, mine, conds, done, config)
+    tally = _tally(done, mine, conds)
+    new_rows = _run_plan(model, plan, config, info, tally, out=out, progress=progress, world_size=world_size)
+    if out is None:
+        return _table(new_rows, conds, problems)
+    expected = {(c.name, p.id, s) for c in conds for p in problems for s in range(config.n_samples)}
+    if world_size > 1 and rank == 0 and wait_for_shards:
+        _wait_for(out, expected)
+    rows = [r for r in read_rows(out) if (r["condition"], r["problem_id"], r["sample"]) in expected]
+    return _table(rows, conds, problems)
+
+
+@dataclass(frozen=True)
+class _RunInfo:
+    """What every row of a run records besides its own result."""
+
+    model_name: str
+    run_hash: str
+    condition_hashes: dict[str, str]
+    rank: int
+
+
+def _check_shard(rank: int | None, world_size: int | None, out) -> tuple[int, int]:
     env_rank, env_world = shard_info()
     rank = env_rank if rank is None else rank
     world_size = env_world if world_size is None else world_size
@@ -253,39 +274,37 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
         raise LensprobeError(f"bad shard: rank {rank} of world size {world_size}; need 0 <= rank < world_size.")
     if world_size > 1 and out is None:
         raise LensprobeError("a sharded run needs an output folder (out=...) to merge the shards' rows.")
+    return rank, world_size
 
-    fingerprint = model_fingerprint(model, model_name)
-    run = {"format": FORMAT_VERSION, "model": fingerprint, "generation": config.hashed()}
-    run_hash = _hash(run)
-    builders = {c.name: c.prompt_builder(model) for c in conds}
-    cond_desc = {}
-    for c in conds:
-        desc = c.describe(model)
-        cond_desc[c.name] = {**desc, "hash": _hash(desc)}
 
+def _finished_rows(out: Path, problems: list[Problem]) -> dict[tuple, dict]:
+    """Rows already in ``out`` by (condition, problem id, sample); refuses rows of other data."""
     done: dict[tuple, dict] = {}
-    writer = None
-    if out is not None:
-        out = prepare_folder(out, run, run_hash, cond_desc, resume=resume or rank != 0)
-        by_id = {p.id: problem_hash(p) for p in problems}
-        for row in read_rows(out):
-            key = (row["condition"], row["problem_id"], row["sample"])
-            expected = by_id.get(row["problem_id"])
-            if expected is not None and row.get("problem_hash") != expected:
-                raise LensprobeError(
-                    f"{out} holds a result for problem id {row['problem_id']!r} with a different problem "
-                    "text or answer: these are other data. Use a new output folder."
-                )
-            done.setdefault(key, row)
+    by_id = {p.id: problem_hash(p) for p in problems}
+    for row in read_rows(out):
+        expected = by_id.get(row["problem_id"])
+        if expected is not None and row.get("problem_hash") != expected:
+            raise LensprobeError(
+                f"{out} holds a result for problem id {row['problem_id']!r} with a different problem "
+                "text or answer: these are other data. Use a new output folder."
+            )
+        done.setdefault((row["condition"], row["problem_id"], row["sample"]), row)
+    return done
 
-    mine = problems[rank::world_size]
+
+def _plan(model, mine: list[Problem], conds: list[Condition], done: dict, config: EvalConfig
+          ) -> list[tuple[Condition, list[_Item]]]:
+    """The rows still to generate, chunk by chunk of problems, condition by condition.
+
+    Every prompt is built and checked against the context before anything runs.
+    """
+    builders = {c.name: c.prompt_builder(model) for c in conds}
     n_ctx = int(model.cfg.n_ctx)
     plan: list[tuple[Condition, list[_Item]]] = []
-    chunk = config.batch_size
-    for start in range(0, len(mine), chunk):
+    for start in range(0, len(mine), config.batch_size):
         for cond in conds:
             items = []
-            for p in mine[start:start + chunk]:
+            for p in mine[start:start + config.batch_size]:
                 samples = [s for s in range(config.n_samples) if (cond.name, p.id, s) not in done]
                 if not samples:
                     continue
@@ -299,27 +318,35 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
                 items += [_Item(p, s, prompt) for s in samples]
             if items:
                 plan.append((cond, items))
+    return plan
 
-    new_rows: list[dict] = []
+
+def _tally(done: dict, mine: list[Problem], conds: list[Condition]) -> dict[str, list[int]]:
+    """``[right, graded]`` per condition over this shard's finished rows (for the progress bar)."""
     mine_ids = {p.id for p in mine}
     tally = {c.name: [0, 0] for c in conds}
     for (cname, pid, _), row in done.items():
         if cname in tally and pid in mine_ids:
             tally[cname][0] += bool(row.get("math-verify"))
             tally[cname][1] += 1
+    return tally
+
+
+def _run_plan(model, plan, config: EvalConfig, info: _RunInfo, tally: dict, *, out: Path | None,
+              progress: bool, world_size: int) -> list[dict]:
+    """Generate and grade every planned row; each is written (and synced) as soon as it is graded."""
     total = sum(len(items) for _, items in plan)
-    bar = _progress(total, progress, rank, world_size)
+    bar = _progress(total, progress, info.rank, world_size)
+    writer = RowWriter(results_file(out, info.rank)) if out is not None and total else None
+    new_rows: list[dict] = []
     try:
-        if out is not None and total:
-            writer = RowWriter(results_file(out, rank))
         for cond, items in plan:
             for batch, interventions in _batches(items, cond, config):
                 t0 = time.perf_counter()
                 outs = _generate(model, batch, interventions, cond, config)
                 seconds = (time.perf_counter() - t0) / len(batch)
                 for it, (ids, text, finish) in zip(batch, outs, strict=True):
-                    row = _row(it, cond, ids, text, finish, seconds, fingerprint["name"], run_hash,
-                               cond_desc[cond.name]["hash"], rank)
+                    row = _row(it, cond, ids, text, finish, seconds, info)
                     if writer is not None:
                         writer.write(row)
                     new_rows.append(row)
@@ -335,20 +362,11 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
             writer.close()
         if bar is not None:
             bar.close()
-
-    if out is None:
-        rows = new_rows
-    else:
-        expected = {(c.name, p.id, s) for c in conds for p in problems for s in range(config.n_samples)}
-        if world_size > 1 and rank == 0 and wait_for_shards:
-            _wait_for(out, expected)
-        rows = [r for r in read_rows(out) if (r["condition"], r["problem_id"], r["sample"]) in expected]
-    return _table(rows, conds, problems)
+    return new_rows
 
 
 def _table(rows: list[dict], conds: list[Condition], problems: list[Problem]):
-    import pandas as pd
-
+    pd = pandas()
     if not rows:
         return pd.DataFrame(columns=ROW_COLUMNS)
     df = pd.DataFrame.from_records(rows)
@@ -365,8 +383,7 @@ ROW_COLUMNS = ["condition", "problem_id", "sample", "subject", "level", "answer"
                "model", "config_hash", "condition_hash", "problem_hash", "rank", "seconds"]
 
 
-def _row(it: _Item, cond: Condition, ids: list[int], text: str, finish: str, seconds: float, model_name: str,
-         run_hash: str, cond_hash: str, rank: int) -> dict:
+def _row(it: _Item, cond: Condition, ids: list[int], text: str, finish: str, seconds: float, info: _RunInfo) -> dict:
     prediction = extract_boxed(text)
     verdicts = grade_all(prediction, it.problem.answer)
     p = it.problem
@@ -374,8 +391,8 @@ def _row(it: _Item, cond: Condition, ids: list[int], text: str, finish: str, sec
         "condition": cond.name, "problem_id": p.id, "sample": it.sample, "subject": p.subject,
         "level": p.level, "answer": p.answer, "prediction": prediction, **verdicts, "finish": finish,
         "generated_tokens": len(ids), "generation": text, "prompt": it.prompt.text,
-        "prompt_tokens": len(it.prompt), "model": model_name, "config_hash": run_hash,
-        "condition_hash": cond_hash, "problem_hash": problem_hash(p), "rank": rank,
+        "prompt_tokens": len(it.prompt), "model": info.model_name, "config_hash": info.run_hash,
+        "condition_hash": info.condition_hashes[cond.name], "problem_hash": problem_hash(p), "rank": info.rank,
         "seconds": round(seconds, 4),
     }
 
@@ -388,8 +405,6 @@ def _accuracy_postfix(tally: dict[str, list[int]]) -> str:
 def _progress(total: int, enabled: bool, rank: int, world_size: int):
     if not enabled or total == 0:
         return None
-    from tqdm.auto import tqdm
-
     desc = "eval" if world_size == 1 else f"eval shard {rank}/{world_size}"
     return tqdm(total=total, desc=desc, unit="problem", dynamic_ncols=True, position=rank if world_size > 1 else None)
 
@@ -426,10 +441,8 @@ def _generate(model, batch: list[_Item], interventions: tuple, cond: Condition,
             first[it.problem.id] = len(prompts)
             prompts.append(it.prompt)
     n = config.n_samples if config.do_sample else 1
-    trace = generate(model, prompts, max_new_tokens=config.max_new_tokens, interventions=list(interventions),
-                     do_sample=config.do_sample, temperature=config.temperature, top_p=config.top_p,
-                     seed=config.seed if config.do_sample else None, stop_at_eos=config.stop_at_eos,
-                     n_samples=n, **cond.generate_kwargs)
+    trace = generate(model, prompts, config.generation(), interventions=list(interventions), n_samples=n,
+                     **cond.generate_kwargs)
     ids = trace.generated_ids
     out = []
     for it in batch:

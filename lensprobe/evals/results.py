@@ -21,6 +21,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.lazy import pandas
+
+try:  # POSIX: results files are locked while written
+    import fcntl
+except ImportError:  # pragma: no cover - not on POSIX: no lock
+    fcntl = None
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -146,8 +152,7 @@ def load_results(out_dir: str | os.PathLike):
         >>> df = load_results("runs/smollm2")
         >>> lp.evals.accuracy(df, "condition")
     """
-    import pandas as pd
-
+    pd = pandas()
     cfg = read_config(out_dir)
     rows = read_rows(out_dir)
     if not rows:
@@ -170,11 +175,8 @@ class RowWriter:
         self.path = Path(path)
         self._fh = open(self.path, "a+b")  # noqa: SIM115 - closed in close()
         try:
-            import fcntl
-
-            fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except ImportError:  # not on POSIX: no lock
-            pass
+            if fcntl is not None:
+                fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             self._fh.close()
             raise LensprobeError(
@@ -222,8 +224,7 @@ class RowWriter:
 
 def load_many_results(folders) -> "pd.DataFrame":
     """Rows of several result folders as one table; two folders of one model are told apart by folder name."""
-    import pandas as pd
-
+    pd = pandas()
     frames = []
     for folder in folders:
         folder = Path(folder)

@@ -7,8 +7,10 @@ with a boolean column per grader (``"math-verify"``, ``"paper"``, ``"paper-lenie
 
 import math
 from dataclasses import asdict, dataclass
+from statistics import NormalDist
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.lazy import pandas
 from lensprobe.evals.grading import GRADERS
 
 _Z95 = 1.959963984540054  # standard normal quantile at 0.975
@@ -19,7 +21,6 @@ def _z(confidence: float) -> float:
         raise LensprobeError(f"confidence must be between 0 and 1, got {confidence!r}.")
     if abs(confidence - 0.95) < 1e-12:
         return _Z95
-    from statistics import NormalDist
 
     return NormalDist().inv_cdf(0.5 + confidence / 2)
 
@@ -75,8 +76,7 @@ def accuracy(df, by: str | list[str] = "condition", *, grader: str = "math-verif
     Example:
         >>> accuracy(rows, ["condition", "level"])
     """
-    import pandas as pd
-
+    pd = pandas()
     _check_grader(df, grader)
     by = [by] if isinstance(by, str) else list(by)
     missing = [c for c in by if c not in df.columns]
@@ -188,8 +188,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def pass_at_k_table(df, k: int, by: str | list[str] = "condition", *, grader: str = "math-verify"):
     """Mean pass@k over problems per group (needs ``n_samples >= k`` rows per problem)."""
-    import pandas as pd
-
+    pd = pandas()
     _check_grader(df, grader)
     by = [by] if isinstance(by, str) else list(by)
     records = []
@@ -219,8 +218,7 @@ def summary_tables(rows, *, grader: str = "math-verify", baseline: str | None = 
         ``{"accuracy": every grader per model x condition, "by_level": ..., "by_subject": ...,
         "comparisons": McNemar tests vs the baseline per model and grader}`` (DataFrames).
     """
-    import pandas as pd
-
+    pd = pandas()
     if len(rows) == 0:
         raise LensprobeError("no result rows to summarise: run an evaluation first.")
     group = ["model", "condition"]

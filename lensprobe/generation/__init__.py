@@ -7,7 +7,8 @@ May import: :mod:`lensprobe.core` (interventions are passed in as objects, never
 
 from lensprobe.core.hooks import StepInfo, current_step
 from lensprobe.generation import schedule
+from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.loop import generate, trace_generation
 from lensprobe.generation.tracking import SPECIAL_SETS
 
-__all__ = ["SPECIAL_SETS", "StepInfo", "current_step", "generate", "schedule", "trace_generation"]
+__all__ = ["SPECIAL_SETS", "GenerationConfig", "StepInfo", "current_step", "generate", "schedule", "trace_generation"]

@@ -46,153 +46,72 @@ import dataclasses
 import hashlib
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.forward import as_prompts, as_tokens
-from lensprobe.core.hooks import StepInfo, current_step, intervene, pattern_hook_name, step_context
+from lensprobe.core.hooks import StepInfo, current_step, step_context
 from lensprobe.core.models import check_layers
 from lensprobe.core.prompts import Prompt
-from lensprobe.generation.engines.attention import ATTENTIONS
-from lensprobe.generation.engines.hooknames import attached, supports
-from lensprobe.generation.engines.threads import decode_threads, layer_threads, one_thread
-from lensprobe.generation.engines.view import has_user_hooks, plain_model
-from lensprobe.generation.schedule import Rule, StepState, check_rule, emitted
+from lensprobe.generation.batch import PaddedBatch, pad_batch
+from lensprobe.generation.config import GenerationConfig, generation_config
+from lensprobe.generation.engines import ENGINE_NAMES, Engine, EngineName, choose_engine
+from lensprobe.generation.recording import StepRecorder, final_hidden_hook
+from lensprobe.generation.schedule import Rule, StepState
 from lensprobe.generation.thinking import LatentFusion, Pause, nucleus_probs, thinking_token_id
 from lensprobe.generation.trace import GenerationTrace
-from lensprobe.generation.tracking import SPECIAL_SETS, TrackSpec, add_position, resolve_track, set_masks
+from lensprobe.generation.tracking import (
+    SPECIAL_SETS,
+    TrackedSet,
+    TrackSpec,
+    add_position,
+    resolve_track,
+    set_masks,
+)
 
 __all__ = ["SPECIAL_SETS", "StepInfo", "current_step", "generate", "trace_generation"]
 
-Engine = Literal["auto", "bridge", "hf"]
 
-
-# ----- input normalisation --------------------------------------------------------------
-def _as_prompt_list(model, prompts) -> list[tuple[list[int], Prompt | None]]:
-    """``(token ids, Prompt or None)`` per prompt (see :func:`lensprobe.core.forward.as_prompts`)."""
-    out = [(as_tokens(model, p)[0].tolist(), p if isinstance(p, Prompt) else None) for p in as_prompts(model, prompts)]
-    vocab = int(model.cfg.d_vocab)
-    for ids, _ in out:
-        bad = [i for i in ids if not 0 <= i < vocab]
-        if bad:
-            raise LensprobeError(f"token id {bad[0]} is outside the vocabulary (0-{vocab - 1}).")
-    return out
-
-
-def _eos_ids(model) -> set[int]:
-    ids = set()
-    eos = getattr(model.tokenizer, "eos_token_id", None)
-    if eos is not None:
-        ids.add(int(eos))
-    gen = getattr(getattr(model, "original_model", None), "generation_config", None)
-    extra = getattr(gen, "eos_token_id", None)
-    if isinstance(extra, int):
-        ids.add(extra)
-    elif isinstance(extra, (list, tuple)):
-        ids.update(int(i) for i in extra)
-    return ids
-
-
-def _final_hidden_hook(model) -> str:
-    names = model.hook_dict
-    for name in ("ln_final.hook_out", "ln_final.hook_normalized"):
-        if name in names:
-            return name
-    raise LensprobeError("this model has no ln_final hook point; LatentFusion needs the final hidden state.")
-
-
-# ----- recorders (hook objects) ---------------------------------------------------------
-class _Recorder:
-    """Holds the per-step buffers; its hooks reduce activations inside the hook."""
-    def __init__(self, layers: list[int], n_rows: int, n_sets: int, n_heads: int, max_steps: int,
-                 masks: Tensor | None, want_hidden: str | None, device):
-        self.layers = layers
-        self.step = 0
-        self.masks = masks  # [row, T, set] float, or None
-        # [step, layer, row, head, set]: each hook writes one [row, head, set] block in place
-        self.attn = (torch.full((max_steps, len(layers), n_rows, n_heads, n_sets), float("nan"), device=device)
-                     if masks is not None and layers else None)
-        self.want_hidden = want_hidden
-        self.latent = want_hidden is not None  # only latent thinking replaces input embeddings
-        self.hidden: Tensor | None = None
-        self.replace: tuple[Tensor, Tensor] | None = None  # (row index, vectors) for the new position
-
-    def hooks(self, model):
-        hooks = [("hook_embed", self._embed_hook)] if self.latent else []
-        if self.attn is not None:
-            hooks += [(pattern_hook_name(layer), self._pattern_hook(i)) for i, layer in enumerate(self.layers)]
-        if self.want_hidden:
-            hooks.append((self.want_hidden, self._hidden_hook))
-        return hooks
-
-    def _pattern_hook(self, index: int):
-        def record(pattern: Tensor, hook) -> None:
-            last = pattern[:, :, -1, :]  # newest query: [row, head, key]
-            with one_thread():  # one tiny matmul: waking more threads costs more than it
-                torch.matmul(last.float(), self.masks[:, : last.shape[-1]], out=self.attn[self.step, index])
-
-        return record
-
-    def _hidden_hook(self, x: Tensor, hook) -> None:
-        self.hidden = x[:, -1].detach().clone()
-
-    def _embed_hook(self, x: Tensor, hook):
-        if self.replace is None:
-            return None
-        rows, vectors = self.replace
-        x = x.clone()
-        x[rows, -1] = vectors.to(x.dtype)
-        return x
-
-
-# ----- the loop -------------------------------------------------------------------------
-def generate(model, prompts, *, max_new_tokens: int, interventions: Sequence = (), thinking=None,
-             think_when=None, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
-             seed: int | None = None, stop_at_eos: bool = True, n_samples: int = 1,
+# ----- the public functions ---------------------------------------------------------------
+def generate(model, prompts, config: GenerationConfig | None = None, *, interventions: Sequence = (),
              track: Mapping[str, TrackSpec] | Sequence[TrackSpec] | None = None,
              layers: Sequence[int] | int | None = None, progress: bool | str = False,
-             engine: Engine = "auto") -> GenerationTrace:
+             engine: EngineName = "auto", **settings) -> GenerationTrace:
     """Generate from one or several prompts with a KV cache; record entropy (and attention if asked).
 
     Args:
         model: a TransformerLens model with a KV cache (a ``TransformerBridge``).
         prompts: a :class:`Prompt`, token ids (list or 1-D tensor), or a list of those
             (different lengths are left-padded), or a ``[batch, pos]`` tensor.
-        max_new_tokens: steps to generate (thinking steps count); prompt length plus this
-            must fit the model's context.
+        config: a :class:`~lensprobe.GenerationConfig` (length, sampling, seed, samples per
+            prompt, stop rule, thinking input and schedule).
         interventions: attached with :func:`lensprobe.intervene` for the whole generation.
-        thinking: ``None``, :class:`~lensprobe.LatentFusion` or :class:`~lensprobe.Pause`.
-        think_when: a rule from :mod:`lensprobe.generation.schedule` (default with ``thinking``:
-            ``schedule.emitted()``, the model emits the thinking token).
-        do_sample: sample instead of greedy decoding (greedy is ``argmax`` of the logits).
-        temperature, top_p: sampling settings (ignored when greedy).
-        seed: with sampling, each row draws from its own generator seeded with ``(seed, j)``,
-            ``j`` its sample index: results are reproducible, a prompt gives the same samples
-            alone or in a batch, and sample ``j`` of every prompt (and of every condition) uses
-            the same random numbers (common random numbers for paired comparisons).
-            ``None``: torch's global generator.
-        stop_at_eos: a row stops after its end-of-sequence token (recorded as its last step).
-        n_samples: rows per prompt; rows are ordered prompt by prompt.
         track: tracked sets ``{name: spec}`` (see the module docstring), or ``None`` for no
             attention recording (cheapest).
         layers: layers to record attention at (default: all).
         progress: show a progress bar with tokens per second (a string: the bar's label).
-        engine: which modules run the forwards. ``"bridge"``: the TransformerLens model,
-            hook points and all. ``"hf"``: the same weights through the unwrapped Hugging
-            Face modules (:mod:`lensprobe.generation.engines.view`), about 1.3x faster per step on a CPU;
-            recording works the same, but it takes no interventions. It runs fused sdpa
-            attention (same tokens; entropies equal up to float rounding); when attention
-            is recorded, each layer also computes the newest query's attention row from
-            the cached keys (checked against eager attention when the view is built).
+        engine: which modules run the forwards (:mod:`lensprobe.generation.engines`).
+            ``"bridge"``: the TransformerLens model, hook points and all. ``"hf"``: the same
+            weights through the unwrapped Hugging Face modules, about 1.3x faster per step
+            on a CPU; recording works the same, but it takes no interventions. It runs fused
+            sdpa attention (same tokens; entropies equal up to float rounding); when
+            attention is recorded, each layer also computes the newest query's attention row
+            from the cached keys (checked against eager attention when the view is built).
             On a small model, decode steps with few rows run the decoder layers on one
-            thread (faster on a CPU; :data:`lensprobe.generation.engines.view.ONE_THREAD_LAYER_BYTES`);
+            thread (faster on a CPU; :data:`lensprobe.generation.engines.threads.ONE_THREAD_LAYER_BYTES`);
             ``trace.meta["decode_threads"]`` records the count. ``"auto"`` (default):
             ``"hf"`` when there are no interventions and no hooks attached to the model,
             else ``"bridge"``. Both give the same tokens, entropies and attention (tested);
             ``trace.meta["engine"]`` says which ran.
+        **settings: :class:`~lensprobe.GenerationConfig` fields as keywords
+            (``max_new_tokens=64, do_sample=True, seed=0, n_samples=4, thinking=...,
+            think_when=...``); they override ``config``'s. ``max_new_tokens`` is required
+            when no ``config`` is given.
 
     Returns:
         A :class:`~lensprobe.GenerationTrace` (``texts`` and ``generated_ids`` per row).
@@ -205,63 +124,24 @@ def generate(model, prompts, *, max_new_tokens: int, interventions: Sequence = (
         >>> out = lp.generate(model, [p1, p2], max_new_tokens=256, do_sample=True, seed=0, n_samples=4)
         >>> out.texts[0]
     """
-    # ---- validate everything before running anything ----
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-        raise LensprobeError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}.")
-    if not isinstance(n_samples, int) or n_samples < 1:
-        raise LensprobeError(f"n_samples must be an integer >= 1, got {n_samples!r}.")
-    if not isinstance(temperature, (int, float)) or temperature <= 0:
-        raise LensprobeError(f"temperature must be > 0, got {temperature!r}.")
-    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
-        raise LensprobeError(f"top_p must lie in (0, 1], got {top_p!r}.")
-    if engine not in ("auto", "bridge", "hf"):
+    cfg = generation_config(config, settings)
+    if engine not in ENGINE_NAMES:
         raise LensprobeError(f"engine must be 'auto', 'bridge' or 'hf', got {engine!r}.")
-    if seed is not None and not isinstance(seed, int):
-        raise LensprobeError(f"seed must be an integer or None, got {seed!r}.")
-    if thinking is not None and not isinstance(thinking, (LatentFusion, Pause)):
-        raise LensprobeError(
-            f"thinking must be lp.LatentFusion(...), lp.Pause() or None, got {type(thinking).__name__}."
-        )
-    if think_when is not None and thinking is None:
-        raise LensprobeError("think_when was given without thinking=...: pass lp.LatentFusion() or lp.Pause().")
-    if thinking is not None:
-        think_when = emitted() if think_when is None else think_when
-        check_rule(think_when)
-    if interventions is None:
-        interventions = []
-    elif (not isinstance(interventions, (list, tuple))
-          or (len(interventions) == 2 and isinstance(interventions[0], str) and callable(interventions[1]))):
-        interventions = [interventions]  # one intervention or one (hook_name, fn) pair
+    interventions = _as_interventions(interventions)
     items = _as_prompt_list(model, prompts)
-    n_ctx = int(model.cfg.n_ctx)
-    longest = max(len(ids) for ids, _ in items)
-    if longest + max_new_tokens > n_ctx:
-        raise LensprobeError(
-            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) = {longest + max_new_tokens} "
-            f"exceeds the model's context of {n_ctx} tokens: lower max_new_tokens to at most "
-            f"{max(n_ctx - longest, 0)} or shorten the prompt."
-        )
-    think_id = thinking_token_id(model, thinking.token) if thinking is not None else None
-    if think_id is None and track is not None:
-        with contextlib.suppress(LensprobeError):
-            think_id = thinking_token_id(model, "<thinking>")
-    sets = resolve_track(model, track, items, think_id, thinking is not None)
+    _check_context(model, items, cfg.max_new_tokens)
+    think_id = _thinking_id(model, cfg.thinking, track)
+    sets = resolve_track(model, track, items, think_id, cfg.thinking is not None)
     rec_layers = check_layers(model, layers) if sets else []
-
+    run = _Run(model, cfg, items, interventions, sets, rec_layers, think_id, track)
     with torch.inference_mode():
-        return _run(model, items, max_new_tokens=max_new_tokens, interventions=list(interventions),
-                    thinking=thinking, think_when=think_when, think_id=think_id, do_sample=do_sample,
-                    temperature=float(temperature), top_p=float(top_p), seed=seed, stop_at_eos=stop_at_eos,
-                    n_samples=n_samples, sets=sets, layers=rec_layers, progress=progress, track=track,
-                    engine=engine)
+        return run.execute(engine, progress)
 
 
-def trace_generation(model, prompt, *, max_new_tokens: int,
+def trace_generation(model, prompt, config: GenerationConfig | None = None, *,
                      track: Mapping[str, TrackSpec] | Sequence[TrackSpec] | None = None,
-                     interventions: Sequence = (), thinking=None, think_when=None, do_sample: bool = False,
-                     temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
-                     stop_at_eos: bool = True, n_samples: int = 1, layers: Sequence[int] | int | None = None,
-                     progress: bool | str = False, engine: Engine = "auto") -> GenerationTrace:
+                     interventions: Sequence = (), layers: Sequence[int] | int | None = None,
+                     progress: bool | str = False, engine: EngineName = "auto", **settings) -> GenerationTrace:
     """Trace a KV-cached generation: per step, entropy and attention onto tracked token sets.
 
     Same loop and arguments as :func:`generate`, with attention recording on: with
@@ -278,21 +158,265 @@ def trace_generation(model, prompt, *, max_new_tokens: int,
         >>> trace.entropy                # [step]
         >>> trace.attention["thinking"]  # [step, layer, head]
     """
-    if track is None:
-        track = {}
-    elif isinstance(track, (str, int)) or callable(track):
-        track = {str(track) if not callable(track) else getattr(track, "__name__", "callable"): track}
-    elif not isinstance(track, Mapping):
-        track = {str(s) if not callable(s) else getattr(s, "__name__", "callable"): s for s in track}
-    track = dict(track)
-    if thinking is not None and "thinking" not in track:
+    cfg = generation_config(config, settings)
+    track = _as_track_dict(track)
+    if cfg.thinking is not None and "thinking" not in track:
         track["thinking"] = "thinking"
     if not track:
         track["prompt"] = "prompt"
-    return generate(model, prompt, max_new_tokens=max_new_tokens, interventions=interventions,
-                    thinking=thinking, think_when=think_when, do_sample=do_sample, temperature=temperature,
-                    top_p=top_p, seed=seed, stop_at_eos=stop_at_eos, n_samples=n_samples, track=track,
-                    layers=layers, progress=progress, engine=engine)
+    return generate(model, prompt, cfg, interventions=interventions, track=track, layers=layers,
+                    progress=progress, engine=engine)
+
+
+# ----- checks and normalisation, before any forward -------------------------------------
+def _as_interventions(interventions) -> list:
+    if interventions is None:
+        return []
+    if (not isinstance(interventions, (list, tuple))
+            or (len(interventions) == 2 and isinstance(interventions[0], str) and callable(interventions[1]))):
+        return [interventions]  # one intervention or one (hook_name, fn) pair
+    return list(interventions)
+
+
+def _as_prompt_list(model, prompts) -> list[tuple[list[int], Prompt | None]]:
+    """``(token ids, Prompt or None)`` per prompt (see :func:`lensprobe.core.forward.as_prompts`)."""
+    out = [(as_tokens(model, p)[0].tolist(), p if isinstance(p, Prompt) else None) for p in as_prompts(model, prompts)]
+    vocab = int(model.cfg.d_vocab)
+    for ids, _ in out:
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise LensprobeError(f"token id {bad[0]} is outside the vocabulary (0-{vocab - 1}).")
+    return out
+
+
+def _check_context(model, items, max_new_tokens: int) -> None:
+    n_ctx = int(model.cfg.n_ctx)
+    longest = max(len(ids) for ids, _ in items)
+    if longest + max_new_tokens > n_ctx:
+        raise LensprobeError(
+            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) = {longest + max_new_tokens} "
+            f"exceeds the model's context of {n_ctx} tokens: lower max_new_tokens to at most "
+            f"{max(n_ctx - longest, 0)} or shorten the prompt."
+        )
+
+
+def _thinking_id(model, thinking, track) -> int | None:
+    """The thinking token's id: of ``thinking``, else ``<thinking>`` if tracked sets may name it."""
+    if thinking is not None:
+        return thinking_token_id(model, thinking.token)
+    if track is not None:
+        with contextlib.suppress(LensprobeError):
+            return thinking_token_id(model, "<thinking>")
+    return None
+
+
+def _as_track_dict(track) -> dict:
+    def name(spec) -> str:
+        return getattr(spec, "__name__", "callable") if callable(spec) else str(spec)
+
+    if track is None:
+        return {}
+    if isinstance(track, (str, int)) or callable(track):
+        return {name(track): track}
+    if not isinstance(track, Mapping):
+        return {name(s): s for s in track}
+    return dict(track)
+
+
+def _eos_ids(model) -> set[int]:
+    ids = set()
+    eos = getattr(model.tokenizer, "eos_token_id", None)
+    if eos is not None:
+        ids.add(int(eos))
+    gen = getattr(getattr(model, "original_model", None), "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None)
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif isinstance(extra, (list, tuple)):
+        ids.update(int(i) for i in extra)
+    return ids
+
+
+# ----- per-row state of a running generation ----------------------------------------------
+@dataclass
+class _Rows:
+    """What the loop keeps per row: live flags and thinking counts (on the model's device) and
+    the per-step outputs (on the CPU; -1 / NaN once a row has ended)."""
+
+    active: Tensor
+    n_thinking: Tensor
+    token_ids: Tensor
+    entropy: Tensor
+    chosen_prob: Tensor
+    thinking: Tensor
+    finish: list[str]
+    steps_done: int = 0
+
+    @classmethod
+    def start(cls, n_rows: int, max_steps: int, device) -> "_Rows":
+        return cls(active=torch.ones(n_rows, dtype=torch.bool, device=device),
+                   n_thinking=torch.zeros(n_rows, dtype=torch.long, device=device),
+                   token_ids=torch.full((n_rows, max_steps), -1, dtype=torch.long),
+                   entropy=torch.full((n_rows, max_steps), float("nan")),
+                   chosen_prob=torch.full((n_rows, max_steps), float("nan")),
+                   thinking=torch.zeros((n_rows, max_steps), dtype=torch.bool), finish=["length"] * n_rows)
+
+    def write(self, t: int, choice: Tensor, ent: Tensor, probs: Tensor, think: Tensor) -> int:
+        """Store step ``t`` of the live rows; returns how many rows were live."""
+        live = self.active.cpu()
+        n = live.shape[0]
+        self.token_ids[:, t] = torch.where(live, choice.cpu(), torch.full((n,), -1))
+        self.entropy[:, t] = torch.where(live, ent.cpu(), torch.full((n,), float("nan")))
+        self.chosen_prob[:, t] = torch.where(live, probs.gather(-1, choice[:, None])[:, 0].cpu(),
+                                             torch.full((n,), float("nan")))
+        self.thinking[:, t] = think.cpu()
+        self.steps_done = t + 1
+        return int(live.sum())
+
+    def end(self, ended: Tensor, reason: str) -> None:
+        for r in ended.nonzero().flatten().tolist():
+            self.finish[r] = reason
+        self.active = self.active & ~ended
+
+    def trimmed(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        n = max(self.steps_done, 1)
+        return self.token_ids[:, :n], self.entropy[:, :n], self.chosen_prob[:, :n], self.thinking[:, :n]
+
+
+# ----- the loop -------------------------------------------------------------------------
+class _Run:
+    """One generation: settings and inputs, checked; :meth:`execute` runs it."""
+
+    def __init__(self, model, cfg: GenerationConfig, items, interventions: list, sets: list[TrackedSet],
+                 layers: list[int], think_id: int | None, track) -> None:
+        self.model, self.cfg, self.items, self.interventions = model, cfg, items, interventions
+        self.sets, self.layers, self.think_id, self.track = sets, layers, think_id, track
+        tok = model.tokenizer
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+        device = model.cfg.device if getattr(model.cfg, "device", None) is not None else "cpu"
+        self.batch = pad_batch(items, cfg.n_samples, cfg.max_new_tokens, pad_id, device)
+        self.masks = (set_masks(items, sets, self.batch.prompt_rows, self.batch.width,
+                                self.batch.width + cfg.max_new_tokens, device) if sets else None)
+        hidden = final_hidden_hook(model) if isinstance(cfg.thinking, LatentFusion) else None
+        self.rec = StepRecorder(layers, self.batch.n_rows, len(sets), int(model.cfg.n_heads), cfg.max_new_tokens,
+                                self.masks, hidden, device)
+        self.rows = _Rows.start(self.batch.n_rows, cfg.max_new_tokens, device)
+        self.gens = _generators(cfg, self.batch)
+        eos = _eos_ids(model) if cfg.stop_at_eos else set()
+        self.eos = torch.tensor(sorted(eos), dtype=torch.long, device=device)
+
+    def execute(self, engine_name: str, progress: bool | str) -> GenerationTrace:
+        hooks = self.rec.hooks(self.model)
+        engine = choose_engine(self.model, engine_name, interventions=self.interventions,
+                               hook_names=[name for name, _ in hooks], rows=self.batch.n_rows)
+        bar = _progress_bar(progress, self.batch.n_rows * self.cfg.max_new_tokens)
+        started = time.perf_counter()
+        try:
+            with engine.attach(hooks, self.interventions), step_context() as publish:
+                self._loop(engine, publish, bar)
+        finally:
+            self.rec.replace = None
+            _close_bar(bar, self.rows.token_ids, started)
+        return self._trace(engine)
+
+    def _loop(self, engine: Engine, publish, bar) -> None:
+        batch, steps = self.batch, self.cfg.max_new_tokens
+        positions = batch.prompt_positions()
+        publish(StepInfo(0, positions, batch.lengths))
+        logits, past = engine.forward(batch.ids, batch.mask[:, :batch.width], positions.clamp(min=0), None)
+        for t in range(steps):
+            last = logits[:, -1].float()
+            choice, think = self._step(t, last, bar)
+            if t == steps - 1 or not bool(self.rows.active.any()):
+                break
+            col = self._advance(t, choice, think, last)
+            pos = (batch.lengths + t)[:, None]
+            publish(StepInfo(t + 1, pos, batch.lengths))
+            logits, past = engine.forward(choice[:, None], batch.mask[:, : col + 1], pos, past)
+
+    def _step(self, t: int, last: Tensor, bar) -> tuple[Tensor, Tensor]:
+        """Choose step ``t``'s tokens from its logits, record the step, end rows at EOS."""
+        rows, cfg = self.rows, self.cfg
+        logp = torch.log_softmax(last, dim=-1)
+        probs = logp.exp()
+        ent = -torch.where(probs > 0, probs * logp, 0.0).sum(-1)  # as lp.entropy, one softmax
+        choice = _choose(last, cfg, self.gens)
+        think = torch.zeros_like(rows.active)
+        if cfg.thinking is not None:
+            state = StepState(step=t, logits=last, entropy=ent, tokens=choice,
+                              thinking_token_id=self.think_id, n_thinking=rows.n_thinking)
+            think = torch.as_tensor(cfg.think_when(state), dtype=torch.bool, device=last.device)
+            think = think.expand(rows.active.shape[0]) & rows.active
+            choice = torch.where(think, torch.full_like(choice, self.think_id), choice)
+            rows.n_thinking = rows.n_thinking + think.long()
+        choice = torch.where(rows.active, choice, torch.full_like(choice, self.batch.pad_id))
+        live = rows.write(t, choice, ent, probs, think)
+        self.rec.end_rows(t, ~rows.active)
+        if bar is not None:
+            bar.update(live)
+        if self.eos.numel():
+            rows.end(torch.isin(choice, self.eos) & rows.active & ~think, "eos")
+        return choice, think
+
+    def _advance(self, t: int, choice: Tensor, think: Tensor, last: Tensor) -> int:
+        """Put step ``t``'s tokens in at padded column ``P + t``: mask, tracked sets, latent inputs."""
+        col = self.batch.width + t
+        self.batch.mask[:, col] = 1
+        if self.sets:
+            add_position(self.masks, self.sets, col, choice, think, self.batch.lengths, t, self.rows.active)
+        self.rec.replace = None
+        if self.cfg.thinking is not None and bool(think.any()):
+            rows_idx = think.nonzero().flatten()
+            hidden = self.rec.hidden[rows_idx] if self.rec.hidden is not None else None
+            vec = self.cfg.thinking.input_vectors(self.model, hidden, last[rows_idx], self.think_id)
+            if vec is not None:
+                self.rec.replace = (rows_idx, vec)
+        self.rec.step = t + 1
+        return col
+
+    def _trace(self, engine: Engine) -> GenerationTrace:
+        token_ids, entropy, chosen_prob, thinking = self.rows.trimmed()
+        n_heads = int(self.model.cfg.n_heads)
+        return GenerationTrace(
+            token_ids_rows=token_ids, entropy_rows=entropy, chosen_prob_rows=chosen_prob, thinking_rows=thinking,
+            attention_rows=self._attention(token_ids.shape[1]), **_texts(self.model.tokenizer, token_ids,
+                                                                         self.rows.finish),
+            prompt_index=self.batch.prompt_rows, sample_index=[j for _, j in self.batch.rows],
+            prompt_lengths=[int(x) for x in self.batch.lengths.cpu()], finish_reasons=self.rows.finish,
+            layers=list(self.layers), n_heads=n_heads, meta=self._meta(engine),
+        )
+
+    def _attention(self, n_steps: int) -> dict[str, Tensor]:
+        if self.rec.attn is None:  # sets but no layers cannot happen (layers default to all)
+            return {ts.name: torch.zeros((self.batch.n_rows, n_steps, 0, int(self.model.cfg.n_heads)))
+                    for ts in self.sets}
+        a = self.rec.attn[:n_steps].permute(2, 4, 0, 1, 3).cpu()  # [row, set, step, layer, head]
+        return {ts.name: a[:, s].contiguous() for s, ts in enumerate(self.sets)}
+
+    def _meta(self, engine: Engine) -> dict[str, Any]:
+        cfg = self.cfg
+        return {
+            "model": getattr(self.model.cfg, "model_name", None), "max_new_tokens": cfg.max_new_tokens,
+            "do_sample": cfg.do_sample, "temperature": float(cfg.temperature), "top_p": float(cfg.top_p),
+            "seed": cfg.seed, "stop_at_eos": cfg.stop_at_eos, "n_samples": cfg.n_samples,
+            "thinking": _describe(cfg.thinking),
+            "thinking_token_id": self.think_id if cfg.thinking is not None else None,
+            "think_when": _describe(cfg.think_when), "track": _describe(self.track),
+            "interventions": [_describe(i) for i in self.interventions],
+            "step_0": "last prompt position (its query predicts the first generated token)",
+            **engine.describe(),
+        }
+
+
+def _texts(tokenizer, token_ids: Tensor, finish: list[str]) -> dict[str, list]:
+    """Per row: the generated tokens as strings and the text (the final EOS left out)."""
+    str_tokens, texts = [], []
+    for r in range(token_ids.shape[0]):
+        gen = [int(i) for i in token_ids[r] if i >= 0]
+        str_tokens.append(tokenizer.batch_decode([[i] for i in gen]) if gen else [])
+        body = gen[:-1] if finish[r] == "eos" else gen
+        texts.append(tokenizer.decode(body) if body else "")
+    return {"str_tokens_rows": str_tokens, "texts": texts}
 
 
 def _describe(x) -> Any:
@@ -312,195 +436,17 @@ def _describe(x) -> Any:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _run(model, items, *, max_new_tokens, interventions, thinking, think_when, think_id, do_sample,
-         temperature, top_p, seed, stop_at_eos, n_samples, sets, layers, progress, track,
-         engine) -> GenerationTrace:
-    device = model.cfg.device if getattr(model.cfg, "device", None) is not None else "cpu"
-    tok = model.tokenizer
-    rows = [(pi, j) for pi in range(len(items)) for j in range(n_samples)]
-    R = len(rows)
-    lengths = torch.tensor([len(items[pi][0]) for pi, _ in rows])
-    P = int(lengths.max())
-    T = P + max_new_tokens
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    ids = torch.full((R, P), int(pad_id), dtype=torch.long)
-    mask = torch.zeros((R, T), dtype=torch.long)
-    for r, (pi, _) in enumerate(rows):
-        seq = items[pi][0]
-        ids[r, P - len(seq):] = torch.tensor(seq)
-        mask[r, P - len(seq):P] = 1
-    ids, mask, lengths = ids.to(device), mask.to(device), lengths.to(device)
-    pad_offset = P - lengths  # padded index of each row's first token
-
-    S = len(sets)
-    masks = set_masks(items, sets, [pi for pi, _ in rows], P, T, device) if S else None  # [row, T, set]
-    hidden_hook = _final_hidden_hook(model) if isinstance(thinking, LatentFusion) else None
-    rec = _Recorder(layers, R, S, int(model.cfg.n_heads), max_new_tokens, masks, hidden_hook, device)
-    view = _plain_view(model, engine, interventions, [name for name, _ in rec.hooks(model)])
-    threads = decode_threads(view, R) if view is not None else torch.get_num_threads()
-
-    def forward(tokens, attention_mask, position_ids, pkv):
-        if view is not None:
-            out = view(input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
-                       past_key_values=pkv, use_cache=True, logits_to_keep=1)
-            return out.logits, out.past_key_values
-        extra = {"logits_to_keep": 1} if pkv is None else {"past_key_values": pkv}
-        return model(tokens, attention_mask=attention_mask, position_ids=position_ids,
-                     return_type="logits_and_cache", **extra)
-
-    gens = None
-    if do_sample and seed is not None:
-        gens = []
-        for _, j in rows:
-            g = torch.Generator(device=device)
-            g.manual_seed(_row_seed(seed, j))
-            gens.append(g)
-    eos = _eos_ids(model) if stop_at_eos else set()
-    eos_t = torch.tensor(sorted(eos), dtype=torch.long, device=device)
-
-    token_ids = torch.full((R, max_new_tokens), -1, dtype=torch.long)
-    ent_buf = torch.full((R, max_new_tokens), float("nan"))
-    prob_buf = torch.full((R, max_new_tokens), float("nan"))
-    think_buf = torch.zeros((R, max_new_tokens), dtype=torch.bool)
-    active = torch.ones(R, dtype=torch.bool, device=device)
-    n_thinking = torch.zeros(R, dtype=torch.long, device=device)
-    finish = ["length"] * R
-    steps_done = 0
-
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=R * max_new_tokens, unit="tok", dynamic_ncols=True,
-                   desc=progress if isinstance(progress, str) else "generating")
-    started = time.perf_counter()
-    try:
-        with (attached(model, view, rec.hooks(model)) if view is not None
-              else intervene(model, rec, *interventions)), \
-             (layer_threads(view, threads) if view is not None else contextlib.nullcontext()), \
-             step_context() as publish:
-            positions = torch.arange(P, device=device)[None, :] - pad_offset[:, None]
-            publish(StepInfo(0, positions, lengths))
-            logits, pkv = forward(ids, mask[:, :P], positions.clamp(min=0), None)
-            for t in range(max_new_tokens):
-                last = logits[:, -1].float()
-                logp = torch.log_softmax(last, dim=-1)
-                probs = logp.exp()
-                ent = -torch.where(probs > 0, probs * logp, 0.0).sum(-1)  # as lp.entropy, one softmax
-                choice = _choose(last, do_sample, temperature, top_p, gens)
-                think = torch.zeros(R, dtype=torch.bool, device=device)
-                if thinking is not None:
-                    state = StepState(step=t, logits=last, entropy=ent, tokens=choice,
-                                      thinking_token_id=think_id, n_thinking=n_thinking)
-                    think = torch.as_tensor(think_when(state), dtype=torch.bool, device=device).expand(R) & active
-                    choice = torch.where(think, torch.full_like(choice, think_id), choice)
-                    n_thinking = n_thinking + think.long()
-                choice = torch.where(active, choice, torch.full_like(choice, int(pad_id)))
-                act_cpu = active.cpu()
-                token_ids[:, t] = torch.where(act_cpu, choice.cpu(), torch.full((R,), -1))
-                ent_buf[:, t] = torch.where(act_cpu, ent.cpu(), torch.full((R,), float("nan")))
-                prob_buf[:, t] = torch.where(act_cpu, probs.gather(-1, choice[:, None])[:, 0].cpu(),
-                                             torch.full((R,), float("nan")))
-                think_buf[:, t] = think.cpu()
-                if rec.attn is not None:
-                    rec.attn[t, :, ~active] = float("nan")
-                steps_done = t + 1
-                if bar is not None:
-                    bar.update(int(act_cpu.sum()))
-                if stop_at_eos and eos_t.numel():
-                    ended = torch.isin(choice, eos_t) & active & ~think
-                    for r in ended.nonzero().flatten().tolist():
-                        finish[r] = "eos"
-                    active = active & ~ended
-                if t == max_new_tokens - 1 or not bool(active.any()):
-                    break
-                # the chosen token goes in at padded position P + t
-                col = P + t
-                mask[:, col] = 1
-                if S:
-                    add_position(masks, sets, col, choice, think, lengths, t, active)
-                rec.replace = None
-                if thinking is not None and bool(think.any()):
-                    rows_idx = think.nonzero().flatten()
-                    vec = thinking.input_vectors(model, rec.hidden[rows_idx] if rec.hidden is not None else None,
-                                                 last[rows_idx], think_id)
-                    if vec is not None:
-                        rec.replace = (rows_idx, vec)
-                rec.step = t + 1
-                pos = (lengths + t)[:, None]
-                publish(StepInfo(t + 1, pos, lengths))
-                logits, pkv = forward(choice[:, None], mask[:, : col + 1], pos, pkv)
-    finally:
-        rec.replace = None
-        if bar is not None:
-            elapsed = max(time.perf_counter() - started, 1e-9)
-            bar.set_postfix_str(f"{int((token_ids >= 0).sum())} tokens in {elapsed:.1f}s")
-            bar.close()
-
-    n = max(steps_done, 1)
-    token_ids, ent_buf, prob_buf, think_buf = token_ids[:, :n], ent_buf[:, :n], prob_buf[:, :n], think_buf[:, :n]
-    attention = {}
-    if rec.attn is not None:
-        a = rec.attn[:n].permute(2, 4, 0, 1, 3).cpu()  # [row, set, step, layer, head]
-        attention = {ts.name: a[:, s].contiguous() for s, ts in enumerate(sets)}
-    elif sets:  # sets but no layers cannot happen (layers default to all); keep shape sane
-        attention = {ts.name: torch.zeros((R, n, 0, int(model.cfg.n_heads))) for ts in sets}
-    str_tokens, texts = [], []
-    for r in range(R):
-        gen = [int(i) for i in token_ids[r] if i >= 0]
-        str_tokens.append(tok.batch_decode([[i] for i in gen]) if gen else [])
-        body = gen[:-1] if finish[r] == "eos" else gen
-        texts.append(tok.decode(body) if body else "")
-    meta = {
-        "model": getattr(model.cfg, "model_name", None), "max_new_tokens": max_new_tokens,
-        "do_sample": do_sample, "temperature": temperature, "top_p": top_p, "seed": seed,
-        "stop_at_eos": stop_at_eos, "n_samples": n_samples, "thinking": _describe(thinking),
-        "thinking_token_id": think_id if thinking is not None else None,
-        "think_when": _describe(think_when), "track": _describe(track),
-        "interventions": [_describe(i) for i in interventions],
-        "step_0": "last prompt position (its query predicts the first generated token)",
-        "engine": "hf" if view is not None else "bridge",
-        "attention": _attention_name(view),
-        "decode_threads": threads,
-    }
-    return GenerationTrace(
-        token_ids_rows=token_ids, entropy_rows=ent_buf, chosen_prob_rows=prob_buf, thinking_rows=think_buf,
-        attention_rows=attention, str_tokens_rows=str_tokens, texts=texts,
-        prompt_index=[pi for pi, _ in rows], sample_index=[j for _, j in rows],
-        prompt_lengths=[int(x) for x in lengths.cpu()], finish_reasons=finish,
-        layers=list(layers), n_heads=int(model.cfg.n_heads), meta=meta,
-    )
-
-
-def _plain_view(model, engine: str, interventions, hook_names: list[str]):
-    """The plain view to run on (see :mod:`lensprobe.generation.engines.view`), or ``None`` for the bridge."""
-    if engine == "bridge":
+# ----- sampling and progress ------------------------------------------------------------
+def _generators(cfg: GenerationConfig, batch: PaddedBatch) -> list[torch.Generator] | None:
+    """One generator per row, seeded from the seed and the row's sample index (see ``seed``)."""
+    if not cfg.do_sample or cfg.seed is None:
         return None
-    why = None
-    if interventions:
-        why = "interventions run on the TransformerLens hook points"
-    elif has_user_hooks(model):
-        why = "hooks are attached to the model (they would not fire)"
-    elif not supports(hook_names):
-        why = f"a recorder needs hook points the plain model lacks ({hook_names})"
-    # pattern recorders read only the newest query's row: sdpa plus that row ("sdpa_last"),
-    # else plain sdpa; eager attention (full weights) is the fallback for both
-    attention = "sdpa_last" if any(".hook_pattern" in name for name in hook_names) else "sdpa"
-    view = plain_model(model, attention) if why is None else None
-    if view is None and why is None:
-        view = plain_model(model, "eager")
-    if view is None and why is None:
-        why = "this model has no plain Hugging Face view with the same logits"
-    if view is None and engine == "hf":
-        raise LensprobeError(f"engine='hf' cannot run here: {why}; use engine='auto' or 'bridge'.")
-    return view
-
-
-def _attention_name(view) -> str:
-    if view is None:
-        return "eager"
-    names = {v: k for k, v in ATTENTIONS.items()}
-    return names.get(view.config._attn_implementation, view.config._attn_implementation)
+    gens = []
+    for _, j in batch.rows:
+        g = torch.Generator(device=batch.device)
+        g.manual_seed(_row_seed(cfg.seed, j))
+        gens.append(g)
+    return gens
 
 
 def _row_seed(seed: int, sample: int) -> int:
@@ -509,10 +455,24 @@ def _row_seed(seed: int, sample: int) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def _choose(logits: Tensor, do_sample: bool, temperature: float, top_p: float, gens) -> Tensor:
-    if not do_sample:
+def _choose(logits: Tensor, cfg: GenerationConfig, gens) -> Tensor:
+    if not cfg.do_sample:
         return logits.argmax(-1)
-    probs = nucleus_probs(logits, top_p=top_p, temperature=temperature)
+    probs = nucleus_probs(logits, top_p=cfg.top_p, temperature=cfg.temperature)
     if gens is None:
         return torch.multinomial(probs, 1)[:, 0]
     return torch.stack([torch.multinomial(probs[r], 1, generator=g)[0] for r, g in enumerate(gens)])
+
+
+def _progress_bar(progress: bool | str, total: int):
+    if not progress:
+        return None
+    return tqdm(total=total, unit="tok", dynamic_ncols=True,
+                desc=progress if isinstance(progress, str) else "generating")
+
+
+def _close_bar(bar, token_ids: Tensor, started: float) -> None:
+    if bar is not None:
+        elapsed = max(time.perf_counter() - started, 1e-9)
+        bar.set_postfix_str(f"{int((token_ids >= 0).sum())} tokens in {elapsed:.1f}s")
+        bar.close()

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float
+from tokenizers import AddedToken
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
@@ -240,6 +241,20 @@ def add_thinking_token(model, token: str = THINKING_TOKEN) -> int:
     ids = tok.encode(token, add_special_tokens=False)
     if len(ids) == 1 and tok.decode(ids) == token:
         return int(ids[0])
+    hf = _check_can_add(model, token, ids)
+    old_vocab = _base_module(hf.get_input_embeddings()).weight.shape[0]
+    tok.add_tokens([AddedToken(token, special=True, normalized=False)], special_tokens=True)
+    new_id = tok.convert_tokens_to_ids(token)
+    if new_id != old_vocab:  # pragma: no cover - tokenizer-specific
+        raise LensprobeError(f"the tokenizer gave the new token id {new_id}, expected {old_vocab}.")
+    _append_mean_rows(hf)
+    _set_vocab_size(model, hf, old_vocab + 1)
+    return int(new_id)
+
+
+def _check_can_add(model, token: str, ids: list[int]):
+    """The Hugging Face model to grow, or a clear error why ``token`` cannot be added."""
+    tok = model.tokenizer
     added = set(getattr(tok, "all_special_ids", [])) | set(getattr(tok, "added_tokens_decoder", {}) or {})
     if len(ids) > 1 and all(i in added for i in ids):
         pieces = tok.convert_ids_to_tokens(ids)
@@ -253,20 +268,19 @@ def add_thinking_token(model, token: str = THINKING_TOKEN) -> int:
             "add_thinking_token needs a TransformerLens TransformerBridge over a Hugging Face "
             "model (lp.load_model() returns one)."
         )
-    from tokenizers import AddedToken
-
-    emb = _base_module(hf.get_input_embeddings())
-    out = _base_module(hf.get_output_embeddings()) if hf.get_output_embeddings() is not None else None
-    old_vocab = emb.weight.shape[0]
-    if len(tok) != old_vocab:
+    rows = _base_module(hf.get_input_embeddings()).weight.shape[0]
+    if len(tok) != rows:
         raise LensprobeError(
-            f"the tokenizer has {len(tok)} tokens but the embedding has {old_vocab} rows; "
+            f"the tokenizer has {len(tok)} tokens but the embedding has {rows} rows; "
             "add_thinking_token only grows a model whose tokenizer and embedding match."
         )
-    tok.add_tokens([AddedToken(token, special=True, normalized=False)], special_tokens=True)
-    new_id = tok.convert_tokens_to_ids(token)
-    if new_id != old_vocab:  # pragma: no cover - tokenizer-specific
-        raise LensprobeError(f"the tokenizer gave the new token id {new_id}, expected {old_vocab}.")
+    return hf
+
+
+def _append_mean_rows(hf) -> None:
+    """Append the mean row to the input embedding (and to an untied output layer and its bias)."""
+    emb = _base_module(hf.get_input_embeddings())
+    out = _base_module(hf.get_output_embeddings()) if hf.get_output_embeddings() is not None else None
     tied = out is not None and out.weight is emb.weight
     with torch.no_grad():
         w = emb.weight
@@ -279,15 +293,16 @@ def add_thinking_token(model, token: str = THINKING_TOKEN) -> int:
             if getattr(out, "bias", None) is not None:
                 out.bias.data = torch.cat([out.bias.data, out.bias.data.mean().reshape(1)])
             out.out_features = out.weight.shape[0]
-    new_vocab = old_vocab + 1
+
+
+def _set_vocab_size(model, hf, new_vocab: int) -> None:
     hf.config.vocab_size = new_vocab
-    for cfg in (getattr(hf.config, "text_config", None),):
-        if cfg is not None and hasattr(cfg, "vocab_size"):
-            cfg.vocab_size = new_vocab
+    text_config = getattr(hf.config, "text_config", None)
+    if text_config is not None and hasattr(text_config, "vocab_size"):
+        text_config.vocab_size = new_vocab
     for name in ("d_vocab", "d_vocab_out"):
         if hasattr(model.cfg, name):
             setattr(model.cfg, name, new_vocab)
-    return int(new_id)
 
 
 def _base_module(module):

@@ -35,11 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.lazy import heavy, pandas
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -202,8 +204,7 @@ class GenerationTrace:
         ``thinking``, ``entropy``, ``chosen_prob``, and ``attention:<set>`` for each tracked
         set (mean over layers and heads; per layer and head in :meth:`attention_dataframe`).
         """
-        import pandas as pd
-
+        pd = pandas()
         means = {s: torch.nanmean(v, dim=(2, 3)) if v.numel() else v.sum((2, 3))
                  for s, v in self.attention_rows.items()}
         records = []
@@ -221,9 +222,7 @@ class GenerationTrace:
 
     def attention_dataframe(self) -> "pd.DataFrame":
         """Long table: one row per (batch row, step, set, layer, head) with ``attention``."""
-        import numpy as np
-        import pandas as pd
-
+        pd = pandas()
         frames = []
         for s, v in self.attention_rows.items():
             R, T, L, H = v.shape
@@ -352,8 +351,7 @@ def _check_header(head: Mapping, path: Path) -> None:
 
 def _pyarrow():
     try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        pa, pq = heavy("pyarrow"), heavy("pyarrow.parquet")
     except ImportError as err:  # pragma: no cover - pyarrow is a dependency
         raise LensprobeError("Parquet needs pyarrow: `pip install pyarrow`, or save as .json.") from err
     return pa, pq
@@ -401,9 +399,7 @@ def trace_summary(traces: Mapping[str, GenerationTrace] | GenerationTrace, *, tr
         >>> df = lp.trace_summary({"LatentFusion": t1, "Pause": t2}, band="std", smooth=5)
         >>> fig = lp.viz.generation_trace_figure(df)
     """
-    import numpy as np
-    import pandas as pd
-
+    pd = pandas()
     if isinstance(traces, GenerationTrace):
         traces = {"trace": traces}
     if band not in ("std", "ci95", "none"):

@@ -50,6 +50,7 @@ from lensprobe.core.heads import (
     resolve_positions,
 )
 from lensprobe.core.hooks import Hook, current_step, pattern_hook_name
+from lensprobe.core.jsonable import digest
 from lensprobe.interventions.replacement import (
     HeadMeans,
     Method,
@@ -260,19 +261,16 @@ def _ranges(values: list[int]) -> str:
 
 def _describe_reference(ref) -> str:
     """Count and a short content digest of a reference (the same in every process)."""
-    import hashlib
-
-    digest = hashlib.sha256()
     if isinstance(ref, HeadMeans):
-        for layer in sorted(ref.values):
-            digest.update(ref.values[layer].detach().cpu().contiguous().numpy().tobytes())
-        return f"HeadMeans over {ref.n_prompts} prompts, sha256 {digest.hexdigest()[:12]}"
+        chunks = [ref.values[layer].detach().cpu().contiguous().numpy().tobytes() for layer in sorted(ref.values)]
+        return f"HeadMeans over {ref.n_prompts} prompts, sha256 {digest(*chunks, length=12)}"
     items = ref if isinstance(ref, (list, tuple)) and not all(is_int(t) for t in ref) else [ref]
+    texts = []
     for item in items:
         tokens = getattr(item, "tokens", item)
         ids = tokens.flatten().tolist() if isinstance(tokens, Tensor) else list(tokens)
-        digest.update((",".join(str(int(i)) for i in ids) + ";").encode())
-    return f"{len(items)} prompt{'s' if len(items) != 1 else ''}, sha256 {digest.hexdigest()[:12]}"
+        texts.append(",".join(str(int(i)) for i in ids) + ";")
+    return f"{len(items)} prompt{'s' if len(items) != 1 else ''}, sha256 {digest(*texts, length=12)}"
 
 
 def _has_layer(source, layer: int) -> bool:

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks import ActivationRecorder, resolve_hooks
+from lensprobe.core.lazy import pandas
 from lensprobe.core.measures import logits_needed, resolve_measure, run_logits, run_measure
 
 _UNPATCHABLE = ("hook_pattern", "hook_attn_scores")
@@ -65,13 +66,12 @@ class PatchResult:
         source and the clean target give the same value), ``kl`` (KL divergence, nats, from
         the clean target's next-token distribution at the last prompt position to the
         patched one)."""
-        import pandas as pd
-
-        return pd.DataFrame(self.rows, columns=["site", "hook", "segment", "n_positions", "clean", "patched",
+        return pandas().DataFrame(self.rows, columns=["site", "hook", "segment", "n_positions", "clean", "patched",
                                                 "change", "source", "share", "kl"])
 
 
 def _positions_of(prompt, segment: str) -> list[int]:
+    """Positions of a named segment; a clear error for token ids, which have no segments."""
     if not hasattr(prompt, "positions"):
         raise LensprobeError(
             f"segments={segment!r} needs Prompts with named segments (lp.build_prompt), not token ids."
@@ -80,6 +80,7 @@ def _positions_of(prompt, segment: str) -> list[int]:
 
 
 def _aligned(source, target, src_len: int, tgt_len: int, segment: str | None) -> tuple[list[int], list[int]]:
+    """``(source positions, target positions)`` of a segment (``None``: every position), token by token."""
     if segment is None:
         if src_len != tgt_len:
             raise LensprobeError(
@@ -125,18 +126,7 @@ def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], 
     Example:
         >>> res = lp.patch(model, with_filler, without, "blocks.0.hook_resid_post", segments="question")
     """
-    names = [hook_names] if isinstance(hook_names, str) else list(hook_names)
-    if not names:
-        raise LensprobeError("no hook names given: pass e.g. 'blocks.0.hook_resid_post'.")
-    for name in names:
-        if name.endswith(_UNPATCHABLE):
-            raise LensprobeError(
-                f"cannot patch {name}: attention patterns have two position axes. Patch the head "
-                "outputs ('blocks.{l}.attn.hook_z') or values ('hook_v') instead."
-            )
-    if len(set(names)) != len(names):
-        raise LensprobeError("a hook name is given twice; name each hook point once.")
-    resolve_hooks(model, [(n, lambda a, h: None) for n in names])
+    names = check_hook_names(model, hook_names)
     segs: list[str | None] = [None] if segments is None else (
         [segments] if isinstance(segments, str) else list(segments))
     measure = resolve_measure(metric, answer=answer)
@@ -152,12 +142,7 @@ def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], 
     row_sites: list[list[tuple[str, str | None]]] = [[]] + [[s] for s in sites]
     if combined and len(sites) > 1:
         row_sites.append(sites)
-    writes: dict[str, list[tuple[int, Tensor, Tensor]]] = {name: [] for name in names}
-    for row, group in enumerate(row_sites):
-        for name, seg in group:
-            src_pos, tgt_pos = alignment[seg]
-            writes[name].append((row, torch.tensor(tgt_pos), torch.tensor(src_pos)))
-    hooks = [(name, PatchHook(name, rec.acts[name], tuple(w), T)) for name, w in writes.items() if w]
+    hooks = patch_hooks(names, rec.acts, row_sites, alignment, T)
     batch = tgt_tokens.expand(len(row_sites), -1)
     n_prompt = int(target_prompt.tokens.shape[1] if hasattr(target_prompt, "tokens") else T)
     keep = max(logits_needed(measure, model, target_prompt), T - n_prompt + 1)
@@ -168,6 +153,42 @@ def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], 
     last = n_prompt - 1 - (T - logits.shape[1])  # the last prompt position among the kept logits
     logp = torch.log_softmax(logits[:, last].float(), dim=-1)
     kl = (logp[0].exp() * (logp[0] - logp)).sum(-1).cpu()
+    rows = site_rows(row_sites, alignment, values, kl, source_value)
+    return PatchResult(getattr(measure, "name", str(metric)), float(values[0]), source_value, rows)
+
+
+def check_hook_names(model, hook_names: str | Sequence[str]) -> list[str]:
+    """The hook names as a list, each existing on ``model``, none twice, none an attention pattern."""
+    names = [hook_names] if isinstance(hook_names, str) else list(hook_names)
+    if not names:
+        raise LensprobeError("no hook names given: pass e.g. 'blocks.0.hook_resid_post'.")
+    for name in names:
+        if name.endswith(_UNPATCHABLE):
+            raise LensprobeError(
+                f"cannot patch {name}: attention patterns have two position axes. Patch the head "
+                "outputs ('blocks.{l}.attn.hook_z') or values ('hook_v') instead."
+            )
+    if len(set(names)) != len(names):
+        raise LensprobeError("a hook name is given twice; name each hook point once.")
+    resolve_hooks(model, [(n, lambda a, h: None) for n in names])
+    return names
+
+
+def patch_hooks(names: list[str], source_acts: dict[str, Tensor], row_sites: list[list[tuple[str, str | None]]],
+                alignment: dict, target_len: int) -> list[tuple[str, PatchHook]]:
+    """One :class:`PatchHook` per hook point of ``names`` (its source activation from
+    ``source_acts``): batch row ``r`` gets the sites ``row_sites[r]``."""
+    writes: dict[str, list[tuple[int, Tensor, Tensor]]] = {name: [] for name in names}
+    for row, group in enumerate(row_sites):
+        for name, seg in group:
+            src_pos, tgt_pos = alignment[seg]
+            writes[name].append((row, torch.tensor(tgt_pos), torch.tensor(src_pos)))
+    return [(name, PatchHook(name, source_acts[name], tuple(w), target_len)) for name, w in writes.items() if w]
+
+
+def site_rows(row_sites: list[list[tuple[str, str | None]]], alignment: dict, values: Tensor, kl: Tensor,
+              source_value: float) -> list[dict[str, Any]]:
+    """The rows of :meth:`PatchResult.to_dataframe`, one per patched batch row (row 0 is the clean target)."""
     rows = []
     gap = source_value - float(values[0])
     for row, group in enumerate(row_sites[1:], start=1):
@@ -184,4 +205,4 @@ def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], 
             "change": float(values[row] - values[0]), "source": source_value,
             "share": float(values[row] - values[0]) / gap if gap != 0 else float("nan"), "kl": float(kl[row]),
         })
-    return PatchResult(getattr(measure, "name", str(metric)), float(values[0]), source_value, rows)
+    return rows

@@ -64,16 +64,6 @@ def _take_positions(v: Tensor, pos: Tensor, selected: Tensor, *, what: str) -> T
     return v[pos.clamp(min=0, max=n - 1)]
 
 
-def _reference_tokens(model, reference) -> list[Tensor]:
-    """``[1, pos]`` token ids of each reference prompt."""
-    if isinstance(reference, (str, bytes)):
-        raise LensprobeError(
-            "reference must be prompts (lp.build_prompt) or token ids, not a string; build a "
-            "Prompt from the text first."
-        )
-    return [as_tokens(model, p) for p in as_prompts(model, reference)]
-
-
 def record_z(model, tokens, layers: Sequence[int]) -> dict[int, Float[Tensor, "batch pos head_index d_head"]]:
     """``hook_z`` of the given layers for one forward pass (nothing else is kept)."""
     layers = check_layers(model, list(layers))
@@ -101,7 +91,7 @@ def head_means(model, reference, *, layers: Sequence[int] | None = None,
         ...     logits = model(p.tokens)
     """
     layers = check_layers(model, None if layers is None else list(layers))
-    items = _reference_tokens(model, reference)
+    items = [as_tokens(model, p) for p in as_prompts(model, reference)]  # [1, pos] each
     longest = max(t.shape[1] for t in items)
     sums: dict[int, Tensor] = {}
     counts = torch.zeros(longest, dtype=torch.float64)
@@ -135,7 +125,7 @@ def replacement_source(model, method: str, reference, layers: list[int], per_pos
                 raise LensprobeError(f"the given head means lack layers {missing}; compute them for those layers.")
             return reference
         return head_means(model, reference, layers=layers, per_position=per_position)
-    items = _reference_tokens(model, reference)
+    items = [as_tokens(model, p) for p in as_prompts(model, reference)]  # [1, pos] each
     if len(items) != 1:
         raise LensprobeError(
             f"resample ablation takes its values from one reference prompt, got {len(items)}; "
@@ -155,6 +145,7 @@ def replacement_values(source, layer: int, pos: Tensor | None, selected: Tensor)
 
 
 def check_method(method: str, reference) -> None:
+    """Refuse an unknown method, or a reference that does not fit it (mean and resample need one, zero none)."""
     if method not in METHODS:
         raise LensprobeError(f"unknown ablation method {method!r}: use one of {METHODS}.")
     if method == "mean" and reference is None:

@@ -16,10 +16,12 @@ from typing import Any
 import torch
 from jaxtyping import Float
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.forward import as_prompts
 from lensprobe.core.heads import head_label, resolve_heads, resolve_positions
+from lensprobe.core.lazy import pandas
 from lensprobe.core.measures import (
     AnswerLogProb,
     AttentionTo,
@@ -81,17 +83,13 @@ class SweepResult:
     @property
     def table(self):
         """Mean change over prompts as a DataFrame: index ``layer``, one column per head."""
-        import pandas as pd
-
-        df = pd.DataFrame(self.grid().numpy(), columns=list(range(self.n_heads)))
+        df = pandas().DataFrame(self.grid().numpy(), columns=list(range(self.n_heads)))
         df.index.name = "layer"
         df.columns.name = "head"
         return df
 
     def to_dataframe(self):
         """Long form: one row per (prompt, head) with baseline, ablated value and change."""
-        import pandas as pd
-
         rows = []
         for p in range(self.ablated.shape[0]):
             for i, (layer, head) in enumerate(self.heads):
@@ -100,7 +98,7 @@ class SweepResult:
                     "baseline": float(self.baseline[p]), "ablated": float(self.ablated[p, i]),
                     "change": float(self.ablated[p, i] - self.baseline[p]),
                 })
-        return pd.DataFrame(rows, columns=["prompt", "layer", "head", "label", "baseline", "ablated", "change"])
+        return pandas().DataFrame(rows, columns=["prompt", "layer", "head", "label", "baseline", "ablated", "change"])
 
     def prompt(self, index: int) -> "SweepResult":
         """The result for one prompt only."""
@@ -124,6 +122,7 @@ class SweepResult:
 
 
 def _measures(metric, n: int, answers) -> list[Measure]:
+    """One measure per prompt (``answers``: one answer for all, or one per prompt)."""
     if answers is None or isinstance(answers, str):
         one = resolve_measure(metric, answer=answers)
         return [one] * n
@@ -131,6 +130,35 @@ def _measures(metric, n: int, answers) -> list[Measure]:
     if len(answers) != n:
         raise LensprobeError(f"got {len(answers)} answers for {n} prompts: pass one answer per prompt.")
     return [resolve_measure(metric, answer=a) for a in answers]
+
+
+def sweep_prompt(model, prompt, measure: Measure, chunks: list[list[tuple[int, int] | None]], method: Method,
+                 positions, source, share: bool, bar) -> tuple[Tensor, bool]:
+    """The measure with each chunk's heads ablated (batch row ``b`` ablating ``chunk[b]``; ``None``
+    is the unablated row), concatenated over chunks; and whether sharing the prefix still works.
+
+    With ``share``, the layers below a chunk's lowest ablated head run once at batch size 1
+    and the residual stream is copied into the rows there; a model that cannot change the
+    batch size mid-forward turns sharing off for the rest of the sweep.
+    """
+    tokens = measure.inputs(model, prompt)
+    values = []
+    for chunk in chunks:
+        abl = RowHeadAblation(tuple(chunk), method, positions, source)
+        start = min((pair[0] for pair in chunk if pair is not None), default=0) if share else 0
+        if start > 0:
+            try:
+                expand = (f"blocks.{start}.hook_resid_pre", _ExpandBatch(len(chunk)))
+                values.append(run_measure(model, measure, prompt, tokens, expand, abl)[0])
+                bar.update(1)
+                continue
+            except LensprobeError:
+                raise
+            except Exception:  # a model that cannot change batch size mid-forward
+                share = False
+        values.append(run_measure(model, measure, prompt, tokens.expand(len(chunk), -1), abl)[0])
+        bar.update(1)
+    return torch.cat(values), share
 
 
 def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all", method: Method = "zero",
@@ -167,8 +195,6 @@ def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all
         >>> res = lp.ablation_sweep(model, prompt, "entropy")
         >>> res.table.loc[0, 3]   # entropy change from ablating L0H3
     """
-    from tqdm.auto import tqdm
-
     check_method(method, reference)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise LensprobeError(f"batch_size must be a positive integer, got {batch_size!r}.")
@@ -185,31 +211,11 @@ def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all
     share = share_prefix and type(measures[0]) in _PREFIX_SAFE
     baseline = torch.empty(len(items))
     ablated = torch.empty(len(items), len(pairs))
-    bar = tqdm(total=len(items) * len(chunks), desc="ablation sweep", unit="batch", disable=not progress)
-    try:
+    with tqdm(total=len(items) * len(chunks), desc="ablation sweep", unit="batch", disable=not progress) as bar:
         for p_idx, (prompt, measure) in enumerate(zip(items, measures, strict=True)):
             pos = resolve_positions(positions, prompt if hasattr(prompt, "positions") else None)
-            tokens = measure.inputs(model, prompt)
-            values = []
-            for chunk in chunks:
-                abl = RowHeadAblation(tuple(chunk), method, pos, source)
-                start = min((pair[0] for pair in chunk if pair is not None), default=0) if share else 0
-                if start > 0:
-                    try:
-                        expand = (f"blocks.{start}.hook_resid_pre", _ExpandBatch(len(chunk)))
-                        values.append(run_measure(model, measure, prompt, tokens, expand, abl)[0])
-                        bar.update(1)
-                        continue
-                    except LensprobeError:
-                        raise
-                    except Exception:  # a model that cannot change batch size mid-forward
-                        share = False
-                values.append(run_measure(model, measure, prompt, tokens.expand(len(chunk), -1), abl)[0])
-                bar.update(1)
-            flat = torch.cat(values)
+            flat, share = sweep_prompt(model, prompt, measure, chunks, method, pos, source, share, bar)
             baseline[p_idx] = flat[0]
             ablated[p_idx, torch.tensor(order)] = flat[1:]
-    finally:
-        bar.close()
     return SweepResult(pairs, baseline, ablated, getattr(measures[0], "name", str(metric)), method,
                        int(model.cfg.n_layers), int(model.cfg.n_heads))

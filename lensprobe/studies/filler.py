@@ -4,7 +4,8 @@ Reproduces the attention analyses of "Meaningless Tokens, Meaningful Gains" (arX
 2510.01032) on any TransformerLens model, from real forward passes:
 
 - :func:`attention_received`: average attention received per token position, per
-  (layer, head), under the conditions none / Mless / Mful / random sentence, both aligned
+  (layer, head), under the conditions w/o / w/ Mless / w/ Mful / random sentence (or
+  conditions of your own, :class:`~lensprobe.core.conditions.Condition`), both aligned
   across conditions (the filler span dropped) and over the full with-filler prompt;
 - :func:`filler_vs_random`: the filler against a random sentence of the same token count,
   one model after another, at one (layer, head);
@@ -19,17 +20,28 @@ Example:
     >>> import lensprobe as lp
     >>> model = lp.load_model()
     >>> res = lp.attention_received(model, "What is 12+7?", layers=[0])
-    >>> res.aligned().query("head == 0 and condition == 'meaningless'").head()
+    >>> res.aligned().query("head == 0 and condition == 'w/ Mless'").head()
 """
 
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
+from tqdm.auto import tqdm
+
+from lensprobe.core.conditions import (
+    BUILTIN_CONDITIONS,
+    Condition,
+    bind_interventions,
+    canonical_condition_name,
+    paper_conditions,
+    resolve_conditions,
+)
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.forward import attention_patterns
 from lensprobe.core.heads import head_label
+from lensprobe.core.lazy import pandas
 from lensprobe.core.metrics import (
     DEFAULT_TOKEN_CLASSES,
     attention_by_token_class,
@@ -37,37 +49,39 @@ from lensprobe.core.metrics import (
     token_class_mask,
 )
 from lensprobe.core.models import check_heads, check_layers, model_label
-from lensprobe.core.prompts import (
-    MATH_SYSTEM_PROMPT,
-    PLACEMENTS,
-    Filler,
-    Placement,
-    Prompt,
-    build_prompt,
-    prompt_json,
-)
+from lensprobe.core.prompts import MATH_SYSTEM_PROMPT, PLACEMENTS, Placement, Prompt, prompt_json
 
 if TYPE_CHECKING:
     import pandas as pd
 
-Condition = Literal["none", "meaningless", "meaningful", "random"]
-CONDITIONS: tuple[str, ...] = ("none", "meaningless", "meaningful", "random")
-"""The paper's conditions: no filler, Mless ("/" x 55), Mful ("he" x 55), a random sentence."""
+CONDITIONS: tuple[str, ...] = tuple(BUILTIN_CONDITIONS)
+"""The paper's conditions: ``"w/o"`` (no filler), ``"w/ Mless"`` ("/" x 55), ``"w/ Mful"``
+("he" x 55), ``"random sentence"`` (as many tokens as Mless)."""
 
-_ALIASES = {"w/o": "none", "without": "none", "mless": "meaningless", "mful": "meaningful",
-            "random sentence": "random", "random_sentence": "random"}
+BASELINE = "w/o"
+"""The condition without filler that the others are aligned to and compared with."""
 
 
-def normalize_conditions(conditions: Sequence[str] | str) -> tuple[str, ...]:
-    """Validate condition names; also accepts the paper's ``w/o``, ``Mless``, ``Mful``."""
-    if isinstance(conditions, str):
+def normalize_conditions(conditions: Sequence[str | Condition] | str | Condition) -> tuple[str | Condition, ...]:
+    """Condition names in their canonical spelling (``"meaningless"`` -> ``"w/ Mless"``), in order,
+    each once; :class:`~lensprobe.core.conditions.Condition` objects are kept as they are.
+
+    Raises:
+        LensprobeError: an unknown name (or no condition at all).
+
+    Example:
+        >>> normalize_conditions(["none", "Mless"])
+        ('w/o', 'w/ Mless')
+    """
+    if isinstance(conditions, (str, Condition)):
         conditions = [conditions]
-    out: list[str] = []
+    out: list[str | Condition] = []
     for c in conditions:
-        name = _ALIASES.get(str(c).lower(), str(c).lower())
-        if name not in CONDITIONS:
+        name = c if isinstance(c, Condition) else canonical_condition_name(c)
+        if isinstance(name, str) and name not in BUILTIN_CONDITIONS:
             raise LensprobeError(
-                f"unknown condition {c!r}: use one of {list(CONDITIONS)} (or the paper's 'w/o', 'Mless', 'Mful')."
+                f"unknown condition {c!r}: use some of {list(CONDITIONS)} (aliases: none, meaningless, "
+                "meaningful, random) or a lensprobe Condition."
             )
         if name not in out:
             out.append(name)
@@ -78,11 +92,15 @@ def normalize_conditions(conditions: Sequence[str] | str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class FillerSetup:
-    """How the study's prompts are built (defaults: the paper's MATH-500 set-up).
+    """Which conditions the study runs, and the filler settings of the built-in ones (defaults:
+    the paper's MATH-500 set-up).
 
     Attributes:
-        conditions: which of ``none``, ``meaningless``, ``meaningful``, ``random`` to run.
-        system: system prompt (``None`` for none); default :data:`MATH_SYSTEM_PROMPT`.
+        conditions: built-in condition names (``"w/o"``, ``"w/ Mless"``, ``"w/ Mful"``,
+            ``"random sentence"``, or aliases such as ``"none"``, ``"meaningless"``) or
+            :class:`~lensprobe.core.conditions.Condition` objects of your own.
+        system: system prompt of the built-in conditions (``None`` for none); default
+            :data:`MATH_SYSTEM_PROMPT`.
         count: filler length in repetitions (55 in the paper).
         symbol: the meaningless symbol (``"/"``).
         word: the meaningful word (``"he"``).
@@ -92,10 +110,10 @@ class FillerSetup:
 
     Example:
         >>> FillerSetup(conditions=("none", "Mless")).conditions
-        ('none', 'meaningless')
+        ('w/o', 'w/ Mless')
     """
 
-    conditions: tuple[str, ...] = CONDITIONS
+    conditions: tuple[str | Condition, ...] = CONDITIONS
     system: str | None = MATH_SYSTEM_PROMPT
     count: int = 55
     symbol: str = "/"
@@ -111,35 +129,31 @@ class FillerSetup:
         if self.placement not in PLACEMENTS:
             raise LensprobeError(f"unknown placement {self.placement!r}: use one of {PLACEMENTS}.")
 
-    def filler(self, condition: str, model) -> Filler | None:
-        """The :class:`Filler` of one condition for this model (``None`` for ``none``)."""
-        condition = normalize_conditions(condition)[0]
-        if condition == "none":
-            return None
-        if condition == "meaningless":
-            return Filler.meaningless(symbol=self.symbol, count=self.count)
-        if condition == "meaningful":
-            return Filler.meaningful(word=self.word, count=self.count)
-        # Same token count as the Mless filler (prompts tokenize each segment on its own).
-        tokenizer = getattr(model, "tokenizer", model)
-        mless = Filler.meaningless(symbol=self.symbol, count=self.count).content
-        return Filler.random_sentence(len(tokenizer.encode(mless, add_special_tokens=False)), seed=self.seed)
+    def resolve(self) -> list[Condition]:
+        """The :class:`~lensprobe.core.conditions.Condition` of each entry of ``conditions``, in order."""
+        builtins = paper_conditions(system=self.system, count=self.count, symbol=self.symbol, word=self.word,
+                                    seed=self.seed, placement=self.placement, chat=self.chat)
+        return resolve_conditions(list(self.conditions), builtins=builtins)
+
+    def condition(self, name: str) -> Condition:
+        """One built-in condition (any spelling) with this set-up's filler settings.
+
+        Example:
+            >>> FillerSetup(count=5).condition("meaningless").prompt_builder(model)("What is 12+7?")
+        """
+        return replace(self, conditions=(name,)).resolve()[0]
 
 
 def condition_prompts(model, question: str, setup: FillerSetup | None = None) -> dict[str, Prompt]:
-    """One prompt per condition, built with :func:`lensprobe.build_prompt`.
+    """One prompt per condition, built by the condition (:meth:`Condition.prompt_builder`).
 
     Example:
         >>> ps = condition_prompts(model, "What is 12+7?")
-        >>> len(ps["meaningless"].positions("filler")) == len(ps["random"].positions("filler"))
+        >>> len(ps["w/ Mless"].positions("filler")) == len(ps["random sentence"].positions("filler"))
         True
     """
     setup = setup or FillerSetup()
-    return {
-        c: build_prompt(model, question, system=setup.system, filler=setup.filler(c, model),
-                        placement=setup.placement, chat=setup.chat)
-        for c in setup.conditions
-    }
+    return {c.name: c.prompt_builder(model)(question) for c in setup.resolve()}
 
 
 def aligned_positions(prompt: Prompt) -> list[int]:
@@ -159,14 +173,15 @@ class AttentionReceived:
     """Average attention received per position, per condition, layer and head.
 
     Attributes:
-        table: one row per (condition, layer, head, position) with columns ``condition``,
-            ``layer``, ``head``, ``head_label`` ("L0H13"), ``position`` (in that condition's
-            prompt), ``aligned_pos`` (position in the no-filler prompt; ``<NA>`` inside the
-            filler span), ``token``, ``segment`` and ``attention``. The last position has no
-            later query, so its ``attention`` is NaN.
-        prompts: the prompt of each condition.
+        table: one row per (condition, layer, head, position) with columns ``condition``
+            (``"w/o"``, ``"w/ Mless"``, ...), ``layer``, ``head``, ``head_label`` ("L0H13"),
+            ``position`` (in that condition's prompt), ``aligned_pos`` (position in the
+            no-filler prompt; ``<NA>`` inside the filler span), ``token``, ``segment`` and
+            ``attention``. The last position has no later query, so its ``attention`` is NaN.
+        prompts: the prompt of each condition, by condition name.
         model_name: which model produced the numbers.
         question: the question text.
+        setup: the conditions and filler settings that were run.
     """
 
     table: "pd.DataFrame"
@@ -177,7 +192,19 @@ class AttentionReceived:
 
     @property
     def conditions(self) -> tuple[str, ...]:
+        """The condition names, in the order they were run."""
         return tuple(self.prompts)
+
+    def condition_name(self, condition: str) -> str:
+        """The name ``condition`` (any spelling, e.g. ``"meaningless"``) has in this result.
+
+        Raises:
+            LensprobeError: the condition was not run.
+        """
+        name = canonical_condition_name(condition)
+        if name not in self.prompts:
+            raise LensprobeError(f"condition {condition!r} was not run: this result has {list(self.prompts)}.")
+        return name
 
     def aligned(self) -> "pd.DataFrame":
         """Rows outside the filler span, with ``aligned_pos`` as the shared x axis."""
@@ -185,11 +212,50 @@ class AttentionReceived:
 
     def filler_span(self, condition: str) -> tuple[int, int] | None:
         """Half-open ``(start, end)`` token span of the filler in ``condition``'s prompt."""
-        return self.prompts[condition].segments.get("filler")
+        return self.prompts[self.condition_name(condition)].segments.get("filler")
 
     def prompts_json(self) -> dict[str, Any]:
         """The prompts as JSON-able dicts (text, tokens, segments), for the report."""
         return {c: prompt_json(p) for c, p in self.prompts.items()}
+
+
+def check_alignable(prompts: Mapping[str, Prompt]) -> None:
+    """Refuse prompts that differ from the no-filler prompt outside their filler span.
+
+    Raises:
+        LensprobeError: a prompt has another number of positions outside its filler than the
+            ``"w/o"`` prompt (so positions cannot be lined up).
+    """
+    if BASELINE not in prompts:
+        return
+    base = len(prompts[BASELINE])
+    for c, p in prompts.items():
+        if len(aligned_positions(p)) != base:  # would mean a filler changed other tokens
+            raise LensprobeError(
+                f"condition {c!r}: {len(aligned_positions(p))} positions outside the filler, "
+                f"but the no-filler prompt has {base}; the prompts cannot be aligned."
+            )
+
+
+def received_table(condition: str, prompt: Prompt, patterns: Mapping[int, Any], heads: Sequence[int]
+                   ) -> "pd.DataFrame":
+    """Rows of :attr:`AttentionReceived.table` for one condition, from its ``{layer: [head, q, k]}`` patterns."""
+    pd = pandas()
+    n = len(prompt)
+    aligned = [pd.NA] * n
+    for k, p in enumerate(aligned_positions(prompt)):
+        aligned[p] = k
+    segment = [prompt.segment_of(p) for p in range(n)]
+    frames = []
+    for layer, pattern in patterns.items():
+        recv = average_attention_received(pattern.float())[list(heads)].cpu().numpy()
+        for row, head in enumerate(heads):
+            frames.append(pd.DataFrame({
+                "condition": condition, "layer": layer, "head": head, "head_label": head_label(layer, head),
+                "position": range(n), "aligned_pos": pd.array(aligned, dtype="Int64"),
+                "token": prompt.str_tokens, "segment": segment, "attention": recv[row],
+            }))
+    return pd.concat(frames, ignore_index=True)
 
 
 def attention_received(model, question: str, *, layers: int | Sequence[int] | None = None,
@@ -197,12 +263,12 @@ def attention_received(model, question: str, *, layers: int | Sequence[int] | No
                        progress: bool = False) -> AttentionReceived:
     """Average attention received per token position under each filler condition.
 
-    One forward pass per condition (stopping after the last requested layer), keeping only
-    the requested layers' patterns; ``lp.average_attention_received`` gives, per key
-    position ``j``, the mean of ``A[i, j]`` over the queries ``i > j`` (queries inside the
-    filler included). For the aligned view the filler span (and its separator) is dropped
-    from the key positions afterwards, so position ``k`` means the same token in every
-    condition.
+    One forward pass per condition (stopping after the last requested layer, with the
+    condition's interventions attached, if it has any), keeping only the requested layers'
+    patterns; ``lp.average_attention_received`` gives, per key position ``j``, the mean of
+    ``A[i, j]`` over the queries ``i > j`` (queries inside the filler included). For the
+    aligned view the filler span (and its separator) is dropped from the key positions
+    afterwards, so position ``k`` means the same token in every condition.
 
     Args:
         model: a TransformerLens model (e.g. ``lp.load_model()``).
@@ -219,42 +285,23 @@ def attention_received(model, question: str, *, layers: int | Sequence[int] | No
         >>> res = attention_received(model, "What is 12+7?", layers=[0], heads=[0, 1])
         >>> res.aligned().groupby("condition")["attention"].mean()
     """
-    import pandas as pd
-    from tqdm.auto import tqdm
-
     setup = setup or FillerSetup()
     layers = check_layers(model, layers)
     heads = check_heads(model, heads)
-    prompts = condition_prompts(model, question, setup)
-    if "none" in prompts:
-        base = len(prompts["none"])
-        for c, p in prompts.items():
-            if len(aligned_positions(p)) != base:  # would mean a filler changed other tokens
-                raise LensprobeError(
-                    f"condition {c!r}: {len(aligned_positions(p))} positions outside the filler, "
-                    f"but the no-filler prompt has {base}; the prompts cannot be aligned."
-                )
+    conditions = setup.resolve()
+    prompts = {c.name: c.prompt_builder(model)(question) for c in conditions}
+    check_alignable(prompts)
     frames = []
-    for c, prompt in tqdm(prompts.items(), desc="conditions", disable=not progress, leave=False):
-        pats = attention_patterns(model, prompt, layers)
-        n = len(prompt)
-        aligned = [pd.NA] * n
-        for k, p in enumerate(aligned_positions(prompt)):
-            aligned[p] = k
-        segment = [prompt.segment_of(p) for p in range(n)]
-        for layer in layers:
-            recv = average_attention_received(pats[layer].float())[heads].cpu().numpy()
-            for row, head in enumerate(heads):
-                frames.append(pd.DataFrame({
-                    "condition": c, "layer": layer, "head": head, "head_label": head_label(layer, head),
-                    "position": range(n), "aligned_pos": pd.array(aligned, dtype="Int64"),
-                    "token": prompt.str_tokens, "segment": segment, "attention": recv[row],
-                }))
-    return AttentionReceived(table=pd.concat(frames, ignore_index=True), prompts=prompts,
+    for cond in tqdm(conditions, desc="conditions", disable=not progress, leave=False):
+        prompt = prompts[cond.name]
+        interventions, _ = bind_interventions(cond.interventions, prompt)
+        pats = attention_patterns(model, prompt, layers, *interventions)
+        frames.append(received_table(cond.name, prompt, {layer: pats[layer] for layer in layers}, heads))
+    return AttentionReceived(table=pandas().concat(frames, ignore_index=True), prompts=prompts,
                              model_name=model_label(model), question=question, setup=setup)
 
 
-def condition_changes(result: AttentionReceived, *, baseline: str = "none") -> "pd.DataFrame":
+def condition_changes(result: AttentionReceived, *, baseline: str = BASELINE) -> "pd.DataFrame":
     """How much each filler condition changes each head's aligned series, against ``baseline``.
 
     ``change`` is the mean over aligned positions of ``|received(condition) -
@@ -264,11 +311,7 @@ def condition_changes(result: AttentionReceived, *, baseline: str = "none") -> "
         Columns ``condition``, ``layer``, ``head``, ``head_label``, ``change``, one row per
         (condition other than the baseline, layer, head), in table order.
     """
-    import pandas as pd
-
-    baseline = normalize_conditions([baseline])[0]
-    if baseline not in result.prompts:
-        raise LensprobeError(f"condition {baseline!r} was not run: this result has {list(result.prompts)}.")
+    baseline = result.condition_name(baseline)
     a = result.aligned()
     keys = ["layer", "head", "head_label", "aligned_pos"]
     y = a[a["condition"] == baseline].set_index(keys)["attention"]
@@ -283,10 +326,10 @@ def condition_changes(result: AttentionReceived, *, baseline: str = "none") -> "
         frames.append(out)
     if not frames:
         raise LensprobeError(f"only the baseline {baseline!r} was run: add a filler condition to compare.")
-    return pd.concat(frames, ignore_index=True)
+    return pandas().concat(frames, ignore_index=True)
 
 
-def heads_by_change(result: AttentionReceived, *, condition: str = "meaningless", baseline: str = "none",
+def heads_by_change(result: AttentionReceived, *, condition: str = "w/ Mless", baseline: str = BASELINE,
                     k: int | None = None) -> "pd.DataFrame":
     """Rank (layer, head) by how much ``condition`` changes the aligned series (see :func:`condition_changes`).
 
@@ -294,9 +337,7 @@ def heads_by_change(result: AttentionReceived, *, condition: str = "meaningless"
         Columns ``layer``, ``head``, ``head_label``, ``change``; largest change first; the
         top ``k`` per layer when ``k`` is given.
     """
-    condition = normalize_conditions([condition])[0]
-    if condition not in result.prompts:
-        raise LensprobeError(f"condition {condition!r} was not run: this result has {list(result.prompts)}.")
+    condition = result.condition_name(condition)
     ch = condition_changes(result, baseline=baseline)
     out = ch[ch["condition"] == condition].drop(columns=["condition"])
     out = out.sort_values("change", ascending=False, kind="stable")
@@ -310,12 +351,13 @@ class FillerVsRandom:
     """Filler vs a random sentence of the same token count, per model, at one (layer, head).
 
     Attributes:
-        table: rows ``model``, ``condition`` (``meaningless``/``random``), ``layer``,
+        table: rows ``model``, ``condition`` (``w/ Mless``/``random sentence``), ``layer``,
             ``head``, ``head_label``, ``position``, ``token``, ``segment``, ``attention``
             (average attention received, over the full prompt: both prompts have the same
             length, and the filler span sits at the same positions).
         spans: model -> filler span ``(start, end)``.
         prompts: model -> {condition -> Prompt}.
+        layer, head: the head that was read.
     """
 
     table: "pd.DataFrame"
@@ -339,12 +381,7 @@ def filler_vs_random(models, question: str, *, layer: int = 0, head: int = 0,
         >>> fr = filler_vs_random([model], "What is 12+7?", layer=0, head=3)
         >>> fr.table.groupby(["model", "condition"])["attention"].mean()
     """
-    import pandas as pd
-
-    base = setup or FillerSetup()
-    setup = FillerSetup(conditions=("meaningless", "random"), system=base.system, count=base.count,
-                        symbol=base.symbol, word=base.word, seed=base.seed, placement=base.placement,
-                        chat=base.chat)
+    setup = replace(setup or FillerSetup(), conditions=("w/ Mless", "random sentence"))
     named = _named_models(models)
     frames, spans, prompts = [], {}, {}
     for label, model in named.items():
@@ -352,13 +389,14 @@ def filler_vs_random(models, question: str, *, layer: int = 0, head: int = 0,
         t = res.table.drop(columns=["aligned_pos"])
         t.insert(0, "model", label)
         frames.append(t)
-        spans[label] = res.filler_span("meaningless")
+        spans[label] = res.filler_span("w/ Mless")
         prompts[label] = res.prompts
-    return FillerVsRandom(table=pd.concat(frames, ignore_index=True), spans=spans, prompts=prompts,
+    return FillerVsRandom(table=pandas().concat(frames, ignore_index=True), spans=spans, prompts=prompts,
                           layer=layer, head=head)
 
 
 def _named_models(models) -> dict[str, Any]:
+    """``{label: model}`` from a model, a list of models (labels made unique) or a mapping."""
     if isinstance(models, Mapping):
         return dict(models)
     if not isinstance(models, (list, tuple)):
@@ -411,8 +449,6 @@ def token_class_attention(runs: Mapping[str, tuple[Any, Prompt]], layers: Sequen
         >>> p = lp.build_prompt(model, ascii_grid())
         >>> token_class_attention({"SmolLM2": (model, p)}, layers=[0, 16])
     """
-    import pandas as pd
-
     classes = dict(DEFAULT_TOKEN_CLASSES if classes is None else classes)
     rows = []
     for group, (model, prompt) in runs.items():
@@ -428,7 +464,7 @@ def token_class_attention(runs: Mapping[str, tuple[Any, Prompt]], layers: Sequen
             if other and disjoint:
                 rows.append((group, layer, f"L{layer}", "other", max(0.0, 1.0 - float(per[i].sum())),
                              len(prompt.str_tokens) - int(sum(counts))))
-    return pd.DataFrame(rows, columns=["group", "layer", "layer_label", "token_class", "attention", "n_tokens"])
+    return pandas().DataFrame(rows, columns=["group", "layer", "layer_label", "token_class", "attention", "n_tokens"])
 
 
 def class_layers(model) -> list[int]:
@@ -445,9 +481,4 @@ def attention_view_pattern(model, prompt: Prompt, layer: int, decimals: int = 4)
     Rounded to ``decimals`` (as float64, so it serialises short) to keep the HTML small.
     """
     return attention_patterns(model, prompt, [layer])[layer].cpu().double().round(decimals=decimals)
-
-
-# ---------------------------------------------------------------------------------------
-# Report sections (the demo)
-
 

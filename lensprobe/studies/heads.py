@@ -3,25 +3,29 @@
 - :func:`head_attention_over_generation`: the paper's "average attention on head H" per
   token position over the prompt *plus generated tokens*, for two conditions (filler span
   dropped, so positions line up);
-- :func:`build_section`: the head-ablation section of the demo report (sweep heatmap,
-  average attention on the most influential layer-0 head under None / Mless / Mful, the
-  same over generation, single ablations and activation patching).
+- :func:`ablation_effect`: how an intervention changes the next-token distribution at the
+  last prompt position.
+
+The head-ablation sections of the demo report are built in :mod:`lensprobe.app.sections.heads`.
 
 For the prompt alone use :func:`lensprobe.studies.filler.attention_received`; both tables
 have the same columns and draw with :func:`lensprobe.viz.head_attention_figure`.
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lensprobe.core.conditions import canonical_condition_name
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.forward import as_tokens, attention_patterns
 from lensprobe.core.heads import head_label, resolve_heads
+from lensprobe.core.lazy import pandas
 from lensprobe.core.measures import run_logits
 from lensprobe.core.metrics import average_attention_received, entropy
+from lensprobe.core.prompts import Prompt
 from lensprobe.generation.loop import generate
 from lensprobe.studies.filler import FillerSetup, aligned_positions, condition_prompts
 
@@ -29,7 +33,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-def _one_head(model, head: Any) -> tuple[int, int]:
+def one_head(model, head: Any) -> tuple[int, int]:
+    """The single ``(layer, head)`` that ``head`` names on ``model`` (e.g. ``"L0H3"`` or ``(0, 3)``)."""
     pairs = resolve_heads(model, head)
     if len(pairs) != 1:
         raise LensprobeError(f"pass exactly one head (e.g. 'L0H3'), got {len(pairs)}: {pairs[:4]}...")
@@ -44,9 +49,43 @@ def generate_greedy(model, prompts, max_new_tokens: int, *interventions) -> list
     return out.generated_ids
 
 
+def generated_tokens(model, prompts: dict[str, Prompt], max_new_tokens: int,
+                     given: dict[str, Sequence[int]] | None = None) -> dict[str, list[int]]:
+    """Generated token ids per condition: those ``given`` (keys in any spelling), the rest
+    generated greedily in one batch."""
+    gen = {canonical_condition_name(c): [int(t) for t in ids] for c, ids in (given or {}).items()}
+    todo = [c for c in prompts if c not in gen]
+    if todo:
+        gen.update(zip(todo, generate_greedy(model, [prompts[c] for c in todo], max_new_tokens), strict=True))
+    return {c: [int(t) for t in gen[c]] for c in prompts}
+
+
+def head_rows(model, condition: str, prompt: Prompt, new: list[int], layer: int, head: int) -> "pd.DataFrame":
+    """Average attention received on one head over ``prompt`` followed by the ``new`` tokens."""
+    pd = pandas()
+    tokens = torch.cat([prompt.tokens, torch.tensor([new], dtype=prompt.tokens.dtype)], dim=1)
+    pattern = attention_patterns(model, tokens, [layer])[layer][head]
+    recv = average_attention_received(pattern.float()).cpu().tolist()
+    n = len(prompt)
+    kept = aligned_positions(prompt)
+    aligned: list[Any] = [pd.NA] * (n + len(new))
+    for k, pos in enumerate(kept):
+        aligned[pos] = k
+    for k in range(len(new)):
+        aligned[n + k] = len(kept) + k
+    str_new = [model.tokenizer.decode([t]) for t in new]
+    return pd.DataFrame({
+        "condition": condition, "layer": layer, "head": head, "head_label": head_label(layer, head),
+        "position": range(n + len(new)), "aligned_pos": pd.array(aligned, dtype="Int64"),
+        "token": list(prompt.str_tokens) + str_new,
+        "segment": [prompt.segment_of(p) for p in range(n)] + ["generated"] * len(new),
+        "attention": recv,
+    })
+
+
 def head_attention_over_generation(model, question: str, head: Any, *,
-                                   conditions: Sequence[str] = ("none", "meaningless"),
-                                   max_new_tokens: int = 48, setup=None,
+                                   conditions: Sequence[str] = ("w/o", "w/ Mless"),
+                                   max_new_tokens: int = 48, setup: FillerSetup | None = None,
                                    generated: dict[str, Sequence[int]] | None = None) -> "pd.DataFrame":
     """Average attention on one head per position over prompt + generated tokens, per condition.
 
@@ -62,8 +101,9 @@ def head_attention_over_generation(model, question: str, head: Any, *,
         model: a TransformerLens model.
         question: the question text.
         head: one head, e.g. ``"L0H3"`` or ``(0, 3)`` (0-based).
-        conditions: filler conditions of :class:`~lensprobe.studies.filler.FillerSetup`
-            (``"none"``, ``"meaningless"``, ``"meaningful"``, ``"random"``).
+        conditions: conditions as in :class:`~lensprobe.studies.filler.FillerSetup`
+            (``"w/o"``, ``"w/ Mless"``, ``"w/ Mful"``, ``"random sentence"``, aliases, or
+            :class:`~lensprobe.core.conditions.Condition` objects).
         max_new_tokens: tokens to generate per condition.
         setup: a :class:`~lensprobe.studies.filler.FillerSetup` for the prompt settings.
         generated: already generated token ids per condition (skips generation).
@@ -77,39 +117,12 @@ def head_attention_over_generation(model, question: str, head: Any, *,
         >>> t = head_attention_over_generation(model, "What is 12+7?", "L0H3", max_new_tokens=32)
         >>> fig = lp.viz.head_attention_figure(t, 0, 3)
     """
-    import pandas as pd
-
-    layer, h = _one_head(model, head)
-    base = setup or FillerSetup()
-    setup = FillerSetup(conditions=tuple(conditions), system=base.system, count=base.count, symbol=base.symbol,
-                        word=base.word, seed=base.seed, placement=base.placement, chat=base.chat)
+    layer, h = one_head(model, head)
+    setup = replace(setup or FillerSetup(), conditions=tuple(conditions))
     prompts = condition_prompts(model, question, setup)
-    todo = [c for c in prompts if not (generated and c in generated)]
-    gen = dict(generated or {})
-    if todo:
-        gen.update(zip(todo, generate_greedy(model, [prompts[c] for c in todo], max_new_tokens), strict=True))
-    frames = []
-    for cond, prompt in prompts.items():
-        new = [int(t) for t in gen[cond]]
-        tokens = torch.cat([prompt.tokens, torch.tensor([new], dtype=prompt.tokens.dtype)], dim=1)
-        pattern = attention_patterns(model, tokens, [layer])[layer][h]
-        recv = average_attention_received(pattern.float()).cpu().tolist()
-        n = len(prompt)
-        kept = aligned_positions(prompt)
-        aligned: list[Any] = [pd.NA] * (n + len(new))
-        for k, pos in enumerate(kept):
-            aligned[pos] = k
-        for k in range(len(new)):
-            aligned[n + k] = len(kept) + k
-        str_new = [model.tokenizer.decode([t]) for t in new]
-        frames.append(pd.DataFrame({
-            "condition": cond, "layer": layer, "head": h, "head_label": head_label(layer, h),
-            "position": range(n + len(new)), "aligned_pos": pd.array(aligned, dtype="Int64"),
-            "token": list(prompt.str_tokens) + str_new,
-            "segment": [prompt.segment_of(p) for p in range(n)] + ["generated"] * len(new),
-            "attention": recv,
-        }))
-    return pd.concat(frames, ignore_index=True)
+    gen = generated_tokens(model, prompts, max_new_tokens, generated)
+    frames = [head_rows(model, cond, prompt, gen[cond], layer, h) for cond, prompt in prompts.items()]
+    return pandas().concat(frames, ignore_index=True)
 
 
 @dataclass(frozen=True)
@@ -135,8 +148,7 @@ def ablation_effect(model, prompt, *interventions, top_k: int = 10) -> AblationE
         >>> eff = ablation_effect(model, prompt, lp.ablate_heads("L0H3"))
         >>> eff.summary["entropy_change"], eff.tokens.head()
     """
-    import pandas as pd
-
+    pd = pandas()
     tokens = as_tokens(model, prompt)
     clean = run_logits(model, tokens, 1)[0, -1].float()
     after = run_logits(model, tokens, 1, *interventions)[0, -1].float()
@@ -158,13 +170,3 @@ def ablation_effect(model, prompt, *interventions, top_k: int = 10) -> AblationE
         "top_token_clean": decode([int(clean.argmax())]), "top_token_ablated": decode([int(after.argmax())]),
     }
     return AblationEffect(summary, df)
-
-
-# ---------------------------------------------------------------------------------------
-# Report section (the demo)
-
-
-# ---------------------------------------------------------------------------------------
-# Command line: `lensprobe ablate` and `lensprobe sweep` (registered in lensprobe.app.cli)
-
-

@@ -24,6 +24,8 @@ import copy
 from collections.abc import Mapping, Sequence
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.lazy import pandas
+from lensprobe.generation.config import GenerationConfig, generation_config
 from lensprobe.generation.loop import trace_generation
 from lensprobe.generation.schedule import every
 from lensprobe.generation.thinking import THINKING_TOKEN, LatentFusion, Pause, add_thinking_token
@@ -72,41 +74,43 @@ def with_thinking_token(model, token: str = THINKING_TOKEN):
     return model
 
 
-def compare_thinking(model, prompts, settings: Sequence[str] | Mapping[str, object], *, max_new_tokens: int,
-                     think_when=None, track: Mapping | None = None, n_samples: int = 1, do_sample: bool = False,
-                     temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
-                     stop_at_eos: bool = True, layers=None, progress: bool = False) -> dict[str, GenerationTrace]:
+def compare_thinking(model, prompts, settings: Sequence[str] | Mapping[str, object],
+                     config: GenerationConfig | None = None, *, track: Mapping | None = None, layers=None,
+                     progress: bool = False, **generation) -> dict[str, GenerationTrace]:
     """Trace the same prompts under several thinking settings with one schedule.
 
     Args:
         model: a model whose vocabulary holds the thinking token (see :func:`with_thinking_token`).
         prompts: one prompt or a list (batched with left padding).
         settings: names from :data:`THINKING_SETTINGS`, or ``{label: LatentFusion | Pause | None}``.
-        max_new_tokens, think_when, n_samples, do_sample, temperature, top_p, seed, stop_at_eos,
-            layers: as in :func:`lensprobe.trace_generation`. Default schedule: ``every(8)``.
-        track: extra tracked sets; ``"thinking"`` is added for the thinking settings.
+        config: a :class:`~lensprobe.GenerationConfig`; its ``thinking`` is replaced by each
+            setting's. Default schedule (``think_when``): ``every(8)``.
+        track, layers: as in :func:`lensprobe.trace_generation`; ``"thinking"`` is tracked for
+            the thinking settings.
         progress: a progress bar (tokens per second) per setting.
+        **generation: :class:`~lensprobe.GenerationConfig` fields as keywords
+            (``max_new_tokens=128, think_when=lp.schedule.every(4), n_samples=4, ...``).
 
     Returns:
         Setting label -> trace, in the order given.
     """
     if not isinstance(settings, Mapping):
         settings = {SETTING_LABELS.get(s, s): thinking_setting(s) for s in settings}
+    think_when = generation.pop("think_when", None)
+    think_when = think_when if think_when is not None else (config.think_when if config is not None else None)
     think_when = every(8) if think_when is None else think_when
+    base = generation_config(config, {**generation, "thinking": None, "think_when": None})
     out = {}
     for label, thinking in settings.items():
-        out[label] = trace_generation(
-            model, prompts, max_new_tokens=max_new_tokens, track=dict(track or {}), thinking=thinking,
-            think_when=think_when if thinking is not None else None, n_samples=n_samples, do_sample=do_sample,
-            temperature=temperature, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos, layers=layers,
-            progress=label if progress else False)
+        cfg = base.replace(thinking=thinking, think_when=think_when if thinking is not None else None)
+        out[label] = trace_generation(model, prompts, cfg, track=dict(track or {}), layers=layers,
+                                      progress=label if progress else False)
     return out
 
 
 def texts_table(traces: Mapping[str, GenerationTrace], max_chars: int = 400):
     """Generated texts per setting and row (the thinking token shown as ``<thinking>``)."""
-    import pandas as pd
-
+    pd = pandas()
     rows = []
     for label, tr in traces.items():
         for r in range(tr.n_rows):

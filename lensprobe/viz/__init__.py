@@ -2,10 +2,12 @@
 
 Figure functions take results (DataFrames or result dataclasses), compute nothing and
 never call ``.show()``. Layers and heads are labelled TransformerLens-style, 0-based
-("L0H13" is the papers' "layer 1, head 14"). Colours and labels come from
-:mod:`lensprobe.viz.style`; :mod:`lensprobe.viz.report` writes the report page.
+("L0H13" is the papers' "layer 1, head 14"). Colours and labels of conditions, token classes
+and traces come from :mod:`lensprobe.viz.style`; :mod:`lensprobe.viz.report` writes the report
+page. The package is imported on first use of ``lp.viz``, so its modules import plotly at the top.
 
-May import: :mod:`lensprobe.core` (for names and labels) and plotting libraries; never a study.
+May import: :mod:`lensprobe.core` (names, labels, JSON), :mod:`lensprobe.evals` (to read saved
+result folders) and plotting libraries; never a study or the app.
 """
 
 from lensprobe.viz.ablation import head_attention_figure, next_token_figure, patch_figure, sweep_heatmap

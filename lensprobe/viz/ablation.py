@@ -7,13 +7,17 @@ TransformerLens-style ("L0H13" is the papers' "layer 1, head 14").
 
 from collections.abc import Sequence
 
+import plotly.graph_objects as go
+
 from lensprobe.viz.style import (
-    CONDITION_COLORS,
-    CONDITION_LABELS,
+    ABLATED_COLOR,
+    CLEAN_COLOR,
     GENERATED_COLOR,
     INDEX_NOTE,
-    color,
+    condition_colors,
+    condition_label,
     table_of,
+    table_spelling,
     unique,
 )
 
@@ -32,7 +36,7 @@ def head_attention_figure(result, layer: int, head: int, *, conditions: Sequence
             ``condition``, ``layer``, ``head``, ``aligned_pos``, ``token``, ``segment``,
             ``attention``.
         layer, head: the head to draw (0-based).
-        conditions: which conditions, in order (default: all in the table).
+        conditions: which conditions, in order, any spelling (default: all in the table).
         title: figure title.
         log_y: logarithmic y axis (position 0 often takes most of the attention).
 
@@ -43,29 +47,16 @@ def head_attention_figure(result, layer: int, head: int, *, conditions: Sequence
         >>> res = lp.attention_received(model, q, layers=[0], heads=[3])
         >>> fig = head_attention_figure(res, 0, 3)
     """
-    import plotly.graph_objects as go
-
     t = table_of(result)
     sel = t[(t["layer"] == layer) & (t["head"] == head) & t["aligned_pos"].notna()]
-    conds = list(conditions) if conditions is not None else unique(sel["condition"])
+    present = unique(sel["condition"])
+    conds = [table_spelling(c, present) for c in conditions] if conditions is not None else present
     fig = go.Figure()
-    hover = "%{customdata}<br>aligned position %{x}<br>attention %{y:.4f}<extra>%{fullData.name}</extra>"
-    gen_starts = []
-    for i, c in enumerate(conds):
-        rows = sel[sel["condition"] == c].sort_values("aligned_pos")
-        fig.add_trace(go.Scatter(
-            x=rows["aligned_pos"].astype(int).tolist(), y=rows["attention"].tolist(),
-            customdata=rows["token"].tolist(), mode="lines", name=CONDITION_LABELS.get(c, c),
-            line=dict(color=color(c, CONDITION_COLORS, i), width=1.5), hovertemplate=hover))
-        gen = rows.loc[rows["segment"] == "generated", "aligned_pos"]
-        if len(gen):
-            gen_starts.append(int(gen.min()))
-    if gen_starts:
-        start = min(gen_starts)
-        end = int(sel["aligned_pos"].max())
-        fig.add_vrect(x0=start - 0.5, x1=end + 0.5, fillcolor=GENERATED_COLOR, opacity=0.2, line_width=0,
-                      layer="below", annotation_text="generated tokens", annotation_position="top left",
-                      annotation_font_size=10)
+    gen_start = add_head_lines(fig, sel, conds)
+    if gen_start is not None:
+        fig.add_vrect(x0=gen_start - 0.5, x1=int(sel["aligned_pos"].max()) + 0.5, fillcolor=GENERATED_COLOR,
+                      opacity=0.2, line_width=0, layer="below", annotation_text="generated tokens",
+                      annotation_position="top left", annotation_font_size=10)
     if log_y:
         fig.update_yaxes(type="log")
     label = f"L{layer}H{head}"
@@ -74,11 +65,29 @@ def head_attention_figure(result, layer: int, head: int, *, conditions: Sequence
         title=dict(text=f"{head_title}<br><sup>{INDEX_NOTE} (so {label} is the papers' layer {layer + 1}, "
                         f"head {head + 1}); mean over later queries i &gt; j; filler span dropped</sup>"),
         xaxis_title="token position (aligned: prompt without filler"
-                    + (", then generated tokens)" if gen_starts else ")"),
+                    + (", then generated tokens)" if gen_start is not None else ")"),
         yaxis_title="avg attention received", template="plotly_white", height=460,
         legend=dict(title_text="condition"), margin=dict(t=110, l=80, r=30, b=60),
     )
     return fig
+
+
+def add_head_lines(fig, rows_of_head, conditions: Sequence[str]) -> int | None:
+    """One line per condition over the aligned positions; returns the first aligned position of a
+    generated token (``None`` when nothing was generated)."""
+    hover = "%{customdata}<br>aligned position %{x}<br>attention %{y:.4f}<extra>%{fullData.name}</extra>"
+    colors = condition_colors(conditions)
+    gen_starts = []
+    for c in conditions:
+        rows = rows_of_head[rows_of_head["condition"] == c].sort_values("aligned_pos")
+        fig.add_trace(go.Scatter(
+            x=rows["aligned_pos"].astype(int).tolist(), y=rows["attention"].tolist(),
+            customdata=rows["token"].tolist(), mode="lines", name=condition_label(c),
+            line=dict(color=colors[c], width=1.5), hovertemplate=hover))
+        gen = rows.loc[rows["segment"] == "generated", "aligned_pos"]
+        if len(gen):
+            gen_starts.append(int(gen.min()))
+    return min(gen_starts) if gen_starts else None
 
 
 def sweep_heatmap(result, *, title: str | None = None, zmax: float | None = None):
@@ -97,8 +106,6 @@ def sweep_heatmap(result, *, title: str | None = None, zmax: float | None = None
     Example:
         >>> fig = sweep_heatmap(lp.ablation_sweep(model, prompt, "entropy"))
     """
-    import plotly.graph_objects as go
-
     table = getattr(result, "table", result)
     metric = getattr(result, "metric", "metric")
     method = getattr(result, "method", "")
@@ -133,13 +140,11 @@ def next_token_figure(effect, *, title: str | None = None):
     Returns:
         A plotly ``Figure``.
     """
-    import plotly.graph_objects as go
-
     t = getattr(effect, "tokens", effect)
     labels = [repr(tok)[1:-1] or "(empty)" for tok in t["token"]]
     fig = go.Figure([
-        go.Bar(x=labels, y=t["p_clean"].tolist(), name="clean", marker_color="#222222"),
-        go.Bar(x=labels, y=t["p_ablated"].tolist(), name="ablated", marker_color="#d62728"),
+        go.Bar(x=labels, y=t["p_clean"].tolist(), name="clean", marker_color=CLEAN_COLOR),
+        go.Bar(x=labels, y=t["p_ablated"].tolist(), name="ablated", marker_color=ABLATED_COLOR),
     ])
     summary = getattr(effect, "summary", None)
     sub = (f"entropy {summary['entropy_clean']:.3f} → {summary['entropy_ablated']:.3f} nats; "
@@ -167,8 +172,6 @@ def patch_figure(result, *, value: str = "share", title: str | None = None):
         metric, change and KL. The row patching every site at once ("all sites") is given
         in the subtitle.
     """
-    import plotly.graph_objects as go
-
     if value not in ("share", "change", "kl"):
         raise ValueError(f"value must be 'share', 'change' or 'kl', got {value!r}.")
     df = result.to_dataframe() if hasattr(result, "to_dataframe") else result

@@ -10,23 +10,30 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from lensprobe.core.lazy import heavy
 from lensprobe.viz.style import (
     CLASS_COLORS,
-    CONDITION_COLORS,
-    CONDITION_LABELS,
     INDEX_NOTE,
     SPAN_COLOR,
     color,
+    condition_colors,
+    condition_label,
     filler_span,
     header,
     table_of,
+    table_spelling,
     unique,
     vspacing,
 )
 
+HOVER = "%{customdata}<br>position %{x}<br>attention %{y:.4f}<extra>%{fullData.name}</extra>"
+
 
 def attention_received_figure(result, pairs: Sequence[tuple[int, int]] | None = None, *,
-                              conditions: Sequence[str] | None = None, shade_condition: str = "meaningless",
+                              conditions: Sequence[str] | None = None, shade_condition: str = "w/ Mless",
                               title: str | None = None, log_y: bool = False):
     """Average attention received per position, with vs without filler, one row per (layer, head).
 
@@ -38,7 +45,7 @@ def attention_received_figure(result, pairs: Sequence[tuple[int, int]] | None = 
     Args:
         result: an :class:`~lensprobe.studies.filler.AttentionReceived` or its ``table``.
         pairs: ``[(layer, head), ...]`` rows to draw (default: every pair in the table).
-        conditions: conditions on the left panel (default: all in the table).
+        conditions: conditions on the left panel, any spelling (default: all in the table).
         shade_condition: the with-filler condition on the right panel.
         title: figure title.
         log_y: logarithmic y axis (position 0 often takes most of the attention).
@@ -50,58 +57,28 @@ def attention_received_figure(result, pairs: Sequence[tuple[int, int]] | None = 
         >>> fig = attention_received_figure(lp.attention_received(model, "What is 12+7?", layers=[0]),
         ...                                 [(0, 3)])
     """
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     t = table_of(result)
+    present = unique(t["condition"])
     if pairs is None:
         pairs = unique(zip(t["layer"].tolist(), t["head"].tolist(), strict=True))
     pairs = [(int(a), int(b)) for a, b in pairs]
-    conditions = list(conditions) if conditions is not None else unique(t["condition"])
-    with_filler = [c for c in unique(t["condition"]) if (t.loc[t["condition"] == c, "segment"] == "filler").any()]
-    shade = shade_condition if shade_condition in with_filler else (with_filler[0] if with_filler else None)
-    cols = 2 if shade else 1
+    conditions = [table_spelling(c, present) for c in conditions] if conditions is not None else present
+    shade = shaded_condition(t, present, shade_condition)
+    colors = condition_colors(conditions + ([shade] if shade else []))
     height = 140 + 250 * len(pairs)
-    titles = []
-    for i, _ in enumerate(pairs):
-        if i == 0:
-            titles.append("aligned: filler span dropped")
-            if shade:
-                titles.append(f"{CONDITION_LABELS.get(shade, shade)} prompt, filler span shaded")
-        else:
-            titles += [""] * cols
-    fig = make_subplots(rows=len(pairs), cols=cols, subplot_titles=titles, horizontal_spacing=0.07,
-                        vertical_spacing=vspacing(len(pairs), 70, height))
-    hover = "%{customdata}<br>position %{x}<br>attention %{y:.4f}<extra>%{fullData.name}</extra>"
+    fig = make_subplots(rows=len(pairs), cols=2 if shade else 1, subplot_titles=received_titles(len(pairs), shade),
+                        horizontal_spacing=0.07, vertical_spacing=vspacing(len(pairs), 70, height))
     for r, (layer, head) in enumerate(pairs, start=1):
         sel = t[(t["layer"] == layer) & (t["head"] == head)]
-        for i, c in enumerate(conditions):
-            rows = sel[(sel["condition"] == c) & sel["aligned_pos"].notna()]
-            fig.add_trace(go.Scatter(
-                x=rows["aligned_pos"].astype(int).tolist(), y=rows["attention"].tolist(),
-                customdata=rows["token"].tolist(), mode="lines", name=CONDITION_LABELS.get(c, c),
-                legendgroup=c, showlegend=r == 1, line=dict(color=color(c, CONDITION_COLORS, i), width=1.5),
-                hovertemplate=hover), row=r, col=1)
+        add_aligned_lines(fig, sel, conditions, colors, row=r)
         fig.update_yaxes(title_text=f"<b>L{layer}H{head}</b><br>avg attention received", row=r, col=1)
         if shade:
-            rows = sel[sel["condition"] == shade]
-            span = filler_span(rows)
-            fig.add_trace(go.Scatter(
-                x=rows["position"].tolist(), y=rows["attention"].tolist(), customdata=rows["token"].tolist(),
-                mode="lines", name=CONDITION_LABELS.get(shade, shade), legendgroup=shade, showlegend=False,
-                line=dict(color=color(shade, CONDITION_COLORS, 0), width=1.5), hovertemplate=hover),
-                row=r, col=2)
-            if span:
-                note = (dict(annotation_text=f"filler {span[0]}-{span[1] - 1}", annotation_position="top left",
-                             annotation_font_size=10) if r == 1 else {})
-                fig.add_vrect(x0=span[0] - 0.5, x1=span[1] - 0.5, fillcolor=SPAN_COLOR, opacity=0.25,
-                              line_width=0, layer="below", row=r, col=2, **note)
+            add_shaded_line(fig, sel[sel["condition"] == shade], shade, colors[shade], row=r)
     if log_y:
         fig.update_yaxes(type="log")
     fig.update_xaxes(title_text="position in the prompt without filler", row=len(pairs), col=1)
     if shade:
-        fig.update_xaxes(title_text=f"position in the {CONDITION_LABELS.get(shade, shade)} prompt",
-                         row=len(pairs), col=2)
+        fig.update_xaxes(title_text=f"position in the {condition_label(shade)} prompt", row=len(pairs), col=2)
     head = title or "Average attention received per token position, with vs without filler"
     fig.update_layout(
         **header(f"{head}<br><sup>{INDEX_NOTE}; mean over later queries i &gt; j</sup>", height, "condition: "),
@@ -109,6 +86,47 @@ def attention_received_figure(result, pairs: Sequence[tuple[int, int]] | None = 
         margin=dict(t=120, l=90, r=30, b=60),
     )
     return fig
+
+
+def shaded_condition(table, present: Sequence[str], wanted: str) -> str | None:
+    """The condition drawn over its full prompt: ``wanted`` if it has a filler span, else the first
+    condition that has one (``None`` when none has)."""
+    with_filler = [c for c in present if (table.loc[table["condition"] == c, "segment"] == "filler").any()]
+    wanted = table_spelling(wanted, present)
+    return wanted if wanted in with_filler else (with_filler[0] if with_filler else None)
+
+
+def received_titles(n_rows: int, shade: str | None) -> list[str]:
+    """Panel titles: on the first row only, the aligned panel's and the shaded panel's."""
+    first = ["aligned: filler span dropped"]
+    if shade:
+        first.append(f"{condition_label(shade)} prompt, filler span shaded")
+    return first + [""] * (len(first) * (n_rows - 1))
+
+
+def add_aligned_lines(fig, rows_of_head, conditions: Sequence[str], colors: dict[str, str], *, row: int) -> None:
+    """One line per condition over the aligned positions of one (layer, head), in the left panel."""
+    for c in conditions:
+        rows = rows_of_head[(rows_of_head["condition"] == c) & rows_of_head["aligned_pos"].notna()]
+        fig.add_trace(go.Scatter(
+            x=rows["aligned_pos"].astype(int).tolist(), y=rows["attention"].tolist(),
+            customdata=rows["token"].tolist(), mode="lines", name=condition_label(c),
+            legendgroup=c, showlegend=row == 1, line=dict(color=colors[c], width=1.5),
+            hovertemplate=HOVER), row=row, col=1)
+
+
+def add_shaded_line(fig, rows, condition: str, line_color: str, *, row: int) -> None:
+    """The with-filler condition over all of its positions, the filler span shaded, in the right panel."""
+    span = filler_span(rows)
+    fig.add_trace(go.Scatter(
+        x=rows["position"].tolist(), y=rows["attention"].tolist(), customdata=rows["token"].tolist(),
+        mode="lines", name=condition_label(condition), legendgroup=condition, showlegend=False,
+        line=dict(color=line_color, width=1.5), hovertemplate=HOVER), row=row, col=2)
+    if span:
+        note = (dict(annotation_text=f"filler {span[0]}-{span[1] - 1}", annotation_position="top left",
+                     annotation_font_size=10) if row == 1 else {})
+        fig.add_vrect(x0=span[0] - 0.5, x1=span[1] - 0.5, fillcolor=SPAN_COLOR, opacity=0.25,
+                      line_width=0, layer="below", row=row, col=2, **note)
 
 
 def filler_vs_random_figure(result, *, title: str | None = None, cols: int = 3):
@@ -124,9 +142,6 @@ def filler_vs_random_figure(result, *, title: str | None = None, cols: int = 3):
     Returns:
         A plotly ``Figure``; the shaded band is the filler / sentence span.
     """
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     t = table_of(result)
     models = unique(t["model"])
     ncols = max(1, min(cols, len(models)))
@@ -135,16 +150,16 @@ def filler_vs_random_figure(result, *, title: str | None = None, cols: int = 3):
     height = 160 + 320 * nrows
     fig = make_subplots(rows=nrows, cols=ncols, subplot_titles=[f"{m} · {heads[m]}" for m in models],
                         horizontal_spacing=0.08, vertical_spacing=vspacing(nrows, 80, height))
-    hover = "%{customdata}<br>position %{x}<br>attention %{y:.4f}<extra>%{fullData.name}</extra>"
+    colors = condition_colors(unique(t["condition"]))
     for k, m in enumerate(models):  # one panel per model
         r, c = k // ncols + 1, k % ncols + 1
         sel = t[t["model"] == m]
-        for i, cond in enumerate(unique(sel["condition"])):
+        for cond in unique(sel["condition"]):
             rows = sel[sel["condition"] == cond]
             fig.add_trace(go.Scatter(
                 x=rows["position"].tolist(), y=rows["attention"].tolist(), customdata=rows["token"].tolist(),
-                mode="lines", name=CONDITION_LABELS.get(cond, cond), legendgroup=cond, showlegend=k == 0,
-                line=dict(color=color(cond, CONDITION_COLORS, i), width=1.5), hovertemplate=hover),
+                mode="lines", name=condition_label(cond), legendgroup=cond, showlegend=k == 0,
+                line=dict(color=colors[cond], width=1.5), hovertemplate=HOVER),
                 row=r, col=c)
         span = filler_span(sel)
         if span:
@@ -172,13 +187,12 @@ def condition_change_figure(table, *, title: str | None = None):
     Returns:
         A plotly ``Figure``: x is the head, one bar per condition.
     """
-    import plotly.graph_objects as go
-
     fig = go.Figure()
-    for i, c in enumerate(unique(table["condition"])):
+    colors = condition_colors(unique(table["condition"]))
+    for c in colors:
         rows = table[table["condition"] == c]
         fig.add_trace(go.Bar(x=rows["head_label"].tolist(), y=rows["change"].tolist(),
-                             name=CONDITION_LABELS.get(c, c), marker_color=color(c, CONDITION_COLORS, i),
+                             name=condition_label(c), marker_color=colors[c],
                              hovertemplate="%{x}: %{y:.4f}<extra>%{fullData.name}</extra>"))
     head = title or "Change of average attention received vs no filler, per head"
     fig.update_layout(
@@ -203,8 +217,6 @@ def token_class_figure(table, *, title: str | None = None):
     Returns:
         A plotly ``Figure``: x is (layer, group), each bar stacks the classes.
     """
-    import plotly.graph_objects as go
-
     t = table.sort_values("layer", kind="stable")
     layers = unique(t["layer_label"])
     groups = unique(table["group"])
@@ -253,8 +265,7 @@ def attention_view_html(pattern: Any, str_tokens: Sequence[str], *, layer: int,
     Returns:
         An HTML string (a ``<figure>`` with circuitsvis' ``.local_src``: JavaScript inline).
     """
-    from circuitsvis.attention import attention_heads
-
+    attention_heads = heavy("circuitsvis.attention").attention_heads
     n_heads = len(pattern)
     labels = []
     for i, tok in enumerate(str_tokens):

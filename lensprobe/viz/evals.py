@@ -4,33 +4,14 @@ Both take the tables of :func:`lensprobe.evals.stats.accuracy` (columns ``accura
 ``low``, ``high``, ``n`` plus the grouping columns) and draw them as they are.
 """
 
-from collections.abc import Sequence
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
-from lensprobe.viz.style import unique
-
-EVAL_CONDITION_COLORS = {
-    "w/o": "#7f7f7f",
-    "w/ Mless": "#d62728",
-    "w/ Mful": "#1f77b4",
-    "random sentence": "#2ca02c",
-}
-PALETTE = ["#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff7f0e"]
-
-
-def _colors(conditions: Sequence[str]) -> dict[str, str]:
-    out, i = {}, 0
-    for c in conditions:
-        if c in EVAL_CONDITION_COLORS:
-            out[c] = EVAL_CONDITION_COLORS[c]
-        else:
-            out[c] = PALETTE[i % len(PALETTE)]
-            i += 1
-    return out
-
-
+from lensprobe.viz.style import condition_colors, unique
 
 
 def _error(rows):
+    """Asymmetric error bars (percent) from the ``low``/``high`` interval columns."""
     acc = rows["accuracy"] * 100
     return dict(type="data", symmetric=False, array=(rows["high"] * 100 - acc).tolist(),
                 arrayminus=(acc - rows["low"] * 100).tolist(), thickness=1.2, width=4)
@@ -48,11 +29,9 @@ def accuracy_bars(table, *, title: str | None = None, model_column: str = "model
     Example:
         >>> fig = accuracy_bars(lp.evals.accuracy(rows, ["model", "condition"]))
     """
-    import plotly.graph_objects as go
-
     models = unique(table[model_column]) if model_column in table.columns else [""]
     conditions = unique(table["condition"])
-    colors = _colors(conditions)
+    colors = condition_colors(conditions)
     grader = table["grader"].iloc[0] if "grader" in table.columns and len(table) else "math-verify"
     fig = go.Figure()
     for cond in conditions:
@@ -84,12 +63,9 @@ def accuracy_by_level(table, *, title: str | None = None, model_column: str = "m
     Example:
         >>> fig = accuracy_by_level(lp.evals.accuracy(rows, ["condition", "level"]))
     """
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     models = unique(table[model_column]) if model_column in table.columns else [None]
     conditions = unique(table["condition"])
-    colors = _colors(conditions)
+    colors = condition_colors(conditions)
     grader = table["grader"].iloc[0] if "grader" in table.columns and len(table) else "math-verify"
     fig = make_subplots(rows=1, cols=len(models), shared_yaxes=True,
                         subplot_titles=[str(m) for m in models] if models[0] is not None else None)

@@ -22,9 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lensprobe import __version__
+import plotly
+from plotly.offline import get_plotlyjs
+
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.jsonable import to_jsonable
+from lensprobe.core.version import __version__
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -95,6 +98,70 @@ def _remove_previous(out: Path) -> None:
             folder.rmdir()
 
 
+def _unique_slugs(sections: Sequence[Section]) -> list[str]:
+    """One file-system-safe slug per section, numbered where titles repeat."""
+    slugs: list[str] = []
+    for sec in sections:
+        if not isinstance(sec, Section):
+            raise LensprobeError(f"write_report takes Section objects, got {type(sec).__name__}.")
+        base = slug = slugify(sec.title)
+        n = 2
+        while slug in slugs:
+            slug, n = f"{base}-{n}", n + 1
+        slugs.append(slug)
+    return slugs
+
+
+def _write_numbers(out: Path, sec: Section, slug: str) -> list[str]:
+    """Write a section's tables (CSV) and data (JSON) into ``out/slug``; return their relative paths."""
+    files: list[str] = []
+    if sec.tables or sec.data:
+        (out / slug).mkdir(exist_ok=True)
+    for name, df in sec.tables.items():
+        rel = f"{slug}/{slugify(name)}.csv"
+        df.to_csv(out / rel, index=False)
+        files.append(rel)
+    for name, value in sec.data.items():
+        rel = f"{slug}/{slugify(name)}.json"
+        text = json.dumps(to_jsonable(value), separators=(",", ":"), allow_nan=False)
+        if len(text) < 200_000:  # small files indented for reading, large ones compact
+            text = json.dumps(json.loads(text), indent=1)
+        (out / rel).write_text(text, encoding="utf-8")
+        files.append(rel)
+    return files
+
+
+def _section_html(sec: Section, slug: str, files: list[str]) -> str:
+    """One section's HTML: heading, intro, figures, HTML blocks and links to its files."""
+    parts = [f'<section id="{slug}"><h2>{html.escape(sec.title)}</h2>', sec.intro]
+    parts += [f'<div class="lp-figure">{_figure_html(fig)}</div>' for fig in sec.figures]
+    parts += [f'<div class="lp-html">{block}</div>' for block in sec.html]
+    if files:
+        links = " ".join(f'<a href="{html.escape(f)}">{html.escape(f.split("/", 1)[1])}</a>' for f in files)
+        parts.append(f'<p class="files">Numbers behind this section: {links}</p>')
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _page(title: str, facts: Mapping[str, Any], toc: str, body: str) -> str:
+    """The whole page: plotly's JavaScript inline once, the facts, the table of contents, the sections."""
+    dl = "".join(f"<dt>{html.escape(str(k))}</dt><dd>{html.escape(str(v))}</dd>" for k, v in facts.items())
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>{_CSS}</style>
+<script type="text/javascript">{get_plotlyjs()}</script>
+</head><body><main>
+<h1>{html.escape(title)}</h1>
+<dl class="meta">{dl}</dl>
+<p class="note">Layer and head indices are 0-based, as in TransformerLens: <b>L0H13</b> is layer 0, head 13,
+which the papers call "layer 1, head 14". Every figure's numbers are saved next to this page as CSV/JSON.</p>
+<nav><ol>{toc}</ol></nav>
+{body}
+</main></body></html>
+"""
+
+
 def write_report(out_dir: str | Path, sections: Sequence[Section] | Section, *, title: str = "lensprobe report",
                  meta: Mapping[str, str] | None = None) -> Path:
     """Write the report and the numbers behind it; return the path of ``index.html``.
@@ -108,74 +175,30 @@ def write_report(out_dir: str | Path, sections: Sequence[Section] | Section, *, 
 
     Returns:
         ``out_dir / "index.html"``.
-    """
-    import plotly
-    from plotly.offline import get_plotlyjs
 
+    Example:
+        >>> write_report("lensprobe-report", [Section("My study", figures=[fig], tables={"numbers": df})])
+        PosixPath('lensprobe-report/index.html')
+    """
     if isinstance(sections, Section):
         sections = [sections]
+    slugs = _unique_slugs(sections)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _remove_previous(out)
-    slugs: list[str] = []
-    for sec in sections:
-        if not isinstance(sec, Section):
-            raise LensprobeError(f"write_report takes Section objects, got {type(sec).__name__}.")
-        base = slug = slugify(sec.title)
-        n = 2
-        while slug in slugs:
-            slug, n = f"{base}-{n}", n + 1
-        slugs.append(slug)
-
     manifest: list[dict[str, Any]] = []
     body: list[str] = []
     for sec, slug in zip(sections, slugs, strict=True):
-        files: list[str] = []
-        if sec.tables or sec.data:
-            (out / slug).mkdir(exist_ok=True)
-        for name, df in sec.tables.items():
-            rel = f"{slug}/{slugify(name)}.csv"
-            df.to_csv(out / rel, index=False)
-            files.append(rel)
-        for name, value in sec.data.items():
-            rel = f"{slug}/{slugify(name)}.json"
-            text = json.dumps(to_jsonable(value), separators=(",", ":"), allow_nan=False)
-            if len(text) < 200_000:  # small files indented for reading, large ones compact
-                text = json.dumps(json.loads(text), indent=1)
-            (out / rel).write_text(text, encoding="utf-8")
-            files.append(rel)
+        files = _write_numbers(out, sec, slug)
         manifest.append({"title": sec.title, "slug": slug, "files": files, "n_figures": len(sec.figures),
                          "n_html": len(sec.html)})
-        parts = [f'<section id="{slug}"><h2>{html.escape(sec.title)}</h2>', sec.intro]
-        parts += [f'<div class="lp-figure">{_figure_html(fig)}</div>' for fig in sec.figures]
-        parts += [f'<div class="lp-html">{block}</div>' for block in sec.html]
-        if files:
-            links = " ".join(f'<a href="{html.escape(f)}">{html.escape(f.split("/", 1)[1])}</a>' for f in files)
-            parts.append(f'<p class="files">Numbers behind this section: {links}</p>')
-        parts.append("</section>")
-        body.append("\n".join(parts))
-
+        body.append(_section_html(sec, slug, files))
     facts = {"generated": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "lensprobe": __version__,
              "plotly": plotly.__version__}
     facts.update(meta or {})
-    dl = "".join(f"<dt>{html.escape(str(k))}</dt><dd>{html.escape(str(v))}</dd>" for k, v in facts.items())
     toc = "".join(f'<li><a href="#{s}">{html.escape(sec.title)}</a></li>' for sec, s in zip(sections, slugs, strict=True))
-    page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<style>{_CSS}</style>
-<script type="text/javascript">{get_plotlyjs()}</script>
-</head><body><main>
-<h1>{html.escape(title)}</h1>
-<dl class="meta">{dl}</dl>
-<p class="note">Layer and head indices are 0-based, as in TransformerLens: <b>L0H13</b> is layer 0, head 13,
-which the papers call "layer 1, head 14". Every figure's numbers are saved next to this page as CSV/JSON.</p>
-<nav><ol>{toc}</ol></nav>
-{"".join(body)}
-</main></body></html>
-"""
     index = out / "index.html"
-    index.write_text(page, encoding="utf-8")
+    index.write_text(_page(title, facts, toc, "".join(body)), encoding="utf-8")
     (out / "report.json").write_text(
         json.dumps({"title": title, "meta": to_jsonable(facts), "sections": manifest}, indent=1), encoding="utf-8")
     return index

@@ -1,24 +1,39 @@
-"""One style for every figure: colours per condition, token class and trace, labels, shared layout helpers.
+"""One style for every figure: condition labels and colours, token-class and trace colours, shared
+layout helpers.
 
-Figures in :mod:`lensprobe.viz` take their colours and labels from here (condition names
-and labels come from :mod:`lensprobe.core.conditions`).
+Figures in :mod:`lensprobe.viz` take their colours and labels from here. Conditions are
+named as in :mod:`lensprobe.core.conditions` (``"w/o"``, ``"w/ Mless"``, ``"w/ Mful"``,
+``"random sentence"``, or a user-defined name); :func:`condition_label` and
+:func:`condition_colors` also accept the older spellings (``"none"``, ``"meaningless"``, ...).
 """
 
-from lensprobe.core.conditions import CONDITION_LABELS
+from collections.abc import Iterable
 
-__all__ = ["CLASS_COLORS", "CONDITION_COLORS", "CONDITION_LABELS", "GENERATED_COLOR", "INDEX_NOTE", "PALETTE",
-           "SPAN_COLOR", "TRACE_COLORS", "color", "filler_span", "header", "rgba", "table_of", "unique",
-           "vspacing"]
+from lensprobe.core.conditions import canonical_condition_name
+
+__all__ = ["ABLATED_COLOR", "CLASS_COLORS", "CLEAN_COLOR", "CONDITION_COLORS", "CONDITION_LABELS", "GENERATED_COLOR",
+           "INDEX_NOTE", "PALETTE", "SPAN_COLOR", "TRACE_COLORS", "color", "condition_colors", "condition_label",
+           "filler_span", "header", "rgba", "same_condition", "table_of", "table_spelling", "unique", "vspacing"]
 
 INDEX_NOTE = "0-based indices (TransformerLens): L0H13 = the papers' layer 1, head 14"
 
 
-CONDITION_COLORS = {
-    "none": "#222222",
-    "meaningless": "#d62728",
-    "meaningful": "#1f77b4",
-    "random": "#2ca02c",
+CONDITION_LABELS = {
+    "w/o": "w/o filler",
+    "w/ Mless": "Mless",
+    "w/ Mful": "Mful",
+    "random sentence": "random sentence",
 }
+"""Short legend labels of the built-in conditions; other conditions are labelled by their name."""
+
+
+CONDITION_COLORS = {
+    "w/o": "#222222",
+    "w/ Mless": "#d62728",
+    "w/ Mful": "#1f77b4",
+    "random sentence": "#2ca02c",
+}
+"""Colours of the built-in conditions; other conditions take :data:`PALETTE` colours in order."""
 
 
 CLASS_COLORS = {
@@ -29,25 +44,61 @@ CLASS_COLORS = {
 }
 
 
-PALETTE = ["#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
+PALETTE = ["#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff7f0e", "#7f7f7f"]
+"""Colours for keys without a colour of their own, in order."""
 
 
 SPAN_COLOR = "#ffbf00"
+"""Shading of the filler span."""
+
+
+def condition_label(name: str) -> str:
+    """Legend label of a condition: ``"w/ Mless"`` (or ``"meaningless"``) -> ``"Mless"``; other names as given."""
+    return CONDITION_LABELS.get(canonical_condition_name(name), str(name))
+
+
+def same_condition(a: str, b: str) -> bool:
+    """Whether two spellings name the same condition (``"none"`` and ``"w/o"`` do)."""
+    return canonical_condition_name(a) == canonical_condition_name(b)
+
+
+def table_spelling(name: str, present) -> str:
+    """How the table writes condition ``name`` (any spelling): the entry of ``present`` naming the
+    same condition, else ``name`` itself."""
+    return next((p for p in present if same_condition(p, name)), name)
+
+
+def condition_colors(names: Iterable[str]) -> dict[str, str]:
+    """A colour per condition name: the built-in conditions' own, :data:`PALETTE` in order for the rest."""
+    out: dict[str, str] = {}
+    extra = 0
+    for name in names:
+        if name in out:
+            continue
+        own = CONDITION_COLORS.get(canonical_condition_name(name))
+        if own is None:
+            own, extra = PALETTE[extra % len(PALETTE)], extra + 1
+        out[name] = own
+    return out
 
 
 def table_of(result):
+    """The ``table`` of a result dataclass, or the DataFrame itself."""
     return getattr(result, "table", result)
 
 
 def color(key: str, table: dict[str, str], i: int) -> str:
+    """``table[key]``, else the ``i``-th :data:`PALETTE` colour."""
     return table.get(key, PALETTE[i % len(PALETTE)])
 
 
 def unique(values) -> list:
+    """The distinct values in first-seen order."""
     return list(dict.fromkeys(values))
 
 
 def filler_span(rows) -> tuple[int, int] | None:
+    """Half-open ``(start, end)`` positions of the rows whose segment is ``filler`` (``None`` if none)."""
     pos = rows.loc[rows["segment"] == "filler", "position"]
     return (int(pos.min()), int(pos.max()) + 1) if len(pos) else None
 
@@ -62,16 +113,28 @@ def header(text: str, height: float, legend_title: str = "") -> dict:
 
 
 def vspacing(rows: int, gap_px: float, height: float) -> float:
+    """Vertical subplot spacing that leaves ``gap_px`` pixels between ``rows`` rows."""
     return 0.0 if rows <= 1 else min(gap_px / height, 1.0 / (rows - 1))
 
 
 GENERATED_COLOR = "#9ecae1"
+"""Shading of generated tokens."""
 
 
 TRACE_COLORS = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+"""Line colours of generation-trace settings, in order."""
+
+
+CLEAN_COLOR = "#222222"
+"""Bars of a run without intervention."""
+
+
+ABLATED_COLOR = "#d62728"
+"""Bars of a run with an intervention."""
 
 
 def rgba(hex_color: str, alpha: float) -> str:
+    """``"#d62728"``, 0.2 -> ``"rgba(214,39,40,0.2)"``."""
     h = hex_color.lstrip("#")
     r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
     return f"rgba({r},{g},{b},{alpha})"

@@ -5,6 +5,9 @@ condition, metric and step), draws it as it is and returns the figure; nothing i
 here and nothing is shown.
 """
 
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
 from lensprobe.viz.style import TRACE_COLORS, rgba
 
 
@@ -30,9 +33,6 @@ def generation_trace_figure(summary, *, title: str | None = None, band_label: st
         >>> df = lp.trace_summary({"LatentFusion": t1, "Pause": t2}, band="std", smooth=5)
         >>> lp.viz.generation_trace_figure(df, title="SmolLM2, MATH-500").write_html("trace.html")
     """
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     sets = [s for s in summary.loc[summary["metric"] == "attention", "set"].unique() if s]
     set_name = sets[0] if sets else "tracked set"
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.09, subplot_titles=(

@@ -1,6 +1,6 @@
 """Oracle tests: lensprobe's attention metrics vs plain ``transformers`` and by-hand loops.
 
-The reference numbers come from a Hugging Face model loaded on its own (eager attention,
+The reference numbers come from a Hugging Face model built on its own (eager attention,
 ``output_attentions=True``), with each metric computed by an explicit loop written from
 its definition, never through ``lensprobe.core.metrics``.
 """
@@ -9,8 +9,6 @@ import pytest
 import torch
 
 import lensprobe as lp
-from lensprobe.core.models import converted_gguf_folder, embedded_gguf_path, quiet
-from lensprobe.core.testing import tiny_hf_model
 
 TOL = 1e-5
 
@@ -61,16 +59,6 @@ def check_against(lp_model, hf_model, prompt, layers):
     return ref.logits
 
 
-@pytest.fixture(scope="module")
-def smol_hf():
-    from transformers import AutoModelForCausalLM
-
-    with quiet():
-        return AutoModelForCausalLM.from_pretrained(
-            converted_gguf_folder(embedded_gguf_path()), attn_implementation="eager"
-        ).eval()
-
-
 def test_smollm2_filler_prompt_matches_transformers(smol, smol_hf):
     p = lp.build_prompt(smol, "What is 12+7?", system=lp.MATH_SYSTEM_PROMPT, filler=lp.Filler.meaningless())
     assert len(p.positions("filler")) == 55
@@ -99,18 +87,18 @@ def test_smollm2_all_layers_match_transformers(smol, smol_hf):
 
 
 @pytest.mark.parametrize("placement", ["between", "before_system", "after_question"])
-def test_tiny_model_matches_its_hf_model(tiny, placement):
-    hf, _ = tiny_hf_model(seed=0)  # the same seeded weights, not wrapped in a bridge
+def test_tiny_model_matches_its_hf_model(tiny, tiny_hf, placement):
     p = lp.build_prompt(tiny, "What is 12+7?", system=lp.MATH_SYSTEM_PROMPT,
                         filler=lp.Filler.meaningless(count=12), placement=placement)
-    hf_logits = check_against(tiny, hf, p, layers=[0, 1])
+    hf_logits = check_against(tiny, tiny_hf, p, layers=[0, 1])
     ours = lp.entropy(lp.forward(tiny, p))[0]  # vocabulary of 400: float32 agrees to 1e-5
     torch.testing.assert_close(ours, torch.distributions.Categorical(logits=hf_logits[0]).entropy(),
                                atol=TOL, rtol=0)
 
 
-def test_kv_cached_step_pattern_matches_full_prompt(tiny):
-    """At a KV-cached step the pattern is [head, 1, T]; the proportion equals the full-prompt one."""
+def test_kv_cached_step_pattern_matches_full_prompt(tiny, tiny_hf):
+    """At a KV-cached step the pattern is [head, 1, T]; it and the proportion equal the plain model's
+    uncached forward over the whole sequence."""
     p = lp.build_prompt(tiny, "What is 12+7?", filler=lp.Filler.meaningless(count=8))
     filler = p.positions("filler")
     rec = lp.AttentionRecorder(layers=[0, 1])
@@ -120,15 +108,15 @@ def test_kv_cached_step_pattern_matches_full_prompt(tiny):
         with lp.intervene(tiny, rec):
             step_logits, _ = tiny(nxt, past_key_values=pkv, return_type="logits_and_cache")
         full = torch.cat([p.tokens, nxt], dim=1)
-        full_logits = tiny(full)
-    torch.testing.assert_close(step_logits[0, -1], full_logits[0, -1], atol=TOL, rtol=0)
-    full_pats = lp.attention_patterns(tiny, full)
+        ref = tiny_hf(full, output_attentions=True)
+    torch.testing.assert_close(step_logits[0, -1], ref.logits[0, -1], atol=TOL, rtol=0)
     for layer in (0, 1):
         step = rec.patterns[layer][0]
         assert step.shape == (tiny.cfg.n_heads, 1, full.shape[1])
-        torch.testing.assert_close(step[:, 0], full_pats[layer][:, -1], atol=TOL, rtol=0)
+        hf_pattern = ref.attentions[layer][0]
+        torch.testing.assert_close(step[:, 0], hf_pattern[:, -1], atol=TOL, rtol=0)
         newest = [full.shape[1] - 1]
         torch.testing.assert_close(
             lp.attention_proportion(step, filler),
-            proportion_by_hand(full_pats[layer], filler, newest).float(), atol=TOL, rtol=0,
+            proportion_by_hand(hf_pattern, filler, newest).float(), atol=TOL, rtol=0,
         )

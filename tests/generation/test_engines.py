@@ -34,7 +34,7 @@ def _assert_same(a, b):
         assert torch.allclose(a.attention_rows[name], b.attention_rows[name], atol=1e-6, equal_nan=True), name
 
 
-def test_view_shares_the_bridges_tensors(tiny):
+def test_view_shares_the_bridges_tensors(tiny, tiny_hf):
     view = plain_model(tiny)
     assert view is not None and plain_model(tiny) is view  # built once
     hf = tiny.original_model
@@ -46,7 +46,9 @@ def test_view_shares_the_bridges_tensors(tiny):
     assert all(type(m).__module__.startswith(("transformers", "torch")) for m in view.modules())
     tokens = torch.tensor([[3, 17, 40, 8, 99]])
     with torch.inference_mode():
-        assert torch.equal(view(input_ids=tokens).logits, tiny(tokens, return_type="logits"))
+        logits = view(input_ids=tokens).logits
+        assert torch.equal(logits, tiny(tokens, return_type="logits"))
+        assert torch.allclose(logits, tiny_hf(tokens).logits, atol=1e-6)  # and a separately built model's
 
 
 def test_view_is_rebuilt_after_the_vocabulary_grows():
@@ -139,10 +141,10 @@ def test_exception_on_the_view_leaves_no_hook(tiny, prompts, exc):
 
     def explode(pos, token):  # a tracked set's callable, called for each new position
         if pos == len(p) + 3:
-            raise exc("boom")
+            raise exc("boom in a tracked set")
         return False
 
-    with pytest.raises(exc):
+    with pytest.raises(exc, match="boom in a tracked set"):
         lp.trace_generation(tiny, p, max_new_tokens=6, track={**track, "x": explode}, stop_at_eos=False)
     assert _hooks_on(plain_model(tiny, "sdpa_last")) == 0 and _hooks_on(plain_model(tiny)) == 0
     assert not has_user_hooks(tiny)
@@ -323,7 +325,7 @@ def test_one_thread_restores_the_thread_count_also_on_errors():
         with threads.one_thread():
             assert torch.get_num_threads() == 1
         assert torch.get_num_threads() == 2
-        with pytest.raises(ValueError), threads.one_thread():
+        with pytest.raises(ValueError, match="boom"), threads.one_thread():
             raise ValueError("boom")
         assert torch.get_num_threads() == 2
     finally:
@@ -386,7 +388,7 @@ def test_layer_threads_restore_the_count_and_hooks_on_errors(tiny, exc, two_thre
 
     handle = view.base_model.layers[-1].register_forward_hook(boom)
     try:
-        with pytest.raises(exc), torch.inference_mode(), threads.layer_threads(view, 1):
+        with pytest.raises(exc, match="inside a layer"), torch.inference_mode(), threads.layer_threads(view, 1):
             view(input_ids=torch.tensor([[8]]))
     finally:
         handle.remove()

@@ -4,11 +4,12 @@ import math
 
 import pytest
 import torch
+from latent_math import latent_by_hand
 
 import lensprobe as lp
 from lensprobe.core.testing import tiny_model
 from lensprobe.generation.loop import generate, trace_generation
-from lensprobe.generation.thinking import latent_fusion_vector
+from lensprobe.generation.schedule import parse_schedule
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +25,12 @@ def thinker():
     m = tiny_model(seed=0)
     tid = lp.add_thinking_token(m, "<thinking>")
     return m, tid
+
+
+@pytest.fixture(scope="module")
+def thinker_hf(thinker, twin_of):
+    """The thinker's weights (vocabulary grown by one) in a plain transformers model."""
+    return twin_of(thinker[0])
 
 
 def _no_hooks_left(model) -> bool:
@@ -44,20 +51,33 @@ class Counter:
 
 
 # ----- what is recorded --------------------------------------------------------------------
-def test_step0_is_the_last_prompt_position(tiny, prompts):
+def entropy_by_hand(logits: torch.Tensor) -> torch.Tensor:
+    """-sum p ln p over the last dimension, in float64."""
+    p = torch.softmax(logits.double(), -1)
+    return -torch.where(p > 0, p * p.log(), 0.0).sum(-1)
+
+
+def plain_forward(hf, tokens):
+    """Logits [pos, vocab] and attention weights [layer][head, q, k] of one uncached forward of the plain model."""
+    with torch.inference_mode():
+        out = hf(torch.as_tensor(tokens).reshape(1, -1), output_attentions=True)
+    return out.logits[0], [a[0] for a in out.attentions]
+
+
+def test_step0_is_the_last_prompt_position(tiny, tiny_hf, prompts):
     p = prompts[0]
     trace = trace_generation(tiny, p, max_new_tokens=4, track={"system": "system"})
-    logits = lp.forward(tiny, p)[0, -1]
-    assert torch.allclose(trace.entropy[0], lp.entropy(logits), atol=1e-5)
-    assert trace.token_ids[0] == int(logits.argmax())
-    pats = lp.attention_patterns(tiny, p)
+    logits, attentions = plain_forward(tiny_hf, p.tokens)
+    assert abs(float(trace.entropy[0]) - float(entropy_by_hand(logits[-1]))) <= 1e-5
+    assert trace.token_ids[0] == int(logits[-1].argmax())
+    system = p.positions("system")
     for layer in range(tiny.cfg.n_layers):
-        expect = lp.attention_proportion(pats[layer], p.positions("system"), query_positions=[len(p) - 1])
+        expect = attentions[layer][:, -1, system].sum(-1)  # [head]: the last query's row over the set
         assert torch.allclose(trace.attention["system"][0, layer], expect, atol=1e-5)
 
 
-def test_cached_steps_equal_full_forward_of_the_whole_sequence(tiny, prompts):
-    """Each step's numbers equal a full (uncached) forward over prompt + generated tokens."""
+def test_cached_steps_equal_full_forward_of_the_whole_sequence(tiny, tiny_hf, prompts):
+    """Each step's numbers equal one uncached forward of the plain model over prompt + generated tokens."""
     p = prompts[0]
     n = 12
     tid = int(tiny.tokenizer.encode(" the", add_special_tokens=False)[0])
@@ -65,18 +85,17 @@ def test_cached_steps_equal_full_forward_of_the_whole_sequence(tiny, prompts):
                              track={"q": "question", "gen": "generated", "tok": tid,
                                     "odd": lambda pos, t: pos % 2 == 1})
     seq = torch.cat([p.tokens[0], trace.token_ids])
-    full = lp.forward(tiny, seq[:-1])[0]
-    pats = lp.attention_patterns(tiny, seq[:-1])
+    full, attentions = plain_forward(tiny_hf, seq[:-1])
     P = len(p)
     for t in range(n):
         q = P - 1 + t
-        assert torch.allclose(trace.entropy[t], lp.entropy(full[q]), atol=1e-5)
+        assert abs(float(trace.entropy[t]) - float(entropy_by_hand(full[q]))) <= 1e-5, t
         assert trace.token_ids[t] == int(full[q].argmax())
         assert torch.allclose(trace.chosen_prob[t], torch.softmax(full[q], -1)[trace.token_ids[t]], atol=1e-6)
         sets = {"q": p.positions("question"), "gen": list(range(P, q + 1)),
                 "tok": [i for i in range(q + 1) if seq[i] == tid], "odd": list(range(1, q + 1, 2))}
         for layer in range(tiny.cfg.n_layers):
-            row = pats[layer][:, q, : q + 1]
+            row = attentions[layer][:, q, : q + 1]
             for name, pos in sets.items():
                 expect = row[:, pos].sum(-1) if pos else torch.zeros(row.shape[0])
                 assert torch.allclose(trace.attention[name][t, layer], expect, atol=1e-5), (name, t)
@@ -240,7 +259,7 @@ def test_thinking_needs_the_token(tiny, prompts):
         lp.LatentFusion(top_p=0.0)
 
 
-def test_pause_equals_forcing_the_thinking_token(thinker, prompts):
+def test_pause_equals_forcing_the_thinking_token(thinker, thinker_hf, prompts):
     m, tid = thinker
     p = prompts[0]
     trace = trace_generation(m, p, max_new_tokens=8, thinking=lp.Pause(), think_when=lp.schedule.at([1, 4]),
@@ -248,19 +267,22 @@ def test_pause_equals_forcing_the_thinking_token(thinker, prompts):
     assert trace.thinking.nonzero().flatten().tolist() == [1, 4]
     assert trace.token_ids[1] == tid and trace.token_ids[4] == tid
     assert trace.str_tokens_rows[0][1] == "<thinking>"
-    # by hand: the same sequence as ordinary token ids, one full forward
+    # the same sequence as ordinary token ids, one uncached forward of the plain model
     seq = torch.cat([p.tokens[0], trace.token_ids])
-    full = lp.forward(m, seq[:-1])[0]
+    full, attentions = plain_forward(thinker_hf, seq[:-1])
     P = len(p)
     for t in range(8):
-        assert torch.allclose(trace.entropy[t], lp.entropy(full[P - 1 + t]), atol=1e-5)
+        assert abs(float(trace.entropy[t]) - float(entropy_by_hand(full[P - 1 + t]))) <= 1e-5, t
+        thinking_keys = [P + i for i in (1, 4) if i < t]
+        want = torch.stack([a[:, P - 1 + t, thinking_keys].sum(-1) for a in attentions])
+        assert torch.allclose(trace.attention["thinking"][t], want, atol=1e-5), t
         if t not in (1, 4):
             assert trace.token_ids[t] == int(full[P - 1 + t].argmax())
     assert torch.allclose(trace.attention["thinking"], trace.attention["tok"])
     assert (trace.attention["thinking"][:2] == 0).all() and (trace.attention["thinking"][2:] > 0).all()
 
 
-def test_latent_fusion_replaces_the_input_and_stays_in_the_cache(thinker, prompts):
+def test_latent_fusion_replaces_the_input_and_stays_in_the_cache(thinker, thinker_hf, prompts):
     m, tid = thinker
     p = prompts[0]
     fed = []
@@ -273,24 +295,24 @@ def test_latent_fusion_replaces_the_input_and_stays_in_the_cache(thinker, prompt
     thinking = lp.LatentFusion(alpha=0.6, top_p=0.9)
     trace = trace_generation(m, p, max_new_tokens=8, thinking=thinking, think_when=lp.schedule.at([2]),
                              stop_at_eos=False, interventions=[("blocks.0.hook_resid_pre", capture)])
-    # the vector fed at step 2 equals LatentFusion computed from step 2's hidden state and logits
+    # the vector fed at step 2, by hand from the plain model's final hidden state and logits there
     seq = torch.cat([p.tokens[0], trace.token_ids[:2]])
-    h = {}
-    with torch.inference_mode(), lp.intervene(m, ("ln_final.hook_out", lambda x, hook: h.setdefault("h", x))):
-        logits = m(seq[None])
-    expect = latent_fusion_vector(h["h"][0, -1][None], logits[0, -1][None], m.W_E, alpha=0.6,
-                                              top_p=0.9, exclude_token=tid)[0]
+    E = thinker_hf.get_input_embeddings().weight
+    with torch.inference_mode():
+        out = thinker_hf(seq[None], output_hidden_states=True)
+    expect, _ = latent_by_hand(out.hidden_states[-1][0, -1], out.logits[0, -1], E, alpha=0.6, top_p=0.9,
+                               exclude=tid)
     assert torch.allclose(fed[0], expect, atol=1e-5)
-    assert not torch.allclose(expect, m.W_E[tid])
-    # later steps see the latent vector through the cache: an uncached forward with the same
-    # embeddings gives the same logits
-    embeds = m.W_E[seq.tolist() + trace.token_ids[2:7].tolist()].clone()
+    assert not torch.allclose(expect, E[tid])
+    # later steps see the latent vector through the cache: an uncached forward of the plain model
+    # with the same input embeddings gives the same entropies
+    embeds = E[seq.tolist() + trace.token_ids[2:7].tolist()].clone()
     embeds[len(seq)] = expect
     with torch.inference_mode():
-        full = m(embeds[None])[0]
+        full = thinker_hf(inputs_embeds=embeds[None]).logits[0]
     P = len(p)
     for t in range(3, 8):
-        assert torch.allclose(trace.entropy[t], lp.entropy(full[P - 1 + t]), atol=1e-4)
+        assert abs(float(trace.entropy[t]) - float(entropy_by_hand(full[P - 1 + t]))) <= 1e-4, t
     pause = trace_generation(m, p, max_new_tokens=8, thinking=lp.Pause(), think_when=lp.schedule.at([2]),
                              stop_at_eos=False)
     assert not torch.allclose(pause.entropy[3:], trace.entropy[3:])
@@ -336,10 +358,19 @@ def test_schedule_rules(thinker, prompts):
     tr = trace_generation(m, prompts[0], max_new_tokens=10, thinking=lp.Pause(),
                           think_when=lp.schedule.entropy_above(thr), stop_at_eos=False)
     assert all(tr.entropy[t] > thr for t in got) and all(tr.entropy[t] <= thr for t in range(10) if t not in got)
-    with pytest.raises(lp.LensprobeError):
+    with pytest.raises(lp.LensprobeError, match=r"schedule.every\(n\) needs an integer n >= 2, got 1"):
         lp.schedule.every(1)
-    with pytest.raises(lp.LensprobeError):
+    with pytest.raises(lp.LensprobeError, match=r"schedule.first\(k\) needs an integer k >= 1, got 0"):
         lp.schedule.first(0)
+
+
+def test_parse_schedule():
+    assert parse_schedule("every:8") == lp.schedule.every(8)
+    assert parse_schedule("emitted") == lp.schedule.emitted()
+    combo = parse_schedule("first:2 + at:5,9")
+    assert isinstance(combo, lp.schedule.AnyOf) and len(combo.rules) == 2
+    with pytest.raises(lp.LensprobeError, match="cannot read schedule part 'sometimes'"):
+        parse_schedule("sometimes")
 
 
 # ----- files -------------------------------------------------------------------------------
@@ -404,25 +435,31 @@ def test_exception_mid_generation_leaves_no_hook_and_a_usable_model(tiny, prompt
     def explode(x, hook):
         info = lp.current_step()
         if info is not None and info.step == 3:
-            raise exc("boom")
+            raise exc("boom at step 3")
 
+    user_point = tiny.hook_dict["blocks.1.hook_resid_post"]
     user_calls = []
-    user_hook = tiny.hook_dict["blocks.1.hook_resid_post"].add_hook(lambda x, hook: user_calls.append(1))
+    user_point.add_hook(lambda x, hook: user_calls.append(x.shape[1]))
     try:
-        with pytest.raises(exc):
+        with pytest.raises(exc, match="boom at step 3"):
             trace_generation(tiny, p, max_new_tokens=6, track={"s": "system"},
                              interventions=[("blocks.0.hook_resid_post", explode)])
-        # only the user's own hook is still attached
+        # the user's hook ran at each forward before the failing one (prompt, steps 1 and 2);
+        # the failing forward stopped in block 0, before the user's block-1 hook
+        assert user_calls == [len(p), 1, 1]
+        # only the user's own hook is still attached, and it still fires
         attached = {id(hp) for hp in tiny.hook_dict.values() if hp._forward_hooks}
-        assert attached == {id(tiny.hook_dict["blocks.1.hook_resid_post"])}
+        assert attached == {id(user_point)}
+        lp.forward(tiny, p)
+        assert user_calls == [len(p), 1, 1, len(p)]
     finally:
-        tiny.hook_dict["blocks.1.hook_resid_post"].remove_hooks()
-        del user_hook
+        user_point.remove_hooks()
     assert _no_hooks_left(tiny) and lp.current_step() is None
     again = trace_generation(tiny, p, max_new_tokens=6, track={"s": "system"}, stop_at_eos=False)
     assert again.token_ids.tolist() == ref.token_ids.tolist()
     assert torch.allclose(again.attention["s"], ref.attention["s"])
     assert not math.isnan(float(again.entropy[-1]))
+    assert user_calls == [len(p), 1, 1, len(p)]  # removed: it no longer fires
 
 
 def test_recording_off_keeps_no_attention(tiny, prompts):

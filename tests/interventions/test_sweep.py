@@ -1,4 +1,5 @@
-"""Ablation sweeps: every cell equals a single ablation run; metrics checked by hand."""
+"""Ablation sweeps: every cell equals a single ablation run; metrics checked by hand on a separately
+built plain transformers model."""
 
 import math
 
@@ -9,7 +10,6 @@ import torch
 import lensprobe as lp
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.measures import AnswerLogProb, measure_once, resolve_measure
-from lensprobe.core.metrics import attention_proportion
 from lensprobe.interventions.ablation import ablate_heads
 from lensprobe.interventions.sweep import ablation_sweep
 
@@ -44,15 +44,17 @@ def test_every_sweep_cell_equals_a_single_ablation(tiny, prompts):
     assert res.table.loc[1, 2] == pytest.approx(res.changes[:, res.heads.index((1, 2))].mean().item(), abs=1e-6)
 
 
-def test_answer_logprob_by_hand(tiny, prompts):
+def test_answer_logprob_by_hand(tiny, tiny_hf, prompts):
     p = prompts[0]
-    ids = tiny.tokenizer.encode(" 19", add_special_tokens=False)
+    answer = " 19, the sum"
+    ids = tiny.tokenizer.encode(answer, add_special_tokens=False)
+    assert len(ids) > 1  # several answer tokens: the sum is exercised
     tokens = torch.cat([p.tokens, torch.tensor([ids])], dim=1)
     with torch.inference_mode():
-        logits = tiny.original_model(tokens).logits[0]
+        logits = tiny_hf(tokens).logits[0]
     n = len(p)
     want = sum(torch.log_softmax(logits[n - 1 + i], -1)[t].item() for i, t in enumerate(ids))
-    got = measure_once(tiny, AnswerLogProb(" 19"), p)[0].item()
+    got = measure_once(tiny, AnswerLogProb(answer), p)[0].item()
     assert got == pytest.approx(want, abs=1e-5)
 
 
@@ -62,28 +64,55 @@ def test_mean_sweep_cells(tiny, prompts):
                          batch_size=2, progress=False)
     for i, pair in enumerate(res.heads):
         want = single(tiny, prompts[0], "entropy", [pair], method="mean", reference=ref)
-        assert res.ablated[0, i].item() == pytest.approx(want, abs=1e-5)
+        assert res.ablated[0, i].item() == pytest.approx(want, abs=1e-6)
+    assert res.changes.abs().min() > 5e-6  # each mean ablation moved the entropy
     grid = res.grid()
     assert math.isnan(grid[0, 0]) and not math.isnan(grid[0, 1])  # unswept heads are NaN
 
 
-def test_attention_metric_sweep_by_hand(tiny, prompts):
+def test_attention_metric_sweep_by_hand(tiny, tiny_hf, prompts):
+    """attention:filler = mean over layers, heads and the queries after the filler of the attention
+    summed over the filler's keys; L0H2 ablated = its slice of layer 0's o_proj input zeroed."""
     p = prompts[0]
     res = ablation_sweep(tiny, p, "attention:filler", heads="L0H2", progress=False)
     keys = p.positions("filler")
-    pats = lp.attention_patterns(tiny, p, None, ablate_heads("L0H2"))
-    want = torch.stack([attention_proportion(pats[layer], keys) for layer in sorted(pats)]).mean().item()
+    d = tiny.cfg.d_head
+
+    def zero_l0h2(mod, args):
+        x = args[0].clone()
+        x[..., 2 * d:3 * d] = 0
+        return (x,)
+
+    def measure(ablate: bool) -> float:
+        handle = tiny_hf.model.layers[0].self_attn.o_proj.register_forward_pre_hook(zero_l0h2) if ablate else None
+        try:
+            with torch.inference_mode():
+                attentions = tiny_hf(p.tokens, output_attentions=True).attentions
+        finally:
+            if handle is not None:
+                handle.remove()
+        values = [float(a[0, h, q, keys].sum()) for a in attentions for h in range(a.shape[1])
+                  for q in range(max(keys) + 1, len(p))]
+        return sum(values) / len(values)
+
+    want, clean = measure(True), measure(False)
+    assert res.baseline[0].item() == pytest.approx(clean, abs=1e-6)
     assert res.ablated[0, 0].item() == pytest.approx(want, abs=1e-6)
-    # ablating a layer-0 head changes attention in layer 1 only
-    assert res.changes.abs().max() > 0
+    assert abs(want - clean) > 1e-5  # ablating a layer-0 head changes attention in layer 1
 
 
 def test_positions_restrict_the_sweep(tiny, prompts):
     p = prompts[0]
     res = ablation_sweep(tiny, p, "entropy", heads="H0", positions="question", progress=False)
+    everywhere = ablation_sweep(tiny, p, "entropy", heads="H0", progress=False)
     for i, pair in enumerate(res.heads):
         assert res.ablated[0, i].item() == pytest.approx(
             single(tiny, p, "entropy", [pair], positions="question"), abs=1e-6)
+        if pair[0] == 0:  # a layer-0 head over the question reaches the last position through layer 1 ...
+            assert abs(res.changes[0, i].item()) > 2e-6
+        else:  # ... a last-layer head over the question cannot, while ablating it everywhere does
+            assert res.changes[0, i].item() == 0.0
+        assert abs(res.ablated[0, i].item() - everywhere.ablated[0, i].item()) > 2e-6
 
 
 def test_callable_metric_and_outputs(tiny, prompts, tmp_path):
@@ -142,3 +171,7 @@ def test_shared_prefix_gives_the_same_numbers(tiny, prompts, metric):
     assert torch.allclose(shared.ablated, plain.ablated, atol=1e-6)
     for i, pair in enumerate(shared.heads):
         assert shared.ablated[0, i].item() == pytest.approx(single(tiny, p, metric, [pair]), abs=1e-6)
+    if metric == "entropy":
+        assert shared.changes.abs().min() > 5e-6  # each ablation moved the entropy
+    else:  # last-layer heads cannot change any attention pattern
+        assert shared.changes.abs().max() == 0.0

@@ -1,14 +1,12 @@
-"""The meaningless-token study on the tiny model: every number checked a second way."""
+"""The meaningless-token study on the tiny model: every number checked a second way (attention weights
+of a separately built plain transformers model, averages written out here)."""
 
-import copy
-import json
 import math
 
 import pytest
 import torch
 
 import lensprobe as lp
-from lensprobe.app.sections import filler as filler_sections
 from lensprobe.core.testing import tiny_model
 from lensprobe.studies import filler as fs
 
@@ -17,22 +15,6 @@ QUESTION = "What is 12+7?"
 
 def small_setup(*conditions, count=5):
     return fs.FillerSetup(conditions=conditions or fs.CONDITIONS, count=count)
-
-
-@pytest.fixture(scope="module")
-def tiny_hf(tiny):
-    """The tiny model's weights as a plain transformers model (rebuilt with the same seed as tiny_model)."""
-    from transformers import LlamaForCausalLM
-
-    config = copy.deepcopy(tiny.original_model.config)
-    config._attn_implementation = "eager"
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        hf = LlamaForCausalLM(config).eval()
-    ids = torch.tensor([[1, 5, 9, 30, 7]])
-    with torch.no_grad():
-        assert torch.allclose(hf(ids).logits, tiny(ids), atol=1e-5)  # same weights as the bridge
-    return hf
 
 
 def sel(df, **eq):
@@ -57,28 +39,29 @@ def received_by_hand(A):
              for j in range(n)] for h in range(H)]
 
 
-def test_aligned_series_equals_direct_computation(tiny):
-    res = fs.attention_received(tiny, QUESTION, layers=[0, 1], setup=small_setup("none", "meaningless"))
-    p_with, p_without = res.prompts["meaningless"], res.prompts["none"]
+def test_aligned_series_equals_direct_computation(tiny, tiny_hf):
+    res = fs.attention_received(tiny, QUESTION, layers=[0, 1], setup=small_setup("w/o", "w/ Mless"))
+    p_with, p_without = res.prompts["w/ Mless"], res.prompts["w/o"]
     start, end = p_with.segments["filler"]
     s_start, s_end = p_with.segments["filler_sep"]
     keep = [i for i in range(len(p_with)) if not (start <= i < end or s_start <= i < s_end)]
     assert p_with.tokens[0, keep].tolist() == p_without.tokens[0].tolist()
     aligned = res.aligned()
+    with_filler, without = hf_attentions(tiny_hf, p_with), hf_attentions(tiny_hf, p_without)
     for layer in (0, 1):
-        direct = lp.average_attention_received(lp.attention_patterns(tiny, p_with, [layer])[layer])[:, keep]
-        base = lp.average_attention_received(lp.attention_patterns(tiny, p_without, [layer])[layer])
+        direct = torch.tensor(received_by_hand(with_filler[layer]))[:, keep]
+        base = torch.tensor(received_by_hand(without[layer]))
         for head in range(tiny.cfg.n_heads):
-            for cond, want in (("meaningless", direct[head]), ("none", base[head])):
+            for cond, want in (("w/ Mless", direct[head]), ("w/o", base[head])):
                 rows = sel(aligned, condition=cond, layer=layer, head=head).sort_values("aligned_pos")
                 assert rows["aligned_pos"].tolist() == list(range(len(p_without)))
                 got = torch.tensor(rows["attention"].to_numpy(dtype=float), dtype=torch.float32)
-                torch.testing.assert_close(got, want.float(), equal_nan=True)
+                torch.testing.assert_close(got, want.float(), equal_nan=True, atol=1e-6, rtol=0)
 
 
 def test_full_series_matches_hf_attentions_by_hand(tiny, tiny_hf):
-    res = fs.attention_received(tiny, QUESTION, layers=[1], heads=[2], setup=small_setup("meaningless"))
-    p = res.prompts["meaningless"]
+    res = fs.attention_received(tiny, QUESTION, layers=[1], heads=[2], setup=small_setup("w/ Mless"))
+    p = res.prompts["w/ Mless"]
     want = received_by_hand(hf_attentions(tiny_hf, p)[1])[2]
     rows = res.table.sort_values("position")
     assert rows["position"].tolist() == list(range(len(p)))
@@ -95,30 +78,30 @@ def test_full_series_matches_hf_attentions_by_hand(tiny, tiny_hf):
 
 def test_conditions_random_sentence_has_filler_token_count(tiny):
     res = fs.attention_received(tiny, QUESTION, layers=[0], heads=[0], setup=small_setup(count=7))
-    assert res.conditions == ("none", "meaningless", "meaningful", "random")
+    assert res.conditions == ("w/o", "w/ Mless", "w/ Mful", "random sentence")
     spans = {c: res.filler_span(c) for c in res.conditions}
-    assert spans["none"] is None
-    n = spans["meaningless"][1] - spans["meaningless"][0]
-    assert spans["random"][1] - spans["random"][0] == n
-    assert res.prompts["meaningless"].pieces["filler"] == " ".join(["/"] * 7)
-    assert res.prompts["meaningful"].pieces["filler"] == " ".join(["he"] * 7)
-    words = res.prompts["random"].pieces["filler"].split()
+    assert spans["w/o"] is None
+    n = spans["w/ Mless"][1] - spans["w/ Mless"][0]
+    assert spans["random sentence"][1] - spans["random sentence"][0] == n
+    assert res.prompts["w/ Mless"].pieces["filler"] == " ".join(["/"] * 7)
+    assert res.prompts["w/ Mful"].pieces["filler"] == " ".join(["he"] * 7)
+    words = res.prompts["random sentence"].pieces["filler"].split()
     assert len(words) >= 2 and all(w.isalpha() for w in words)
     # every condition aligns to the same number of positions as the no-filler prompt
     counts = res.aligned().groupby("condition")["aligned_pos"].nunique()
-    assert set(counts) == {len(res.prompts["none"])}
+    assert set(counts) == {len(res.prompts["w/o"])}
 
 
 def test_condition_changes_and_ranking_by_hand(tiny):
-    res = fs.attention_received(tiny, QUESTION, layers=[0, 1], setup=small_setup("none", "meaningless", "random"))
+    res = fs.attention_received(tiny, QUESTION, layers=[0, 1], setup=small_setup("w/o", "w/ Mless", "random sentence"))
     ch = fs.condition_changes(res)
-    assert set(ch["condition"]) == {"meaningless", "random"}
+    assert set(ch["condition"]) == {"w/ Mless", "random sentence"}
     a = res.aligned()
-    for cond in ("meaningless", "random"):
+    for cond in ("w/ Mless", "random sentence"):
         for layer in (0, 1):
             for head in range(tiny.cfg.n_heads):
                 x = sel(a, condition=cond, layer=layer, head=head).sort_values("aligned_pos")["attention"]
-                y = sel(a, condition="none", layer=layer, head=head).sort_values("aligned_pos")["attention"]
+                y = sel(a, condition="w/o", layer=layer, head=head).sort_values("aligned_pos")["attention"]
                 pairs = [(u, v) for u, v in zip(x, y, strict=True) if not (math.isnan(u) or math.isnan(v))]
                 want = sum(abs(u - v) for u, v in pairs) / len(pairs)
                 got = sel(ch, condition=cond, layer=layer, head=head)["change"].item()
@@ -126,45 +109,45 @@ def test_condition_changes_and_ranking_by_hand(tiny):
     top = fs.heads_by_change(res, k=2)
     assert len(top) == 4 and set(top["layer"]) == {0, 1}
     for layer in (0, 1):
-        mine = sel(ch, condition="meaningless", layer=layer).nlargest(2, "change")
+        mine = sel(ch, condition="w/ Mless", layer=layer).nlargest(2, "change")
         assert sorted(sel(top, layer=layer)["head"]) == sorted(mine["head"])
     full = fs.heads_by_change(res)
     assert full["change"].is_monotonic_decreasing
     with pytest.raises(lp.LensprobeError, match="was not run"):
-        fs.heads_by_change(res, condition="meaningful")
+        fs.heads_by_change(res, condition="w/ Mful")
 
 
 def test_bad_input_errors(tiny):
     with pytest.raises(lp.LensprobeError, match="unknown condition"):
-        fs.FillerSetup(conditions=("none", "loud"))
+        fs.FillerSetup(conditions=("w/o", "loud"))
     with pytest.raises(lp.LensprobeError, match="positive integer"):
         fs.FillerSetup(count=0)
     with pytest.raises(lp.LensprobeError, match="placement"):
         fs.FillerSetup(placement="middle")
     with pytest.raises(lp.LensprobeError, match="out of range"):
-        fs.attention_received(tiny, QUESTION, layers=[5], setup=small_setup("none"))
+        fs.attention_received(tiny, QUESTION, layers=[5], setup=small_setup("w/o"))
     with pytest.raises(lp.LensprobeError, match="head 9 out of range"):
-        fs.attention_received(tiny, QUESTION, layers=[0], heads=[9], setup=small_setup("none"))
+        fs.attention_received(tiny, QUESTION, layers=[0], heads=[9], setup=small_setup("w/o"))
     assert fs.normalize_conditions(["w/o", "Mless", "Mful", "random sentence"]) == fs.CONDITIONS
 
 
-def test_filler_vs_random_two_models(tiny):
+def test_filler_vs_random_two_models(tiny, tiny_hf, twin_of):
     other = tiny_model(seed=1)
     fr = fs.filler_vs_random([tiny, other], QUESTION, layer=1, head=3, setup=small_setup(count=6))
     models = list(dict.fromkeys(fr.table["model"]))
     assert len(models) == 2 and models[0] != models[1]
-    for m, model in zip(models, (tiny, other), strict=True):
+    for m, hf in zip(models, (tiny_hf, twin_of(other)), strict=True):
         rows = fr.table[fr.table["model"] == m]
         by_cond = {c: g.sort_values("position") for c, g in rows.groupby("condition")}
-        assert set(by_cond) == {"meaningless", "random"}
-        assert len(by_cond["meaningless"]) == len(by_cond["random"])  # same length, same span
+        assert set(by_cond) == {"w/ Mless", "random sentence"}
+        assert len(by_cond["w/ Mless"]) == len(by_cond["random sentence"])  # same length, same span
         start, end = fr.spans[m]
         for c, g in by_cond.items():
             assert g.loc[g["segment"] == "filler", "position"].tolist() == list(range(start, end))
             p = fr.prompts[m][c]
-            want = lp.average_attention_received(lp.attention_patterns(model, p, [1])[1])[3]
+            want = torch.tensor(received_by_hand(hf_attentions(hf, p)[1])[3], dtype=torch.float32)
             got = torch.tensor(g["attention"].to_numpy(dtype=float), dtype=torch.float32)
-            torch.testing.assert_close(got, want, equal_nan=True)
+            torch.testing.assert_close(got, want, equal_nan=True, atol=1e-6, rtol=0)
         assert set(rows["head_label"]) == {"L1H3"}
 
 
@@ -205,7 +188,7 @@ def test_ascii_grid_shape_and_alphabet():
     assert len(rows) == 5 and all(len(r) == 7 for r in rows)
     assert set(g) <= set("#* \n")
     assert g == fs.ascii_grid(5, 7, seed=3) and g != fs.ascii_grid(5, 7, seed=4)
-    with pytest.raises(lp.LensprobeError):
+    with pytest.raises(lp.LensprobeError, match="grid needs rows > 0 and cols > 0, got 0x3"):
         fs.ascii_grid(0, 3)
 
 
@@ -221,32 +204,3 @@ def test_labels(tiny):
 
     assert lp.model_label(M()) == "SmolLM2-135M-Instruct.Q4_1"
     assert fs.class_layers(tiny) == [0, 1]
-
-
-def test_demo_question_sources(tmp_path, monkeypatch, math500_path):
-    first = next(json.loads(line) for line in math500_path.open() if json.loads(line)["level"] == 1)
-    monkeypatch.setenv("LENSPROBE_MATH500", str(math500_path))
-    q, src = filler_sections.demo_question()
-    assert q == first["problem"] and first["unique_id"] in src
-    own = tmp_path / "mine.jsonl"
-    own.write_text(json.dumps({"problem": "hard", "level": 3}) + "\n" + json.dumps({"problem": "easy", "level": 1}) + "\n")
-    monkeypatch.setenv("LENSPROBE_MATH500", str(own))
-    assert filler_sections.demo_question()[0] == "easy"
-    q, src = filler_sections.demo_question(quick=True)
-    assert src == "built-in example question"
-
-
-def test_demo_sections_on_tiny_model(tiny):
-    sections = filler_sections.build_demo_sections(tiny, quick=True)
-    titles = [s.title for s in sections]
-    assert len(sections) == 4 and len(set(titles)) == 4
-    s1, s2, s3, s4 = sections
-    assert len(s1.figures) == 2 and set(s1.tables) == {"attention_received", "condition_changes"}
-    shown = s1.data["study"]["heads_shown"]
-    assert len(shown) == 2 and all(h.startswith("L0H") for h in shown)
-    assert set(s1.tables["attention_received"]["head_label"]) == set(shown)
-    assert "lensprobe-tiny-llama" in s1.intro and "0-based" in s1.intro
-    assert set(s2.tables["filler_vs_random"]["condition"]) == {"meaningless", "random"}
-    assert set(s3.tables["token_class_attention"]["group"]) == {"w/o filler", "Mless"}
-    view = s4.data["attention_L0"]
-    assert len(view["pattern"]) == tiny.cfg.n_heads and "«" in s4.html[0]

@@ -151,6 +151,7 @@ def test_attention_view_marks_span_and_is_offline():
     assert "«" not in out.split("<div>")[0]  # no span, no marks
 
 
+@pytest.mark.slow  # launches a Python process
 def test_viz_and_report_are_attributes_imported_on_first_use():
     """``import lensprobe`` loads no plotting library; ``lp.viz`` imports on first use."""
     import subprocess

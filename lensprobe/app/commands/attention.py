@@ -8,6 +8,7 @@ from tqdm.auto import tqdm
 from lensprobe.app.common import (
     add_model_argument,
     add_system_arguments,
+    filler_condition,
     int_list,
     layer_list,
     load_cli_model,
@@ -21,7 +22,8 @@ from lensprobe.core.prompts import PLACEMENTS
 from lensprobe.studies import filler as fs
 from lensprobe.viz import attention_received_figure, attention_view_html
 
-FILLER_CHOICES = ("meaningless", "meaningful", "random", "none")
+FILLER_CHOICES = ("w/ Mless", "w/ Mful", "random sentence", "w/o")
+"""``--filler``: the condition compared with ``w/o`` (older spellings: meaningless, meaningful, random, none)."""
 
 
 def add_attention(subparsers) -> None:
@@ -34,8 +36,10 @@ def add_attention(subparsers) -> None:
                     "0-based (TransformerLens); papers count from 1.")
     add_model_argument(p)
     p.add_argument("--question", required=True, help="the question text")
-    p.add_argument("--filler", default="meaningless", choices=FILLER_CHOICES,
-                   help="filler condition compared with no filler (default: meaningless, '/' x 55)")
+    p.add_argument("--filler", default="w/ Mless", type=filler_condition(FILLER_CHOICES), metavar="CONDITION",
+                   help="filler condition compared with no filler: 'w/ Mless' ('/' x 55; the default), 'w/ Mful' "
+                        "('he' x 55), 'random sentence', or 'w/o' (no filler only); also meaningless, meaningful, "
+                        "random, none")
     p.add_argument("--count", type=int, default=55, help="filler repetitions (default 55)")
     add_system_arguments(p)
     p.add_argument("--placement", default="between", choices=PLACEMENTS, help="where the filler goes")
@@ -47,7 +51,7 @@ def add_attention(subparsers) -> None:
 
 
 def run_attention(args) -> int:
-    conditions = ("none",) if args.filler == "none" else ("none", args.filler)
+    conditions = ("w/o",) if args.filler == "w/o" else ("w/o", args.filler)
     setup = fs.FillerSetup(conditions=conditions, system=system_of(args),
                            count=args.count, seed=args.seed, placement=args.placement)
     model = load_cli_model(args.model)
@@ -57,11 +61,11 @@ def run_attention(args) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
-    shade = args.filler if args.filler != "none" else None
-    view_cond = shade or "none"
+    shade = args.filler if args.filler != "w/o" else None
+    view_cond = shade or "w/o"
     for layer in tqdm(layers, desc="figures", leave=False):
         fig = attention_received_figure(
-            res.table, [(layer, h) for h in heads], shade_condition=shade or "meaningless",
+            res.table, [(layer, h) for h in heads], shade_condition=shade or "w/ Mless",
             title=f"{res.model_name}: average attention received, layer {layer}")
         path = out / f"attention_received_L{layer}.html"
         write_figure(fig, path)

@@ -2,8 +2,9 @@
 
 from pathlib import Path
 
-from lensprobe.app.common import add_model_argument
+from lensprobe.app.common import TEST_MODEL, add_model_argument
 from lensprobe.app.demo import run_demo
+from lensprobe.core.testing import tiny_model
 
 
 def add_demo(subparsers) -> None:
@@ -18,6 +19,8 @@ def add_demo(subparsers) -> None:
 
 
 def run_demo_command(args) -> int:
-    index = run_demo(args.out, args.model, quick=args.quick)
+    """Write the report; ``--model tiny`` is the tiny test model, anything else loads in :func:`run_demo`."""
+    model = tiny_model(seed=0) if args.model == TEST_MODEL else args.model
+    index = run_demo(args.out, model, quick=args.quick)
     print(f"report written to {index.resolve()}")
     return 0

@@ -2,10 +2,11 @@
 
 Examples:
     lensprobe eval --data test.jsonl --conditions "w/o,w/ Mless,w/ Mful" --limit 20 --max-new-tokens 512 --out runs/smol
-    accelerate launch --multi_gpu --num_processes 2 -m lensprobe.app.cli eval --data test.jsonl --out runs/smol
+    accelerate launch --multi_gpu --num_processes 2 -m lensprobe eval --data test.jsonl --out runs/smol
     lensprobe eval-report runs/smol
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 from lensprobe.app.common import TEST_MODEL, add_model_argument, int_list, load_cli_model, str_list
@@ -31,10 +32,11 @@ def add_eval(subparsers) -> None:
                     "written to --out/report.")
     add_model_argument(p)
     p.add_argument("--data", default=None,
-                   help="JSONL file with 'problem' and 'answer' per line (e.g. MATH-500's test.jsonl); "
-                        "default: HuggingFaceH4/MATH-500 from the hub")
+                   help="JSONL file with 'problem' and 'answer' per line; default: the MATH-500 copy lensprobe "
+                        "ships; 'hub': HuggingFaceH4/MATH-500 from the Hugging Face hub")
     p.add_argument("--conditions", default=DEFAULT_CONDITIONS,
-                   help=f"comma-separated conditions (default {DEFAULT_CONDITIONS!r}; also 'random sentence')")
+                   help=f"comma-separated conditions (default {DEFAULT_CONDITIONS!r}; also 'random sentence'; "
+                        "the older spellings none, meaningless, meaningful, random work too)")
     p.add_argument("--system", default=None, help="replace the system prompt of every condition")
     p.add_argument("--ablate-heads", default=None, metavar="HEADS",
                    help="also run every condition with these heads zero-ablated, e.g. L0H3,L1H2 (0-based)")
@@ -70,13 +72,11 @@ def add_eval_report(subparsers) -> None:
 
 
 def conditions_from_args(args) -> list:
-    from dataclasses import replace
-
+    """The conditions of ``--conditions``, with ``--system`` and ``--ablate-heads`` applied."""
     conds = resolve_conditions(args.conditions)
     if args.system is not None:
         conds = [replace(c, system=args.system or None) for c in conds]
     if args.ablate_heads:
-
         ablation = ablate_heads(args.ablate_heads)
         conds = conds + [replace(c, name=f"{c.name} [ablate {args.ablate_heads}]",
                                  interventions=c.interventions + (ablation,)) for c in conds]

@@ -6,6 +6,7 @@ from pathlib import Path
 from lensprobe.app.common import (
     add_model_argument,
     add_system_arguments,
+    filler_condition,
     load_cli_model,
     system_of,
     write_figure,
@@ -15,31 +16,37 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.heads import head_label, resolve_heads
 from lensprobe.core.jsonable import to_jsonable
 from lensprobe.core.models import model_label
-from lensprobe.core.prompts import build_prompt, prompt_json
+from lensprobe.core.prompts import prompt_json
 from lensprobe.interventions.ablation import ablate_heads
 from lensprobe.interventions.sweep import ablation_sweep
 from lensprobe.studies.filler import FillerSetup, attention_received
 from lensprobe.studies.heads import ablation_effect
 from lensprobe.viz import head_attention_figure, next_token_figure, sweep_heatmap
 
+FILLER_CHOICES = ("w/o", "w/ Mless", "w/ Mful")
+"""``--filler`` of ``ablate`` and ``sweep`` (older spellings: none, meaningless, meaningful)."""
 
-def _common_prompt_args(p) -> None:
+
+def add_prompt_arguments(p) -> None:
+    """The model, prompt, ablation method and output arguments ``ablate`` and ``sweep`` share."""
     add_model_argument(p)
     add_system_arguments(p)
-    p.add_argument("--filler", default="none", choices=("none", "meaningless", "meaningful"),
-                   help="filler between system prompt and question (default: none)")
+    p.add_argument("--filler", default="w/o", type=filler_condition(FILLER_CHOICES), metavar="CONDITION",
+                   help="filler between system prompt and question: 'w/o' (none; the default), 'w/ Mless' "
+                        "('/' x 55) or 'w/ Mful' ('he' x 55); also none, meaningless, meaningful")
     p.add_argument("--method", default="zero", choices=("zero", "mean", "resample"), help="ablation method")
     p.add_argument("--reference", action="append", default=None, metavar="TEXT",
                    help="a reference question for --method mean (repeat for several) or resample (once)")
     p.add_argument("--out", type=Path, required=True, help="output folder")
 
 
-def _prompt_of(model, args, question: str):
-    setup = FillerSetup(conditions=(args.filler,), system=system_of(args))
-    return build_prompt(model, question, system=setup.system, filler=setup.filler(args.filler, model))
+def prompt_of(model, args, question: str):
+    """The prompt of ``question`` under the ``--filler`` condition and ``--system`` prompt."""
+    return FillerSetup(system=system_of(args)).condition(args.filler).prompt_builder(model)(question)
 
 
-def _reference_of(model, args):
+def reference_of(model, args):
+    """The ``--reference`` prompts of a mean or resample ablation (``None`` for zero ablation)."""
     if args.method != "zero" and not args.reference:
         raise LensprobeError(
             f"--method {args.method} needs --reference TEXT: a question whose head outputs are "
@@ -47,7 +54,7 @@ def _reference_of(model, args):
         )
     if not args.reference:
         return None
-    refs = [_prompt_of(model, args, q) for q in args.reference]
+    refs = [prompt_of(model, args, q) for q in args.reference]
     return refs[0] if args.method == "resample" and len(refs) == 1 else refs
 
 
@@ -64,17 +71,17 @@ def add_ablate(subparsers) -> None:
     p.add_argument("--positions", default=None,
                    help="restrict the ablation to a prompt segment (e.g. question) or positions (e.g. 3,4,5)")
     p.add_argument("--top-k", type=int, default=10, help="tokens to list (default 10)")
-    _common_prompt_args(p)
+    add_prompt_arguments(p)
     p.set_defaults(func=run_ablate_command)
 
 
 def run_ablate_command(args) -> int:
     model = load_cli_model(args.model)
-    prompt = _prompt_of(model, args, args.question)
+    prompt = prompt_of(model, args, args.question)
     positions = args.positions
     if positions is not None and all(part.strip().isdigit() for part in positions.split(",")):
         positions = [int(part) for part in positions.split(",")]
-    abl = ablate_heads(args.heads, method=args.method, reference=_reference_of(model, args),
+    abl = ablate_heads(args.heads, method=args.method, reference=reference_of(model, args),
                        positions=positions, prompt=prompt)
     pairs = abl.resolve(model)
     effect = ablation_effect(model, prompt, abl, top_k=args.top_k)
@@ -88,7 +95,7 @@ def run_ablate_command(args) -> int:
     }), indent=1), encoding="utf-8")
     effect.tokens.to_csv(files[1], index=False)
     write_figure(next_token_figure(effect, title=f"Next token, {args.heads} {args.method}-ablated"), files[2])
-    conditions = ("none",) if args.filler == "none" else ("none", args.filler)
+    conditions = ("w/o",) if args.filler == "w/o" else ("w/o", args.filler)
     setup = FillerSetup(conditions=conditions, system=system_of(args))
     layers = sorted({lay for lay, _ in pairs})
     heads = sorted({h for _, h in pairs})
@@ -122,7 +129,7 @@ def add_sweep(subparsers) -> None:
                    help="the answer for --metric logprob (one, or one per --question)")
     p.add_argument("--heads", default="all", help="heads to sweep (default all), e.g. L0H0,L0H1 or H3")
     p.add_argument("--batch-size", type=int, default=32, help="heads per forward pass (default 32)")
-    _common_prompt_args(p)
+    add_prompt_arguments(p)
     p.set_defaults(func=run_sweep_command)
 
 
@@ -130,12 +137,12 @@ def run_sweep_command(args) -> int:
     model = load_cli_model(args.model)
     resolve_heads(model, args.heads)  # bad heads fail before any work
     questions = args.question or [demo_question()[0]]
-    prompts = [_prompt_of(model, args, q) for q in questions]
+    prompts = [prompt_of(model, args, q) for q in questions]
     answers = None
     if args.answer:
         answers = args.answer[0] if len(args.answer) == 1 else args.answer
     res = ablation_sweep(model, prompts, args.metric, heads=args.heads, method=args.method,
-                         reference=_reference_of(model, args), answers=answers, batch_size=args.batch_size,
+                         reference=reference_of(model, args), answers=answers, batch_size=args.batch_size,
                          progress=True)
     out = args.out
     out.mkdir(parents=True, exist_ok=True)

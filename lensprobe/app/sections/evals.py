@@ -4,9 +4,9 @@ import html
 
 from lensprobe.core.conditions import resolve_conditions
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.models import model_label
 from lensprobe.evals.data import load_math500, math500_path
 from lensprobe.evals.harness import evaluate
-from lensprobe.studies.filler import model_label
 from lensprobe.viz.eval_report import results_section
 from lensprobe.viz.report import Section
 
@@ -28,10 +28,6 @@ def build_demo_section(model, *, quick: bool = False):
 
     title = "MATH-500 evaluation: w/o vs w/ Mless vs w/ Mful"
     path = math500_path()
-    if path is None:
-        return Section(title=title, intro=(
-            "<p>MATH-500 was not found locally (set <code>LENSPROBE_MATH500</code> to the JSONL file, "
-            "or run <code>lensprobe eval --data PATH.jsonl</code>), so this section was skipped.</p>"))
     n, tokens = (2, 8) if quick else (DEMO_PROBLEMS, DEMO_MAX_NEW_TOKENS)
     conds = resolve_conditions("w/o,w/ Mless,w/ Mful")
     builders = [c.prompt_builder(model) for c in conds]

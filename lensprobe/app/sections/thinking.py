@@ -38,15 +38,9 @@ def build_demo_section(model, *, quick: bool = False):
 
     title = "Latent thinking tokens: entropy and attention onto <thinking> per generation step"
     n_problems, steps = (1, 8) if quick else (DEMO_PROBLEMS, DEMO_STEPS)
-    path = math500_path()
-    if path is not None:
-        problems = load_math500(path, levels=1)
-        questions = sorted((p.problem for p in problems), key=len)[: max(n_problems * 3, n_problems)]
-        source = "level-1 MATH-500 problems (the shortest)"
-    else:
-        questions = ["What is $3 + 4 \\cdot 2$?", "Compute $\\sqrt{49}$.", "What is $15\\%$ of $60$?",
-                     "Solve for $x$: $2x + 3 = 11$."]
-        source = "MATH-style problems (MATH-500 was not found locally; set LENSPROBE_MATH500)"
+    problems = load_math500(math500_path(), levels=1)
+    questions = sorted((p.problem for p in problems), key=len)[: max(n_problems * 3, n_problems)]
+    source = "level-1 MATH-500 problems (the shortest)"
     model_t = with_thinking_token(model)
     n_ctx = int(model_t.cfg.n_ctx)
     prompts = [build_prompt(model_t, q, system=MATH_SYSTEM_PROMPT) for q in questions]

@@ -5,3 +5,10 @@ rule for small decode steps.
 
 May import: :mod:`lensprobe.core`.
 """
+
+from lensprobe.generation.engines.bridge import BridgeEngine
+from lensprobe.generation.engines.choose import choose_engine
+from lensprobe.generation.engines.plain import PlainEngine
+from lensprobe.generation.engines.protocol import ENGINE_NAMES, Engine, EngineName
+
+__all__ = ["ENGINE_NAMES", "BridgeEngine", "Engine", "EngineName", "PlainEngine", "choose_engine"]

@@ -10,6 +10,7 @@ the weights once and multiplies them by the values (:func:`last_query_attention`
 import torch
 from torch import nn
 
+from lensprobe.core.lazy import heavy
 from lensprobe.generation.engines.threads import one_thread
 
 __all__ = ["ATTENTIONS", "last_query_attention", "last_query_weights", "register_sdpa_last", "sdpa_last_attention"]
@@ -20,13 +21,12 @@ ATTENTIONS = {"eager": "eager", "sdpa": "sdpa", "sdpa_last": "lensprobe_sdpa_las
 
 def register_sdpa_last() -> None:
     """Register :func:`sdpa_last_attention` (and sdpa's mask) with transformers, once."""
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
+    masking = heavy("transformers.masking_utils")
+    attention_functions = heavy("transformers.modeling_utils").ALL_ATTENTION_FUNCTIONS
     name = ATTENTIONS["sdpa_last"]
-    if name not in ALL_ATTENTION_FUNCTIONS:
-        ALL_ATTENTION_FUNCTIONS.register(name, sdpa_last_attention)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
+    if name not in attention_functions:
+        attention_functions.register(name, sdpa_last_attention)
+        masking.ALL_MASK_ATTENTION_FUNCTIONS.register(name, masking.sdpa_mask)
 
 
 _DECODE_KWARGS = frozenset({"position_ids", "cache_position", "output_attentions", "use_cache", "is_causal",
@@ -50,8 +50,7 @@ def sdpa_last_attention(module: nn.Module, query: torch.Tensor, key: torch.Tenso
     once and give the output too (:func:`last_query_attention`), instead of sdpa computing
     them again.
     """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+    sdpa_attention_forward = heavy("transformers.integrations.sdpa_attention").sdpa_attention_forward
     if query.shape[2] == 1 and not dropout and all(k in _DECODE_KWARGS or v is None for k, v in kwargs.items()):
         with one_thread():
             return last_query_attention(query, key, value, attention_mask, scaling)

@@ -42,6 +42,7 @@ import weakref
 
 import torch
 from torch import nn
+from torch.nn.modules import module as torch_module
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.generation.engines.attention import ATTENTIONS, register_sdpa_last
@@ -68,8 +69,6 @@ def has_user_hooks(model: nn.Module) -> bool:
     states are first asked for (they record only while such a call runs); those are not
     the user's and do not count.
     """
-    from torch.nn.modules import module as torch_module
-
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
     for module in model.modules():

@@ -1,12 +1,10 @@
-"""Evaluation figures, report section and demo section; the harness on the embedded SmolLM2."""
+"""Evaluation figures and the evaluation report section, from hand-made result rows."""
 
 import pandas as pd
 import pytest
-import torch
 
 import lensprobe as lp
-from lensprobe.app.sections.evals import build_demo_section
-from lensprobe.evals import accuracy, builtin_condition
+from lensprobe.evals import accuracy
 from lensprobe.evals.stats import summary_tables
 from lensprobe.viz.eval_report import results_section
 from lensprobe.viz.evals import accuracy_bars, accuracy_by_level
@@ -64,30 +62,3 @@ def test_summary_tables_and_section():
     assert len(sec.figures) == 2 and "McNemar" in sec.intro and "Wilson" in sec.intro
     with pytest.raises(lp.LensprobeError, match="baseline"):
         summary_tables(rows, baseline="w/ Mful")
-
-
-def test_demo_section_quick_on_tiny(tiny):
-    sec = build_demo_section(tiny, quick=True)
-    assert "135M" in sec.intro and "solves very few" in sec.intro
-    answers = sec.tables["answers"]
-    assert sorted(set(answers["condition"])) == ["w/ Mful", "w/ Mless", "w/o"]
-    assert answers["problem_id"].nunique() == 2
-
-
-def test_smol_batched_equals_unbatched_and_transformers(smol, math500_path):
-    probs = lp.load_math500(math500_path, levels=1, limit=2)
-    assert len(probs[0].problem) != len(probs[1].problem)  # different lengths: the batch is padded
-    one = lp.evaluate(smol, probs, "w/ Mless", max_new_tokens=16, batch_size=1, progress=False)
-    many = lp.evaluate(smol, probs, "w/ Mless", max_new_tokens=16, batch_size=2, progress=False)
-    cols = ["condition", "problem_id", "generation", "generated_tokens", "finish", "prediction", "math-verify"]
-    assert one[cols].equals(many[cols])
-    # Oracle: transformers' greedy generate on the same prompt.
-    prompt = builtin_condition("w/ Mless").prompt_builder(smol)(probs[1].problem)
-    hf = smol.original_model
-    out = hf.generate(prompt.tokens, attention_mask=torch.ones_like(prompt.tokens), max_new_tokens=16,
-                      do_sample=False, eos_token_id=smol.tokenizer.eos_token_id,
-                      pad_token_id=smol.tokenizer.pad_token_id)
-    ids = out[0, prompt.tokens.shape[1]:].tolist()
-    row = many[(many["condition"] == "w/ Mless") & (many["problem_id"] == probs[1].id)].iloc[0]
-    assert row["generated_tokens"] == len(ids)
-    assert row["generation"] == smol.tokenizer.decode(ids[:-1] if row["finish"] == "eos" else ids)

@@ -1,0 +1,116 @@
+"""The settings of one generation: length, sampling, samples per prompt, stop rule, thinking.
+
+:class:`GenerationConfig` is taken by :func:`lensprobe.generate`,
+:func:`lensprobe.trace_generation`, the thinking study
+(:func:`lensprobe.studies.thinking.compare_thinking`) and, extended with a batch size, by the
+evaluations (:class:`lensprobe.EvalConfig`). Every function that takes one also accepts its
+fields as keyword arguments (``max_new_tokens=64, do_sample=True``), which override the
+config's.
+"""
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lensprobe.core.errors import LensprobeError
+from lensprobe.generation.schedule import check_rule, emitted
+from lensprobe.generation.thinking import LatentFusion, Pause
+
+__all__ = ["GenerationConfig", "generation_config"]
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How to generate: checked when made, before any forward.
+
+    Attributes:
+        max_new_tokens: steps to generate (thinking steps count); the prompt length plus this
+            must fit the model's context.
+        do_sample: sample instead of greedy decoding (greedy is ``argmax`` of the logits).
+        temperature, top_p: sampling settings (ignored when greedy).
+        seed: with sampling, each row draws from its own generator seeded with ``(seed, j)``,
+            ``j`` its sample index: results are reproducible, a prompt gives the same samples
+            alone or in a batch, and sample ``j`` of every prompt (and of every condition) uses
+            the same random numbers (common random numbers for paired comparisons).
+            ``None``: torch's global generator.
+        n_samples: rows per prompt; rows are ordered prompt by prompt.
+        stop_at_eos: a row stops after its end-of-sequence token (recorded as its last step).
+        thinking: ``None``, :class:`~lensprobe.LatentFusion` or :class:`~lensprobe.Pause`.
+        think_when: a rule from :mod:`lensprobe.generation.schedule`; with ``thinking`` it
+            defaults to ``schedule.emitted()`` (the model emits the thinking token).
+
+    Example:
+        >>> cfg = lp.GenerationConfig(max_new_tokens=128, do_sample=True, seed=0, n_samples=4)
+        >>> lp.generate(model, prompt, cfg).texts
+        >>> lp.generate(model, prompt, cfg, temperature=0.7)  # a field overridden for one call
+    """
+
+    max_new_tokens: int
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    n_samples: int = 1
+    stop_at_eos: bool = True
+    thinking: LatentFusion | Pause | None = None
+    think_when: Any = None
+
+    def __post_init__(self) -> None:
+        if not _positive_int(self.max_new_tokens):
+            raise LensprobeError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}.")
+        if not _positive_int(self.n_samples):
+            raise LensprobeError(f"n_samples must be an integer >= 1, got {self.n_samples!r}.")
+        if not isinstance(self.temperature, (int, float)) or not self.temperature > 0:
+            raise LensprobeError(f"temperature must be > 0, got {self.temperature!r}.")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise LensprobeError(f"top_p must lie in (0, 1], got {self.top_p!r}.")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise LensprobeError(f"seed must be an integer or None, got {self.seed!r}.")
+        self._check_thinking()
+
+    def _check_thinking(self) -> None:
+        if self.thinking is not None and not isinstance(self.thinking, (LatentFusion, Pause)):
+            raise LensprobeError(
+                f"thinking must be lp.LatentFusion(...), lp.Pause() or None, got {type(self.thinking).__name__}."
+            )
+        if self.think_when is not None and self.thinking is None:
+            raise LensprobeError("think_when was given without thinking=...: pass lp.LatentFusion() or lp.Pause().")
+        if self.thinking is not None:
+            if self.think_when is None:
+                object.__setattr__(self, "think_when", emitted())
+            check_rule(self.think_when)
+
+    def replace(self, **changes) -> "GenerationConfig":
+        """A copy with some fields changed (checked again)."""
+        _check_names(type(self), changes)
+        if changes.get("thinking", self.thinking) is None and "think_when" not in changes:
+            changes["think_when"] = None  # a default schedule goes with the thinking it was made for
+        return dataclasses.replace(self, **changes)
+
+
+def generation_config(config: GenerationConfig | None, settings: Mapping[str, Any]) -> GenerationConfig:
+    """``config`` with ``settings`` (field names as keywords) applied; a new config if ``None``.
+
+    Raises:
+        LensprobeError: an unknown setting name, a missing ``max_new_tokens``, or a bad value.
+    """
+    if config is not None and not isinstance(config, GenerationConfig):
+        raise LensprobeError(f"config must be an lp.GenerationConfig, got {type(config).__name__}.")
+    _check_names(GenerationConfig, settings)
+    if config is not None:
+        return config.replace(**settings) if settings else config
+    if "max_new_tokens" not in settings:
+        raise LensprobeError("max_new_tokens is required: pass max_new_tokens=N or config=lp.GenerationConfig(N).")
+    return GenerationConfig(**settings)
+
+
+def _check_names(cls, settings: Mapping[str, Any]) -> None:
+    fields = [f.name for f in dataclasses.fields(cls)]
+    unknown = [name for name in settings if name not in fields]
+    if unknown:
+        raise LensprobeError(f"unknown generation setting {unknown[0]!r}: the settings are {', '.join(fields)}.")
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1

@@ -1,0 +1,89 @@
+"""What a generation records inside its hooks, and the latent inputs it writes back.
+
+:class:`StepRecorder` keeps one ``[row, head, set]`` block of attention per layer and step
+(the newest query's attention summed over each tracked set, reduced inside the hook: never a
+``[query, key]`` matrix), the final hidden state of the newest position (for latent
+thinking), and replaces the newest position's input embedding with latent vectors.
+"""
+
+import torch
+from torch import Tensor
+
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.hooks import Hook, pattern_hook_name
+from lensprobe.generation.engines.threads import one_thread
+
+__all__ = ["StepRecorder", "final_hidden_hook"]
+
+
+def final_hidden_hook(model) -> str:
+    """The hook point holding the input of the unembedding (the final hidden state)."""
+    names = model.hook_dict
+    for name in ("ln_final.hook_out", "ln_final.hook_normalized"):
+        if name in names:
+            return name
+    raise LensprobeError("this model has no ln_final hook point; LatentFusion needs the final hidden state.")
+
+
+class StepRecorder:
+    """Per-step buffers of one generation; its hooks reduce activations inside the hook.
+
+    Args:
+        layers: layers whose attention is recorded.
+        n_rows, n_sets, n_heads, max_steps: buffer sizes.
+        masks: ``[row, T, set]`` float membership of every padded position in each tracked
+            set (grown by the loop as positions are added), or ``None`` (no attention).
+        want_hidden: hook name of the final hidden state to keep, or ``None``.
+        device: where the buffers live (the model's device).
+
+    Attributes:
+        attn: ``[step, layer, row, head, set]`` (NaN where a row had ended), or ``None``.
+        step: the step the hooks write to (set by the loop).
+        hidden: ``[row, d_model]`` final hidden state of the newest position.
+        replace: ``(row index, vectors)`` to put in at the newest position's input embedding.
+    """
+
+    def __init__(self, layers: list[int], n_rows: int, n_sets: int, n_heads: int, max_steps: int,
+                 masks: Tensor | None, want_hidden: str | None, device):
+        self.layers = layers
+        self.step = 0
+        self.masks = masks
+        self.attn = (torch.full((max_steps, len(layers), n_rows, n_heads, n_sets), float("nan"), device=device)
+                     if masks is not None and layers else None)
+        self.want_hidden = want_hidden
+        self.latent = want_hidden is not None  # only latent thinking replaces input embeddings
+        self.hidden: Tensor | None = None
+        self.replace: tuple[Tensor, Tensor] | None = None
+
+    def hooks(self, model) -> list[Hook]:
+        """The hooks to attach: ``hook_embed`` (latent inputs), attention patterns, final hidden state."""
+        hooks = [("hook_embed", self._embed_hook)] if self.latent else []
+        if self.attn is not None:
+            hooks += [(pattern_hook_name(layer), self._pattern_hook(i)) for i, layer in enumerate(self.layers)]
+        if self.want_hidden:
+            hooks.append((self.want_hidden, self._hidden_hook))
+        return hooks
+
+    def end_rows(self, step: int, ended: Tensor) -> None:
+        """Mark the attention of rows that are no longer live at ``step`` as NaN."""
+        if self.attn is not None:
+            self.attn[step, :, ended] = float("nan")
+
+    def _pattern_hook(self, index: int):
+        def record(pattern: Tensor, hook) -> None:
+            last = pattern[:, :, -1, :]  # newest query: [row, head, key]
+            with one_thread():  # one tiny matmul: waking more threads costs more than it
+                torch.matmul(last.float(), self.masks[:, : last.shape[-1]], out=self.attn[self.step, index])
+
+        return record
+
+    def _hidden_hook(self, x: Tensor, hook) -> None:
+        self.hidden = x[:, -1].detach().clone()
+
+    def _embed_hook(self, x: Tensor, hook):
+        if self.replace is None:
+            return None
+        rows, vectors = self.replace
+        x = x.clone()
+        x[rows, -1] = vectors.to(x.dtype)
+        return x

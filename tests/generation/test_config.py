@@ -1,0 +1,75 @@
+"""GenerationConfig: one settings object for generate, trace_generation, the thinking study and EvalConfig."""
+
+import pytest
+
+import lensprobe as lp
+from lensprobe.evals.harness import EvalConfig
+from lensprobe.generation.config import generation_config
+from lensprobe.studies.thinking import compare_thinking
+
+
+def test_keyword_settings_override_the_config(tiny):
+    p = lp.build_prompt(tiny, "the cat", system="be brief")
+    cfg = lp.GenerationConfig(max_new_tokens=4, do_sample=True, seed=1, stop_at_eos=False)
+    a = lp.generate(tiny, p, cfg)
+    b = lp.generate(tiny, p, max_new_tokens=4, do_sample=True, seed=1, stop_at_eos=False)
+    c = lp.generate(tiny, p, cfg, max_new_tokens=2)
+    assert a.token_ids_rows.tolist() == b.token_ids_rows.tolist()
+    assert c.token_ids_rows.shape[1] == 2 and c.token_ids_rows[0].tolist() == a.token_ids_rows[0, :2].tolist()
+    assert (a.meta["max_new_tokens"], c.meta["max_new_tokens"], c.meta["seed"]) == (4, 2, 1)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({}, "max_new_tokens is required"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
+    ({"max_new_tokens": 4, "top_k": 5}, "unknown generation setting 'top_k'"),
+    ({"max_new_tokens": 4, "temperature": 0}, "temperature must be > 0"),
+    ({"max_new_tokens": 4, "top_p": 1.5}, r"top_p must lie in \(0, 1\]"),
+    ({"max_new_tokens": 4, "seed": "1"}, "seed must be an integer or None"),
+    ({"max_new_tokens": 4, "n_samples": 0}, "n_samples must be an integer >= 1"),
+    ({"max_new_tokens": 4, "thinking": "yes"}, "thinking must be lp.LatentFusion"),
+    ({"max_new_tokens": 4, "think_when": lp.schedule.every(2)}, "think_when was given without thinking"),
+])
+def test_bad_settings_are_refused_before_any_forward(tiny, settings, message):
+    p = lp.build_prompt(tiny, "the cat")
+    with pytest.raises(lp.LensprobeError, match=message):
+        lp.generate(tiny, p, **settings)
+
+
+def test_thinking_gets_the_emitted_schedule_and_loses_it_with_the_thinking():
+    cfg = lp.GenerationConfig(8, thinking=lp.Pause())
+    assert cfg.think_when == lp.schedule.emitted()
+    plain = cfg.replace(thinking=None)
+    assert plain.thinking is None and plain.think_when is None
+    with pytest.raises(lp.LensprobeError, match="config must be an lp.GenerationConfig"):
+        generation_config({"max_new_tokens": 3}, {})
+
+
+def test_eval_config_is_a_generation_config_with_the_old_hash():
+    cfg = EvalConfig(max_new_tokens=64, batch_size=4)
+    assert isinstance(cfg, lp.GenerationConfig)
+    # the keys an evaluation folder's configuration hash was built from before thinking settings existed
+    assert cfg.hashed() == {"max_new_tokens": 64, "do_sample": False, "n_samples": 1, "seed": 0, "stop_at_eos": True}
+    sampled = EvalConfig(do_sample=True, n_samples=2, seed=5)
+    assert sampled.generation().seed == 5 and cfg.generation().seed is None
+    assert "batch_size" not in sampled.hashed() and sampled.hashed()["temperature"] == 1.0
+    thinking = EvalConfig(thinking=lp.Pause(), think_when=lp.schedule.every(4))
+    assert thinking.hashed()["thinking"].startswith("Pause(") and "think_when" in thinking.hashed()
+    with pytest.raises(lp.LensprobeError, match="batch_size must be a positive integer"):
+        EvalConfig(batch_size=0)
+    with pytest.raises(lp.LensprobeError, match="n_samples=3 with greedy decoding"):
+        EvalConfig(n_samples=3)
+
+
+def test_compare_thinking_takes_a_config(tiny):
+    model = lp.core.testing.tiny_model(seed=0)
+    lp.add_thinking_token(model)
+    p = lp.build_prompt(model, "the cat")
+    cfg = lp.GenerationConfig(6, stop_at_eos=False, think_when=None)
+    traces = compare_thinking(model, p, ["pause", "none"], cfg, think_when=lp.schedule.every(2))
+    direct = lp.trace_generation(model, p, max_new_tokens=6, stop_at_eos=False, thinking=lp.Pause(),
+                                 think_when=lp.schedule.every(2))
+    assert traces["Pause"].thinking_rows.tolist() == direct.thinking_rows.tolist()
+    assert int(direct.thinking_rows.sum()) == 3
+    assert not traces["no thinking"].thinking_rows.any()
+    assert traces["Pause"].meta["max_new_tokens"] == 6
