@@ -47,6 +47,7 @@ from lensprobe.generation import GenerationConfig, current_step, generate, sched
 from lensprobe.generation.thinking import LatentFusion, Pause, add_thinking_token
 from lensprobe.generation.trace import GenerationTrace, load_trace, trace_summary
 from lensprobe.interventions.ablation import HeadAblation, ablate_heads, ablate_kv_group
+from lensprobe.interventions.arm import ARM, arm_redistribute
 from lensprobe.interventions.patching import PatchResult, patch
 from lensprobe.interventions.replacement import HeadMeans, head_means
 from lensprobe.interventions.sweep import SweepResult, ablation_sweep
@@ -94,6 +95,8 @@ __all__ = [
     "AttentionTo",
     "measure_once",
     # interventions
+    "ARM",
+    "arm_redistribute",
     "ablate_heads",
     "ablate_kv_group",
     "HeadAblation",

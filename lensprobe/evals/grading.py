@@ -12,6 +12,11 @@ Two graders, both reported by the harness:
   spaces removed, ``\frac12`` and ``1/2`` to ``\frac{1}{2}``, ``0.5`` to ``\frac{1}{2}``) and
   compared as strings.
 
+- ``"paper-exact"``: the meaningless-tokens authors' grader reproduced quirk for quirk
+  (:func:`grade_paper_exact`). It grades the *full decoded text* (prompt + generation), not an
+  extracted answer, and is always lenient; it is not a column of result rows
+  (:data:`GRADERS`), call it on ``prompt text + generation``.
+
 ``lenient=True`` adds the meaningless-tokens paper's extra rule: a prediction also counts
 when its normalised string is a substring of the normalised reference. This inflates
 accuracy (``1`` is accepted for ``10``), so it is off by default and reported separately as
@@ -25,8 +30,8 @@ from typing import Literal
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import heavy
 
-GradingMethod = Literal["math-verify", "paper"]
-METHODS = ("math-verify", "paper")
+GradingMethod = Literal["math-verify", "paper", "paper-exact"]
+METHODS = ("math-verify", "paper", "paper-exact")
 GRADERS = ("math-verify", "paper", "paper-lenient")
 """Grader names used in result tables: the two methods, and the paper's grader with the lenient rule."""
 
@@ -76,11 +81,14 @@ def extract_boxed(text: str | None) -> str | None:
 # The MATH dataset's string normalisation (Hendrycks et al. 2021, math_equivalence.py).
 
 
-def _fix_fracs(string: str) -> str:
+def _fix_fracs(string: str, strict: bool = False) -> str:
+    """``\\frac12`` -> ``\\frac{1}{2}``; ``strict``: an empty piece after ``\\frac`` raises ``IndexError``."""
     substrs = string.split("\\frac")
     new_str = substrs[0]
     for substr in substrs[1:]:
         new_str += "\\frac"
+        if strict and not substr:
+            raise IndexError("string index out of range")
         if substr.startswith("{"):
             new_str += substr
             continue
@@ -117,12 +125,15 @@ def _remove_right_units(string: str) -> str:
     return string
 
 
-def _fix_sqrt(string: str) -> str:
+def _fix_sqrt(string: str, strict: bool = False) -> str:
+    """``\\sqrt2`` -> ``\\sqrt{2}``; ``strict``: an empty piece after ``\\sqrt`` raises ``IndexError``."""
     if "\\sqrt" not in string:
         return string
     splits = string.split("\\sqrt")
     new_string = splits[0]
     for split in splits[1:]:
+        if strict and not split:
+            raise IndexError("string index out of range")
         if split and split[0] != "{":
             new_string += "\\sqrt{" + split[0] + "}" + split[1:]
         else:
@@ -137,13 +148,19 @@ def normalize_answer(string: str) -> str:
         >>> normalize_answer(r"\dfrac{1}{2}"), normalize_answer("x = 0.5")
         ('\\frac{1}{2}', '\\frac{1}{2}')
     """
+    return _strip_string(string, units=_remove_right_units, percent=("\\%", "%"), strict=False)
+
+
+def _strip_string(string: str, *, units, percent: tuple[str, ...], strict: bool) -> str:
+    """Hendrycks' MATH normalisation; ``units`` removes right units, ``percent`` lists what is removed."""
     string = string.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
     string = string.replace("tfrac", "frac").replace("dfrac", "frac")
     string = string.replace("\\left", "").replace("\\right", "")
     string = string.replace("^{\\circ}", "").replace("^\\circ", "")
     string = string.replace("\\$", "")
-    string = _remove_right_units(string)
-    string = string.replace("\\%", "").replace("%", "")
+    string = units(string)
+    for sign in percent:
+        string = string.replace(sign, "")
     string = string.replace(" .", " 0.").replace("{.", "{0.")
     if not string:
         return string
@@ -151,12 +168,117 @@ def normalize_answer(string: str) -> str:
         string = "0" + string
     if len(string.split("=")) == 2 and len(string.split("=")[0]) <= 2:
         string = string.split("=")[1]
-    string = _fix_sqrt(string)
+    string = _fix_sqrt(string, strict)
     string = string.replace(" ", "")
-    string = _fix_fracs(string)
+    string = _fix_fracs(string, strict)
     if string == "0.5":
         string = "\\frac{1}{2}"
     return _fix_a_slash_b(string)
+
+
+# ---------------------------------------------------------------------------------------
+# The meaningless-tokens authors' grader, reproduced rule for rule ("paper-exact").
+
+_PAPER_BOXES = ("\\boxed", "\\fbox")
+
+
+def extract_boxed_paper(text: str | None) -> str | None:
+    r"""The box the authors' grader reads: the content of the last ``\boxed{...}``.
+
+    Unlike :func:`extract_boxed`: ``\fbox`` is read only when the text holds no ``\boxed`` at
+    all; the last ``\boxed`` must be followed directly by ``{`` (``\boxed 5`` gives ``None``,
+    even when an earlier ``\boxed{5}`` exists); every ``{`` and ``}`` counts when matching
+    braces (escaped ones too); an empty box gives ``""`` (not ``None``); an unclosed box gives
+    ``None``.
+
+    Example:
+        >>> extract_boxed_paper(r"\boxed{1} then \boxed{\frac{1}{2}}")
+        '\\frac{1}{2}'
+        >>> extract_boxed_paper(r"\boxed{}")
+        ''
+    """
+    if not text:
+        return None
+    for cmd in _PAPER_BOXES:
+        start = text.rfind(cmd)
+        if start >= 0:
+            break
+    else:
+        return None
+    open_at = start + len(cmd)
+    if not text.startswith("{", open_at):
+        return None
+    depth = 0
+    for j in range(open_at, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[open_at + 1:j]
+    return None
+
+
+def normalize_answer_paper_exact(string: str) -> str:
+    r"""The authors' normalisation: Hendrycks' ``_strip_string`` with their changes.
+
+    Differs from :func:`normalize_answer` in three ways: units keep the text before the first
+    ``"\text{ "`` even when there are several (the original insisted on exactly one);
+    only ``\%`` is removed (a bare ``%`` stays); a trailing ``\frac`` or ``\sqrt`` with
+    nothing after it raises ``IndexError`` (the caller then compares the raw strings).
+
+    Example:
+        >>> normalize_answer_paper_exact(r"50\%"), normalize_answer_paper_exact("50%")
+        ('50', '50%')
+    """
+    return _strip_string(string, units=lambda text: text.split("\\text{ ")[0], percent=("\\%",), strict=True)
+
+
+def grade_paper_exact(full_text: str | None, answer: str) -> bool:
+    r"""The meaningless-tokens authors' verdict on a generation, quirks included.
+
+    Their evaluation decodes the whole sequence (prompt + generation, special tokens
+    skipped) and grades it against the reference answer:
+
+    1. The answer is the last ``\boxed{...}`` of the whole text (:func:`extract_boxed_paper`):
+       ``\fbox`` only when there is no ``\boxed`` anywhere; ``\boxed 5`` without braces is
+       not read; nothing boxed is wrong. Because the prompt is part of the text, a
+       generation without a box is graded on the prompt's own box (``\boxed{}`` in their
+       pass@k prompt: an empty answer; ``\boxed{{}}`` in their MATH-500 prompt: ``{}``).
+    2. Both strings are normalised (:func:`normalize_answer_paper_exact`): Hendrycks' MATH
+       rules (no line breaks, ``\!``, ``\left``/``\right``, degrees or ``\$``; ``\\`` to
+       ``\``; ``tfrac``/``dfrac`` to ``frac``; the text before the first ``"\text{ "``
+       kept; ``\%`` removed but a bare ``%`` kept; ``" ."``/``"{."`` to ``" 0."``/``"{0."``
+       and a leading ``.`` to ``0.``; a prefix ``k = `` dropped when the part before ``=``
+       has at most 2 characters; ``\sqrt2`` to ``\sqrt{2}``; spaces removed; ``\frac12`` to
+       ``\frac{1}{2}``; ``0.5`` to ``\frac{1}{2}``; ``a/b`` of integers to ``\frac{a}{b}``).
+       When normalisation fails, the raw strings are compared instead.
+    3. Always lenient: correct when ``a == b`` or ``a`` is a substring of ``b`` (prediction
+       ``1`` is accepted for ``10``; an empty box ``\boxed{}`` is accepted for every
+       problem).
+
+    Args:
+        full_text: the decoded prompt followed by the generation.
+        answer: the reference answer.
+
+    Returns:
+        The authors' verdict (it inflates accuracy: use ``"math-verify"`` or ``"paper"`` for
+        a strict one).
+
+    Example:
+        >>> grade_paper_exact(r"Please ... \boxed{{}}.What is 3+7? ... \boxed{1}", "10")
+        True
+    """
+    if not isinstance(answer, str):
+        raise LensprobeError(f"the reference answer must be a string, got {answer!r}.")
+    prediction = extract_boxed_paper(full_text)
+    if prediction is None:
+        return False
+    try:
+        a, b = normalize_answer_paper_exact(prediction), normalize_answer_paper_exact(answer)
+    except (IndexError, ValueError):
+        a, b = prediction, answer
+    return a == b or a in b
 
 
 def _paper_equiv(prediction: str, answer: str, lenient: bool) -> bool:
@@ -177,9 +299,9 @@ def _math_verify_equiv(prediction: str, answer: str) -> bool:
             "method='math-verify' needs the math-verify package: "
             "pip install 'math-verify[antlr4_13_2]' (or use method='paper')."
         ) from err
-    parse, verify = math_verify.parse, math_verify.verify
     # math-verify's timeouts use SIGALRM, which only works in the main thread.
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    parse, verify = math_verify.parse, math_verify.verify
     gold = parse("\\boxed{" + answer + "}", parsing_timeout=timeout)
     pred = parse("\\boxed{" + prediction + "}", parsing_timeout=timeout)
     if not gold or not pred:
@@ -195,10 +317,14 @@ def grade(prediction: str | None, answer: str, method: GradingMethod = "math-ver
         prediction: the model's answer, usually :func:`extract_boxed` of the generated
             text; ``None`` (nothing boxed) is always wrong.
         answer: the reference answer (LaTeX, as in MATH-500's ``answer`` field).
-        method: ``"math-verify"`` (symbolic equivalence) or ``"paper"`` (the MATH dataset's
-            string normalisation and exact match).
+        method: ``"math-verify"`` (symbolic equivalence), ``"paper"`` (the MATH dataset's
+            string normalisation and exact match) or ``"paper-exact"`` (the
+            meaningless-tokens authors' grader, :func:`grade_paper_exact`: then
+            ``prediction`` is the full decoded text, prompt + generation, not an extracted
+            answer).
         lenient: also accept a prediction whose normalised string is a substring of the
             normalised answer (the meaningless-tokens paper's rule; inflates accuracy).
+            ``"paper-exact"`` is always lenient and ignores it.
 
     Returns:
         ``True`` when the answer counts as correct.
@@ -213,6 +339,8 @@ def grade(prediction: str | None, answer: str, method: GradingMethod = "math-ver
         raise LensprobeError(f"unknown grading method {method!r}: use one of {METHODS}.")
     if not isinstance(answer, str) or not answer.strip():
         raise LensprobeError(f"the reference answer must be a non-empty string, got {answer!r}.")
+    if method == "paper-exact":
+        return grade_paper_exact(None if prediction is None else str(prediction), answer)
     if prediction is None or not str(prediction).strip():
         return False
     prediction = str(prediction).strip()

@@ -1,8 +1,13 @@
 """Interventions on activations: head ablation (zero, mean, resample at ``hook_z``), the
-replacement values, activation patching aligned by segment, and batched ablation sweeps.
+replacement values, activation patching aligned by segment, batched ablation sweeps, and
+ARM (the meaningless-tokens paper's redistribution of a gated MLP's activations).
 
 Small hook objects attached through :func:`lensprobe.core.hooks.intervene`; weights are never
 mutated.
 
 May import: :mod:`lensprobe.core`.
 """
+
+from lensprobe.interventions.arm import ARM, arm_redistribute
+
+__all__ = ["ARM", "arm_redistribute"]

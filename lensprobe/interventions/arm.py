@@ -1,0 +1,476 @@
+r"""ARM, the activation redistribution module of the meaningless-tokens paper (arXiv 2510.01032).
+
+The paper explains the gain from filler tokens by a redistribution of layer-0 MLP
+activations away from zero, and reproduces it without filler by editing those activations
+directly. ARM works on ``a = act_fn(gate_proj(x))``, the gated MLP's activation before it is
+multiplied by ``up_proj(x)``, so the MLP computes ``down_proj(ARM(a) * up_proj(x))``.
+
+The rule (the authors' released code, ``variant="default"``), on the whole tensor passed in:
+
+1. ``eps = 1.4826 * MAD(|a|) * c``, where ``MAD = median(| |a| - median(|a|) |)`` (clamped at
+   ``1e-12``); medians are ``torch.median``'s (the lower middle value for an even count).
+2. ``fraction = clamp(k * mean(|a| < eps), p_min, p_max)``; ``n = max(1, round(fraction * a.numel()))``
+   (Python's ``round``: halves go to the even integer).
+3. The ``n`` entries with the smallest ``|a|`` (``torch.topk(largest=False)`` on the flattened
+   ``|a|``, so ties are broken as topk breaks them) move to ``sign * u * target`` with
+   ``u ~ U(0, 1)``: one ``torch.rand`` draw per moved entry, in topk's order (smallest
+   ``|a|`` first). ``sign`` is the entry's sign, 0 counting as positive. ``target`` is the
+   ``percentile``-th percentile of all entries of ``a`` (linear interpolation, as
+   ``numpy.percentile``) for positive entries, and ``|min a|`` over the negative entries
+   for negative ones (0 when there are none).
+4. Every other entry is returned unchanged, bit for bit.
+
+``mode="add"`` adds the shift to the original value instead (``a + sign * u * target``): the
+paper's text says the values are "added", its code replaces them; the default follows the
+code.
+
+``variant="gemma"`` is the authors' Gemma-3 rule: ``fraction = c`` directly (``p_min``,
+``p_max`` and ``k`` are unused); the entries with ``|a| <= quantile(|a|, c)`` move (a
+threshold, so ties at the threshold all move); ``target`` for positive entries is
+``quantile(|a|, percentile)`` of the *absolute* values with ``percentile`` in ``[0, 1]``
+(a value above 1 is divided by 100); one ``u`` is drawn for every entry of the tensor (its
+shape), and the moved entries use theirs.
+
+Consequences worth knowing:
+
+- ``p_min = p_max = 0`` still moves exactly one entry (the ``max(1, ...)`` rule).
+- The statistics are over the whole tensor, batch and positions together, as in the
+  authors' code: a row's result depends on the other rows of its batch (left padding
+  included). Under a KV cache, a decode step's tensor is one position, so the statistics
+  of each step are those of that single position (the prompt forward sees all prompt
+  positions at once). ``per_row=True`` on :class:`ARM` computes them per batch row instead
+  (row = first dimension).
+- Statistics are computed in float32; the result has the input's dtype. The input is never
+  modified.
+- Without ``generator`` (or ``seed``) the draws come from torch's global generator, as in
+  the authors' code, so two runs differ.
+"""
+
+import math
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.hooks import Hook
+from lensprobe.core.lazy import heavy
+
+__all__ = ["ARM", "ARM_PRESETS", "arm_redistribute"]
+
+Mode = Literal["replace", "add"]
+Variant = Literal["default", "gemma"]
+_MODES = ("replace", "add")
+_VARIANTS = ("default", "gemma")
+_MAD_SCALE = 1.4826
+
+
+# --------------------------------------------------------------------------- the rule
+
+
+def arm_redistribute(activations: Float[Tensor, "..."], *, c: float, percentile: float,
+                     p_min: float = 0.02, p_max: float = 0.25, k: float = 1, mode: Mode = "replace",
+                     variant: Variant = "default",
+                     generator: torch.Generator | None = None) -> Float[Tensor, "..."]:
+    r"""Move the near-zero entries of ``activations`` away from zero (the paper's ARM rule).
+
+    See the module docstring for the rule step by step. Statistics are over the whole
+    tensor (every batch row and position together).
+
+    Args:
+        activations: ``act_fn(gate_proj(x))`` of a gated MLP, any shape (usually
+            ``[batch, pos, d_mlp]``). Not modified.
+        c: scale of the near-zero band ``eps = 1.4826 * MAD(|a|) * c`` (``variant="gemma"``:
+            the fraction of entries to move, in ``[0, 1]``).
+        percentile: percentile of ``a`` (0-100) that bounds the new positive values
+            (``variant="gemma"``: quantile of ``|a|`` in ``[0, 1]``; above 1 it is divided by 100).
+        p_min, p_max: bounds of the moved fraction (at least one entry always moves).
+        k: multiplier of the near-zero share before clamping.
+        mode: ``"replace"`` (the authors' code) or ``"add"`` (the paper's text).
+        variant: ``"default"`` or ``"gemma"`` (the authors' Gemma-3 rule).
+        generator: source of the uniform draws (``None``: torch's global generator). It must
+            live on the activations' device.
+
+    Returns:
+        A new tensor of the input's shape and dtype.
+
+    Raises:
+        LensprobeError: a bad argument or an empty tensor.
+
+    Example:
+        >>> a = torch.tensor([[-0.3, 0.001, 2.0, -0.002, 0.5, 1.2, 0.0004, -1.0]])
+        >>> out = arm_redistribute(a, c=0.1, percentile=95, generator=torch.Generator().manual_seed(0))
+        >>> int((out != a).sum())  # round(0.25 * 8) = 2 entries moved
+        2
+    """
+    _check_rule(c, percentile, p_min, p_max, k, mode, variant)
+    if not isinstance(activations, Tensor) or not activations.is_floating_point():
+        raise LensprobeError(
+            f"activations must be a floating-point tensor, got {type(activations).__name__}"
+            f"{'' if not isinstance(activations, Tensor) else ' of dtype ' + str(activations.dtype)}."
+        )
+    if activations.numel() == 0:
+        raise LensprobeError("activations is empty: ARM needs at least one entry.")
+    if generator is not None and generator.device != activations.device and not (
+            generator.device.type == activations.device.type == "cpu"):
+        raise LensprobeError(
+            f"the generator is on {generator.device} but the activations are on "
+            f"{activations.device}: create it with torch.Generator(device=activations.device)."
+        )
+    if variant == "gemma":
+        return _redistribute_gemma(activations, c, percentile, mode, generator)
+    return _redistribute_default(activations, c, percentile, p_min, p_max, k, mode, generator)
+
+
+def _redistribute_default(a: Tensor, c: float, percentile: float, p_min: float, p_max: float,
+                          k: float, mode: str, generator) -> Tensor:
+    flat = a.detach().reshape(-1).to(torch.float32)
+    magnitude = flat.abs()
+    med = magnitude.median()
+    mad = (magnitude - med).abs().median().clamp_min(1e-12)
+    eps = _MAD_SCALE * mad * c
+    near_zero = (magnitude < eps).to(torch.float32).mean()
+    fraction = float(torch.clamp(k * near_zero, min=p_min, max=p_max))
+    total = flat.numel()
+    n = min(total, max(1, int(round(fraction * total))))
+    _, idx = torch.topk(magnitude, n, largest=False)
+    pos_target = _quantile(flat, percentile / 100.0)
+    negative = flat[flat < 0]
+    neg_target = negative.min().abs() if negative.numel() else flat.new_zeros(())
+    chosen = flat[idx]
+    signs = torch.where(chosen < 0, -1.0, 1.0).to(torch.float32)
+    u = torch.rand(n, generator=generator, device=flat.device, dtype=torch.float32)
+    shift = signs * u * torch.where(signs > 0, pos_target, neg_target)
+    new = shift if mode == "replace" else chosen + shift
+    out = a.detach().reshape(-1).clone()
+    out[idx] = new.to(a.dtype)
+    return out.view_as(a)
+
+
+def _redistribute_gemma(a: Tensor, c: float, percentile: float, mode: str, generator) -> Tensor:
+    flat = a.detach().reshape(-1).to(torch.float32)
+    magnitude = flat.abs()
+    tau = _quantile(magnitude, min(max(float(c), 0.0), 1.0))
+    mask = magnitude <= tau
+    q = percentile / 100.0 if percentile > 1 else percentile
+    pos_target = _quantile(magnitude, q)
+    negative = flat[flat < 0]
+    neg_target = negative.min().abs() if negative.numel() else flat.new_zeros(())
+    signs = torch.where(flat < 0, -1.0, 1.0).to(torch.float32)
+    u = torch.rand(tuple(a.shape), generator=generator, device=flat.device, dtype=torch.float32).reshape(-1)
+    shift = signs * u * torch.where(signs > 0, pos_target, neg_target)
+    new = shift if mode == "replace" else flat + shift
+    out = torch.where(mask, new.to(a.dtype), a.detach().reshape(-1))
+    return out.view_as(a)
+
+
+def _quantile(values: Tensor, q: float) -> Tensor:
+    """``q``-quantile of a 1-D tensor with linear interpolation (``numpy.percentile``'s
+    default), by selection, so it works on tensors of any size (``torch.quantile`` refuses
+    more than 16 million entries)."""
+    n = values.numel()
+    position = q * (n - 1)
+    lo = int(math.floor(position))
+    hi = min(lo + 1, n - 1)
+    low = values.kthvalue(lo + 1).values
+    if hi == lo or position == lo:
+        return low
+    high = values.kthvalue(hi + 1).values
+    return low + (high - low) * (position - lo)
+
+
+def _check_rule(c, percentile, p_min, p_max, k, mode, variant) -> None:
+    if variant not in _VARIANTS:
+        raise LensprobeError(f"variant must be one of {_VARIANTS}, got {variant!r}.")
+    if mode not in _MODES:
+        raise LensprobeError(f"mode must be 'replace' (the authors' code) or 'add' (the paper's text), got {mode!r}.")
+    if not _is_real(c) or c < 0:
+        raise LensprobeError(f"c must be a non-negative number, got {c!r} (the presets use 0.05-0.32).")
+    if variant == "gemma" and c > 1:
+        raise LensprobeError(
+            f"with variant='gemma', c is the fraction of entries to move and must be in [0, 1], got {c!r}."
+        )
+    if not _is_real(percentile):
+        raise LensprobeError(f"percentile must be a number, got {percentile!r}.")
+    if not 0 <= percentile <= 100:
+        raise LensprobeError(
+            f"percentile must be in [0, 100] (e.g. 99.5), got {percentile!r}." if variant == "default" else
+            f"with variant='gemma', percentile is a quantile in [0, 1] (or a percent in (1, 100]), got {percentile!r}."
+        )
+    for name, value in (("p_min", p_min), ("p_max", p_max)):
+        if not _is_real(value) or not 0 <= value <= 1:
+            raise LensprobeError(f"{name} must be a fraction in [0, 1], got {value!r}.")
+    if p_min > p_max:
+        raise LensprobeError(f"p_min ({p_min!r}) must not exceed p_max ({p_max!r}): swap them.")
+    if not _is_real(k) or k < 0:
+        raise LensprobeError(f"k must be a non-negative number, got {k!r} (the authors use 1).")
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# --------------------------------------------------------------------------- presets
+
+ARM_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "math500": {
+        "qwen2.5-math-1.5b": {"c": 0.13, "percentile": 99.5},
+        "qwen2.5-math-7b": {"c": 0.1, "percentile": 95},
+        "qwen2.5-7b-instruct": {"c": 0.1, "percentile": 99.5},
+        "gemma-3-4b-it": {"c": 0.25, "percentile": 0.85, "variant": "gemma"},
+        "gemma-3-27b-it": {"c": 0.25, "percentile": 0.85, "variant": "gemma"},
+        "llama-3.1-8b-instruct": {"c": 0.32, "percentile": 90, "p_min": 0.2},
+    },
+    "aime2024": {
+        "qwen2.5-math-1.5b": {"c": 0.13, "percentile": 99.5},
+        "qwen2.5-math-7b": {"c": 0.05, "percentile": 90},
+        "qwen2.5-7b-instruct": {"c": 0.1, "percentile": 99.5},
+        "qwen2.5-32b-instruct": {"c": 0.13, "percentile": 99.5},
+        "gemma-3-4b-it": {"c": 0.25, "percentile": 0.85, "variant": "gemma"},
+        "gemma-3-27b-it": {"c": 0.25, "percentile": 0.965, "variant": "gemma"},
+        "llama-3.1-8b-instruct": {"c": 0.32, "percentile": 90, "p_min": 0.2},
+    },
+}
+"""The authors' settings per benchmark and model (lower-case model names without the
+organisation). AIME 2024 uses the MATH-500 settings except where the authors changed them
+(Qwen2.5-Math-7B, Gemma-3-27B-it) and adds Qwen2.5-32B-Instruct."""
+
+
+def _benchmark_key(benchmark: str) -> str:
+    return re.sub(r"[-_ ]", "", str(benchmark).lower())
+
+
+def _model_key(model_name: str) -> str:
+    return str(model_name).strip().rstrip("/").split("/")[-1].lower()
+
+
+# --------------------------------------------------------------------------- the intervention
+
+
+class _GateUp:
+    """The gate pre-activation and up projection of one forward, recorded for ``hook_post``."""
+    __slots__ = ("gate", "up")
+
+    def __init__(self) -> None:
+        self.gate: Tensor | None = None
+        self.up: Tensor | None = None
+
+    def record_gate(self, gate: Tensor, hook) -> None:
+        self.gate = gate
+
+    def record_up(self, up: Tensor, hook) -> None:
+        self.up = up
+
+
+class _Draws:
+    """Generators for one attachment: one shared, or one per batch row (``per_row``), each
+    seeded with ``seed`` on first use on the activations' device."""
+    __slots__ = ("seed", "shared", "rows")
+
+    def __init__(self, seed: int | None) -> None:
+        self.seed = seed
+        self.shared: torch.Generator | None = None
+        self.rows: dict[int, torch.Generator] = {}
+
+    def _new(self, device) -> torch.Generator:
+        return torch.Generator(device=device).manual_seed(self.seed)
+
+    def get(self, device, row: int | None = None) -> torch.Generator | None:
+        if self.seed is None:
+            return None
+        if row is None:
+            if self.shared is None:
+                self.shared = self._new(device)
+            return self.shared
+        if row not in self.rows:
+            self.rows[row] = self._new(device)
+        return self.rows[row]
+
+
+@dataclass(frozen=True)
+class _ARMHook:
+    """At ``hook_post``: returns ``arm_redistribute(act_fn(gate)) * up``."""
+    arm: "ARM"
+    act_fn: Any
+    store: _GateUp
+    draws: _Draws = field(repr=False)
+
+    def __call__(self, post: Tensor, hook) -> Tensor:
+        gate, up = self.store.gate, self.store.up
+        self.store.gate = self.store.up = None
+        if gate is None or up is None or gate.shape != post.shape or up.shape != post.shape:
+            raise LensprobeError(
+                f"ARM at layer {self.arm.layer}: the gate and up projections were not recorded before "
+                "the MLP's hook_post in this forward; ARM needs a gated MLP whose hook_pre and "
+                "hook_pre_linear fire before hook_post."
+            )
+        act = self.act_fn(gate)
+        if not torch.allclose(act * up, post, rtol=1e-3, atol=1e-5):
+            raise LensprobeError(
+                f"ARM at layer {self.arm.layer}: act_fn(hook_pre) * hook_pre_linear does not equal "
+                "hook_post on this model, so the MLP's hooks do not hold gate_proj(x), up_proj(x) and "
+                "their gated product (or another hook edited one of them first); ARM cannot rebuild "
+                "act_fn(gate_proj(x)) here."
+            )
+        a = self.arm
+        rule = dict(c=a.c, percentile=a.percentile, p_min=a.p_min, p_max=a.p_max, k=a.k,
+                    mode=a.mode, variant=a.variant)
+        if a.per_row and act.dim() >= 1:
+            rows = [arm_redistribute(act[b], generator=self.draws.get(act.device, b), **rule)
+                    for b in range(act.shape[0])]
+            edited = torch.stack(rows)
+        else:
+            edited = arm_redistribute(act, generator=self.draws.get(act.device), **rule)
+        return edited * up
+
+
+@dataclass(frozen=True)
+class ARM:
+    r"""Intervention: the paper's activation redistribution module on one layer's gated MLP.
+
+    The MLP of ``layer`` computes ``down_proj(arm_redistribute(act_fn(gate_proj(x))) * up_proj(x))``
+    (see :func:`arm_redistribute` for the rule). TransformerLens has no hook on
+    ``act_fn(gate_proj(x))`` itself, so ARM records ``blocks.{layer}.mlp.hook_pre``
+    (``gate_proj(x)``) and ``hook_pre_linear`` (``up_proj(x)``), recomputes the activation
+    with the model's own activation function, and returns the edited product at
+    ``hook_post`` (the input of ``down_proj``). Entries ARM does not move give exactly the
+    unedited product.
+
+    The statistics cover the whole tensor the hook sees, as in the authors' code: every batch
+    row and position of one forward (left-padding positions of a padded batch included). In
+    a KV-cached generation the prompt forward sees all prompt positions and each decode step
+    sees one position per row, so later steps are edited by the statistics of a single
+    position. ``p_min = p_max = 0`` still moves one entry per forward.
+
+    Args:
+        layer: 0-based layer (the authors edit layer 0 only).
+        c, percentile, p_min, p_max, k, mode, variant: the rule's settings, see
+            :func:`arm_redistribute`; :meth:`preset` gives the authors' values per model.
+        seed: ``None`` draws from torch's global generator (the authors' code: two runs
+            differ). An int seeds a ``torch.Generator`` on the activations' device. The
+            generator is created when ``hooks(model)`` is called (once per
+            ``lp.intervene`` block or ``lp.generate`` call) and advances through the
+            forwards of that attachment, so the same seed gives the same draws and each
+            generation with a fresh attachment is reproducible.
+        per_row: compute the statistics per batch row (first dimension) rather than over the
+            whole batch, so a row's result does not depend on the other rows. With a seed,
+            each row draws from its own generator seeded with ``seed`` (identical rows get
+            identical draws).
+
+    Raises:
+        LensprobeError: a bad setting (at construction); a layer out of range, a model
+            without a gated MLP or without the needed hooks (when attached).
+
+    Example:
+        >>> arm = ARM(layer=0, c=0.1, percentile=95, seed=0)
+        >>> with lp.intervene(model, arm):
+        ...     logits = model(tokens)
+        >>> out = lp.generate(model, prompt, max_new_tokens=64,
+        ...                   interventions=[ARM.preset("Qwen/Qwen2.5-Math-7B", seed=0)])
+    """
+
+    layer: int = 0
+    c: float | None = None
+    percentile: float | None = None
+    p_min: float = 0.02
+    p_max: float = 0.25
+    k: float = 1
+    mode: Mode = "replace"
+    variant: Variant = "default"
+    seed: int | None = None
+    per_row: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.layer, int) or isinstance(self.layer, bool) or self.layer < 0:
+            raise LensprobeError(f"layer must be a non-negative int (0-based), got {self.layer!r}.")
+        if self.c is None or self.percentile is None:
+            missing = " and ".join(n for n in ("c", "percentile") if getattr(self, n) is None)
+            raise LensprobeError(
+                f"ARM needs {missing}: pass lp.ARM(c=..., percentile=...) or use "
+                "lp.ARM.preset(model_name) for the authors' values."
+            )
+        _check_rule(self.c, self.percentile, self.p_min, self.p_max, self.k, self.mode, self.variant)
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise LensprobeError(f"seed must be an int or None, got {self.seed!r}.")
+        if not isinstance(self.per_row, bool):
+            raise LensprobeError(f"per_row must be True or False, got {self.per_row!r}.")
+
+    @classmethod
+    def preset(cls, model_name: Any, benchmark: str = "math500", **overrides) -> "ARM":
+        """The authors' settings for ``model_name`` on ``benchmark``.
+
+        Args:
+            model_name: a model name, with or without organisation (``"Qwen/Qwen2.5-Math-7B"``,
+                ``"qwen2.5-math-7b"``), or a loaded model (its ``cfg.model_name``).
+            benchmark: ``"math500"`` or ``"aime2024"`` (case and ``-``/``_`` ignored).
+            **overrides: other :class:`ARM` fields (``layer``, ``seed``, ``per_row``, ...).
+
+        Raises:
+            LensprobeError: an unknown benchmark, or a model without a preset.
+
+        Example:
+            >>> ARM.preset("Qwen/Qwen2.5-Math-7B").c
+            0.1
+        """
+        if not isinstance(model_name, str):
+            model_name = getattr(getattr(model_name, "cfg", None), "model_name", None) or repr(model_name)
+        bench = _benchmark_key(benchmark)
+        if bench not in ARM_PRESETS:
+            raise LensprobeError(f"unknown benchmark {benchmark!r}: use one of {tuple(ARM_PRESETS)}.")
+        table = ARM_PRESETS[bench]
+        settings = table.get(_model_key(model_name))
+        if settings is None:
+            raise LensprobeError(
+                f"no ARM preset for {model_name!r} on {bench} (presets: {', '.join(sorted(table))}); "
+                "choose c and percentile yourself: pass lp.ARM(c=..., percentile=...)."
+            )
+        unknown = set(overrides) - {f.name for f in fields(cls)}
+        if unknown:
+            raise LensprobeError(f"unknown ARM field(s) {sorted(unknown)}: use {[f.name for f in fields(cls)]}.")
+        return cls(**{**settings, **overrides})
+
+    def hooks(self, model) -> list[Hook]:
+        n_layers = int(model.cfg.n_layers)
+        if self.layer >= n_layers:
+            raise LensprobeError(
+                f"layer {self.layer} out of range: model has {n_layers} layers (0-{n_layers - 1})."
+            )
+        prefix = f"blocks.{self.layer}.mlp"
+        names = [f"{prefix}.hook_pre", f"{prefix}.hook_pre_linear", f"{prefix}.hook_post"]
+        hook_dict = getattr(model, "hook_dict", {})
+        missing = [n for n in names if n not in hook_dict]
+        if not getattr(model.cfg, "gated_mlp", False) or missing:
+            raise LensprobeError(
+                f"ARM needs a gated MLP (down_proj(act_fn(gate_proj(x)) * up_proj(x)), as in Llama, "
+                f"Qwen2 or Gemma-3) with hooks {names}; this model "
+                + ("has no gated MLP" if not getattr(model.cfg, "gated_mlp", False) else f"lacks {missing}")
+                + "."
+            )
+        store = _GateUp()
+        hook = _ARMHook(self, _activation_function(model, self.layer), store, _Draws(self.seed))
+        return [(names[0], store.record_gate), (names[1], store.record_up), (names[2], hook)]
+
+
+def _activation_function(model, layer: int):
+    """The MLP's activation function: the Hugging Face module's ``act_fn`` when the model
+    wraps one, else ``transformers``' function named by ``model.cfg.act_fn``."""
+    try:
+        mlp = model.blocks[layer].mlp
+    except (AttributeError, IndexError, TypeError):
+        mlp = None
+    for owner in (getattr(mlp, "original_component", None), mlp):
+        fn = getattr(owner, "act_fn", None)
+        if callable(fn):
+            return fn
+    name = getattr(model.cfg, "act_fn", None)
+    if name:
+        table = heavy("transformers.activations").ACT2FN
+        if name in table:
+            return table[name]
+    raise LensprobeError(
+        f"cannot find the activation function of layer {layer}'s MLP (no act_fn on the module and "
+        f"model.cfg.act_fn={name!r} is not a known activation)."
+    )
