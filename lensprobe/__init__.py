@@ -19,7 +19,7 @@ Example:
 import importlib
 
 from lensprobe import evals
-from lensprobe.core.conditions import Condition
+from lensprobe.core.conditions import PROMPT_FORMATS, Condition, paper_conditions, with_arm
 from lensprobe.core.errors import LensprobeError, ModelLoadError
 from lensprobe.core.forward import attention_patterns, forward
 from lensprobe.core.hooks import AttentionRecorder, Intervention, intervene
@@ -32,14 +32,23 @@ from lensprobe.core.metrics import (
     entropy,
 )
 from lensprobe.core.models import cache_dir, load_model, model_label
-from lensprobe.core.prompts import MATH_SYSTEM_PROMPT, Filler, Prompt, build_prompt, prompt_json
+from lensprobe.core.prompts import (
+    MATH_SYSTEM_PROMPT,
+    PAPER_SYSTEM_PROMPT,
+    Filler,
+    Prompt,
+    build_prompt,
+    prompt_json,
+)
 from lensprobe.core.version import __version__ as __version__
 from lensprobe.evals import (
     EvalConfig,
+    Problem,
     evaluate,
     extract_boxed,
     grade,
     load_math500,
+    load_problems,
     load_results,
     math500_path,
 )
@@ -61,6 +70,13 @@ from lensprobe.studies.filler import (
     token_class_attention,
 )
 from lensprobe.studies.heads import AblationEffect, ablation_effect, head_attention_over_generation
+from lensprobe.studies.mechanism import (
+    ActivationStats,
+    activation_stats,
+    affine_fit_summary,
+    filler_affine_fit,
+    mechanism_prompts,
+)
 from lensprobe.studies.thinking import (
     THINKING_SETTINGS,
     compare_thinking,
@@ -78,7 +94,11 @@ __all__ = [
     "prompt_json",
     "Filler",
     "MATH_SYSTEM_PROMPT",
+    "PAPER_SYSTEM_PROMPT",
     "Condition",
+    "PROMPT_FORMATS",
+    "paper_conditions",
+    "with_arm",
     # forward passes, hooks and metrics
     "forward",
     "attention_patterns",
@@ -127,6 +147,11 @@ __all__ = [
     "token_class_attention",
     "ascii_grid",
     "head_attention_over_generation",
+    "filler_affine_fit",
+    "affine_fit_summary",
+    "activation_stats",
+    "ActivationStats",
+    "mechanism_prompts",
     "ablation_effect",
     "AblationEffect",
     "compare_thinking",
@@ -137,6 +162,8 @@ __all__ = [
     "evaluate",
     "EvalConfig",
     "load_math500",
+    "load_problems",
+    "Problem",
     "math500_path",
     "load_results",
     "extract_boxed",

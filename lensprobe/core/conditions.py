@@ -2,8 +2,12 @@ r"""Prompt conditions: a name, how to build the prompt, and what to attach while
 
 This is lensprobe's one vocabulary of conditions, used by the filler and head studies, the
 evaluations, the figures and the command line. Built in (the meaningless-tokens paper's
-conditions; system prompt "Please reason step by step, and put your final answer within
-\boxed{}.", filler between the system prompt and the question):
+conditions, filler between the system prompt and the question). Two prompt formats
+(:func:`paper_conditions`): ``"chat"`` (the default) puts lensprobe's system prompt
+:data:`~lensprobe.core.prompts.MATH_SYSTEM_PROMPT` and the question into the model's chat
+template; ``"paper"`` builds the authors' own string, no chat template:
+:data:`~lensprobe.core.prompts.PAPER_SYSTEM_PROMPT` + filler + problem with nothing between
+them, tokenized as one string (``template="raw"``).
 
 =====================  =================================================================
 ``"w/o"``              no filler
@@ -11,6 +15,12 @@ conditions; system prompt "Please reason step by step, and put your final answer
 ``"w/ Mful"``          meaningful filler: ``"he"`` x 55
 ``"random sentence"``  random common words with as many tokens as the Mless filler
 =====================  =================================================================
+
+**ARM.** ``"ARM"`` is ``"w/o"`` with the paper's activation redistribution module attached;
+any built-in name followed by ``+ARM`` (``"w/ Mless+ARM"``) is that condition with ARM
+attached. Names resolve to these only when :func:`resolve_conditions` is given the ARM to
+attach (``arm=``; :func:`lensprobe.evaluate` uses the authors' preset for the model, or its
+own ``arm=`` argument). :func:`with_arm` builds the same condition from any condition.
 
 Older spellings are aliases of these names (:func:`canonical_condition_name`): ``none``,
 ``without``, ``baseline`` (``w/o``); ``meaningless``, ``mless`` (``w/ Mless``);
@@ -25,25 +35,34 @@ Example:
     >>> conds = resolve_conditions("w/o, w/ Mless")
     >>> ablate = Condition("w/o, L0H3 ablated", interventions=(lp.ablate_heads("L0H3"),))
     >>> mine = Condition("short system", system="Answer in \\boxed{}.", filler=Filler.meaningless(count=10))
+    >>> paper = paper_conditions(prompt_format="paper")["w/ Mless"]  # the authors' raw string
+    >>> arm = with_arm(builtin_condition("w/ Mless"), lp.ARM(c=0.1, percentile=95))  # "w/ Mless+ARM"
 """
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.jsonable import json_digest, stable_repr
 from lensprobe.core.prompts import (
     MATH_SYSTEM_PROMPT,
+    PAPER_SYSTEM_PROMPT,
     PLACEMENTS,
+    TEMPLATES,
     Filler,
     Placement,
     Prompt,
+    Template,
     build_prompt,
     random_sentence_text,
 )
 
 QUESTION_PLACEHOLDER = "{question}"
+PromptFormat = Literal["chat", "paper"]
+PROMPT_FORMATS = ("chat", "paper")
+ARM_SUFFIX = "+ARM"
+_DEFAULT = object()  # "not given" for arguments whose default depends on another one
 
 
 @dataclass(frozen=True)
@@ -74,11 +93,17 @@ class Condition:
         name: label used in result files, tables and figures.
         filler: a :class:`~lensprobe.core.prompts.Filler`, a callable ``tokenizer -> Filler``
             (e.g. :class:`MatchedRandomSentence`), or ``None``.
-        system: system prompt (default: the paper's, :data:`~lensprobe.core.prompts.MATH_SYSTEM_PROMPT`).
+        system: system prompt (default: lensprobe's chat-form
+            :data:`~lensprobe.core.prompts.MATH_SYSTEM_PROMPT`; the authors' literal string
+            is :data:`~lensprobe.core.prompts.PAPER_SYSTEM_PROMPT`).
         placement: where the filler goes (``"between"`` system prompt and question: the paper's).
-        chat: apply the model's chat template.
+        chat: apply the model's chat template (used when ``template`` is ``None``).
+        template: ``"chat"``, ``"plain"`` or ``"raw"`` (see :func:`~lensprobe.build_prompt`);
+            ``None`` follows ``chat``.
+        joiner: text between the pieces of a ``"raw"`` prompt (nothing by default).
         build: optional prompt builder ``(model, question) -> Prompt`` replacing the
-            default one (``filler``/``system``/``placement``/``chat`` are then ignored).
+            default one (``filler``/``system``/``placement``/``chat``/``template`` are then
+            ignored).
         interventions: interventions attached while the model runs (e.g. head ablations):
             during generation in evaluations, during the forward pass in the filler study.
             An intervention with a ``bind(prompt)`` method is bound to each prompt; if that
@@ -96,6 +121,8 @@ class Condition:
     build: Callable[[Any, str], Prompt] | None = None
     interventions: tuple = ()
     generate_kwargs: dict = field(default_factory=dict)
+    template: Template | None = None
+    joiner: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip() or "\n" in self.name:
@@ -106,6 +133,12 @@ class Condition:
             raise LensprobeError(
                 f"condition {self.name!r}: filler must be a Filler, a callable tokenizer -> Filler, or None."
             )
+        if self.template is not None and self.template not in TEMPLATES:
+            raise LensprobeError(
+                f"condition {self.name!r}: unknown template {self.template!r}: use one of {TEMPLATES} or None."
+            )
+        if self.joiner and self.template != "raw":
+            raise LensprobeError(f"condition {self.name!r}: joiner applies to template='raw' only.")
         if self.build is not None and not callable(self.build):
             raise LensprobeError(f"condition {self.name!r}: build must be a callable (model, question) -> Prompt.")
         if not isinstance(self.interventions, tuple):
@@ -135,7 +168,8 @@ class Condition:
 
         def build(question: str) -> Prompt:
             return build_prompt(model, question, system=self.system, filler=filler,
-                                placement=self.placement, chat=self.chat)
+                                placement=self.placement, chat=self.chat, template=self.template,
+                                joiner=self.joiner)
 
         return build
 
@@ -177,23 +211,40 @@ def bind_interventions(interventions: Sequence[Any], prompt) -> tuple[tuple, boo
     return tuple(bound), changed
 
 
-def paper_conditions(*, system: str | None = MATH_SYSTEM_PROMPT, count: int = 55, symbol: str = "/",
-                     word: str = "he", seed: int = 0, placement: Placement = "between",
+def paper_conditions(*, prompt_format: PromptFormat = "chat", system: Any = _DEFAULT, count: int = 55,
+                     symbol: str = "/", word: str = "he", seed: int = 0, placement: Placement = "between",
                      chat: bool = True) -> dict[str, Condition]:
     """The paper's four conditions by name, with their filler settings adjustable.
 
     Args:
-        system: system prompt (``None`` for none).
+        prompt_format: ``"chat"``: the model's chat template with
+            :data:`~lensprobe.core.prompts.MATH_SYSTEM_PROMPT`; ``"paper"``: the authors'
+            string, no chat template: :data:`~lensprobe.core.prompts.PAPER_SYSTEM_PROMPT`,
+            filler and problem concatenated with nothing between them and tokenized as one
+            string (``template="raw"``).
+        system: system prompt (``None`` for none; default: the format's, see above).
         count: filler length in repetitions (55 in the paper).
         symbol: the meaningless symbol (``"/"``).
         word: the meaningful word (``"he"``).
         seed: seed of the random sentence, which has as many tokens as the Mless filler.
         placement: where the filler goes (``"between"`` system prompt and question).
-        chat: apply the model's chat template.
+        chat: apply the model's chat template (``prompt_format="chat"`` only; ``False``
+            gives plain text).
+
+    Raises:
+        LensprobeError: an unknown prompt format.
 
     Example:
         >>> short = paper_conditions(count=5)["w/ Mless"]
+        >>> exact = paper_conditions(prompt_format="paper")["w/ Mless"]
+        >>> exact.template, exact.system == PAPER_SYSTEM_PROMPT
+        ('raw', True)
     """
+    if prompt_format not in PROMPT_FORMATS:
+        raise LensprobeError(f"unknown prompt format {prompt_format!r}: use one of {PROMPT_FORMATS}.")
+    paper = prompt_format == "paper"
+    if system is _DEFAULT:
+        system = PAPER_SYSTEM_PROMPT if paper else MATH_SYSTEM_PROMPT
     mless = Filler.meaningless(symbol=symbol, count=count)
     fillers: dict[str, Any] = {
         "w/o": None,
@@ -201,8 +252,29 @@ def paper_conditions(*, system: str | None = MATH_SYSTEM_PROMPT, count: int = 55
         "w/ Mful": Filler.meaningful(word=word, count=count),
         "random sentence": MatchedRandomSentence(reference=mless, seed=seed),
     }
-    return {name: Condition(name, filler=filler, system=system, placement=placement, chat=chat)
+    return {name: Condition(name, filler=filler, system=system, placement=placement, chat=chat,
+                            template="raw" if paper else None)
             for name, filler in fillers.items()}
+
+
+def with_arm(condition: Condition, arm: Any, name: str | None = None) -> Condition:
+    """``condition`` with ``arm`` (an ARM intervention) attached: named ``"<name>+ARM"``, or
+    ``"ARM"`` for ``"w/o"``.
+
+    Args:
+        condition: the condition to extend.
+        arm: the intervention, e.g. ``lp.ARM(c=0.1, percentile=95)`` or ``lp.ARM.preset(name)``.
+        name: the new condition's name (default as above).
+
+    Example:
+        >>> with_arm(builtin_condition("w/ Mless"), lp.ARM(c=0.1, percentile=95)).name
+        'w/ Mless+ARM'
+    """
+    if not isinstance(condition, Condition):
+        raise LensprobeError(f"with_arm needs a lensprobe Condition, got {type(condition).__name__}.")
+    if name is None:
+        name = "ARM" if condition.name == "w/o" else f"{condition.name}{ARM_SUFFIX}"
+    return replace(condition, name=name, interventions=condition.interventions + (arm,))
 
 
 BUILTIN_CONDITIONS: dict[str, Condition] = paper_conditions()
@@ -221,12 +293,35 @@ def canonical_condition_name(name: str) -> str:
     """The built-in name a spelling stands for (``"meaningless"`` -> ``"w/ Mless"``, case-insensitive);
     any other name comes back as given (surrounding spaces removed): a user-defined condition.
 
+    A ``+ARM`` suffix is kept on the canonical base name (``"mless+arm"`` -> ``"w/ Mless+ARM"``);
+    ``"w/o+ARM"`` is ``"ARM"``.
+
     Example:
         >>> canonical_condition_name("none"), canonical_condition_name("my condition")
         ('w/o', 'my condition')
     """
     text = str(name).strip()
+    base = arm_base(text)
+    if base is not None:
+        base = _ALIASES.get(base.lower(), base)
+        return "ARM" if base == "w/o" else f"{base}{ARM_SUFFIX}"
     return _ALIASES.get(text.lower(), text)
+
+
+def arm_base(name: str) -> str | None:
+    """The base condition of an ARM condition name (``"ARM"`` -> ``"w/o"``, ``"w/ Mless+ARM"`` ->
+    ``"w/ Mless"``), or ``None`` when ``name`` asks for no ARM.
+
+    Example:
+        >>> arm_base("w/ Mless+ARM"), arm_base("w/ Mless")
+        ('w/ Mless', None)
+    """
+    text = str(name).strip()
+    if text.lower() == "arm":
+        return "w/o"
+    if text.lower().endswith(ARM_SUFFIX.lower()) and text[: -len(ARM_SUFFIX)].strip():
+        return text[: -len(ARM_SUFFIX)].strip()
+    return None
 
 
 def builtin_condition(name: str, **overrides) -> Condition:
@@ -243,7 +338,8 @@ def builtin_condition(name: str, **overrides) -> Condition:
     return replace(cond, **overrides) if overrides else cond
 
 
-def resolve_conditions(spec: Any, *, builtins: dict[str, Condition] | None = None) -> list[Condition]:
+def resolve_conditions(spec: Any, *, builtins: dict[str, Condition] | None = None, arm: Any = None
+                       ) -> list[Condition]:
     """Turn names, conditions and prompt-builder callables into a list of :class:`Condition`.
 
     Args:
@@ -252,6 +348,9 @@ def resolve_conditions(spec: Any, *, builtins: dict[str, Condition] | None = Non
             ``(model, question) -> Prompt`` (named after the function), or a list of these.
         builtins: the conditions names refer to (default :data:`BUILTIN_CONDITIONS`; e.g.
             :func:`paper_conditions` with a shorter filler).
+        arm: what ``"ARM"`` and ``"<name>+ARM"`` attach: an intervention (``lp.ARM(...)``) or
+            a function of no arguments returning one (called at most once, only when such a
+            name is given). Without it those names are refused.
 
     Raises:
         LensprobeError: an unknown name, an empty list, or two conditions with one name.
@@ -262,12 +361,19 @@ def resolve_conditions(spec: Any, *, builtins: dict[str, Condition] | None = Non
         items = spec
     else:
         raise LensprobeError(f"conditions must be names, Conditions or callables, got {spec!r}.")
+    if arm is not None and not hasattr(arm, "hooks") and callable(arm):
+        make, made = arm, []
+
+        def arm() -> Any:  # the factory runs at most once
+            if not made:
+                made.append(make())
+            return made[0]
     out: list[Condition] = []
     for item in items:
         if isinstance(item, Condition):
             out.append(item)
         elif isinstance(item, str):
-            out.extend(_named(n, builtins) for n in item.split(",") if n.strip())
+            out.extend(_named(n, builtins, arm) for n in item.split(",") if n.strip())
         elif callable(item):
             out.append(Condition(getattr(item, "__name__", "custom"), build=item))
         else:
@@ -284,7 +390,20 @@ def resolve_conditions(spec: Any, *, builtins: dict[str, Condition] | None = Non
     return out
 
 
-def _named(name: str, builtins: dict[str, Condition] | None) -> Condition:
-    """The built-in condition ``name`` stands for, taken from ``builtins`` when given."""
+def _named(name: str, builtins: dict[str, Condition] | None, arm: Any = None) -> Condition:
+    """The built-in condition ``name`` stands for, taken from ``builtins`` when given (with ARM
+    attached for ``"ARM"`` and ``"<name>+ARM"``)."""
+    base = arm_base(name)
+    if base is not None:
+        cond = _named(base, builtins)
+        if arm is None:
+            raise LensprobeError(
+                f"condition {name.strip()!r} needs ARM settings: pass arm=lp.ARM(c=..., percentile=...) "
+                "(lp.evaluate uses the authors' preset for the model when there is one), or build it "
+                f"with lp.with_arm(lp.builtin_condition({base!r}), lp.ARM(c=..., percentile=...))."
+            )
+        if not hasattr(arm, "hooks") and callable(arm):
+            arm = arm()
+        return with_arm(cond, arm)
     cond = builtin_condition(name)  # an unknown name fails here
     return cond if builtins is None else builtins.get(cond.name, cond)

@@ -1,8 +1,12 @@
 """Prompts that know their named segments, and the filler builders of the meaningless-tokens paper.
 
 A :class:`Prompt` is built from named pieces of text (chat-template scaffolding, system
-prompt, filler, question). Each piece is tokenized on its own and the token ids are
-concatenated, so every segment is an exact token span whose decoded text is the piece's
+prompt, filler, question) in one of three templates: ``"chat"`` (the tokenizer's chat
+template, the default), ``"plain"`` (plain text with blank-line separators) and ``"raw"``
+(the meaningless-tokens authors' form: the pieces concatenated and tokenized as one string).
+
+In the ``"chat"`` and ``"plain"`` templates each piece is tokenized on its own and the token
+ids are concatenated, so every segment is an exact token span whose decoded text is the piece's
 text: **no token ever straddles a segment boundary**. Where the tokenizer would have
 merged characters across a boundary when encoding the whole string at once (for example a
 space-prefixed word right after the filler), lensprobe keeps the split; the prompt's
@@ -10,6 +14,13 @@ tokens are then a valid but not necessarily canonical tokenization of ``Prompt.t
 Separators (newlines) between pieces are segments of their own (``filler_sep``), so
 boundaries between content pieces fall on whitespace, where byte-level BPE tokenizers
 split anyway.
+
+The ``"raw"`` template is the opposite choice: the whole string is tokenized in one call,
+exactly as the tokenizer does it (``prompt.tokens`` equals ``tokenizer(prompt.text).input_ids``),
+and segments are read off the tokens' character offsets. A token whose characters cross a
+boundary (e.g. SmolLM2 merges the system prompt's final ``"."`` with the filler's first
+``"/"`` into ``"./"``) belongs to the segment where it starts and is listed in
+``Prompt.straddling``.
 """
 
 import random
@@ -23,7 +34,27 @@ from torch import Tensor
 from lensprobe.core.errors import LensprobeError
 
 MATH_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
-"""System prompt used by the meaningless-tokens paper for MATH-500."""
+"""lensprobe's system prompt for MATH-style questions in the chat template.
+
+It is a cleaned-up version of the meaningless-tokens authors' instruction (comma after
+"step", single braces), not their literal string: that is :data:`PAPER_SYSTEM_PROMPT`.
+"""
+
+PAPER_SYSTEM_PROMPT = "Please reason step by step and put your final answer within \\boxed{{}}."
+r"""The meaningless-tokens authors' MATH-500 instruction, character for character.
+
+Their code writes ``"...within \\boxed{{}}."`` as a plain (not formatted) Python string, so
+the model sees ``\boxed{{}}.`` with doubled braces; there is no comma after "step". They
+feed it without a chat template, followed directly by the filler and the problem (use
+``build_prompt(..., template="raw")``).
+
+Example:
+    >>> PAPER_SYSTEM_PROMPT.endswith("\\boxed{{}}.")
+    True
+"""
+
+Template = Literal["chat", "plain", "raw"]
+TEMPLATES = ("chat", "plain", "raw")
 
 Placement = Literal["between", "before_system", "after_question"]
 PLACEMENTS = ("between", "before_system", "after_question")
@@ -152,6 +183,10 @@ class Prompt:
         str_tokens: one decoded string per token.
         segments: name -> ``(start, end)`` half-open token span, in prompt order.
         text: the prompt as one string (the concatenated pieces).
+        pieces: segment name -> its text.
+        straddling: positions of tokens whose characters cross a segment boundary (only
+            in the ``"raw"`` template; such a token belongs to the segment where its first
+            character is). Empty when every segment is an exact token span.
     """
 
     tokens: Int[Tensor, "1 pos"]
@@ -159,6 +194,7 @@ class Prompt:
     segments: dict[str, tuple[int, int]]
     text: str
     pieces: dict[str, str] = field(default_factory=dict)
+    straddling: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return self.tokens.shape[-1]
@@ -177,7 +213,8 @@ class Prompt:
 
         A segment's separator (``filler_sep`` for ``filler``, ``system_sep`` for ``system``)
         goes with it, so ``positions_except("filler")`` of a prompt with filler lines up
-        position by position with the same prompt built without filler.
+        position by position with the same prompt built without filler (in the ``"raw"``
+        template only when neither prompt has ``straddling`` tokens).
 
         Example:
             >>> with_f = build_prompt(model, "What is 12+7?", filler=Filler.meaningless())
@@ -234,40 +271,73 @@ def _chat_scaffold(tokenizer, has_system: bool) -> list[str]:
 
 
 def build_prompt(model, question: str, *, system: str | None = None, filler: Filler | None = None,
-                 placement: Placement = "between", chat: bool = True) -> Prompt:
+                 placement: Placement = "between", chat: bool = True, template: Template | None = None,
+                 joiner: str = "") -> Prompt:
     """Build a prompt with named segments, optionally with filler tokens inserted.
 
     Args:
         model: a TransformerLens model (its ``tokenizer`` is used) or a tokenizer.
         question: the user's question (non-empty).
-        system: system prompt, e.g. :data:`MATH_SYSTEM_PROMPT`. With ``chat=True`` and no
-            system prompt the chat template's default (if any) stays in the scaffolding.
+        system: system prompt, e.g. :data:`MATH_SYSTEM_PROMPT` (chat) or
+            :data:`PAPER_SYSTEM_PROMPT` (raw). With the chat template and no system prompt
+            the template's default (if any) stays in the scaffolding.
         filler: a :class:`Filler`, or ``None`` for the paper's "w/o" condition.
         placement: ``"between"`` the system prompt and the question (the paper's default:
             the filler opens the user message), ``"before_system"`` (opens the system
             message; with no ``system``, the user message, after any default system prompt
             of the template), or ``"after_question"`` (closes the user message).
-        chat: apply the tokenizer's chat template; ``False`` builds plain text
-            (``system``, blank line, filler, question) with the model's BOS token first.
+        chat: used when ``template`` is not given: ``True`` is ``template="chat"``,
+            ``False`` is ``template="plain"``.
+        template: ``"chat"`` applies the tokenizer's chat template; ``"plain"`` builds plain
+            text (``system``, blank line, filler, newline, question) with the model's BOS
+            token first; ``"raw"`` is the meaningless-tokens authors' form: system prompt,
+            filler and question joined by ``joiner`` (nothing by default) and tokenized as
+            one string, exactly as ``tokenizer(text)`` does (including any special token the
+            tokenizer itself adds; SmolLM2's adds none).
+        joiner: text between consecutive pieces in the ``"raw"`` template (segments
+            ``system_sep`` / ``filler_sep`` when not empty).
 
-    Each piece is tokenized on its own, so every segment decodes to exactly its text; where
-    the tokenizer would merge characters across a boundary, the split is kept (see the
-    module docs).
+    In ``"chat"`` and ``"plain"`` each piece is tokenized on its own, so every segment decodes
+    to exactly its text; where the tokenizer would merge characters across a boundary, the
+    split is kept. In ``"raw"`` the tokenizer's own split is kept and a token crossing a
+    boundary belongs to the segment where it starts; its position is in
+    ``Prompt.straddling`` (see the module docs).
 
     Returns:
-        A :class:`Prompt`. Segments: ``system``, ``filler``, ``filler_sep`` (the newline
-        after or before the filler), ``question``, and scaffolding: ``bos`` (plain text), or
-        the template's ``system_prefix``, ``user_prefix`` and ``assistant_prefix``.
+        A :class:`Prompt`. Segments: ``system``, ``filler``, ``filler_sep`` (the separator
+        after or before the filler), ``question``, and scaffolding: ``bos`` (plain text, or
+        a special token the tokenizer adds in raw form), or the template's
+        ``system_prefix``, ``user_prefix`` and ``assistant_prefix``.
+
+    Raises:
+        LensprobeError: an empty question, an unknown template or placement, a joiner
+            outside the raw template, a slow tokenizer in raw form, or a prompt longer than
+            the model's context.
 
     Example:
         >>> p = build_prompt(model, "What is 12+7?", system=MATH_SYSTEM_PROMPT,
         ...                  filler=Filler.meaningless())
         >>> len(p.positions("filler"))
         55
+        >>> raw = build_prompt(model, "What is 12+7?", system=PAPER_SYSTEM_PROMPT,
+        ...                    filler=Filler.meaningless(), template="raw")
+        >>> raw.tokens[0].tolist() == model.tokenizer(raw.text).input_ids
+        True
     """
     tokenizer = getattr(model, "tokenizer", model)
     if not isinstance(question, str) or not question.strip():
         raise LensprobeError("question is empty: pass the question text.")
+    if template is None:
+        template = "chat" if chat else "plain"
+    if template not in TEMPLATES:
+        raise LensprobeError(f"unknown template {template!r}: use one of {TEMPLATES}.")
+    if not isinstance(joiner, str):
+        raise LensprobeError(f"joiner must be a string, got {type(joiner).__name__}.")
+    if joiner and template != "raw":
+        raise LensprobeError(
+            f"joiner={joiner!r} applies to template='raw' only; the {template!r} template has its "
+            "own separators."
+        )
     if placement not in PLACEMENTS:
         raise LensprobeError(f"unknown placement {placement!r}: use one of {PLACEMENTS}.")
     if filler is not None and not isinstance(filler, Filler):
@@ -275,12 +345,105 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
             f"filler must be a lensprobe Filler (e.g. Filler.meaningless()), got {type(filler).__name__}."
         )
     fill = filler.resolve(tokenizer) if filler is not None else None
+    if template == "raw":
+        return _assemble_raw(tokenizer, raw_pieces(system, fill, question, placement, joiner), model)
     sys_pieces, user_pieces = content_pieces(system, fill, question, placement)
-    if chat:
+    if template == "chat":
         pieces = chat_pieces(tokenizer, sys_pieces, user_pieces)
     else:
         pieces = plain_pieces(model, tokenizer, sys_pieces, user_pieces)
     return _assemble(tokenizer, [(n, t) for n, t in pieces if t], model)
+
+
+def raw_pieces(system: str | None, fill: str | None, question: str, placement: Placement,
+               joiner: str = "") -> Pieces:
+    """The named pieces of the raw template, in order, ``joiner`` between consecutive ones.
+
+    The joiner after a piece is named after it (``system_sep``, ``filler_sep``); the one
+    before a filler placed after the question is ``filler_sep`` too, so
+    ``positions_except("filler")`` always drops the filler and one joiner.
+
+    Example:
+        >>> raw_pieces("Sys.", "/ /", "Q?", "between", "")
+        [('system', 'Sys.'), ('filler', '/ /'), ('question', 'Q?')]
+    """
+    order: list[str] = []
+    if placement == "before_system" and fill is not None:
+        order.append("filler")
+    if system:
+        order.append("system")
+    if placement == "between" and fill is not None:
+        order.append("filler")
+    order.append("question")
+    if placement == "after_question" and fill is not None:
+        order.append("filler")
+    text = {"system": system, "filler": fill, "question": question}
+    pieces: Pieces = []
+    for i, name in enumerate(order):
+        if i and joiner:
+            prev = order[i - 1]
+            sep = "filler_sep" if prev == "question" else f"{prev}_sep"
+            pieces.append((sep, joiner))
+        pieces.append((name, text[name]))
+    return pieces
+
+
+def _assemble_raw(tokenizer, pieces: Pieces, model) -> Prompt:
+    """Tokenize the concatenated pieces in one call; segments from the tokens' character offsets."""
+    text = "".join(t for _, t in pieces)
+    if not getattr(tokenizer, "is_fast", False):
+        raise LensprobeError(
+            "template='raw' needs a fast tokenizer (one that returns character offsets); load the "
+            "tokenizer with AutoTokenizer.from_pretrained(..., use_fast=True)."
+        )
+    enc = tokenizer(text, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    _check_context(len(ids), model)
+    bounds, start = [], 0  # (name, first char, end char) per piece
+    for name, piece in pieces:
+        bounds.append((name, start, start + len(piece)))
+        start += len(piece)
+    owner: list[str] = []
+    straddling: list[int] = []
+    for pos, (a, b) in enumerate(offsets):
+        if a == b:  # a special token the tokenizer adds: "bos" in front, else the segment before it
+            owner.append(owner[-1] if owner else "bos")
+            continue
+        name, _, end = next((x for x in bounds if x[1] <= a < x[2]), bounds[-1])
+        owner.append(name)
+        if b > end:
+            straddling.append(pos)
+    segments: dict[str, tuple[int, int]] = {}
+    for name in ["bos"] * ("bos" in owner) + [n for n, _, _ in bounds]:
+        where = [i for i, o in enumerate(owner) if o == name]
+        if where:
+            segments[name] = (where[0], where[-1] + 1)
+        else:  # every character went to a token that started earlier: an empty span
+            first_after = next((i for i, (a, _) in enumerate(offsets) if a >= _piece_start(bounds, name)
+                                and owner[i] != "bos"), len(ids))
+            segments[name] = (first_after, first_after)
+    return Prompt(
+        tokens=torch.tensor([ids], dtype=torch.long),
+        str_tokens=[tokenizer.decode([i]) for i in ids],
+        segments=segments,
+        text=text,
+        pieces=dict(pieces),
+        straddling=tuple(straddling),
+    )
+
+
+def _piece_start(bounds: list[tuple[str, int, int]], name: str) -> int:
+    return next(a for n, a, _ in bounds if n == name)
+
+
+def _check_context(n_tokens: int, model) -> None:
+    n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
+    if n_ctx is not None and n_tokens > n_ctx:
+        raise LensprobeError(
+            f"prompt is {n_tokens} tokens but the model's context is {n_ctx}: shorten the "
+            "question or use a smaller filler count."
+        )
 
 
 def content_pieces(system: str | None, fill: str | None, question: str, placement: Placement
@@ -332,12 +495,7 @@ def _assemble(tokenizer, pieces: list[tuple[str, str]], model) -> Prompt:
         piece_ids = tokenizer.encode(text, add_special_tokens=False)
         segments[name] = (len(ids), len(ids) + len(piece_ids))
         ids.extend(piece_ids)
-    n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
-    if n_ctx is not None and len(ids) > n_ctx:
-        raise LensprobeError(
-            f"prompt is {len(ids)} tokens but the model's context is {n_ctx}: shorten the "
-            "question or use a smaller filler count."
-        )
+    _check_context(len(ids), model)
     str_tokens = [tokenizer.decode([i]) for i in ids]
     return Prompt(
         tokens=torch.tensor([ids], dtype=torch.long),
@@ -355,4 +513,5 @@ def prompt_json(prompt: Prompt) -> dict[str, Any]:
         "token_ids": prompt.tokens[0].tolist(),
         "str_tokens": list(prompt.str_tokens),
         "segments": {k: list(v) for k, v in prompt.segments.items()},
+        **({"straddling": list(prompt.straddling)} if prompt.straddling else {}),
     }

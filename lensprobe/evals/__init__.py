@@ -1,7 +1,8 @@
 """MATH-500 evaluation across prompt and intervention conditions.
 
 - :mod:`~lensprobe.evals.data`: :func:`load_math500` (the copy lensprobe ships, a local JSONL
-  file, or the hub), :class:`Problem`.
+  file, or the hub), :func:`load_problems` (any JSONL or Parquet problem set, e.g. AIME),
+  :class:`Problem`.
 - :mod:`~lensprobe.core.conditions` (re-exported here): :class:`Condition` and the built-in
   conditions ``"w/o"``, ``"w/ Mless"``, ``"w/ Mful"``, ``"random sentence"``.
 - :mod:`~lensprobe.evals.grading`: :func:`extract_boxed`, :func:`grade` (math-verify and
@@ -9,8 +10,8 @@
 - :mod:`~lensprobe.evals.harness`: :func:`evaluate` (batched generation, resumable rows,
   sharding under ``accelerate launch``).
 - :mod:`~lensprobe.evals.results`: result folders, :func:`load_results`.
-- :mod:`~lensprobe.evals.stats`: :func:`accuracy` with Wilson intervals, :func:`compare`
-  (exact McNemar test), pass@k.
+- :mod:`~lensprobe.evals.stats`: :func:`accuracy` with Wilson intervals (``k=`` for the mean
+  unbiased pass@k over problems), :func:`compare` (exact McNemar test), :func:`pass_at_k`.
 - :func:`~lensprobe.evals.stats.summary_tables`: accuracy tables and paired comparisons.
 
 Example:
@@ -19,6 +20,7 @@ Example:
     >>> probs = lp.load_math500("test.jsonl", levels=1, limit=20)
     >>> rows = lp.evaluate(model, probs, "w/o,w/ Mless,w/ Mful", out="runs/smol", max_new_tokens=256)
     >>> lp.evals.accuracy(rows, "condition")
+    >>> aime = lp.evals.load_problems("aime2025.jsonl")   # 'question'/'answer' rows
     >>> lp.evals.compare(rows, "w/o", "w/ Mless").p_value
 
 May import: :mod:`lensprobe.core`, :mod:`lensprobe.interventions`, :mod:`lensprobe.generation`.
@@ -31,7 +33,7 @@ from lensprobe.core.conditions import (
     builtin_condition,
     resolve_conditions,
 )
-from lensprobe.evals.data import Problem, load_math500, math500_path, read_jsonl_problems
+from lensprobe.evals.data import Problem, load_math500, load_problems, math500_path, read_jsonl_problems
 from lensprobe.evals.grading import GRADERS, extract_boxed, grade, grade_all, normalize_answer
 from lensprobe.evals.harness import EvalConfig, evaluate, shard_info
 from lensprobe.evals.results import load_results, read_config
@@ -61,6 +63,7 @@ __all__ = [
     "grade",
     "grade_all",
     "load_math500",
+    "load_problems",
     "load_results",
     "math500_path",
     "mcnemar_exact",

@@ -1,22 +1,29 @@
-"""Evaluation problems: MATH-500 from a local JSONL file or the hub, or any problem/answer JSONL.
+"""Evaluation problems: MATH-500 (shipped, local or from the hub) and any problem/answer JSONL or Parquet file.
 
-A problem set is a list of :class:`Problem`. :func:`load_math500` reads
+A problem set is a list of :class:`Problem`.
 
-- with no path, the MATH-500 copy lensprobe ships (:func:`math500_path`), offline;
-- a local JSONL file with one JSON object per line holding at least ``problem`` and
-  ``answer`` (MATH-500's own file, or your own set: GSM8K-style rows work too, see below);
-- ``"hub"``: the hub dataset ``HuggingFaceH4/MATH-500`` through ``datasets``.
+- :func:`load_math500` reads, with no path, the MATH-500 copy lensprobe ships
+  (:func:`math500_path`), offline; a local JSONL file with one JSON object per line holding at
+  least ``problem`` and ``answer`` (MATH-500's own file, or your own set: GSM8K-style rows work
+  too, see below); or ``"hub"``: the hub dataset ``HuggingFaceH4/MATH-500`` through ``datasets``.
+- :func:`load_problems` reads any JSONL or Parquet file whose rows hold a problem and an answer,
+  under configurable field names (``question``/``Answer`` and other common names are found
+  automatically), e.g. the AIME 2024 and 2025 sets.
 
 Optional fields: ``subject`` and ``level`` (used for per-subject and per-level accuracy)
-and ``unique_id`` or ``id`` (the problem's id in result files; otherwise ``"line-N"``).
+and ``unique_id`` or ``id`` (the problem's id in result files; otherwise ``"line-N"`` in
+:func:`load_math500`, ``"<file stem>-<row index>"`` in :func:`load_problems`).
 """
 
 import json
+import logging
+import math
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import heavy
@@ -78,61 +85,177 @@ def _gsm8k_answer(answer: str) -> str:
     return answer
 
 
-def _problem_from_row(row, where: str, line_no: int) -> Problem:
+@dataclass(frozen=True)
+class _Fields:
+    """Which row fields hold a problem's parts (``None``: the part is absent)."""
+
+    problem: str = "problem"
+    answer: str = "answer"
+    id: str | None = None  # None: "unique_id" or "id" when the row has one, else the default id
+    subject: str | None = "subject"
+    level: str | None = "level"
+
+
+_MATH500_FIELDS = _Fields()
+
+PROBLEM_FIELDS = ("problem", "question", "Problem", "Question")
+"""Fields :func:`load_problems` reads the problem from, in this order, when ``problem_field`` is left
+at ``"problem"`` and the file has no ``problem`` field."""
+
+ANSWER_FIELDS = ("answer", "Answer", "final_answer", "expected_answer")
+"""Fields :func:`load_problems` reads the answer from, in this order, when ``answer_field`` is left
+at ``"answer"`` and the file has no ``answer`` field."""
+
+FileFormat = Literal["jsonl", "parquet"]
+_FORMATS = ("jsonl", "parquet")
+_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+
+logger = logging.getLogger(__name__)
+
+
+def _is_missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _problem_from_row(row, where: str, line_no: int, fields: _Fields = _MATH500_FIELDS,
+                      default_id: str | None = None, unit: str = "line") -> Problem:
+    loc = f"{where} {unit} {line_no}"
     if not isinstance(row, dict):
-        raise LensprobeError(f"{where} line {line_no}: expected a JSON object, got {type(row).__name__}.")
-    for key in ("problem", "answer"):
-        if key not in row or row[key] is None:
+        raise LensprobeError(f"{loc}: expected a JSON object, got {type(row).__name__}.")
+    for key in (fields.problem, fields.answer):
+        if key not in row or _is_missing(row[key]):
             raise LensprobeError(
-                f"{where} line {line_no}: the row has no {key!r} field (fields: {sorted(row)}). "
-                "Every row needs 'problem' and 'answer'; rename your fields or fix the row."
+                f"{loc}: the row has no {key!r} field (fields: {sorted(row)}). "
+                f"Every row needs {fields.problem!r} and {fields.answer!r}; rename your fields or fix the row."
             )
-    problem, answer = row["problem"], row["answer"]
+    problem, answer = row[fields.problem], row[fields.answer]
     if isinstance(answer, (int, float)) and not isinstance(answer, bool):
         answer = str(answer)
     if not isinstance(problem, str) or not problem.strip():
-        raise LensprobeError(f"{where} line {line_no}: 'problem' must be a non-empty string.")
+        raise LensprobeError(f"{loc}: {fields.problem!r} must be a non-empty string.")
     if not isinstance(answer, str) or not answer.strip():
-        raise LensprobeError(f"{where} line {line_no}: 'answer' must be a non-empty string or number.")
-    level = row.get("level")
+        raise LensprobeError(f"{loc}: {fields.answer!r} must be a non-empty string or number.")
+    level = row.get(fields.level) if fields.level is not None else None
+    if _is_missing(level):
+        level = None
     if isinstance(level, str):  # "Level 3" in the original MATH files
         digits = "".join(ch for ch in level if ch.isdigit())
         level = int(digits) if digits else None
-    if level is not None and not isinstance(level, int):
-        raise LensprobeError(f"{where} line {line_no}: 'level' must be an integer, got {level!r}.")
-    pid = row.get("unique_id", row.get("id"))
+    if isinstance(level, float) and level.is_integer():  # an integer column with gaps, read as floats
+        level = int(level)
+    if level is not None and (not isinstance(level, int) or isinstance(level, bool)):
+        raise LensprobeError(f"{loc}: {fields.level!r} must be an integer, got {level!r}.")
+    subject = row.get(fields.subject) if fields.subject is not None else None
+    if fields.id is None:
+        pid = row.get("unique_id", row.get("id"))
+    else:
+        pid = row.get(fields.id)
+        if _is_missing(pid):
+            raise LensprobeError(f"{loc}: the row has no {fields.id!r} value, which id_field names: "
+                                 "fill it in, or pass id_field=None for default ids.")
+    if _is_missing(pid):
+        pid = None
     return Problem(
-        id=str(pid) if pid is not None else f"line-{line_no}",
+        id=str(pid) if pid is not None else (default_id or f"line-{line_no}"),
         problem=problem,
         answer=_gsm8k_answer(answer.strip()),
-        subject=row.get("subject"),
+        subject=None if _is_missing(subject) else subject,
         level=level,
     )
 
 
-def read_jsonl_problems(path: str | os.PathLike) -> list[Problem]:
-    """Read every problem of a JSONL file (blank lines are skipped).
-
-    Raises:
-        LensprobeError: the file is missing, a line is not valid JSON (the message gives
-            its line number), a row lacks ``problem`` or ``answer``, or two rows share an id.
-    """
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise LensprobeError(f"problem file not found: {path}. Check the path.")
-    problems: list[Problem] = []
+def _jsonl_rows(path: Path) -> list[tuple[int, object]]:
+    """``(line number, parsed value)`` for every non-blank line of a JSONL file."""
+    rows: list[tuple[int, object]] = []
     with path.open(encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                rows.append((line_no, json.loads(line)))
             except json.JSONDecodeError as err:
                 raise LensprobeError(
                     f"{path} line {line_no} is not valid JSON ({err.msg} at column {err.colno}): "
                     "fix or remove that line; the file must hold one JSON object per line."
                 ) from None
-            problems.append(_problem_from_row(row, str(path), line_no))
+    return rows
+
+
+def _json_array_rows(path: Path) -> list[tuple[int, object]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise LensprobeError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}): fix the file, "
+                             "or write one JSON object per line (JSONL).") from None
+    if not isinstance(data, list):
+        raise LensprobeError(f"{path} holds a JSON {type(data).__name__}, not a list of rows: write one "
+                             "JSON object per line (JSONL), or a JSON list of objects.")
+    return list(enumerate(data))
+
+
+def _parquet_rows(path: Path) -> list[tuple[int, object]]:
+    try:
+        pq = heavy("pyarrow.parquet")
+    except ImportError:
+        pq = None
+    if pq is not None:
+        try:
+            table = pq.read_table(path)
+        except Exception as err:  # pyarrow's own errors: not Parquet, damaged file
+            raise LensprobeError(f"{path} could not be read as Parquet ({type(err).__name__}: {err}): "
+                                 "check the file, or pass file_format='jsonl' if it is JSONL.") from err
+        return list(enumerate(table.to_pylist()))
+    try:
+        frame = heavy("pandas").read_parquet(path)
+    except ImportError as err:
+        raise LensprobeError("reading Parquet needs the 'pyarrow' package (pip install pyarrow); "
+                             "or convert the file to JSONL.") from err
+    return list(enumerate(frame.to_dict(orient="records")))
+
+
+def _file_format(path: Path, file_format: str | None) -> str:
+    if file_format is not None:
+        if file_format not in _FORMATS:
+            raise LensprobeError(f"file_format must be one of {_FORMATS} or None, got {file_format!r}.")
+        return file_format
+    found = _SUFFIXES.get(path.suffix.lower())
+    if found is None:
+        raise LensprobeError(f"cannot tell the format of {path} from its suffix {path.suffix!r}: name it .jsonl "
+                             "or .parquet, or pass file_format='jsonl' or file_format='parquet'.")
+    return found
+
+
+def _read_rows(path: Path, file_format: str) -> tuple[list[tuple[int, object]], str]:
+    """The file's rows as ``(line number or row index, row)``, and the unit that number counts."""
+    if not path.is_file():
+        raise LensprobeError(f"problem file not found: {path}. Check the path.")
+    if file_format == "parquet":
+        return _parquet_rows(path), "row"
+    if path.suffix.lower() == ".json":
+        with path.open(encoding="utf-8") as f:
+            head = f.read(4096).lstrip()
+        if head.startswith("["):
+            return _json_array_rows(path), "row"
+    return _jsonl_rows(path), "line"
+
+
+def read_jsonl_problems(path: str | os.PathLike) -> list[Problem]:
+    """Read every problem of a JSONL file (blank lines are skipped).
+
+    Rows need ``problem`` and ``answer``; ids come from ``unique_id`` or ``id``, else ``"line-N"``.
+
+    Raises:
+        LensprobeError: the file is missing, a line is not valid JSON (the message gives
+            its line number), a row lacks ``problem`` or ``answer``, or two rows share an id.
+
+    Example:
+        >>> read_jsonl_problems(math500_path())[0].id
+        'test/precalculus/807.json'
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise LensprobeError(f"problem file not found: {path}. Check the path.")
+    problems = [_problem_from_row(row, str(path), line_no) for line_no, row in _jsonl_rows(path)]
     if not problems:
         raise LensprobeError(f"{path} holds no problems: expected one JSON object per line.")
     _check_unique_ids(problems, str(path))
@@ -144,8 +267,8 @@ def _check_unique_ids(problems: list[Problem], where: str) -> None:
     for p in problems:
         if p.id in seen:
             raise LensprobeError(
-                f"{where}: two rows share the id {p.id!r}; ids ('unique_id' or 'id') must be unique "
-                "because results are matched by id."
+                f"{where}: two rows share the id {p.id!r}; ids ('unique_id' or 'id', or the id_field column) "
+                "must be unique because results are matched by id."
             )
         seen.add(p.id)
 
@@ -182,35 +305,8 @@ def _as_list(value, name: str) -> list | None:
     raise LensprobeError(f"{name} must be a value or a list of values, got {value!r}.")
 
 
-def load_math500(path: str | os.PathLike | None = None, *, subjects: str | list[str] | None = None,
-                 levels: int | list[int] | None = None, limit: int | None = None,
-                 seed: int | None = None) -> list[Problem]:
-    """Load MATH-500 (or any problem/answer JSONL), optionally filtered, shuffled and cut.
-
-    Args:
-        path: ``None`` for the MATH-500 copy lensprobe ships (:func:`math500_path`); a local
-            JSONL file; or ``"hub"`` to load ``HuggingFaceH4/MATH-500`` from the Hugging Face hub
-            with ``datasets`` (offline this fails with a message saying to pass a path). Any JSONL
-            with ``problem`` and ``answer`` fields works; an answer holding ``"#### N"``
-            (GSM8K's format) is cut to ``N``.
-        subjects: keep only these subjects (e.g. ``"Algebra"``); names must exist in the file.
-        levels: keep only these levels (1-5 for MATH).
-        limit: keep at most this many problems (after filtering and shuffling).
-        seed: shuffle with this seed before ``limit``; ``None`` keeps file order.
-
-    Returns:
-        A list of :class:`Problem`.
-
-    Example:
-        >>> probs = load_math500("shared/data/math500/test.jsonl", levels=1, limit=20)
-        >>> probs[0].answer
-        '\\\\sqrt{51}'
-    """
-    hub = isinstance(path, str) and path in ("hub", HUB_DATASET)
-    if path is None:
-        path = math500_path()
-    problems = _hub_problems() if hub else read_jsonl_problems(path)
-    where = HUB_DATASET if hub else str(path)
+def _select(problems: list[Problem], where: str, subjects, levels, limit, seed) -> list[Problem]:
+    """Filter by subject and level, shuffle with ``seed``, cut to ``limit``."""
     subject_list = _as_list(subjects, "subjects")
     if subject_list is not None:
         known = sorted({p.subject for p in problems if p.subject is not None})
@@ -240,3 +336,157 @@ def load_math500(path: str | os.PathLike | None = None, *, subjects: str | list[
     if not problems:
         raise LensprobeError(f"no problems left in {where} after filtering: loosen subjects/levels.")
     return problems
+
+
+def load_math500(path: str | os.PathLike | None = None, *, subjects: str | list[str] | None = None,
+                 levels: int | list[int] | None = None, limit: int | None = None,
+                 seed: int | None = None) -> list[Problem]:
+    """Load MATH-500 (or any problem/answer JSONL), optionally filtered, shuffled and cut.
+
+    For other sets (AIME, Parquet files, other field names) use :func:`load_problems`; on a
+    file with ``problem``, ``answer`` and ``unique_id``/``id`` fields both return the same
+    problems.
+
+    Args:
+        path: ``None`` for the MATH-500 copy lensprobe ships (:func:`math500_path`); a local
+            JSONL file; or ``"hub"`` to load ``HuggingFaceH4/MATH-500`` from the Hugging Face hub
+            with ``datasets`` (offline this fails with a message saying to pass a path). Any JSONL
+            with ``problem`` and ``answer`` fields works; an answer holding ``"#### N"``
+            (GSM8K's format) is cut to ``N``. Rows without ``unique_id`` or ``id`` get the id
+            ``"line-N"`` (N: the line number).
+        subjects: keep only these subjects (e.g. ``"Algebra"``); names must exist in the file.
+        levels: keep only these levels (1-5 for MATH).
+        limit: keep at most this many problems (after filtering and shuffling).
+        seed: shuffle with this seed before ``limit``; ``None`` keeps file order.
+
+    Returns:
+        A list of :class:`Problem`.
+
+    Example:
+        >>> probs = load_math500(levels=1, limit=20)
+        >>> probs[0].answer
+        '\\\\sqrt{51}'
+    """
+    hub = isinstance(path, str) and path in ("hub", HUB_DATASET)
+    if path is None:
+        path = math500_path()
+    problems = _hub_problems() if hub else read_jsonl_problems(path)
+    return _select(problems, HUB_DATASET if hub else str(path), subjects, levels, limit, seed)
+
+
+def _pick_field(columns: list[str], requested: str, default: str, alternatives: tuple[str, ...],
+                argument: str, path: Path) -> str:
+    """The column that holds one part: ``requested`` when present; when ``requested`` is the default
+    and absent, the first of ``alternatives`` present; else an error listing the columns."""
+    if not isinstance(requested, str) or not requested:
+        raise LensprobeError(f"{argument} must be a column name (a non-empty string), got {requested!r}.")
+    if requested in columns:
+        return requested
+    if requested == default:
+        for name in alternatives:
+            if name in columns:
+                logger.info("%s: no %r field; reading %r (pass %s= to choose another column).",
+                            path.name, default, name, argument)
+                return name
+        looked = f"{requested!r} (or {', '.join(repr(a) for a in alternatives if a != requested)})"
+    else:
+        looked = repr(requested)
+    raise LensprobeError(f"{path}: no field {looked} in the rows; the file's columns are {columns}. "
+                         f"Pass {argument}='<column>' naming the column that holds it.")
+
+
+def _optional_field(columns: list[str], requested: str | None, default: str, argument: str,
+                    path: Path) -> str | None:
+    if requested is None or (requested == default and requested not in columns):
+        return None
+    return _pick_field(columns, requested, default, (), argument, path)
+
+
+def load_problems(path: str | os.PathLike, *, problem_field: str = "problem", answer_field: str = "answer",
+                  id_field: str | None = None, subject_field: str | None = "subject",
+                  level_field: str | None = "level", file_format: FileFormat | None = None,
+                  keep: Callable[[dict], bool] | None = None, subjects: str | list[str] | None = None,
+                  levels: int | list[int] | None = None, limit: int | None = None,
+                  seed: int | None = None) -> list[Problem]:
+    r"""Load a problem set from any JSONL or Parquet file with a problem and an answer per row.
+
+    Field names are configurable. Left at their defaults, ``problem_field`` falls back to the
+    first of ``"question"``, ``"Problem"``, ``"Question"`` and ``answer_field`` to the first of
+    ``"Answer"``, ``"final_answer"``, ``"expected_answer"`` that the file has
+    (:data:`PROBLEM_FIELDS`, :data:`ANSWER_FIELDS`); the choice is logged at INFO level on
+    the ``lensprobe.evals.data`` logger. Answers become strings (``42`` -> ``"42"``,
+    surrounding whitespace stripped, GSM8K's ``"... #### N"`` cut to ``"N"``); nothing else
+    in them is changed (AIME 2022-2024 keeps answers such as ``"033"``: the ``math-verify``
+    grader equates them with ``33``, the ``"paper"`` string grader does not). The rows are read
+    in file order.
+
+    AIME (the meaningless-tokens paper's AIME2024 and AIME2025 tasks; the files are not
+    shipped with lensprobe, pass their paths):
+
+    - ``aime2025.jsonl`` (``question``, ``answer``; 30 problems): ``load_problems(path)``
+      reads ``question`` as the problem, ids ``"aime2025-0"`` ... ``"aime2025-29"``.
+    - ``aime_2022_2024.jsonl`` (``id``, ``problem``, ``answer``, ``url``; 90 problems, AIME
+      2022-2024, the set the paper's code loads for "AIME2024"): ``load_problems(path)``;
+      ids are the ``id`` field (``"0"`` ... ``"89"``), or ``id_field="url"`` for ids naming
+      the source; ``keep=lambda row: "2024_AIME" in row["url"]`` keeps the 30 problems of 2024.
+
+    Args:
+        path: a ``.jsonl`` file (one JSON object per line; ``.ndjson`` and ``.json`` too,
+            ``.json`` may also hold a list of objects) or a ``.parquet`` file (needs
+            ``pyarrow``).
+        problem_field: the column holding the question text.
+        answer_field: the column holding the reference answer (a string or a number).
+        id_field: the column holding each problem's id (every row needs one; converted to
+            str). ``None``: ``unique_id`` or ``id`` when the row has one, else
+            ``"<file stem>-<row index>"`` (0-based over the file's rows, blank lines skipped),
+            stable whatever ``keep``, ``limit`` or ``seed`` select.
+        subject_field, level_field: optional columns for per-subject and per-level accuracy
+            (``None``, or a default name the file lacks: no subject or level).
+        file_format: ``"jsonl"`` or ``"parquet"``; ``None`` tells it from the suffix.
+        keep: keep only the rows (dicts of the file's fields) for which this returns true;
+            applied before the rows are checked, so dropped rows may lack fields.
+        subjects, levels, limit, seed: as in :func:`load_math500`: filter, then shuffle with
+            ``seed``, then keep the first ``limit``.
+
+    Returns:
+        A list of :class:`Problem`, like :func:`load_math500`'s.
+
+    Raises:
+        LensprobeError: the file is missing or unreadable, a line is not valid JSON (with its
+            line number), no column holds the problem or the answer (the message lists the
+            file's columns), a row lacks a value, two rows share an id, or nothing is left.
+
+    Example:
+        >>> aime = lp.load_problems("data/aime/aime2025.jsonl")       # the 'question' field
+        >>> len(aime), aime[0].id, aime[0].answer
+        (30, 'aime2025-0', '70')
+        >>> gsm = lp.load_problems("gsm8k/test.parquet", problem_field="question", limit=100)
+    """
+    path = Path(path).expanduser()
+    fmt = _file_format(path, file_format)
+    rows, unit = _read_rows(path, fmt)
+    bad = next(((n, row) for n, row in rows if not isinstance(row, dict)), None)
+    if bad is not None:
+        raise LensprobeError(f"{path} {unit} {bad[0]}: expected a JSON object, got {type(bad[1]).__name__}.")
+    if not rows:
+        raise LensprobeError(f"{path} holds no problems: expected one row per problem.")
+    columns = list(dict.fromkeys(key for _, row in rows for key in row))
+    fields = _Fields(
+        problem=_pick_field(columns, problem_field, "problem", PROBLEM_FIELDS, "problem_field", path),
+        answer=_pick_field(columns, answer_field, "answer", ANSWER_FIELDS, "answer_field", path),
+        id=None if id_field is None else _pick_field(columns, id_field, "", (), "id_field", path),
+        subject=_optional_field(columns, subject_field, "subject", "subject_field", path),
+        level=_optional_field(columns, level_field, "level", "level_field", path),
+    )
+    if keep is not None and not callable(keep):
+        raise LensprobeError(f"keep must be a function of a row (a dict) returning True or False, got {keep!r}.")
+    stem = path.stem
+    problems = [
+        _problem_from_row(row, str(path), n, fields, default_id=f"{stem}-{index}", unit=unit)
+        for index, (n, row) in enumerate(rows)
+        if keep is None or keep(row)
+    ]
+    if not problems:
+        raise LensprobeError(f"keep dropped every row of {path}: loosen it.")
+    _check_unique_ids(problems, str(path))
+    return _select(problems, str(path), subjects, levels, limit, seed)

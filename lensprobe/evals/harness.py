@@ -16,6 +16,27 @@ returns the merged table. The result rows do not depend on the number of process
 is drawn from a generator seeded with ``(seed, j)`` (see :func:`lensprobe.generate`), so a
 row never depends on which other problems shared its batch, on sharding, or on resuming,
 and every condition sees the same random numbers (paired comparisons).
+
+**Prompt formats.** ``prompt_format="chat"`` (the default) builds the built-in conditions in
+the model's chat template with lensprobe's system prompt. ``prompt_format="paper"`` builds the
+meaningless-tokens authors' string for ``w/o``, ``w/ Mless``, ``w/ Mful`` and ``random
+sentence`` (no chat template, :data:`~lensprobe.core.prompts.PAPER_SYSTEM_PROMPT` + filler +
+problem, tokenized as one string) and, for settings not given, generates as the authors do:
+``max_new_tokens=2048`` and ``do_sample``/``temperature``/``top_p`` from the model's own
+generation config (:func:`paper_generation_settings`). Conditions passed as objects are used
+as they are. The format is recorded in ``config.json`` (only when it is not ``"chat"``, so
+chat-format folders keep their configuration hash).
+
+**ARM.** ``"ARM"`` and ``"<name>+ARM"`` attach the paper's ARM module
+(:class:`~lensprobe.ARM`): ``evaluate(arm=...)``, or else the authors' preset for the model.
+An ARM without a seed is given the run's ``seed``, so the same seed gives the same rows.
+Conditions with ARM are generated one problem at a time (the authors' batch size): ARM's
+statistics cover the whole batch, so batching would make a row depend on its neighbours.
+
+**Verdicts.** Every row holds the three graders of :data:`~lensprobe.evals.grading.GRADERS` on
+the extracted answer, and ``"paper-exact"``: the authors' own verdict,
+:func:`~lensprobe.evals.grading.grade_paper_exact` on ``prompt text + generation``. Rows
+written before that column existed read back with ``None`` in it.
 """
 
 import dataclasses
@@ -30,19 +51,29 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from lensprobe.core.conditions import Condition, bind_interventions, resolve_conditions
+from lensprobe.core.conditions import (
+    PROMPT_FORMATS,
+    Condition,
+    PromptFormat,
+    bind_interventions,
+    paper_conditions,
+    resolve_conditions,
+)
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.jsonable import json_digest, stable_repr
 from lensprobe.core.lazy import pandas
 from lensprobe.core.models import model_label
 from lensprobe.evals.data import Problem
-from lensprobe.evals.grading import GRADERS, extract_boxed, grade_all
-from lensprobe.evals.results import RowWriter, prepare_folder, read_rows, results_file
+from lensprobe.evals.grading import GRADERS, extract_boxed, grade_all, grade_paper_exact
+from lensprobe.evals.results import RowWriter, prepare_folder, read_rows, results_file, with_verdict_column
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.loop import generate
+from lensprobe.interventions.arm import ARM
 
 DEFAULT_CONDITIONS = "w/o,w/ Mless,w/ Mful"
 FORMAT_VERSION = 1
+PAPER_MAX_NEW_TOKENS = 2048
+PAPER_EXACT = "paper-exact"
 
 
 @dataclass(frozen=True)
@@ -55,6 +86,11 @@ class EvalConfig(GenerationConfig):
             and is not part of the configuration hash.
         seed: base seed of sampling (default 0; used only with ``do_sample=True``).
         n_samples: answers per problem (needs ``do_sample=True`` when > 1; for pass@k).
+        prompt_format: ``"chat"`` or ``"paper"``: how the built-in conditions build their
+            prompts (see the module docs). Part of the configuration hash only when it is not
+            ``"chat"``. The generation defaults of the paper format are applied by
+            :func:`evaluate` when settings are passed as keywords, or by
+            :meth:`EvalConfig.paper`.
 
     The other fields (``do_sample``, ``temperature``, ``top_p``, ``stop_at_eos``, ``thinking``,
     ``think_when``) are :class:`~lensprobe.GenerationConfig`'s.
@@ -63,8 +99,23 @@ class EvalConfig(GenerationConfig):
     max_new_tokens: int = 512
     seed: int = 0
     batch_size: int = 8
+    prompt_format: PromptFormat = "chat"
+
+    @classmethod
+    def paper(cls, model, **settings) -> "EvalConfig":
+        """The authors' generation settings for ``model`` with ``prompt_format="paper"``;
+        ``settings`` given here win (see :func:`paper_generation_settings`).
+
+        Example:
+            >>> cfg = EvalConfig.paper(model, batch_size=4)
+            >>> cfg.max_new_tokens, cfg.prompt_format
+            (2048, 'paper')
+        """
+        return cls(**{**paper_generation_settings(model), **settings, "prompt_format": "paper"})
 
     def __post_init__(self) -> None:
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise LensprobeError(f"unknown prompt_format {self.prompt_format!r}: use one of {PROMPT_FORMATS}.")
         if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size <= 0:
             raise LensprobeError(f"batch_size must be a positive integer, got {self.batch_size!r}.")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -84,6 +135,8 @@ class EvalConfig(GenerationConfig):
     def hashed(self) -> dict:
         """The settings that change results (everything but ``batch_size``)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "batch_size"}
+        if self.prompt_format == "chat":  # absent by default: chat-format folders keep their hash
+            d.pop("prompt_format")
         if not self.do_sample:
             d.pop("temperature")
             d.pop("top_p")
@@ -92,6 +145,39 @@ class EvalConfig(GenerationConfig):
             if value is not None:
                 d[name] = stable_repr(value)
         return d
+
+
+def paper_generation_settings(model) -> dict:
+    """How the authors generate: ``max_new_tokens=2048`` and the model's own generation config.
+
+    ``do_sample`` comes from ``model.original_model.generation_config`` (greedy when there is
+    none); with sampling, so do ``temperature`` and ``top_p`` when it sets them. lensprobe's
+    generation has no ``top_k`` or ``repetition_penalty``: a generation config that sets them
+    to anything but their neutral value gets a warning.
+
+    Example:
+        >>> paper_generation_settings(model)
+        {'max_new_tokens': 2048, 'do_sample': False}
+    """
+    out: dict[str, Any] = {"max_new_tokens": PAPER_MAX_NEW_TOKENS, "do_sample": False}
+    gen = getattr(getattr(model, "original_model", None), "generation_config", None)
+    if gen is None:
+        return out
+    out["do_sample"] = bool(getattr(gen, "do_sample", False))
+    if out["do_sample"]:
+        for name in ("temperature", "top_p"):
+            value = getattr(gen, name, None)
+            if value is not None:
+                out[name] = float(value)
+        top_k = getattr(gen, "top_k", None)
+        if top_k not in (None, 0):
+            warnings.warn(f"the model's generation config sets top_k={top_k}; lensprobe samples from the "
+                          "full top-p distribution (no top-k cut).", stacklevel=3)
+    penalty = getattr(gen, "repetition_penalty", None)
+    if penalty not in (None, 1.0):
+        warnings.warn(f"the model's generation config sets repetition_penalty={penalty}; lensprobe's "
+                      "generation does not apply it.", stacklevel=3)
+    return out
 
 
 def shard_info() -> tuple[int, int]:
@@ -165,12 +251,22 @@ class _Item:
 def _batches(items: list[_Item], cond: Condition, config: EvalConfig):
     """Split one condition's pending items into generation calls: ``(items, interventions)``.
 
-    Items whose interventions change when bound to their prompt are generated alone.
+    Items whose interventions change when bound to their prompt are generated alone, and so
+    is every item of a condition with ARM (its statistics cover the whole batch); with
+    sampling, alone means with the problem's other samples.
     """
     shared: list[_Item] = []
+    alone = _has_arm(cond)
+    if alone and config.do_sample:
+        groups: dict[str, list[_Item]] = {}
+        for it in items:
+            groups.setdefault(it.problem.id, []).append(it)
+        for group in groups.values():
+            yield group, bind_interventions(cond.interventions, group[0].prompt)[0]
+        return
     for it in items:
         inter, changed = bind_interventions(cond.interventions, it.prompt)
-        if changed:
+        if changed or alone:
             yield [it], inter
         else:
             shared.append(it)
@@ -189,7 +285,7 @@ def _batches(items: list[_Item], cond: Condition, config: EvalConfig):
 def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str | os.PathLike | None = None,
              config: EvalConfig | None = None, model_name: str | None = None, resume: bool = True,
              progress: bool = True, rank: int | None = None, world_size: int | None = None,
-             wait_for_shards: bool = True, **settings):
+             wait_for_shards: bool = True, arm: Any = None, **settings):
     """Generate and grade answers for every condition x problem (x sample), resumably.
 
     Args:
@@ -200,7 +296,8 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
         out: output folder (``config.json`` + ``results-rank*.jsonl``); ``None`` keeps rows
             in memory only (no resuming).
         config: an :class:`EvalConfig`; or pass its fields as keyword arguments
-            (``max_new_tokens=256, batch_size=4``).
+            (``max_new_tokens=256, batch_size=4``). With ``prompt_format="paper"`` as a
+            keyword, the settings not given follow :func:`paper_generation_settings`.
         model_name: name recorded in rows and the configuration (default: the model's).
         resume: skip rows already in ``out``; ``False`` refuses a folder holding results.
         progress: show a progress bar (problems per second, running accuracy).
@@ -208,10 +305,13 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
             :func:`shard_info`).
         wait_for_shards: on rank 0 of a sharded run, wait for the other shards' rows and
             return the merged table.
+        arm: the ARM that ``"ARM"`` and ``"<name>+ARM"`` conditions attach (e.g.
+            ``lp.ARM(c=0.1, percentile=95)``); default: the authors' preset for the model.
 
     Returns:
         A pandas DataFrame, one row per (condition, problem, sample), with the verdict of each
-        grader in the columns ``"math-verify"``, ``"paper"``, ``"paper-lenient"``, the
+        grader in the columns ``"math-verify"``, ``"paper"``, ``"paper-lenient"`` and
+        ``"paper-exact"`` (the authors' verdict on prompt + generation), the
         extracted ``prediction``, the ``generation`` text, the exact ``prompt``, ``finish``
         (``"eos"`` or ``"length"``) and the hashes of the configuration and condition.
 
@@ -227,9 +327,15 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
     """
     if config is not None and settings:
         raise LensprobeError("pass either config=EvalConfig(...) or keyword settings, not both.")
-    config = config if config is not None else EvalConfig(**settings)
+    if config is None:
+        if settings.get("prompt_format") == "paper":
+            settings = {**paper_generation_settings(model), **settings}
+        config = EvalConfig(**settings)
     problems = _check_problems(problems)
-    conds = resolve_conditions(conditions)
+    builtins = paper_conditions(prompt_format=config.prompt_format) if config.prompt_format != "chat" else None
+    conds = resolve_conditions(conditions, builtins=builtins,
+                               arm=arm if arm is not None else (lambda: preset_arm(model)))
+    conds = [_seeded_arm(c, config.seed) for c in conds]
     rank, world_size = _check_shard(rank, world_size, out)
     fingerprint = model_fingerprint(model, model_name)
     run = {"format": FORMAT_VERSION, "model": fingerprint, "generation": config.hashed()}
@@ -254,6 +360,37 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
         _wait_for(out, expected)
     rows = [r for r in read_rows(out) if (r["condition"], r["problem_id"], r["sample"]) in expected]
     return _table(rows, conds, problems)
+
+
+def preset_arm(model) -> ARM:
+    """The authors' ARM preset for ``model``, or an error saying how to choose c and percentile.
+
+    Example:
+        >>> preset_arm(model).c  # a Qwen2.5-Math-7B model
+        0.1
+    """
+    label = model_label(model)
+    try:
+        return ARM.preset(model)
+    except LensprobeError:
+        raise LensprobeError(
+            f"no ARM preset for model {label!r}: choose c and percentile yourself and pass them, e.g. "
+            "lp.evaluate(..., arm=lp.ARM(c=0.1, percentile=95)), or a condition "
+            "lp.Condition('ARM', interventions=(lp.ARM(c=..., percentile=...),))."
+        ) from None
+
+
+def _seeded_arm(cond: Condition, seed: int) -> Condition:
+    """``cond`` with every unseeded ARM given ``seed`` (rows are then reproducible)."""
+    if not any(isinstance(i, ARM) and i.seed is None for i in cond.interventions):
+        return cond
+    inter = tuple(dataclasses.replace(i, seed=seed) if isinstance(i, ARM) and i.seed is None else i
+                  for i in cond.interventions)
+    return dataclasses.replace(cond, interventions=inter)
+
+
+def _has_arm(cond: Condition) -> bool:
+    return any(isinstance(i, ARM) for i in cond.interventions)
 
 
 @dataclass(frozen=True)
@@ -369,7 +506,7 @@ def _table(rows: list[dict], conds: list[Condition], problems: list[Problem]):
     pd = pandas()
     if not rows:
         return pd.DataFrame(columns=ROW_COLUMNS)
-    df = pd.DataFrame.from_records(rows)
+    df = with_verdict_column(pd.DataFrame.from_records(rows), PAPER_EXACT)
     df = df.drop_duplicates(subset=["condition", "problem_id", "sample"], keep="first")
     corder = {c.name: i for i, c in enumerate(conds)}
     porder = {p.id: i for i, p in enumerate(problems)}
@@ -379,7 +516,7 @@ def _table(rows: list[dict], conds: list[Condition], problems: list[Problem]):
 
 
 ROW_COLUMNS = ["condition", "problem_id", "sample", "subject", "level", "answer", "prediction",
-               *GRADERS, "finish", "generated_tokens", "generation", "prompt", "prompt_tokens",
+               *GRADERS, PAPER_EXACT, "finish", "generated_tokens", "generation", "prompt", "prompt_tokens",
                "model", "config_hash", "condition_hash", "problem_hash", "rank", "seconds"]
 
 
@@ -389,7 +526,8 @@ def _row(it: _Item, cond: Condition, ids: list[int], text: str, finish: str, sec
     p = it.problem
     return {
         "condition": cond.name, "problem_id": p.id, "sample": it.sample, "subject": p.subject,
-        "level": p.level, "answer": p.answer, "prediction": prediction, **verdicts, "finish": finish,
+        "level": p.level, "answer": p.answer, "prediction": prediction, **verdicts,
+        PAPER_EXACT: grade_paper_exact(it.prompt.text + text, p.answer), "finish": finish,
         "generated_tokens": len(ids), "generation": text, "prompt": it.prompt.text,
         "prompt_tokens": len(it.prompt), "model": info.model_name, "config_hash": info.run_hash,
         "condition_hash": info.condition_hashes[cond.name], "problem_hash": problem_hash(p), "rank": info.rank,

@@ -142,6 +142,22 @@ def read_rows(out_dir: str | os.PathLike) -> list[dict]:
     return rows
 
 
+def with_verdict_column(df, column: str):
+    """``df`` with ``column`` present: booleans, or ``None`` where a row has no verdict (rows
+    written before that grader existed).
+
+    Example:
+        >>> with_verdict_column(pd.DataFrame({"x": [1]}), "paper-exact")["paper-exact"].tolist()
+        [None]
+    """
+    if column not in df.columns:
+        return df.assign(**{column: None})
+    values = df[column]
+    if values.isna().any():
+        return df.assign(**{column: values.astype(object).where(values.notna(), None)})
+    return df.assign(**{column: values.astype(bool)})
+
+
 def load_results(out_dir: str | os.PathLike):
     """All rows of a result folder as a pandas DataFrame (one row per condition x problem x sample).
 
@@ -157,7 +173,7 @@ def load_results(out_dir: str | os.PathLike):
     rows = read_rows(out_dir)
     if not rows:
         return pd.DataFrame(columns=["condition", "problem_id", "sample"])
-    df = pd.DataFrame.from_records(rows)
+    df = with_verdict_column(pd.DataFrame.from_records(rows), "paper-exact")
     df = df.drop_duplicates(subset=list(ROW_KEY), keep="first")
     order = {name: i for i, name in enumerate(cfg.get("conditions", {}))}
     df = df.assign(_c=df["condition"].map(order).fillna(len(order)))

@@ -7,6 +7,7 @@ with a boolean column per grader (``"math-verify"``, ``"paper"``, ``"paper-lenie
 
 import math
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from statistics import NormalDist
 
 from lensprobe.core.errors import LensprobeError
@@ -57,8 +58,8 @@ def _check_grader(df, grader: str) -> None:
 
 
 def accuracy(df, by: str | list[str] = "condition", *, grader: str = "math-verify",
-             confidence: float = 0.95):
-    """Accuracy per group with a Wilson interval.
+             confidence: float = 0.95, k: int | None = None):
+    """Accuracy per group with a Wilson interval, or with ``k`` the mean pass@k over problems.
 
     Args:
         df: result rows (a pandas DataFrame).
@@ -67,15 +68,22 @@ def accuracy(df, by: str | list[str] = "condition", *, grader: str = "math-verif
         grader: which verdict column to count (``"math-verify"``, ``"paper"``,
             ``"paper-lenient"``).
         confidence: interval level (0.95 by default).
+        k: ``None`` for accuracy; an int for the unbiased pass@k estimate per problem,
+            ``1 - C(n - c, k) / C(n, k)`` (n samples, c correct), averaged over problems
+            (:func:`pass_at_k_table`; every problem needs at least ``k`` samples).
 
     Returns:
         A DataFrame with the group columns and ``n``, ``correct``, ``accuracy``, ``low``,
         ``high``, ``grader``. With several samples per problem every sample counts as a
-        trial (the mean accuracy over samples).
+        trial (the mean accuracy over samples). With ``k``: the group columns and ``k``,
+        ``problems``, ``samples``, ``pass@{k}``, ``grader``.
 
     Example:
         >>> accuracy(rows, ["condition", "level"])
+        >>> accuracy(rows, "condition", k=3)   # pass@3, e.g. from 20 samples per problem
     """
+    if k is not None:
+        return pass_at_k_table(df, k, by, grader=grader)
     pd = pandas()
     _check_grader(df, grader)
     by = [by] if isinstance(by, str) else list(by)
@@ -172,33 +180,107 @@ def compare(df, a: str, b: str, *, grader: str = "math-verify") -> PairedCompari
                             grader=grader)
 
 
+def _plain(value):
+    """A numpy scalar as the Python value, for messages."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def _check_k(k) -> int:
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise LensprobeError(f"k must be a positive integer (pass@k over k of a problem's samples), got {k!r}.")
+    return k
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k estimate from ``n`` samples of which ``c`` are correct (Chen et al. 2021).
+
+    ``1 - C(n - c, k) / C(n, k)``: the probability that ``k`` samples drawn without replacement
+    from the ``n`` include a correct one; 1.0 when ``n - c < k``. Computed exactly with integer
+    binomials and rounded once to a float.
+
+    Raises:
+        LensprobeError: unless ``0 <= c <= n`` and ``1 <= k <= n``.
 
     Example:
         >>> pass_at_k(n=4, c=1, k=2)
         0.5
+        >>> pass_at_k(n=20, c=1, k=3)   # the authors' pass@3 from 20 samples
+        0.15
     """
+    for name, value in (("n", n), ("c", c), ("k", k)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise LensprobeError(f"pass@k needs integer counts, got {name}={value!r}.")
     if not 0 <= c <= n or k <= 0 or k > n:
         raise LensprobeError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}.")
     if n - c < k:
         return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+    return float(1 - Fraction(math.comb(n - c, k), math.comb(n, k)))
 
 
 def pass_at_k_table(df, k: int, by: str | list[str] = "condition", *, grader: str = "math-verify"):
-    """Mean pass@k over problems per group (needs ``n_samples >= k`` rows per problem)."""
+    """Mean pass@k over problems per group: :func:`pass_at_k` per problem, then the mean.
+
+    A problem is one ``problem_id`` (per ``model`` too, when the table has a ``model`` column
+    that is not in ``by``); its ``n`` is its number of rows (samples) in the group and ``c``
+    the number the grader marks correct. Problems may have different ``n``.
+
+    Args:
+        df: result rows (a pandas DataFrame) with ``problem_id`` and the grader's column.
+        k: samples per draw (the authors report pass@3 from 20 samples).
+        by: column(s) to group by.
+        grader: which verdict column counts as correct.
+
+    Returns:
+        A DataFrame with the group columns and ``k``, ``problems``, ``samples`` (rows),
+        ``pass@{k}``, ``grader``.
+
+    Raises:
+        LensprobeError: a problem has fewer than ``k`` samples (the message names it and its
+            ``n``), a ``(problem, sample)`` pair repeats, a verdict is missing, or a column is
+            missing.
+
+    Example:
+        >>> pass_at_k_table(rows, k=3, by="condition")
+    """
     pd = pandas()
+    k = _check_k(k)
     _check_grader(df, grader)
     by = [by] if isinstance(by, str) else list(by)
+    missing = [c for c in by + ["problem_id"] if c not in df.columns]
+    if missing:
+        raise LensprobeError(f"pass@k needs columns {missing}: the table has columns {list(df.columns)}.")
+    if df[grader].isna().any():
+        raise LensprobeError(f"{int(df[grader].isna().sum())} row(s) have no {grader!r} verdict: grade every "
+                             "row (lp.evaluate does) before computing pass@k.")
+    unit = by + [c for c in ("model",) if c in df.columns and c not in by] + ["problem_id"]
+    if "sample" in df.columns:
+        repeated = df[df.duplicated(unit + ["sample"], keep=False)]
+        if len(repeated):
+            first = repeated.iloc[0]
+            raise LensprobeError(
+                f"problem {_plain(first['problem_id'])!r} has sample {_plain(first['sample'])!r} more than once in one group "
+                f"({len(repeated)} repeated rows): each (problem, sample) must appear once; drop the duplicates "
+                f"or group by the column that tells them apart."
+            )
+    columns = by + ["k", "problems", "samples", f"pass@{k}", "grader"]
     records = []
-    for key, group in df.groupby(by, sort=False):
+    for key, group in df.groupby(by, sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
-        per_problem = group.groupby("problem_id")[grader].agg(["size", "sum"])
-        values = [pass_at_k(int(n), int(c), k) for n, c in zip(per_problem["size"], per_problem["sum"], strict=True)]
+        where = ", ".join(f"{col}={_plain(val)!r}" for col, val in zip(by, key, strict=True))
+        per_problem = group.groupby(unit[len(by):], sort=False, dropna=False)[grader]
+        values = []
+        for pkey, verdicts in per_problem:
+            n, c = len(verdicts), int(verdicts.astype(bool).sum())
+            if n < k:
+                pid = _plain(pkey[-1] if isinstance(pkey, tuple) else pkey)
+                raise LensprobeError(
+                    f"pass@{k} needs at least {k} samples per problem: problem {pid!r} ({where}) has n={n}. "
+                    f"Generate more samples (n_samples >= {k}) or lower k."
+                )
+            values.append(pass_at_k(n, c, k))
         records.append({**dict(zip(by, key, strict=True)), "k": k, "problems": len(values),
-                        f"pass@{k}": sum(values) / len(values)})
-    return pd.DataFrame.from_records(records)
+                        "samples": len(group), f"pass@{k}": sum(values) / len(values), "grader": grader})
+    return pd.DataFrame.from_records(records, columns=columns)
 
 
 def conditions_in_order(rows) -> list[str]:

@@ -98,15 +98,16 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
         engine: which modules run the forwards (:mod:`lensprobe.generation.engines`).
             ``"bridge"``: the TransformerLens model, hook points and all. ``"hf"``: the same
             weights through the unwrapped Hugging Face modules, about 1.3x faster per step
-            on a CPU; recording works the same, but it takes no interventions. It runs fused
+            on a CPU; recording works the same, and it takes only interventions that edit
+            ``hook_embed`` or a gated MLP's activations (such as :class:`~lensprobe.ARM`). It runs fused
             sdpa attention (same tokens; entropies equal up to float rounding); when
             attention is recorded, each layer also computes the newest query's attention row
             from the cached keys (checked against eager attention when the view is built).
             On a small model, decode steps with few rows run the decoder layers on one
             thread (faster on a CPU; :data:`lensprobe.generation.engines.threads.ONE_THREAD_LAYER_BYTES`);
             ``trace.meta["decode_threads"]`` records the count. ``"auto"`` (default):
-            ``"hf"`` when there are no interventions and no hooks attached to the model,
-            else ``"bridge"``. Both give the same tokens, entropies and attention (tested);
+            ``"hf"`` when no hooks are attached to the model and every intervention can run
+            there, else ``"bridge"``. Both give the same tokens, entropies and attention (tested);
             ``trace.meta["engine"]`` says which ran.
         **settings: :class:`~lensprobe.GenerationConfig` fields as keywords
             (``max_new_tokens=64, do_sample=True, seed=0, n_samples=4, thinking=...,

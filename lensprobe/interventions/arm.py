@@ -59,13 +59,14 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks import Hook
 from lensprobe.core.lazy import heavy
 
-__all__ = ["ARM", "ARM_PRESETS", "arm_redistribute"]
+__all__ = ["ARM", "ARM_PRESETS", "MAD_SCALE", "activation_function", "arm_redistribute", "near_zero_band"]
 
 Mode = Literal["replace", "add"]
 Variant = Literal["default", "gemma"]
 _MODES = ("replace", "add")
 _VARIANTS = ("default", "gemma")
-_MAD_SCALE = 1.4826
+MAD_SCALE = 1.4826
+"""Scale that makes the median absolute deviation a standard deviation for normal data."""
 
 
 # --------------------------------------------------------------------------- the rule
@@ -125,13 +126,22 @@ def arm_redistribute(activations: Float[Tensor, "..."], *, c: float, percentile:
     return _redistribute_default(activations, c, percentile, p_min, p_max, k, mode, generator)
 
 
+def near_zero_band(flat: Float[Tensor, " n"], c: float) -> Tensor:
+    """ARM's near-zero band ``eps = 1.4826 * MAD(|a|) * c`` of a flat float32 tensor (a 0-d tensor).
+
+    ``MAD = median(| |a| - median(|a|) |)``, clamped at ``1e-12``; ``torch.median`` takes the
+    lower middle value for an even count.
+    """
+    magnitude = flat.abs()
+    mad = (magnitude - magnitude.median()).abs().median().clamp_min(1e-12)
+    return MAD_SCALE * mad * c
+
+
 def _redistribute_default(a: Tensor, c: float, percentile: float, p_min: float, p_max: float,
                           k: float, mode: str, generator) -> Tensor:
     flat = a.detach().reshape(-1).to(torch.float32)
     magnitude = flat.abs()
-    med = magnitude.median()
-    mad = (magnitude - med).abs().median().clamp_min(1e-12)
-    eps = _MAD_SCALE * mad * c
+    eps = near_zero_band(flat, c)
     near_zero = (magnitude < eps).to(torch.float32).mean()
     fraction = float(torch.clamp(k * near_zero, min=p_min, max=p_max))
     total = flat.numel()
@@ -450,13 +460,21 @@ class ARM:
                 + "."
             )
         store = _GateUp()
-        hook = _ARMHook(self, _activation_function(model, self.layer), store, _Draws(self.seed))
+        hook = _ARMHook(self, activation_function(model, self.layer), store, _Draws(self.seed))
         return [(names[0], store.record_gate), (names[1], store.record_up), (names[2], hook)]
 
 
-def _activation_function(model, layer: int):
+def activation_function(model, layer: int):
     """The MLP's activation function: the Hugging Face module's ``act_fn`` when the model
-    wraps one, else ``transformers``' function named by ``model.cfg.act_fn``."""
+    wraps one, else ``transformers``' function named by ``model.cfg.act_fn``.
+
+    Raises:
+        LensprobeError: neither is found.
+
+    Example:
+        >>> act = activation_function(model, 0)   # e.g. SiLU on Llama and Qwen2
+        >>> a = act(gate)                          # gate = blocks.0.mlp.hook_pre
+    """
     try:
         mlp = model.blocks[layer].mlp
     except (AttributeError, IndexError, TypeError):

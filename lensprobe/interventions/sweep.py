@@ -32,6 +32,7 @@ from lensprobe.core.measures import (
     run_measure,
 )
 from lensprobe.interventions.ablation import RowHeadAblation
+from lensprobe.interventions.arm import ARM
 from lensprobe.interventions.replacement import Method, ablation_source, check_method
 
 _PREFIX_SAFE = (Entropy, AnswerLogProb, AttentionTo, CallableMeasure)
@@ -132,10 +133,23 @@ def _measures(metric, n: int, answers) -> list[Measure]:
     return [resolve_measure(metric, answer=a) for a in answers]
 
 
+def _row_independent(interventions) -> tuple:
+    """The sweep's extra interventions; refuses those whose result depends on the other batch rows."""
+    interventions = tuple(interventions or ())
+    for item in interventions:
+        if isinstance(item, ARM) and not item.per_row:
+            raise LensprobeError(
+                "ARM in a sweep needs per_row=True: every batch row holds another ablation, and ARM's "
+                "statistics over the whole batch would mix them (use lp.ARM(..., per_row=True))."
+            )
+    return interventions
+
+
 def sweep_prompt(model, prompt, measure: Measure, chunks: list[list[tuple[int, int] | None]], method: Method,
-                 positions, source, share: bool, bar) -> tuple[Tensor, bool]:
+                 positions, source, share: bool, bar, interventions: Sequence = ()) -> tuple[Tensor, bool]:
     """The measure with each chunk's heads ablated (batch row ``b`` ablating ``chunk[b]``; ``None``
     is the unablated row), concatenated over chunks; and whether sharing the prefix still works.
+``interventions`` are attached to every row.
 
     With ``share``, the layers below a chunk's lowest ablated head run once at batch size 1
     and the residual stream is copied into the rows there; a model that cannot change the
@@ -149,14 +163,14 @@ def sweep_prompt(model, prompt, measure: Measure, chunks: list[list[tuple[int, i
         if start > 0:
             try:
                 expand = (f"blocks.{start}.hook_resid_pre", _ExpandBatch(len(chunk)))
-                values.append(run_measure(model, measure, prompt, tokens, expand, abl)[0])
+                values.append(run_measure(model, measure, prompt, tokens, expand, abl, *interventions)[0])
                 bar.update(1)
                 continue
             except LensprobeError:
                 raise
             except Exception:  # a model that cannot change batch size mid-forward
                 share = False
-        values.append(run_measure(model, measure, prompt, tokens.expand(len(chunk), -1), abl)[0])
+        values.append(run_measure(model, measure, prompt, tokens.expand(len(chunk), -1), abl, *interventions)[0])
         bar.update(1)
     return torch.cat(values), share
 
@@ -164,7 +178,7 @@ def sweep_prompt(model, prompt, measure: Measure, chunks: list[list[tuple[int, i
 def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all", method: Method = "zero",
                    reference: Any = None, per_position: bool = False, positions: Any = None,
                    answers: str | Sequence[str] | None = None, batch_size: int = 32,
-                   progress: bool = True, share_prefix: bool = True) -> SweepResult:
+                   progress: bool = True, share_prefix: bool = True, interventions: Sequence = ()) -> SweepResult:
     """Ablate each head on its own and measure how a metric changes, for every head asked.
 
     Args:
@@ -186,6 +200,9 @@ def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all
         share_prefix: run the layers below a batch's lowest ablated head once (batch 1)
             and copy the residual stream into the batch rows there, since those layers are
             the same in every row (built-in metrics only; the numbers are unchanged).
+        interventions: attached to every run, the baseline included (e.g. ``[lp.ARM(...,
+            per_row=True)]``: the sweep under ARM). Each batch row holds another ablation, so
+            an intervention whose statistics span the batch is refused: ARM needs ``per_row=True``.
 
     Returns:
         A :class:`SweepResult`; ``.table`` is the [layer, head] DataFrame of mean changes
@@ -196,6 +213,7 @@ def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all
         >>> res.table.loc[0, 3]   # entropy change from ablating L0H3
     """
     check_method(method, reference)
+    interventions = _row_independent(interventions)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise LensprobeError(f"batch_size must be a positive integer, got {batch_size!r}.")
     pairs = resolve_heads(model, heads)
@@ -214,7 +232,8 @@ def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all
     with tqdm(total=len(items) * len(chunks), desc="ablation sweep", unit="batch", disable=not progress) as bar:
         for p_idx, (prompt, measure) in enumerate(zip(items, measures, strict=True)):
             pos = resolve_positions(positions, prompt if hasattr(prompt, "positions") else None)
-            flat, share = sweep_prompt(model, prompt, measure, chunks, method, pos, source, share, bar)
+            flat, share = sweep_prompt(model, prompt, measure, chunks, method, pos, source, share, bar,
+                                       interventions)
             baseline[p_idx] = flat[0]
             ablated[p_idx, torch.tensor(order)] = flat[1:]
     return SweepResult(pairs, baseline, ablated, getattr(measures[0], "name", str(metric)), method,

@@ -20,6 +20,7 @@ from lensprobe.viz.attention import (
 )
 from lensprobe.viz.eval_report import results_section, write_eval_report
 from lensprobe.viz.evals import accuracy_bars, accuracy_by_level
+from lensprobe.viz.mechanism import activation_histogram_figure, affine_fit_figure
 from lensprobe.viz.report import Section, write_report
 from lensprobe.viz.trace import generation_trace_figure
 
@@ -30,6 +31,8 @@ __all__ = [
     "write_report",
     "accuracy_bars",
     "accuracy_by_level",
+    "activation_histogram_figure",
+    "affine_fit_figure",
     "attention_received_figure",
     "attention_view_html",
     "condition_change_figure",

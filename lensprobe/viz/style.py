@@ -12,8 +12,9 @@ from collections.abc import Iterable
 from lensprobe.core.conditions import canonical_condition_name
 
 __all__ = ["ABLATED_COLOR", "CLASS_COLORS", "CLEAN_COLOR", "CONDITION_COLORS", "CONDITION_LABELS", "GENERATED_COLOR",
-           "INDEX_NOTE", "PALETTE", "SPAN_COLOR", "TRACE_COLORS", "color", "condition_colors", "condition_label",
-           "filler_span", "header", "rgba", "same_condition", "table_of", "table_spelling", "unique", "vspacing"]
+           "INDEX_NOTE", "NEAR_ZERO_COLOR", "PALETTE", "SPAN_COLOR", "TRACE_COLORS", "color", "condition_colors",
+           "condition_label", "filler_span", "header", "rgba", "same_condition", "table_of", "table_spelling", "unique",
+           "vspacing"]
 
 INDEX_NOTE = "0-based indices (TransformerLens): L0H13 = the papers' layer 1, head 14"
 
@@ -50,6 +51,10 @@ PALETTE = ["#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff7f0e", "#7
 
 SPAN_COLOR = "#ffbf00"
 """Shading of the filler span."""
+
+
+NEAR_ZERO_COLOR = "#7f7f7f"
+"""Shading of the near-zero band of MLP activation histograms."""
 
 
 def condition_label(name: str) -> str:

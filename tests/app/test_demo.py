@@ -27,6 +27,7 @@ TITLES = (  # every registered section, in report order
     "Filler tokens vs a random sentence of the same length",
     "Attention per token class (ASCII grid), with vs without filler",
     "Layer 0 attention, interactive (Mless prompt)",
+    "Mechanism: filler tokens rescale layer-0 attention",
     "Head ablation sweep: which heads move the next-token entropy",
     "Average attention on head L0H",
     "next-token change",

@@ -77,7 +77,7 @@ def test_batched_equals_unbatched_and_transformers(tiny, tiny_hf):
             body = ids[:-1] if ids[-1] == eos and len(ids) < 20 else ids
             assert row["generation"] == tiny.tokenizer.decode(body)
             assert row["generated_tokens"] == len(ids)
-            # the paper's prompt, rendered by the chat template: filler between system prompt and question
+            # the chat-format prompt, rendered by the chat template: filler between system prompt and question
             user = p.problem if cname == "w/o" else " ".join(["/"] * 55) + "\n" + p.problem
             messages = [{"role": "system", "content": lp.MATH_SYSTEM_PROMPT}, {"role": "user", "content": user}]
             assert row["prompt"] == tiny.tokenizer.apply_chat_template(messages, tokenize=False,

@@ -26,7 +26,7 @@ def test_auto_takes_the_bridge_for_interventions_and_unserved_hooks(tiny):
     ablation = lp.ablate_heads("L0H1")
     assert isinstance(_choose(tiny), PlainEngine)
     assert isinstance(_choose(tiny, interventions=[ablation]), BridgeEngine)
-    assert isinstance(_choose(tiny, hook_names=["blocks.0.mlp.hook_post"]), BridgeEngine)
+    assert isinstance(_choose(tiny, hook_names=["blocks.0.hook_resid_post"]), BridgeEngine)
     with pytest.raises(lp.LensprobeError, match="engine='hf' cannot run here: interventions run on"):
         _choose(tiny, "hf", interventions=[ablation])
     with pytest.raises(lp.LensprobeError, match="engine must be 'auto', 'bridge' or 'hf', got 'vllm'"):
@@ -34,7 +34,7 @@ def test_auto_takes_the_bridge_for_interventions_and_unserved_hooks(tiny):
 
 
 def test_the_plain_engine_refuses_interventions(tiny):
-    with pytest.raises(lp.LensprobeError, match="takes no interventions"), \
+    with pytest.raises(lp.LensprobeError, match="applies interventions only at hook_embed"), \
             _choose(tiny, "hf").attach([], [lp.ablate_heads("L0H1")]):
         pass
 
@@ -64,3 +64,26 @@ def test_a_bridge_whose_cached_steps_ignore_the_cache_is_refused(monkeypatch):
         check_cached_steps(model)
     with pytest.raises(lp.LensprobeError, match="compute wrong KV-cached steps"):
         lp.generate(model, [1, 2, 3], max_new_tokens=2, engine="bridge")
+
+
+def test_mlp_interventions_run_on_the_plain_engine_with_the_bridge_numbers(tiny):
+    arm = lp.ARM(layer=0, c=0.5, percentile=95, seed=3)
+    assert isinstance(_choose(tiny, interventions=[arm]), PlainEngine)
+    p = lp.build_prompt(tiny, "the cat sat", system="be brief")
+    kw = dict(max_new_tokens=6, stop_at_eos=False, interventions=[arm], track={"question": "question"})
+    plain = lp.trace_generation(tiny, p, engine="auto", **kw)
+    bridge = lp.trace_generation(tiny, p, engine="bridge", **kw)
+    clean = lp.trace_generation(tiny, p, max_new_tokens=6, stop_at_eos=False, track={"question": "question"})
+    assert plain.meta["engine"] == "hf" and bridge.meta["engine"] == "bridge"
+    assert plain.token_ids_rows.tolist() == bridge.token_ids_rows.tolist()
+    assert torch.allclose(plain.entropy_rows, bridge.entropy_rows, atol=1e-5)
+    assert torch.allclose(plain.attention["question"], bridge.attention["question"], atol=1e-5)
+    assert not torch.allclose(plain.entropy_rows, clean.entropy_rows, atol=1e-4)  # ARM did act
+
+
+def test_an_edit_at_a_hook_point_the_view_cannot_apply_keeps_the_bridge(tiny):
+    def double(pattern, hook):
+        return pattern * 2
+
+    assert isinstance(_choose(tiny, interventions=[("blocks.0.attn.hook_pattern", double)]), BridgeEngine)
+    assert isinstance(_choose(tiny, interventions=[("blocks.1.mlp.hook_post", lambda x, hook: x)]), PlainEngine)

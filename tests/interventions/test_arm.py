@@ -11,7 +11,7 @@ import torch
 import lensprobe as lp
 from lensprobe.core.errors import LensprobeError
 from lensprobe.interventions import ARM, arm_redistribute
-from lensprobe.interventions.arm import _activation_function
+from lensprobe.interventions.arm import activation_function
 
 # |a| sorted: 0.0004 (i=6), 0.001 (i=1), 0.002 (i=3), 0.3, 0.5, 1.0, 1.2, 2.0.
 # median(|a|) (lower middle of 8) = 0.3; deviations |.|-0.3 sorted: 0, 0.2, 0.298, 0.299,
@@ -272,8 +272,8 @@ def test_bad_tensors_and_models_are_refused(tiny):
 
 
 def test_activation_function_falls_back_to_the_config_name():
-    silu = _activation_function(types.SimpleNamespace(cfg=types.SimpleNamespace(act_fn="silu")), 0)
+    silu = activation_function(types.SimpleNamespace(cfg=types.SimpleNamespace(act_fn="silu")), 0)
     x = torch.linspace(-3, 3, 7)
     torch.testing.assert_close(silu(x), torch.nn.functional.silu(x))
     with pytest.raises(LensprobeError, match=r"cannot find the activation function of layer 0's MLP.*'swoosh'"):
-        _activation_function(types.SimpleNamespace(cfg=types.SimpleNamespace(act_fn="swoosh")), 0)
+        activation_function(types.SimpleNamespace(cfg=types.SimpleNamespace(act_fn="swoosh")), 0)

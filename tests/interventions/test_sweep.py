@@ -175,3 +175,23 @@ def test_shared_prefix_gives_the_same_numbers(tiny, prompts, metric):
         assert shared.changes.abs().min() > 5e-6  # each ablation moved the entropy
     else:  # last-layer heads cannot change any attention pattern
         assert shared.changes.abs().max() == 0.0
+
+
+@pytest.mark.parametrize("share_prefix", [True, False])
+def test_a_sweep_under_arm_equals_single_runs_with_arm(tiny, prompts, share_prefix):
+    arm = lp.ARM(layer=0, c=0.5, percentile=95, seed=2, per_row=True)
+    p = prompts[0]
+    heads = [(0, 1), (1, 0), (1, 3)]
+    res = ablation_sweep(tiny, p, "entropy", heads=heads, batch_size=2, progress=False, interventions=[arm],
+                         share_prefix=share_prefix)
+    measure = resolve_measure("entropy")
+    assert torch.allclose(res.baseline, measure_once(tiny, measure, p, arm), atol=1e-6)
+    assert not torch.allclose(res.baseline, measure_once(tiny, measure, p), atol=1e-6)  # ARM acted
+    for k, head in enumerate(heads):
+        alone = measure_once(tiny, measure, p, ablate_heads(head), arm)
+        assert torch.allclose(res.ablated[0, k], alone[0], atol=1e-6), head
+
+
+def test_a_sweep_refuses_arm_over_the_whole_batch(tiny, prompts):
+    with pytest.raises(LensprobeError, match="ARM in a sweep needs per_row=True"):
+        ablation_sweep(tiny, prompts[0], heads=[(0, 1)], progress=False, interventions=[lp.ARM(c=0.5, percentile=95)])

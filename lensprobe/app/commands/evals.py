@@ -3,6 +3,7 @@
 Examples:
     lensprobe eval --data test.jsonl --conditions "w/o,w/ Mless,w/ Mful" --limit 20 --max-new-tokens 512 --out runs/smol
     accelerate launch --multi_gpu --num_processes 2 -m lensprobe eval --data test.jsonl --out runs/smol
+    lensprobe eval --prompt-format paper --conditions "w/o,w/ Mless,ARM" --arm-c 0.1 --arm-percentile 95 --out runs/paper
     lensprobe eval-report runs/smol
 """
 
@@ -10,14 +11,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from lensprobe.app.common import TEST_MODEL, add_model_argument, int_list, load_cli_model, str_list
-from lensprobe.core.conditions import resolve_conditions
+from lensprobe.core.conditions import paper_conditions, resolve_conditions
+from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models import model_label
 from lensprobe.evals.data import load_math500
 from lensprobe.evals.grading import GRADERS
-from lensprobe.evals.harness import DEFAULT_CONDITIONS, EvalConfig, evaluate, shard_info
+from lensprobe.evals.harness import DEFAULT_CONDITIONS, EvalConfig, evaluate, preset_arm, shard_info
 from lensprobe.evals.results import load_results
 from lensprobe.evals.stats import summary_tables
 from lensprobe.interventions.ablation import ablate_heads
+from lensprobe.interventions.arm import ARM
 from lensprobe.viz.eval_report import write_eval_report
 
 
@@ -37,6 +40,14 @@ def add_eval(subparsers) -> None:
     p.add_argument("--conditions", default=DEFAULT_CONDITIONS,
                    help=f"comma-separated conditions (default {DEFAULT_CONDITIONS!r}; also 'random sentence'; "
                         "the older spellings none, meaningless, meaningful, random work too)")
+    p.add_argument("--prompt-format", default="chat", choices=("chat", "paper"),
+                   help="chat: the model's chat template (default); paper: the authors' raw string (no chat "
+                        "template, their system prompt + filler + problem as one string), with max 2048 new tokens "
+                        "and the model's own sampling settings unless given")
+    p.add_argument("--arm-c", type=float, default=None,
+                   help="c of the ARM module attached by 'ARM' / '<name>+ARM' conditions (default: the authors' "
+                        "preset for the model); give --arm-percentile too")
+    p.add_argument("--arm-percentile", type=float, default=None, help="percentile of the ARM module (0-100)")
     p.add_argument("--system", default=None, help="replace the system prompt of every condition")
     p.add_argument("--ablate-heads", default=None, metavar="HEADS",
                    help="also run every condition with these heads zero-ablated, e.g. L0H3,L1H2 (0-based)")
@@ -44,11 +55,13 @@ def add_eval(subparsers) -> None:
     p.add_argument("--levels", type=int_list, default=None, help="keep these levels, e.g. 1,2")
     p.add_argument("--limit", type=int, default=None, help="at most this many problems")
     p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle problems with this seed before --limit")
-    p.add_argument("--max-new-tokens", type=int, default=512, help="generated tokens per answer (default 512)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="generated tokens per answer (default 512; 2048 with --prompt-format paper)")
     p.add_argument("--batch-size", type=int, default=8, help="prompts generated together (default 8)")
-    p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--sample", action="store_true", default=None,
+                   help="sample instead of greedy decoding (paper format: default from the model's generation config)")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold (default 1.0)")
     p.add_argument("--n-samples", type=int, default=1, help="answers per problem (with --sample)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--grader", default="math-verify", choices=GRADERS, help="grader of the summary and figures")
@@ -71,9 +84,16 @@ def add_eval_report(subparsers) -> None:
     p.set_defaults(func=run_eval_report)
 
 
-def conditions_from_args(args) -> list:
-    """The conditions of ``--conditions``, with ``--system`` and ``--ablate-heads`` applied."""
-    conds = resolve_conditions(args.conditions)
+def conditions_from_args(args, model=None) -> list:
+    """The conditions of ``--conditions`` in ``--prompt-format``, with ``--arm-c``/``--arm-percentile``,
+    ``--system`` and ``--ablate-heads`` applied (ARM conditions without ``--arm-*`` use the
+    preset of ``model``)."""
+    fmt = getattr(args, "prompt_format", "chat")
+    builtins = paper_conditions(prompt_format=fmt) if fmt != "chat" else None
+    arm = arm_from_args(args)
+    if arm is None and model is not None:
+        arm = lambda: preset_arm(model)  # noqa: E731
+    conds = resolve_conditions(args.conditions, builtins=builtins, arm=arm)
     if args.system is not None:
         conds = [replace(c, system=args.system or None) for c in conds]
     if args.ablate_heads:
@@ -83,14 +103,34 @@ def conditions_from_args(args) -> list:
     return conds
 
 
+def arm_from_args(args):
+    """``lp.ARM(c=--arm-c, percentile=--arm-percentile)``, or ``None`` when neither is given."""
+    c, pct = getattr(args, "arm_c", None), getattr(args, "arm_percentile", None)
+    if c is None and pct is None:
+        return None
+    if c is None or pct is None:
+        raise LensprobeError("give both --arm-c and --arm-percentile (or neither, for the model's preset).")
+    return ARM(c=c, percentile=pct)
+
+
+def eval_config_from_args(args, model) -> EvalConfig:
+    """The run's settings: the options given, the rest from the prompt format's defaults."""
+    given = {"max_new_tokens": args.max_new_tokens, "do_sample": args.sample, "temperature": args.temperature,
+             "top_p": args.top_p}
+    given = {k: v for k, v in given.items() if v is not None}
+    fixed = {"batch_size": args.batch_size, "n_samples": args.n_samples, "seed": args.seed}
+    if args.prompt_format == "paper":
+        return EvalConfig.paper(model, **given, **fixed)
+    return EvalConfig(**given, **fixed)
+
+
 def run_eval(args) -> int:
-    config = EvalConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, do_sample=args.sample,
-                        temperature=args.temperature, top_p=args.top_p, n_samples=args.n_samples,
-                        seed=args.seed)
     problems = load_math500(args.data, subjects=args.subjects, levels=args.levels, limit=args.limit,
                             seed=args.shuffle_seed)
+    arm_from_args(args)  # a half-given ARM fails before the model loads
     model = load_cli_model(args.model)
-    conds = conditions_from_args(args)
+    config = eval_config_from_args(args, model)
+    conds = conditions_from_args(args, model)
     name = TEST_MODEL if args.model == TEST_MODEL else model_label(model)
     rows = evaluate(model, problems, conds, out=args.out, config=config, model_name=name,
                     resume=not args.no_resume, progress=not args.no_progress)

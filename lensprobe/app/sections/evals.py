@@ -48,8 +48,9 @@ def build_demo_section(model, *, quick: bool = False):
     intro = (
         f"<p>{len(problems)} level-1 MATH-500 problems (the first in file order that fit the context) x 3 conditions on "
         f"<b>{html.escape(model_label(model))}</b>, greedy decoding, at most {tokens} new tokens, with the "
-        "paper's system prompt (\"Please reason step by step, and put your final answer within "
-        "\\boxed{}.\") and the filler between the system prompt and the question (Mless = \"/\" x 55, "
+        "model's chat template and lensprobe's system prompt (\"Please reason step by step, and put your "
+        "final answer within \\boxed{}.\", a cleaned-up form of the authors' instruction) and the filler "
+        "between the system prompt and the question (Mless = \"/\" x 55, "
         "Mful = \"he\" x 55). The demo is kept small to run in a few minutes on two CPU cores; "
         "run <code>lensprobe eval</code> for the full set.</p>"
         f"<p class='note'><b>Read this first:</b> {SMALL_MODEL_NOTE} Here {n_boxed} of {len(rows)} "

@@ -3,8 +3,9 @@
 from collections.abc import Sequence
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.hooks import resolve_hooks
 from lensprobe.generation.engines.bridge import BridgeEngine
-from lensprobe.generation.engines.hooknames import supports
+from lensprobe.generation.engines.hooknames import editable, servable, supports
 from lensprobe.generation.engines.plain import PlainEngine
 from lensprobe.generation.engines.protocol import ENGINE_NAMES, Engine
 from lensprobe.generation.engines.view import has_user_hooks, plain_model
@@ -17,8 +18,10 @@ def choose_engine(model, engine: str, *, interventions: Sequence, hook_names: Se
 
     ``"bridge"``: always the TransformerBridge. ``"hf"``: the plain view, or an error saying
     why it cannot run. ``"auto"``: the plain view when nothing needs a TransformerLens hook
-    point (no interventions, no hooks attached to the model, recorder hooks the view serves)
-    and the view's logits match the bridge's; else the bridge.
+    point the view lacks (no hooks attached to the model by the user; recorder hooks the view
+    serves; interventions whose hooks all sit where the view applies their edits, such as
+    :class:`~lensprobe.ARM` on a gated MLP) and the view's logits match the bridge's; else the
+    bridge.
 
     The view's attention: ``"sdpa_last"`` when attention patterns are recorded (fused sdpa
     plus the newest query's row), else ``"sdpa"``; ``"eager"`` is the fallback for both.
@@ -27,9 +30,10 @@ def choose_engine(model, engine: str, *, interventions: Sequence, hook_names: Se
         raise LensprobeError(f"engine must be 'auto', 'bridge' or 'hf', got {engine!r}.")
     if engine == "bridge":
         return BridgeEngine(model)
+    edits = [name for name, _ in resolve_hooks(model, interventions)]
     why = None
-    if interventions:
-        why = "interventions run on the TransformerLens hook points"
+    if not editable(edits):
+        why = "interventions run on TransformerLens hook points the plain model does not serve"
     elif has_user_hooks(model):
         why = "hooks are attached to the model (they would not fire)"
     elif not supports(hook_names):
@@ -41,6 +45,8 @@ def choose_engine(model, engine: str, *, interventions: Sequence, hook_names: Se
         view = plain_model(model, "eager") if view is None else view
         if view is None:
             why = "this model has no plain Hugging Face view with the same logits"
+        elif not servable(model, view, [*hook_names, *edits]):
+            view, why = None, "the plain model's MLP is not a gated MLP the interventions' hooks can reach"
     if view is not None:
         return PlainEngine(model, view, rows)
     if engine == "hf":

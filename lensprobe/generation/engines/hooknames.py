@@ -1,10 +1,19 @@
-"""TransformerLens hook names served by a plain view, so recorders attach to it unchanged.
+"""TransformerLens hook names served by a plain view, so hooks attach to it unchanged.
 
-``hook_embed`` (the input embedding's output; a returned tensor replaces it),
-``blocks.{l}.attn.hook_pattern`` (the attention weights the view's attention returns;
-read only) and ``ln_final.hook_out`` / ``ln_final.hook_normalized`` (the input of the
-unembedding; read only). :func:`attached` attaches such hooks as torch hooks and removes
-them on exit.
+Served names, as torch hooks on the view's modules:
+
+- ``hook_embed``: the input embedding's output; a returned tensor replaces it.
+- ``blocks.{l}.attn.hook_pattern``: the attention weights the view's attention returns
+  (read only: the output is already computed from them).
+- ``blocks.{l}.mlp.hook_pre`` (``gate_proj``'s output), ``blocks.{l}.mlp.hook_pre_linear``
+  (``up_proj``'s output) and ``blocks.{l}.mlp.hook_post`` (the input of ``down_proj``,
+  ``act_fn(gate) * up``) of a gated MLP; a returned tensor replaces the activation, as on
+  the bridge.
+- ``ln_final.hook_out`` / ``ln_final.hook_normalized``: the input of the unembedding (read only).
+
+:data:`EDITABLE` lists the names whose hooks may return a replacement, so interventions that
+use only those run on a plain view (:func:`lensprobe.generation.engines.choose.choose_engine`).
+:func:`attached` attaches hooks and removes them on exit.
 """
 
 import contextlib
@@ -16,51 +25,78 @@ import torch
 from torch import nn
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.generation.engines.view import attention_modules
+from lensprobe.generation.engines.view import attention_modules, mlp_modules
 
-__all__ = ["PLAIN_HOOKS", "attached", "supports"]
-
-
-PLAIN_HOOKS = ("hook_embed", "blocks.{layer}.attn.hook_pattern", "ln_final.hook_out", "ln_final.hook_normalized")
-"""TransformerLens hook names a plain view can serve (to recorders: read only but ``hook_embed``)."""
+__all__ = ["PLAIN_HOOKS", "attached", "editable", "servable", "supports"]
 
 
-_FIXED_HOOKS = ("hook_embed", "ln_final.hook_out", "ln_final.hook_normalized")
+PLAIN_HOOKS = ("hook_embed", "blocks.{layer}.attn.hook_pattern", "blocks.{layer}.mlp.hook_pre",
+               "blocks.{layer}.mlp.hook_pre_linear", "blocks.{layer}.mlp.hook_post", "ln_final.hook_out",
+               "ln_final.hook_normalized")
+"""TransformerLens hook names a plain view can serve."""
 
 
+_FINAL = ("ln_final.hook_out", "ln_final.hook_normalized")
 _PATTERN = re.compile(r"blocks\.(\d+)\.attn\.hook_pattern")
+_MLP = re.compile(r"blocks\.(\d+)\.mlp\.(hook_pre|hook_pre_linear|hook_post)")
+_MLP_PARTS = {"hook_pre": "gate_proj", "hook_pre_linear": "up_proj", "hook_post": "down_proj"}
 
 
 def supports(hook_names: Sequence[str]) -> bool:
-    """Whether every hook name is one a plain view can serve."""
-    return all(name in _FIXED_HOOKS or _PATTERN.fullmatch(name) for name in hook_names)
+    """Whether every hook name is one a plain view can serve (read or edit)."""
+    return all(name == "hook_embed" or name in _FINAL or _PATTERN.fullmatch(name) or _MLP.fullmatch(name)
+               for name in hook_names)
+
+
+def editable(hook_names: Sequence[str]) -> bool:
+    """Whether a plain view applies what hooks at every one of these names return, as the bridge does."""
+    return all(name == "hook_embed" or _MLP.fullmatch(name) for name in hook_names)
+
+
+def servable(model, view: nn.Module, hook_names: Sequence[str]) -> bool:
+    """Whether ``view`` serves every hook name: supported, and a gated MLP where MLP hooks are named."""
+    if not supports(hook_names):
+        return False
+    layers = {int(m.group(1)) for m in map(_MLP.fullmatch, hook_names) if m}
+    if not layers:
+        return True
+    try:
+        mlps = mlp_modules(model, view)
+    except LensprobeError:
+        return False
+    return all(isinstance(getattr(mlps.get(layer), part, None), nn.Module)
+               for layer in layers for part in _MLP_PARTS.values())
 
 
 @contextlib.contextmanager
 def attached(model, view: nn.Module, hooks: Sequence[tuple[str, Callable[[torch.Tensor, Any], Any]]]) -> Iterator[nn.Module]:
-    """Attach recorder hooks (TransformerLens names, ``fn(activation, hook)``) to a plain view.
+    """Attach hooks (TransformerLens names, ``fn(activation, hook)``) to a plain view, in order.
 
     Every hook is removed on exit, also after an exception or a KeyboardInterrupt.
     """
     handles = []
     attention = attention_modules(model, view) if any(_PATTERN.fullmatch(n) for n, _ in hooks) else {}
+    mlps = mlp_modules(model, view) if any(_MLP.fullmatch(n) for n, _ in hooks) else {}
     try:
         for name, fn in hooks:
-            handles.append(_attach(view, attention, name, fn))
+            handles.append(_attach(view, attention, mlps, name, fn))
         yield view
     finally:
         for handle in handles:
             handle.remove()
 
 
-def _attach(view: nn.Module, attention: dict[int, nn.Module], name: str, fn):
+def _attach(view: nn.Module, attention: dict[int, nn.Module], mlps: dict[int, nn.Module], name: str, fn):
     if name == "hook_embed":
         return view.get_input_embeddings().register_forward_hook(lambda _m, _args, out: fn(out, None))
-    if name in ("ln_final.hook_out", "ln_final.hook_normalized"):
+    if name in _FINAL:
         def before_unembed(_m, args):
             fn(args[0], None)
 
         return view.get_output_embeddings().register_forward_pre_hook(before_unembed)
+    match = _MLP.fullmatch(name)
+    if match:
+        return _attach_mlp(mlps[int(match.group(1))], match.group(2), name, fn)
     match = _PATTERN.fullmatch(name)
     if match:
         def pattern(_m, _args, out):
@@ -74,3 +110,18 @@ def _attach(view: nn.Module, attention: dict[int, nn.Module], name: str, fn):
 
         return attention[int(match.group(1))].register_forward_hook(pattern)
     raise LensprobeError(f"hook point {name!r} cannot be served by the plain model; run with engine='bridge'.")
+
+
+def _attach_mlp(mlp: nn.Module, point: str, name: str, fn):
+    part = getattr(mlp, _MLP_PARTS[point], None)
+    if not isinstance(part, nn.Module):
+        raise LensprobeError(
+            f"{name}: the plain model's MLP has no {_MLP_PARTS[point]} (not a gated MLP); run with engine='bridge'."
+        )
+    if point == "hook_post":
+        def before_down(_m, args):
+            new = fn(args[0], None)
+            return None if new is None else (new, *args[1:])
+
+        return part.register_forward_pre_hook(before_down)
+    return part.register_forward_hook(lambda _m, _args, out: fn(out, None))

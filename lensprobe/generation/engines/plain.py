@@ -1,8 +1,8 @@
 """The plain engine: forwards through an unwrapped view of the bridge's Hugging Face model.
 
 Same weights (the view shares the bridge's tensors, :mod:`~lensprobe.generation.engines.view`),
-no hook points: faster per step, takes no interventions. Recorder hooks attach under
-TransformerLens names (:mod:`~lensprobe.generation.engines.hooknames`), and small decode steps
+no hook points: faster per step. It takes interventions whose hooks edit only ``hook_embed``
+or a gated MLP's activations (such as ARM). Hooks attach under TransformerLens names (:mod:`~lensprobe.generation.engines.hooknames`), and small decode steps
 run the decoder layers on one thread (:mod:`~lensprobe.generation.engines.threads`).
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 from torch import Tensor, nn
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import Hook
+from lensprobe.core.hooks import Hook, resolve_hooks
 from lensprobe.generation.engines.attention import ATTENTIONS
-from lensprobe.generation.engines.hooknames import attached
+from lensprobe.generation.engines.hooknames import attached, editable
 from lensprobe.generation.engines.threads import decode_threads, layer_threads
 
 __all__ = ["PlainEngine"]
@@ -42,9 +42,14 @@ class PlainEngine:
 
     @contextlib.contextmanager
     def attach(self, hooks: Sequence[Hook], interventions: Sequence) -> Iterator[None]:
-        if interventions:
-            raise LensprobeError("the plain engine takes no interventions; run with engine='bridge'.")
-        with attached(self.model, self.view, hooks), layer_threads(self.view, self.threads):
+        edits = resolve_hooks(self.model, interventions)
+        if not editable([name for name, _ in edits]):
+            raise LensprobeError(
+                "the plain engine applies interventions only at hook_embed and a gated MLP's hook_pre, "
+                "hook_pre_linear and hook_post; run with engine='bridge'."
+            )
+        # recorders first: a recorder reads an activation before an intervention edits it
+        with attached(self.model, self.view, [*hooks, *edits]), layer_threads(self.view, self.threads):
             yield
 
     def forward(self, tokens: Tensor, attention_mask: Tensor, position_ids: Tensor, past: Any) -> tuple[Tensor, Any]:

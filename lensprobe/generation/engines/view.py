@@ -47,7 +47,7 @@ from torch.nn.modules import module as torch_module
 from lensprobe.core.errors import LensprobeError
 from lensprobe.generation.engines.attention import ATTENTIONS, register_sdpa_last
 
-__all__ = ["attention_modules", "has_user_hooks", "plain_model"]
+__all__ = ["attention_modules", "has_user_hooks", "mlp_modules", "plain_model"]
 
 _WRAP = "._original_component"
 _LIBRARY_HOOKS = ("transformer_lens.", "transformers.")
@@ -211,11 +211,20 @@ def _same_last_rows(model, view: nn.Module) -> bool:
 
 def attention_modules(model, view: nn.Module) -> dict[int, nn.Module]:
     """Layer -> the view's attention module (the module the bridge's ``blocks[l].attn`` wraps)."""
+    return _wrapped_modules(model, view, "attn")
+
+
+def mlp_modules(model, view: nn.Module) -> dict[int, nn.Module]:
+    """Layer -> the view's MLP module (the module the bridge's ``blocks[l].mlp`` wraps)."""
+    return _wrapped_modules(model, view, "mlp")
+
+
+def _wrapped_modules(model, view: nn.Module, part: str) -> dict[int, nn.Module]:
     names = {id(m): n for n, m in model.original_model.named_modules()}
     out = {}
     for layer, block in enumerate(model.blocks):
-        name = names.get(id(getattr(block.attn, "original_component", None)))
+        name = names.get(id(getattr(getattr(block, part, None), "original_component", None)))
         if name is None:
-            raise LensprobeError(f"layer {layer}: the attention module was not found in the plain model.")
+            raise LensprobeError(f"layer {layer}: the {part} module was not found in the plain model.")
         out[layer] = view.get_submodule(name.replace(_WRAP, ""))
     return out

@@ -1,0 +1,99 @@
+"""``lensprobe mechanism``: how filler tokens rescale one layer's attention, and where its MLP activations go."""
+
+import json
+from pathlib import Path
+
+from lensprobe.app.common import (
+    add_model_argument,
+    add_system_arguments,
+    int_list,
+    load_cli_model,
+    print_files,
+    system_of,
+    write_figure,
+)
+from lensprobe.core.jsonable import stable_repr, to_jsonable
+from lensprobe.core.models import check_heads, check_layers, model_label
+from lensprobe.core.prompts import prompt_json
+from lensprobe.studies.mechanism import (
+    WHERE,
+    activation_stats,
+    affine_fit_summary,
+    arm_for,
+    filler_affine_fit,
+    mechanism_prompts,
+)
+from lensprobe.viz import activation_histogram_figure, affine_fit_figure
+
+ARM_CONDITION = "w/o + ARM"
+
+
+def add_mechanism(subparsers) -> None:
+    """Register ``lensprobe mechanism``."""
+    p = subparsers.add_parser(
+        "mechanism", help="filler tokens rescale attention (lambda, bias) and move MLP activations from zero",
+        description="Run a question with and without the Mless filler ('/' x 55) and write, for one layer: per "
+                    "head and question position, lambda = 1 - attention on the filler and the error of "
+                    "out_with = lambda * out_without + bias; and the MLP activation histograms over the question "
+                    "(w/o, w/ Mless, and w/o + ARM) with the share near zero. Tables as CSV, figures as HTML. "
+                    "Layers and heads are 0-based (TransformerLens); papers count from 1.")
+    add_model_argument(p)
+    p.add_argument("--question", required=True, help="the question text")
+    p.add_argument("--layer", type=int, default=0, help="0-based layer (default 0, as in the paper)")
+    p.add_argument("--heads", type=int_list, default=None, help="0-based heads, e.g. 0,1,7 (default: all)")
+    p.add_argument("--count", type=int, default=55, help="filler repetitions (default 55)")
+    add_system_arguments(p)
+    p.add_argument("--where", default="act_fn(gate)", choices=WHERE,
+                   help="activation measured: act_fn(gate_proj(x)) (what ARM edits; the default) or hook_post "
+                        "(act_fn(gate) * up)")
+    p.add_argument("--c", type=float, default=None,
+                   help="scale of the near-zero band eps = 1.4826 * MAD(|a|) * c, from the w/o run (default: the "
+                        "ARM preset's c, else 0.1)")
+    p.add_argument("--eps", type=float, default=None, help="half-width of the near-zero band (overrides --c)")
+    p.add_argument("--bins", type=int, default=80, help="histogram bins (default 80)")
+    p.add_argument("--no-arm", action="store_true", help="leave out the w/o + ARM condition")
+    p.add_argument("--seed", type=int, default=0, help="seed of ARM's draws")
+    p.add_argument("--out", type=Path, default=Path("lensprobe-mechanism"), help="output folder")
+    p.set_defaults(func=run_mechanism)
+
+
+def run_mechanism(args) -> int:
+    model = load_cli_model(args.model)
+    layer = check_layers(model, [args.layer])[0]
+    heads = check_heads(model, args.heads)
+    prompts = mechanism_prompts(model, args.question, system=system_of(args), count=args.count)
+    fit = filler_affine_fit(model, prompts["w/ Mless"], prompts["w/o"], layer=layer, heads=heads)
+    summary = affine_fit_summary(fit)
+    arm = None if args.no_arm else arm_for(model, layer=layer, seed=args.seed)
+    c = args.c if args.c is not None else (arm.c if arm is not None and arm.variant == "default" else 0.1)
+    runs = dict(prompts)
+    ivs = {}
+    if arm is not None:
+        runs[ARM_CONDITION] = prompts["w/o"]
+        ivs[ARM_CONDITION] = [arm]
+    stats = activation_stats(model, runs, layer=layer, where=args.where, interventions=ivs, eps=args.eps, c=c,
+                             bins=args.bins)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    name = model_label(model)
+    tables = {"affine_fit.csv": fit, "affine_fit_summary.csv": summary,
+              "activation_histogram.csv": stats.histogram, "activation_summary.csv": stats.summary}
+    files: list[Path] = []
+    for file, table in tables.items():
+        table.to_csv(out / file, index=False)
+        files.append(out / file)
+    files.append(write_figure(affine_fit_figure(fit, title=f"{name}: filler tokens rescale layer-{layer} attention"),
+                              out / f"affine_fit_L{layer}.html"))
+    files.append(write_figure(
+        activation_histogram_figure(stats, title=f"{name}: layer-{layer} MLP activations {args.where}, per condition"),
+        out / f"activation_histogram_L{layer}.html"))
+    meta = {"model": name, "question": args.question, "layer": layer, "heads": heads, "where": args.where,
+            "eps": stats.eps, "eps_reference": stats.reference, "c": c,
+            "arm": stable_repr(arm) if arm is not None else None,
+            "indexing": "0-based layers and heads (L0H13 = papers' layer 1, head 14)",
+            "prompts": {k: prompt_json(p) for k, p in prompts.items()}}
+    js = out / "mechanism.json"
+    js.write_text(json.dumps(to_jsonable(meta), indent=1), encoding="utf-8")
+    files.append(js)
+    print_files(out, files)
+    return 0
