@@ -162,12 +162,15 @@ def capture(model, tokens, *interventions):
     return store["blocks.0.mlp.hook_in"], store["blocks.0.mlp.hook_out"]
 
 
-def test_hook_built_arm_equals_a_plain_torch_mlp_on_the_twin_weights(tiny, tiny_hf):
-    tokens = tiny.to_tokens("What is 12+7? The answer is 19.")
-    rule = dict(c=0.2, percentile=95)
-    x, out = capture(tiny, tokens, ARM(layer=0, seed=3, **rule))
-    _, plain_out = capture(tiny, tokens)
-    mlp = tiny_hf.model.layers[0].mlp
+@pytest.mark.parametrize("which", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
+def test_hook_built_arm_equals_a_plain_torch_mlp_on_the_twin_weights(request, which):
+    model = request.getfixturevalue(which)
+    twin = request.getfixturevalue(f"{which}_hf")
+    tokens = model.to_tokens("What is 12+7? The answer is 19.")
+    rule = dict(c=0.2, percentile=95) if which == "tiny" else dict(c=0.1, percentile=95)  # the latter: a preset
+    x, out = capture(model, tokens, ARM(layer=0, seed=3, **rule))
+    _, plain_out = capture(model, tokens)
+    mlp = twin.model.layers[0].mlp
     with torch.no_grad():
         gate = x @ mlp.gate_proj.weight.T
         up = x @ mlp.up_proj.weight.T
