@@ -80,7 +80,7 @@ def affine_fit_figure(fit, *, title: str | None = None, log_error: bool = True):
 
 
 def activation_histogram_figure(stats, *, eps: float | None = None, title: str | None = None,
-                                log_y: bool = False):
+                                log_y: bool = False, mass: float = 0.995):
     """MLP activation histograms overlaid per condition, the near-zero band shaded.
 
     The share of entries per bin (bins shared by every condition), one step line per condition;
@@ -93,6 +93,8 @@ def activation_histogram_figure(stats, *, eps: float | None = None, title: str |
         eps: half-width of the band (default: ``stats.eps``).
         title: figure title.
         log_y: logarithmic y axis.
+        mass: the x axis first shows the central bins holding this share of every condition's
+            entries (and the band); the long tails stay reachable by zooming out. ``1``: all bins.
 
     Returns:
         A plotly ``Figure``: one line per condition, the band as a shape.
@@ -131,5 +133,21 @@ def activation_histogram_figure(stats, *, eps: float | None = None, title: str |
                  height, "condition: "),
         height=height, template="plotly_white", margin=dict(t=120, l=80, r=30, b=60),
         xaxis_title=f"activation {where}", yaxis_title="share of entries per bin",
-        yaxis_type="log" if log_y else "linear")
+        yaxis_type="log" if log_y else "linear", xaxis_range=_central_range(table, conditions, mass, eps))
     return fig
+
+
+def _central_range(table, conditions: list[str], mass: float, eps: float) -> list[float]:
+    """x range of the bins that hold the central ``mass`` of every condition, and the band."""
+    low, high = -2 * eps, 2 * eps
+    tail = (1 - mass) / 2
+    for c in conditions:
+        rows = table[table["condition"].astype(str) == c].sort_values("center")
+        centers, cum = rows["center"].tolist(), rows["fraction"].cumsum().tolist()
+        total = cum[-1] if cum else 0.0
+        if not total:
+            continue
+        inside = [x for x, before, upto in zip(centers, [0.0, *cum[:-1]], cum, strict=True)
+                  if upto >= tail * total and before <= (1 - tail) * total]
+        low, high = min(low, inside[0]), max(high, inside[-1])
+    return [low, high]

@@ -62,3 +62,14 @@ def test_activation_histogram_figure_from_a_table_needs_eps():
         activation_histogram_figure(table.drop(columns="fraction"), eps=0.1)
     with pytest.raises(lp.LensprobeError, match="not a filler_affine_fit table"):
         affine_fit_figure(fit_table().drop(columns="lambda"))
+
+
+def test_histogram_opens_on_the_central_bins_and_the_band():
+    centers = [-1.0, -0.1, 0.0, 0.1, 0.2, 5.0]
+    share = [0.001, 0.2, 0.3, 0.3, 0.198, 0.001]  # the outer two bins hold 0.1% each
+    table = pd.DataFrame({"condition": ["w/o"] * 6, "center": centers, "fraction": share})
+    fig = activation_histogram_figure(table, eps=0.05, mass=0.99)
+    assert list(fig.layout.xaxis.range) == [-0.1, 0.2]
+    assert list(activation_histogram_figure(table, eps=0.05, mass=1.0).layout.xaxis.range) == [-1.0, 5.0]
+    wide_band = activation_histogram_figure(table, eps=0.5, mass=0.99)
+    assert list(wide_band.layout.xaxis.range) == [-1.0, 1.0]  # the band (2 eps each side) stays in view
