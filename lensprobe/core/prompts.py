@@ -272,7 +272,7 @@ def _chat_scaffold(tokenizer, has_system: bool) -> list[str]:
 
 def build_prompt(model, question: str, *, system: str | None = None, filler: Filler | None = None,
                  placement: Placement = "between", chat: bool = True, template: Template | None = None,
-                 joiner: str = "") -> Prompt:
+                 joiner: str = "", add_special_tokens: bool = True) -> Prompt:
     """Build a prompt with named segments, optionally with filler tokens inserted.
 
     Args:
@@ -293,9 +293,14 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
             token first; ``"raw"`` is the meaningless-tokens authors' form: system prompt,
             filler and question joined by ``joiner`` (nothing by default) and tokenized as
             one string, exactly as ``tokenizer(text)`` does (including any special token the
-            tokenizer itself adds; SmolLM2's adds none).
+            tokenizer itself adds: TransformerLens loads tokenizers that have a BOS token with
+            ``add_bos_token=True``, so SmolLM2's raw prompts start with ``<|im_start|>``).
         joiner: text between consecutive pieces in the ``"raw"`` template (segments
             ``system_sep`` / ``filler_sep`` when not empty).
+        add_special_tokens: ``"raw"`` only: ``False`` tokenizes as
+            ``tokenizer(text, add_special_tokens=False)``, without the BOS token a
+            TransformerLens tokenizer adds (what a plain ``transformers`` tokenizer feeds for
+            models that add none, such as SmolLM2 and Qwen2.5).
 
     In ``"chat"`` and ``"plain"`` each piece is tokenized on its own, so every segment decodes
     to exactly its text; where the tokenizer would merge characters across a boundary, the
@@ -333,6 +338,11 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
         raise LensprobeError(f"unknown template {template!r}: use one of {TEMPLATES}.")
     if not isinstance(joiner, str):
         raise LensprobeError(f"joiner must be a string, got {type(joiner).__name__}.")
+    if not add_special_tokens and template != "raw":
+        raise LensprobeError(
+            "add_special_tokens=False applies to template='raw' only; the chat and plain templates "
+            "place their special tokens themselves."
+        )
     if joiner and template != "raw":
         raise LensprobeError(
             f"joiner={joiner!r} applies to template='raw' only; the {template!r} template has its "
@@ -346,7 +356,8 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
         )
     fill = filler.resolve(tokenizer) if filler is not None else None
     if template == "raw":
-        return _assemble_raw(tokenizer, raw_pieces(system, fill, question, placement, joiner), model)
+        return _assemble_raw(tokenizer, raw_pieces(system, fill, question, placement, joiner), model,
+                             add_special_tokens)
     sys_pieces, user_pieces = content_pieces(system, fill, question, placement)
     if template == "chat":
         pieces = chat_pieces(tokenizer, sys_pieces, user_pieces)
@@ -388,7 +399,7 @@ def raw_pieces(system: str | None, fill: str | None, question: str, placement: P
     return pieces
 
 
-def _assemble_raw(tokenizer, pieces: Pieces, model) -> Prompt:
+def _assemble_raw(tokenizer, pieces: Pieces, model, add_special_tokens: bool = True) -> Prompt:
     """Tokenize the concatenated pieces in one call; segments from the tokens' character offsets."""
     text = "".join(t for _, t in pieces)
     if not getattr(tokenizer, "is_fast", False):
@@ -396,7 +407,7 @@ def _assemble_raw(tokenizer, pieces: Pieces, model) -> Prompt:
             "template='raw' needs a fast tokenizer (one that returns character offsets); load the "
             "tokenizer with AutoTokenizer.from_pretrained(..., use_fast=True)."
         )
-    enc = tokenizer(text, return_offsets_mapping=True)
+    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=add_special_tokens)
     ids = list(enc["input_ids"])
     offsets = [tuple(o) for o in enc["offset_mapping"]]
     _check_context(len(ids), model)

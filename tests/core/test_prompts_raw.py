@@ -137,6 +137,18 @@ def test_raw_adds_what_the_tokenizer_adds(tiny):
     assert "bos" not in without_bos.segments and without_bos.segments["system"][0] == 0
 
 
+def test_raw_without_special_tokens_equals_the_plain_tokenizer(tiny):
+    from lensprobe.core.testing import tiny_tokenizer
+
+    plain = tiny_tokenizer()
+    p = lp.build_prompt(tiny, "What?", system="Sys", filler=lp.Filler.meaningless(count=3), template="raw",
+                        add_special_tokens=False)
+    assert p.tokens[0].tolist() == plain(p.text).input_ids == tiny.tokenizer(p.text, add_special_tokens=False).input_ids
+    assert "bos" not in p.segments and p.segments["system"][0] == 0
+    with pytest.raises(lp.LensprobeError, match="add_special_tokens=False applies to template='raw' only"):
+        lp.build_prompt(tiny, "What?", add_special_tokens=False)
+
+
 def test_chat_stays_the_default_and_template_names_are_checked(tiny):
     default = lp.build_prompt(tiny, "What?", system="Sys")
     chat = lp.build_prompt(tiny, "What?", system="Sys", template="chat")
