@@ -11,7 +11,7 @@ Served names, as torch hooks on the view's modules:
   the bridge.
 - ``ln_final.hook_out`` / ``ln_final.hook_normalized``: the input of the unembedding (read only).
 
-:data:`EDITABLE` lists the names whose hooks may return a replacement, so interventions that
+:func:`editable` tells whether every name is one whose hooks may return a replacement, so interventions that
 use only those run on a plain view (:func:`lensprobe.generation.engines.choose.choose_engine`).
 :func:`attached` attaches hooks and removes them on exit.
 """

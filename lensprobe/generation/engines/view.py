@@ -12,7 +12,7 @@ in-place edit of a weight shows in both). Before a view is first used it is chec
 logits must equal the bridge's on a short probe input, else the bridge is used.
 
 The recorders of :mod:`lensprobe.generation.loop` attach to the view under the same
-TransformerLens hook names (see :data:`PLAIN_HOOKS`): ``hook_embed`` (the input
+TransformerLens hook names (see :data:`lensprobe.generation.engines.hooknames.PLAIN_HOOKS`): ``hook_embed`` (the input
 embedding's output; a returned tensor replaces it), ``blocks.{l}.attn.hook_pattern`` (the
 attention weights the view's attention returns; read only) and ``ln_final.hook_out`` /
 ``ln_final.hook_normalized`` (the input of the unembedding; read only).
