@@ -4,9 +4,11 @@
   types (NaN -> null), for report data and summary files;
 - :func:`stable_repr`: an object as a string that is the same in every process (no memory
   addresses), for describing interventions and settings in configuration files;
-- :func:`digest` and :func:`json_digest`: short content hashes (same content, same digest).
+- :func:`digest` and :func:`json_digest`: short content hashes (same content, same digest);
+- :func:`describe_setting`: a setting as JSON (what a generation trace's ``meta`` records).
 """
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -86,3 +88,30 @@ def json_digest(data: Any, length: int = 16) -> str:
         True
     """
     return digest(json.dumps(data, sort_keys=True), length=length)
+
+
+def describe_setting(value: Any, structured: tuple[type, ...] = ()) -> Any:
+    """A JSON-able description of a setting (a thinking input, a schedule rule, a tracked set, an intervention).
+
+    Numbers, strings and ``None`` stay as they are; a dataclass of one of the ``structured``
+    types becomes ``{"type": name, field: description, ...}``; mappings and sequences are
+    described item by item; a named function becomes ``"function name"``; anything else its
+    :func:`stable_repr` (cut at 300 characters).
+
+    Example:
+        >>> describe_setting(lp.Pause(), structured=(lp.Pause,))
+        {'type': 'Pause', 'token': '<thinking>'}
+    """
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, structured) and dataclasses.is_dataclass(value):
+        return {"type": type(value).__name__,
+                **{f.name: describe_setting(getattr(value, f.name), structured) for f in dataclasses.fields(value)}}
+    if isinstance(value, Mapping):
+        return {str(k): describe_setting(v, structured) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [describe_setting(v, structured) for v in value]
+    if callable(value) and hasattr(value, "__name__"):
+        return f"{type(value).__name__} {value.__name__}"
+    text = stable_repr(value)
+    return text if len(text) <= 300 else text[:297] + "..."

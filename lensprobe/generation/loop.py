@@ -42,7 +42,6 @@ Example:
 """
 
 import contextlib
-import dataclasses
 import hashlib
 import time
 from collections.abc import Mapping, Sequence
@@ -56,6 +55,7 @@ from tqdm.auto import tqdm
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.forward import as_prompts, as_tokens
 from lensprobe.core.hooks import StepInfo, current_step, step_context
+from lensprobe.core.jsonable import describe_setting
 from lensprobe.core.models import check_layers
 from lensprobe.core.prompts import Prompt
 from lensprobe.generation.batch import PaddedBatch, pad_batch
@@ -421,20 +421,8 @@ def _texts(tokenizer, token_ids: Tensor, finish: list[str]) -> dict[str, list]:
 
 
 def _describe(x) -> Any:
-    """A JSON-able description of a setting (thinking input, rule, tracked set, intervention)."""
-    if x is None or isinstance(x, (bool, int, float, str)):
-        return x
-    if isinstance(x, (LatentFusion, Pause, Rule)) and dataclasses.is_dataclass(x):
-        return {"type": type(x).__name__,
-                **{f.name: _describe(getattr(x, f.name)) for f in dataclasses.fields(x)}}
-    if isinstance(x, Mapping):
-        return {str(k): _describe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_describe(v) for v in x]
-    if callable(x) and hasattr(x, "__name__"):
-        return f"{type(x).__name__} {x.__name__}"
-    text = repr(x)
-    return text if len(text) <= 300 else text[:297] + "..."
+    """A setting as JSON: thinking inputs and schedule rules field by field (see :func:`describe_setting`)."""
+    return describe_setting(x, structured=(LatentFusion, Pause, Rule))
 
 
 # ----- sampling and progress ------------------------------------------------------------

@@ -3,10 +3,11 @@
 import torch
 
 
-def latent_by_hand(h, logits, E, *, alpha, top_p, exclude):
+def latent_by_hand(h, logits, E, *, alpha, top_p, exclude, temperature=1.0):
     """alpha * h + (1 - alpha) * sum_w p~(w) E(w), p~ = top-p of the softmax with ``exclude`` masked,
     written as a loop over the sorted probabilities; also the number of tokens kept."""
-    p = torch.softmax(logits.double().masked_fill(torch.arange(logits.shape[-1]) == exclude, float("-inf")), -1)
+    scaled = logits.double() / temperature
+    p = torch.softmax(scaled.masked_fill(torch.arange(logits.shape[-1]) == exclude, float("-inf")), -1)
     kept, mass = [], 0.0
     for prob, i in sorted(((float(p[i]), i) for i in range(p.shape[0])), reverse=True):
         if mass >= top_p:

@@ -231,25 +231,11 @@ def test_latent_fusion_vector_by_hand(smol, smol_hf, prompt):
     E = smol_hf.get_input_embeddings().weight
     alpha, top_p, temp, masked = 0.6, 0.9, 0.7, int(logits.argmax())
     # by hand: mask, softmax with temperature, walk the sorted list until the mass reaches top_p
-    z = [float(v) / temp for v in logits.double()]
-    z[masked] = float("-inf")
-    zmax = max(z)
-    w = [0.0 if v == float("-inf") else pow(2.718281828459045, v - zmax) for v in z]
-    total = sum(w)
-    probs = sorted(((wi / total, i) for i, wi in enumerate(w)), reverse=True)
-    kept, mass = [], 0.0
-    for p_i, i in probs:
-        if mass >= top_p:
-            break
-        kept.append((p_i, i))
-        mass += p_i
-    norm = sum(p_i for p_i, _ in kept)
-    soft = sum((p_i / norm) * E[i].double() for p_i, i in kept)
-    expect = alpha * h.double() + (1 - alpha) * soft
+    expect, n_kept = latent_by_hand(h, logits, E, alpha=alpha, top_p=top_p, exclude=masked, temperature=temp)
     got = latent_fusion_vector(h[None], logits[None], E, alpha=alpha, top_p=top_p,
                                temperature=temp, exclude_token=masked)[0]
-    assert torch.allclose(got.double(), expect, atol=1e-5)
-    assert len(kept) > 1  # the nucleus had several tokens, so the sum was exercised
+    assert torch.allclose(got, expect, atol=1e-5)
+    assert n_kept > 1  # the nucleus had several tokens, so the sum was exercised
     # alpha = 1 is the raw final hidden state (Coconut)
     coconut = latent_fusion_vector(h[None], logits[None], E, alpha=1.0, exclude_token=masked)[0]
     assert torch.allclose(coconut, h, atol=1e-6)
