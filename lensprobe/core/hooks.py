@@ -77,6 +77,19 @@ def intervene(model, *interventions) -> Iterator[Any]:
         yield model
 
 
+def check_positions(interventions, length: int, what: str = "prompt") -> None:
+    """Let each intervention that acts on token positions refuse positions a run of ``length``
+    positions never reaches (its ``check_positions(length, what)`` method), before any forward.
+
+    Example:
+        >>> check_positions([lp.ablate_heads("L0H1", positions=[5000])], 39)  # raises LensprobeError
+    """
+    for item in interventions:
+        check = getattr(item, "check_positions", None)
+        if callable(check):
+            check(length, what)
+
+
 def pattern_hook_name(layer: int) -> str:
     """Hook point of a layer's attention pattern, ``[batch, head, query_pos, key_pos]``."""
     return f"blocks.{layer}.attn.hook_pattern"
@@ -89,10 +102,13 @@ def recording_hook(store: dict, key: Any, *, reduce: Callable[[Tensor], Tensor] 
     This is how every recorder of lensprobe records: ``reduce(activation)`` when a reduction
     is given (computed inside the hook, so the full activation is never stored), else a
     copy of the activation (``copy=True``), or the model's own tensor (``copy=False``).
-    The activation is detached first and never edited.
+    The activation is detached first and never edited; a half-precision activation (bf16,
+    fp16) is recorded in float32, so reductions and metrics over it accumulate in float32.
     """
     def record(act: Tensor, hook) -> None:
         value = act.detach()
+        if value.dtype in (torch.float16, torch.bfloat16):
+            value = value.float()  # recorded values accumulate in float32 whatever the model's dtype
         if reduce is not None:
             store[key] = reduce(value)
         else:

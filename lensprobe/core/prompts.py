@@ -435,7 +435,7 @@ def _assemble_raw(tokenizer, pieces: Pieces, model, add_special_tokens: bool = T
                                 and owner[i] != "bos"), len(ids))
             segments[name] = (first_after, first_after)
     return Prompt(
-        tokens=torch.tensor([ids], dtype=torch.long),
+        tokens=torch.tensor([ids], dtype=torch.long, device="cpu"),
         str_tokens=[tokenizer.decode([i]) for i in ids],
         segments=segments,
         text=text,
@@ -509,7 +509,7 @@ def _assemble(tokenizer, pieces: list[tuple[str, str]], model) -> Prompt:
     _check_context(len(ids), model)
     str_tokens = [tokenizer.decode([i]) for i in ids]
     return Prompt(
-        tokens=torch.tensor([ids], dtype=torch.long),
+        tokens=torch.tensor([ids], dtype=torch.long, device="cpu"),
         str_tokens=str_tokens,
         segments=segments,
         text="".join(t for _, t in pieces),

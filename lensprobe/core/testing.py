@@ -3,6 +3,8 @@
 It is a real Hugging Face ``LlamaForCausalLM`` (so the KV cache and eager attention are
 the same code as in large models) wrapped in a TransformerLens ``TransformerBridge``,
 with a small byte-level BPE tokenizer trained on the spot and a ChatML chat template.
+:func:`tiny_hooked_model` holds the same weights in a TransformerLens 3.x
+``HookedTransformer`` (TransformerLens' own modules), with the same tokenizer.
 Nothing is downloaded. tokenizers, transformers and transformer_lens are imported on first
 use (:func:`lensprobe.core.lazy.heavy`), so the command line starts fast.
 """
@@ -14,8 +16,12 @@ import tempfile
 
 import torch
 
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.kinds import HOOKED_INSTALL, hooked_transformer_class
 from lensprobe.core.lazy import heavy
 from lensprobe.core.models import quiet
+
+__all__ = ["CHATML_TEMPLATE", "tiny_hf_model", "tiny_hooked_model", "tiny_model", "tiny_tokenizer"]
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -113,3 +119,49 @@ def tiny_model(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, n_kv_heads
         return TransformerBridge.boot_transformers(
             "lensprobe-tiny-llama", hf_model=hf, tokenizer=tok, n_ctx=n_ctx
         )
+
+
+def tiny_hooked_model(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, n_kv_heads: int = 2,
+                      d_model: int = 64, n_ctx: int = 256, chat_template: bool = True):
+    """The model of :func:`tiny_model` as a TransformerLens 3.x ``HookedTransformer``.
+
+    Same arguments and seed -> the same weights as ``tiny_hf_model(seed)`` (converted with
+    TransformerLens' own Llama weight converter, nothing folded or centred) and the same
+    tokenizer: grouped-query attention, a gated SiLU MLP, RMSNorm and rotary embeddings. So
+    the plain Hugging Face model from :func:`tiny_hf_model` is an independent oracle for it.
+
+    Raises:
+        LensprobeError: the installed TransformerLens has no ``HookedTransformer`` (4.x).
+
+    Example:
+        >>> from lensprobe.core.testing import tiny_hooked_model
+        >>> model = tiny_hooked_model()
+        >>> model.cfg.n_key_value_heads, model.cfg.gated_mlp
+        (2, True)
+    """
+    HookedTransformer = hooked_transformer_class()
+    if HookedTransformer is None:
+        raise LensprobeError(
+            "tiny_hooked_model needs TransformerLens 3.x, whose HookedTransformer was removed in 4.0: "
+            f"install it with `{HOOKED_INSTALL}` (or run `make test-tl3`)."
+        )
+    tl = heavy("transformer_lens")
+    convert = heavy("transformer_lens.pretrained.weight_conversions").convert_llama_weights
+    hf, tok = tiny_hf_model(seed, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                            d_model=d_model, n_ctx=n_ctx, chat_template=chat_template)
+    c = hf.config
+    d_head = c.hidden_size // c.num_attention_heads
+    rope = getattr(c, "rope_parameters", None) or {"rope_theta": c.rope_theta}
+    cfg = tl.HookedTransformerConfig(
+        model_name="lensprobe-tiny-llama", original_architecture="LlamaForCausalLM",
+        d_model=c.hidden_size, d_head=d_head, n_heads=c.num_attention_heads, d_mlp=c.intermediate_size,
+        n_layers=c.num_hidden_layers, n_ctx=c.max_position_embeddings, eps=c.rms_norm_eps, d_vocab=c.vocab_size,
+        act_fn=c.hidden_act, n_key_value_heads=c.num_key_value_heads, normalization_type="RMS", final_rms=True,
+        positional_embedding_type="rotary", rotary_adjacent_pairs=False, rotary_dim=d_head,
+        rotary_base=float(rope["rope_theta"]), gated_mlp=True, device="cpu", dtype=torch.float32,
+    )
+    with quiet():  # TransformerLens 3.x warns that HookedTransformer is deprecated
+        model = HookedTransformer(cfg, tokenizer=tok)
+        model.load_and_process_state_dict(convert(hf, cfg), fold_ln=False, center_writing_weights=False,
+                                          center_unembed=False, fold_value_biases=False)
+    return model.eval()

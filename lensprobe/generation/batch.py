@@ -59,12 +59,12 @@ def pad_batch(items: list[tuple[list[int], Prompt | None]], n_samples: int, max_
               pad_id: int, device) -> PaddedBatch:
     """Rows for every prompt x sample, left-padded to the longest prompt, on ``device``."""
     rows = [(pi, j) for pi in range(len(items)) for j in range(n_samples)]
-    lengths = torch.tensor([len(items[pi][0]) for pi, _ in rows])
+    lengths = torch.tensor([len(items[pi][0]) for pi, _ in rows], device="cpu")
     width = int(lengths.max())
-    ids = torch.full((len(rows), width), int(pad_id), dtype=torch.long)
-    mask = torch.zeros((len(rows), width + max_new_tokens), dtype=torch.long)
+    ids = torch.full((len(rows), width), int(pad_id), dtype=torch.long, device="cpu")
+    mask = torch.zeros((len(rows), width + max_new_tokens), dtype=torch.long, device="cpu")
     for r, (pi, _) in enumerate(rows):
         seq = items[pi][0]
-        ids[r, width - len(seq):] = torch.tensor(seq)
+        ids[r, width - len(seq):] = torch.tensor(seq, device="cpu")
         mask[r, width - len(seq):width] = 1
     return PaddedBatch(rows, ids.to(device), mask.to(device), lengths.to(device), int(pad_id))

@@ -11,15 +11,30 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks import Hook, pattern_hook_name
+from lensprobe.core.kinds import is_hooked_transformer
 from lensprobe.generation.engines.threads import one_thread
 
 __all__ = ["StepRecorder", "final_hidden_hook"]
 
 
 def final_hidden_hook(model) -> str:
-    """The hook point holding the input of the unembedding (the final hidden state)."""
+    """The hook point holding the input of the unembedding (the final hidden state, after the final norm's weight).
+
+    A bridge's ``ln_final.hook_out``; a HookedTransformer's ``unembed.hook_in`` (its
+    ``ln_final.hook_normalized`` comes before the norm's weight).
+
+    Raises:
+        LensprobeError: no such hook point, or a HookedTransformer whose final norm weight was folded
+            into the unembedding (that hidden state no longer exists in it).
+    """
     names = model.hook_dict
-    for name in ("ln_final.hook_out", "ln_final.hook_normalized"):
+    if is_hooked_transformer(model) and str(model.cfg.normalization_type).endswith("Pre"):
+        raise LensprobeError(
+            "LatentFusion needs the final hidden state after the final norm's weight, but this HookedTransformer "
+            f"has its norm weights folded into the next layers (normalization_type={model.cfg.normalization_type!r}): "
+            "load it with HookedTransformer.from_pretrained_no_processing(...) or from_pretrained(..., fold_ln=False)."
+        )
+    for name in ("ln_final.hook_out", "unembed.hook_in", "ln_final.hook_normalized"):
         if name in names:
             return name
     raise LensprobeError("this model has no ln_final hook point; LatentFusion needs the final hidden state.")

@@ -34,6 +34,7 @@ from tokenizers import AddedToken
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.kinds import is_hooked_transformer
 
 __all__ = [
     "THINKING_TOKEN",
@@ -215,13 +216,15 @@ def add_thinking_token(model, token: str = THINKING_TOKEN) -> int:
     existing input embeddings**; with untied weights, one row initialised to the mean
     output row is appended to the output layer too (tied weights grow together). So an
     untrained model sees the thinking token as an "average" token. If the token already
-    is one token of the vocabulary, nothing changes.
+    is one token of the vocabulary, nothing changes. A TransformerLens 3.x
+    ``HookedTransformer`` grows the same way: a mean row in ``W_E``, a mean column in
+    ``W_U`` and the mean of ``b_U``.
 
     This changes the model in place (its vocabulary grows by one); call it on a copy
     (``copy.deepcopy(model)``) if other code shares the model.
 
     Args:
-        model: a TransformerLens model over a Hugging Face model (a ``TransformerBridge``).
+        model: a ``TransformerBridge`` over a Hugging Face model, or a ``HookedTransformer``.
         token: the token string, e.g. ``"<thinking>"`` (no whitespace).
 
     Returns:
@@ -242,18 +245,22 @@ def add_thinking_token(model, token: str = THINKING_TOKEN) -> int:
     if len(ids) == 1 and tok.decode(ids) == token:
         return int(ids[0])
     hf = _check_can_add(model, token, ids)
-    old_vocab = _base_module(hf.get_input_embeddings()).weight.shape[0]
+    old_vocab = _embedding_rows(model, hf)
     tok.add_tokens([AddedToken(token, special=True, normalized=False)], special_tokens=True)
     new_id = tok.convert_tokens_to_ids(token)
     if new_id != old_vocab:  # pragma: no cover - tokenizer-specific
         raise LensprobeError(f"the tokenizer gave the new token id {new_id}, expected {old_vocab}.")
-    _append_mean_rows(hf)
+    if hf is None:
+        _append_mean_rows_hooked(model)
+    else:
+        _append_mean_rows(hf)
     _set_vocab_size(model, hf, old_vocab + 1)
     return int(new_id)
 
 
 def _check_can_add(model, token: str, ids: list[int]):
-    """The Hugging Face model to grow, or a clear error why ``token`` cannot be added."""
+    """The Hugging Face model to grow (``None`` for a HookedTransformer), or a clear error why
+    ``token`` cannot be added."""
     tok = model.tokenizer
     added = set(getattr(tok, "all_special_ids", [])) | set(getattr(tok, "added_tokens_decoder", {}) or {})
     if len(ids) > 1 and all(i in added for i in ids):
@@ -262,13 +269,16 @@ def _check_can_add(model, token: str, ids: list[int]):
             f"{token!r} is already several tokens of the vocabulary ({pieces}); a thinking token "
             "must be one token: pass one string such as '<thinking>'."
         )
-    hf = getattr(model, "original_model", None)
-    if hf is None or not hasattr(hf, "get_input_embeddings"):
-        raise LensprobeError(
-            "add_thinking_token needs a TransformerLens TransformerBridge over a Hugging Face "
-            "model (lp.load_model() returns one)."
-        )
-    rows = _base_module(hf.get_input_embeddings()).weight.shape[0]
+    if is_hooked_transformer(model):
+        hf = None
+    else:
+        hf = getattr(model, "original_model", None)
+        if hf is None or not hasattr(hf, "get_input_embeddings"):
+            raise LensprobeError(
+                "add_thinking_token needs a TransformerLens TransformerBridge over a Hugging Face "
+                "model (lp.load_model() returns one) or a HookedTransformer."
+            )
+    rows = _embedding_rows(model, hf)
     if len(tok) != rows:
         raise LensprobeError(
             f"the tokenizer has {len(tok)} tokens but the embedding has {rows} rows; "
@@ -295,14 +305,31 @@ def _append_mean_rows(hf) -> None:
             out.out_features = out.weight.shape[0]
 
 
+def _embedding_rows(model, hf) -> int:
+    """Rows of the input embedding: the Hugging Face model's, or a HookedTransformer's ``W_E``."""
+    return int((model.embed.W_E if hf is None else _base_module(hf.get_input_embeddings()).weight).shape[0])
+
+
+def _append_mean_rows_hooked(model) -> None:
+    """Append the mean row to a HookedTransformer's ``W_E``, the mean column to ``W_U`` and the mean to ``b_U``."""
+    with torch.no_grad():
+        for param, dim in ((model.embed.W_E, 0), (model.unembed.W_U, 1)):
+            param.data = torch.cat([param.data, param.data.mean(dim, keepdim=True)], dim)
+        bias = getattr(model.unembed, "b_U", None)
+        if bias is not None:
+            bias.data = torch.cat([bias.data, bias.data.mean().reshape(1)])
+
+
 def _set_vocab_size(model, hf, new_vocab: int) -> None:
+    for name in ("d_vocab", "d_vocab_out"):
+        if hasattr(model.cfg, name):
+            setattr(model.cfg, name, new_vocab)
+    if hf is None:
+        return
     hf.config.vocab_size = new_vocab
     text_config = getattr(hf.config, "text_config", None)
     if text_config is not None and hasattr(text_config, "vocab_size"):
         text_config.vocab_size = new_vocab
-    for name in ("d_vocab", "d_vocab_out"):
-        if hasattr(model.cfg, name):
-            setattr(model.cfg, name, new_vocab)
 
 
 def _base_module(module):

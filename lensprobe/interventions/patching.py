@@ -6,6 +6,12 @@ question positions, token by token (the segment must hold the same number of tok
 both). Each patched site (hook point x segment) is measured on its own; all sites run as
 rows of one batch, with the unpatched target as row 0.
 
+**Sharding.** With ``out=folder`` every site is a unit of its own, run as a batch of two
+rows (the unpatched target and the patched one), so it gives the same numbers whatever the
+number of processes; the units are spread over the processes of a launcher (``torchrun``,
+``accelerate launch``, ``srun``; see :mod:`lensprobe.core.shards`), saved as soon as they are
+computed, and skipped by a rerun.
+
 Example: does the layer-0 output over the question carry the filler's effect?
 
     >>> with_filler = lp.build_prompt(model, q, system=s, filler=lp.Filler.meaningless())
@@ -14,6 +20,7 @@ Example: does the layer-0 output over the question carry the filler's effect?
     >>> res.to_dataframe()[["site", "clean", "patched", "change", "kl"]]
 """
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +30,12 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks import ActivationRecorder, resolve_hooks
+from lensprobe.core.jsonable import describe_setting
 from lensprobe.core.lazy import pandas
 from lensprobe.core.measures import logits_needed, resolve_measure, run_logits, run_measure
+from lensprobe.core.shards import check_shard, content_digest, model_fingerprint, run_sharded
+
+__all__ = ["PatchHook", "PatchResult", "check_hook_names", "patch", "patch_hooks", "site_rows"]
 
 _UNPATCHABLE = ("hook_pattern", "hook_attn_scores")
 
@@ -101,7 +112,8 @@ def _aligned(source, target, src_len: int, tgt_len: int, segment: str | None) ->
 
 def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], *,
           segments: str | Sequence[str] | None = None, metric: Any = "entropy", answer: str | None = None,
-          combined: bool = True) -> PatchResult:
+          combined: bool = True, out: str | os.PathLike | None = None, rank: int | None = None,
+          world_size: int | None = None) -> PatchResult:
     """Run ``target_prompt`` with activations copied from ``source_prompt``; measure each site.
 
     Args:
@@ -118,15 +130,31 @@ def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], 
         answer: the answer for ``"logprob"`` (appended to both prompts).
         combined: also report a row with every site patched at once (when there are
             several sites).
+        out: a folder where each site's result is saved as soon as it is computed: a rerun
+            skips it, and a sharded run's processes meet there (on a filesystem they all
+            share). Each site then runs in its own two-row batch (see the module docs). A
+            folder of a patching run with other settings is refused. ``None`` (default): all
+            sites in one batch, nothing saved.
+        rank, world_size: this process's shard; default from the environment
+            (:func:`~lensprobe.core.shards.shard_info`). Rank ``r`` computes every
+            ``world_size``-th site from site ``r`` (the all-sites row last); with
+            ``world_size > 1``, ``out`` is required.
 
     Returns:
         A :class:`PatchResult`; ``.to_dataframe()`` has one row per site (hook x segment)
-        with the clean and patched metric, their difference and a KL divergence.
+        with the clean and patched metric, their difference and a KL divergence. In a
+        sharded run, rank 0 waits for the other processes and returns every site, equal to
+        a single-process run with ``out``; the other ranks return the rows of their sites.
+
+    Raises:
+        LensprobeError: unknown or unpatchable hooks, segments that do not align, a sharded
+            run without ``out``, a folder of another run, or other ranks that stop finishing sites.
 
     Example:
         >>> res = lp.patch(model, with_filler, without, "blocks.0.hook_resid_post", segments="question")
     """
     names = check_hook_names(model, hook_names)
+    rank, world_size = check_shard(rank, world_size, out)
     segs: list[str | None] = [None] if segments is None else (
         [segments] if isinstance(segments, str) else list(segments))
     measure = resolve_measure(metric, answer=answer)
@@ -139,10 +167,44 @@ def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], 
     source_value = float(run_measure(model, measure, source_prompt, src_tokens, rec)[0][0])
 
     sites = [(name, seg) for name in names for seg in segs]
-    row_sites: list[list[tuple[str, str | None]]] = [[]] + [[s] for s in sites]
-    if combined and len(sites) > 1:
-        row_sites.append(sites)
-    hooks = patch_hooks(names, rec.acts, row_sites, alignment, T)
+    row_groups = [[site] for site in sites] + ([sites] if combined and len(sites) > 1 else [])
+    groups = {f"{i}: " + (f"{g[0][0]} @ {g[0][1] or 'all positions'}" if len(g) == 1 else "all sites"): g
+              for i, g in enumerate(row_groups)}
+    label = getattr(measure, "name", str(metric))
+
+    def run(row_sites: list[list[tuple[str, str | None]]]) -> tuple[Tensor, Tensor]:
+        return _measure_rows(model, measure, target_prompt, tgt_tokens, rec.acts, names, row_sites, alignment)
+
+    if out is None:
+        row_sites = [[], *row_groups]
+        values, kl = run(row_sites)
+        return PatchResult(label, float(values[0]), source_value, site_rows(row_sites, alignment, values, kl,
+                                                                               source_value))
+
+    def compute(unit: str) -> dict[str, float]:
+        values, kl = run([[], groups[unit]])
+        return {"clean": float(values[0]), "patched": float(values[1]), "kl": float(kl[1])}
+
+    settings = {"model": model_fingerprint(model), "source": content_digest(source_prompt),
+                "target": content_digest(target_prompt), "sites": list(groups), "metric": describe_setting(metric),
+                "answer": answer}
+    got = run_sharded(list(groups), compute, out=out, kind="patch", settings=settings, rank=rank,
+                      world_size=world_size)
+    clean = next((r["clean"] for r in got.values()), float("nan"))
+    values = torch.tensor([clean, *(r["patched"] for r in got.values())], device="cpu")
+    kl = torch.tensor([0.0, *(r["kl"] for r in got.values())], device="cpu")
+    row_sites = [[], *(groups[unit] for unit in got)]
+    return PatchResult(label, float(values[0]), source_value, site_rows(row_sites, alignment, values, kl,
+                                                                           source_value))
+
+
+def _measure_rows(model, measure, target_prompt, tgt_tokens: Tensor, source_acts: dict[str, Tensor],
+                  names: list[str], row_sites: list[list[tuple[str, str | None]]], alignment: dict
+                  ) -> tuple[Tensor, Tensor]:
+    """The measure and the KL divergence from row 0 for one batch of the target, row ``r``
+    patched at the sites ``row_sites[r]`` (row 0: no site, the clean target)."""
+    T = tgt_tokens.shape[1]
+    hooks = patch_hooks(names, source_acts, row_sites, alignment, T)
     batch = tgt_tokens.expand(len(row_sites), -1)
     n_prompt = int(target_prompt.tokens.shape[1] if hasattr(target_prompt, "tokens") else T)
     keep = max(logits_needed(measure, model, target_prompt), T - n_prompt + 1)
@@ -153,8 +215,7 @@ def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], 
     last = n_prompt - 1 - (T - logits.shape[1])  # the last prompt position among the kept logits
     logp = torch.log_softmax(logits[:, last].float(), dim=-1)
     kl = (logp[0].exp() * (logp[0] - logp)).sum(-1).cpu()
-    rows = site_rows(row_sites, alignment, values, kl, source_value)
-    return PatchResult(getattr(measure, "name", str(metric)), float(values[0]), source_value, rows)
+    return values, kl
 
 
 def check_hook_names(model, hook_names: str | Sequence[str]) -> list[str]:
@@ -182,7 +243,7 @@ def patch_hooks(names: list[str], source_acts: dict[str, Tensor], row_sites: lis
     for row, group in enumerate(row_sites):
         for name, seg in group:
             src_pos, tgt_pos = alignment[seg]
-            writes[name].append((row, torch.tensor(tgt_pos), torch.tensor(src_pos)))
+            writes[name].append((row, torch.tensor(tgt_pos, device="cpu"), torch.tensor(src_pos, device="cpu")))
     return [(name, PatchHook(name, source_acts[name], tuple(w), target_len)) for name, w in writes.items() if w]
 
 

@@ -94,7 +94,7 @@ def head_means(model, reference, *, layers: Sequence[int] | None = None,
     items = [as_tokens(model, p) for p in as_prompts(model, reference)]  # [1, pos] each
     longest = max(t.shape[1] for t in items)
     sums: dict[int, Tensor] = {}
-    counts = torch.zeros(longest, dtype=torch.float64)
+    counts = torch.zeros(longest, dtype=torch.float64, device="cpu")
     for tokens in items:
         n = tokens.shape[1]
         counts[:n] += 1

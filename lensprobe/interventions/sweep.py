@@ -6,6 +6,12 @@ single-head ablations cost one forward. The first batch of every prompt also hol
 unablated row, the baseline. Heads run in layer order, and the layers below a batch's
 lowest ablated head (identical in every row) run once, at batch size 1, before the
 residual stream is copied into the rows.
+
+**Sharding.** The work splits into units, one per (prompt, batch of heads): the batches are
+fixed by ``batch_size`` alone, so every unit runs the same forward whatever the number of
+processes. With ``out=folder`` the units are spread over the processes of a launcher
+(``torchrun``, ``accelerate launch``, ``srun``; see :mod:`lensprobe.core.shards`), each unit's
+values are saved as soon as they are computed, and a rerun skips the units on disk.
 """
 
 from collections.abc import Sequence
@@ -16,11 +22,11 @@ from typing import Any
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.forward import as_prompts
 from lensprobe.core.heads import head_label, resolve_heads, resolve_positions
+from lensprobe.core.jsonable import describe_setting, stable_repr
 from lensprobe.core.lazy import pandas
 from lensprobe.core.measures import (
     AnswerLogProb,
@@ -31,9 +37,12 @@ from lensprobe.core.measures import (
     resolve_measure,
     run_measure,
 )
+from lensprobe.core.shards import check_shard, content_digest, model_fingerprint, run_sharded
 from lensprobe.interventions.ablation import RowHeadAblation
 from lensprobe.interventions.arm import ARM
 from lensprobe.interventions.replacement import Method, ablation_source, check_method
+
+__all__ = ["SweepResult", "ablation_sweep", "sweep_prompt"]
 
 _PREFIX_SAFE = (Entropy, AnswerLogProb, AttentionTo, CallableMeasure)
 """Measures that cope with batch-1 activations below the shared prefix's end."""
@@ -75,7 +84,7 @@ class SweepResult:
 
     def grid(self) -> Float[Tensor, "layer head"]:
         """Mean change over prompts as a ``[layer, head]`` tensor (NaN where not swept)."""
-        out = torch.full((self.n_layers, self.n_heads), float("nan"))
+        out = torch.full((self.n_layers, self.n_heads), float("nan"), device="cpu")
         mean = self.changes.mean(0)
         for (layer, head), value in zip(self.heads, mean.tolist(), strict=True):
             out[layer, head] = value
@@ -146,10 +155,12 @@ def _row_independent(interventions) -> tuple:
 
 
 def sweep_prompt(model, prompt, measure: Measure, chunks: list[list[tuple[int, int] | None]], method: Method,
-                 positions, source, share: bool, bar, interventions: Sequence = ()) -> tuple[Tensor, bool]:
+                 positions, source, share: bool, bar: Any = None, interventions: Sequence = ()
+                 ) -> tuple[Tensor, bool]:
     """The measure with each chunk's heads ablated (batch row ``b`` ablating ``chunk[b]``; ``None``
     is the unablated row), concatenated over chunks; and whether sharing the prefix still works.
-``interventions`` are attached to every row.
+    ``interventions`` are attached to every row; ``bar`` (a progress bar, or ``None``) moves
+    one step per chunk.
 
     With ``share``, the layers below a chunk's lowest ablated head run once at batch size 1
     and the residual stream is copied into the rows there; a model that cannot change the
@@ -164,21 +175,25 @@ def sweep_prompt(model, prompt, measure: Measure, chunks: list[list[tuple[int, i
             try:
                 expand = (f"blocks.{start}.hook_resid_pre", _ExpandBatch(len(chunk)))
                 values.append(run_measure(model, measure, prompt, tokens, expand, abl, *interventions)[0])
-                bar.update(1)
+                if bar is not None:
+                    bar.update(1)
                 continue
             except LensprobeError:
                 raise
             except Exception:  # a model that cannot change batch size mid-forward
                 share = False
         values.append(run_measure(model, measure, prompt, tokens.expand(len(chunk), -1), abl, *interventions)[0])
-        bar.update(1)
+        if bar is not None:
+            bar.update(1)
     return torch.cat(values), share
 
 
 def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all", method: Method = "zero",
                    reference: Any = None, per_position: bool = False, positions: Any = None,
                    answers: str | Sequence[str] | None = None, batch_size: int = 32,
-                   progress: bool = True, share_prefix: bool = True, interventions: Sequence = ()) -> SweepResult:
+                   progress: bool = True, share_prefix: bool = True, interventions: Sequence = (),
+                   out: str | Path | None = None, rank: int | None = None,
+                   world_size: int | None = None) -> SweepResult:
     """Ablate each head on its own and measure how a metric changes, for every head asked.
 
     Args:
@@ -203,16 +218,31 @@ def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all
         interventions: attached to every run, the baseline included (e.g. ``[lp.ARM(...,
             per_row=True)]``: the sweep under ARM). Each batch row holds another ablation, so
             an intervention whose statistics span the batch is refused: ARM needs ``per_row=True``.
+        out: a folder where each unit's values (one prompt, one batch of heads) are saved as
+            soon as they are computed: a rerun skips them, and a sharded run's processes meet
+            there (it must be on a filesystem they all share). A folder of a sweep with other
+            settings is refused. ``None`` (default): nothing is saved.
+        rank, world_size: this process's shard; default from the environment
+            (:func:`~lensprobe.core.shards.shard_info`: ``RANK``/``WORLD_SIZE`` under
+            ``torchrun`` or ``accelerate launch``). Rank ``r`` computes every
+            ``world_size``-th unit from unit ``r``; with ``world_size > 1``, ``out`` is required.
 
     Returns:
         A :class:`SweepResult`; ``.table`` is the [layer, head] DataFrame of mean changes
-        (``ablated - baseline``), ``.to_csv(path)`` writes it.
+        (``ablated - baseline``), ``.to_csv(path)`` writes it. In a sharded run, rank 0
+        waits for the other processes and returns the whole sweep, equal to a
+        single-process run; the other ranks return their part, ``NaN`` outside their units.
+
+    Raises:
+        LensprobeError: bad heads, metric, method or batch size; a sharded run without
+            ``out``; a folder of another sweep; other ranks that stop finishing units.
 
     Example:
         >>> res = lp.ablation_sweep(model, prompt, "entropy")
         >>> res.table.loc[0, 3]   # entropy change from ablating L0H3
     """
     check_method(method, reference)
+    rank, world_size = check_shard(rank, world_size, out)
     interventions = _row_independent(interventions)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise LensprobeError(f"batch_size must be a positive integer, got {batch_size!r}.")
@@ -226,15 +256,34 @@ def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all
     order = sorted(range(len(pairs)), key=lambda i: pairs[i])
     rows: list[tuple[int, int] | None] = [None, *(pairs[i] for i in order)]
     chunks = [rows[i: i + batch_size] for i in range(0, len(rows), batch_size)]
-    share = share_prefix and type(measures[0]) in _PREFIX_SAFE
-    baseline = torch.empty(len(items))
-    ablated = torch.empty(len(items), len(pairs))
-    with tqdm(total=len(items) * len(chunks), desc="ablation sweep", unit="batch", disable=not progress) as bar:
-        for p_idx, (prompt, measure) in enumerate(zip(items, measures, strict=True)):
-            pos = resolve_positions(positions, prompt if hasattr(prompt, "positions") else None)
-            flat, share = sweep_prompt(model, prompt, measure, chunks, method, pos, source, share, bar,
-                                       interventions)
-            baseline[p_idx] = flat[0]
-            ablated[p_idx, torch.tensor(order)] = flat[1:]
+    units = {f"prompt {p} batch {c}": (p, c) for p in range(len(items)) for c in range(len(chunks))}
+    state = {"share": share_prefix and type(measures[0]) in _PREFIX_SAFE}
+
+    def compute(unit: str) -> list[float]:
+        p_idx, c_idx = units[unit]
+        prompt = items[p_idx]
+        pos = resolve_positions(positions, prompt if hasattr(prompt, "positions") else None)
+        flat, state["share"] = sweep_prompt(model, prompt, measures[p_idx], [chunks[c_idx]], method, pos, source,
+                                            state["share"], None, interventions)
+        return flat.tolist()
+
+    settings = {} if out is None else {
+        "model": model_fingerprint(model), "prompts": [content_digest(p) for p in items],
+        "metric": describe_setting(metric), "answers": answers, "heads": pairs, "method": method,
+        "reference": content_digest(source), "positions": describe_setting(positions), "batch_size": batch_size,
+        "share_prefix": share_prefix, "interventions": [stable_repr(i) for i in interventions],
+    }
+    values = run_sharded(list(units), compute, out=out, kind="ablation sweep", settings=settings, rank=rank,
+                         world_size=world_size, progress="ablation sweep" if progress else False)
+    baseline = torch.full((len(items),), float("nan"), device="cpu")
+    ablated = torch.full((len(items), len(pairs)), float("nan"), device="cpu")
+    for unit, flat in values.items():
+        p_idx, c_idx = units[unit]
+        for k, value in enumerate(flat):
+            row = c_idx * batch_size + k  # row 0 of the first batch is the unablated baseline
+            if row == 0:
+                baseline[p_idx] = value
+            else:
+                ablated[p_idx, order[row - 1]] = value
     return SweepResult(pairs, baseline, ablated, getattr(measures[0], "name", str(metric)), method,
                        int(model.cfg.n_layers), int(model.cfg.n_heads))

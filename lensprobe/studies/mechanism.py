@@ -302,8 +302,8 @@ def filler_affine_fit(model, with_filler: Prompt, without: Prompt, layer: int = 
     z_without = o[names[2]][0].to(torch.float64)
     n_heads, n_kv = pattern.shape[0], v.shape[1]
     group = max(1, n_heads // n_kv)
-    qi, qo = torch.tensor(q_with), torch.tensor(q_without)
-    fill = torch.tensor(inserted, dtype=torch.long)
+    qi, qo = torch.tensor(q_with, device="cpu"), torch.tensor(q_without, device="cpu")
+    fill = torch.tensor(inserted, dtype=torch.long, device="cpu")
     rows = []
     for h in heads:
         kv = h if n_kv == n_heads else h // group
@@ -419,9 +419,9 @@ def _edges(values: list[Tensor], bins: Any) -> Tensor:
         hi = max(float(v.max()) for v in values)
         if hi <= lo:
             lo, hi = lo - 0.5, hi + 0.5
-        return torch.linspace(lo, hi, bins + 1, dtype=torch.float64)
+        return torch.linspace(lo, hi, bins + 1, dtype=torch.float64, device="cpu")
     try:
-        edges = torch.tensor([float(e) for e in bins], dtype=torch.float64)
+        edges = torch.tensor([float(e) for e in bins], dtype=torch.float64, device="cpu")
     except (TypeError, ValueError):
         raise LensprobeError(f"bins must be a number of bins or a list of bin edges, got {bins!r}.") from None
     if edges.numel() < 2 or not bool((edges[1:] > edges[:-1]).all()):

@@ -232,3 +232,88 @@ def test_tiny_model_is_seeded_gqa_llama(tiny):
         same, other, base = tiny_model(seed=0)(ids), tiny_model(seed=1)(ids), tiny(ids)
     torch.testing.assert_close(same, base, rtol=0, atol=0)
     assert not torch.allclose(other, base)
+
+
+# ----- device and dtype, for every kind of source ------------------------------------------------
+# ``meta`` stands in for an accelerator: a device other than the default one, where weights can be
+# placed and inspected without memory or a GPU (no forward runs there).
+
+
+def _placed(model, device: str, dtype: torch.dtype) -> None:
+    assert {p.device.type for p in model.parameters()} == {device}
+    assert {p.dtype for p in model.parameters()} == {dtype}
+    assert torch.device(model.cfg.device).type == device
+    assert not model.original_model.training
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    from lensprobe.core.testing import tiny_hf_model
+
+    hf, tok = tiny_hf_model(seed=1)
+    folder = tmp_path_factory.mktemp("tiny-folder")
+    hf.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(("device", "dtype"), [("meta", torch.bfloat16), ("meta", "fp16"), ("cpu", "bf16")])
+def test_a_folder_loads_on_the_device_and_dtype_asked(tiny_folder, device, dtype):
+    model = lp.load_model(tiny_folder, device=device, dtype=dtype)
+    _placed(model, device, lp.core.devices.resolve_dtype(dtype))
+
+
+def test_a_hub_name_loads_on_the_device_and_dtype_asked(tiny_folder, monkeypatch):
+    """The hub path up to the download: transformers' loaders are handed the tiny folder instead."""
+    import transformers
+
+    asked = []
+    for cls in (transformers.AutoModelForCausalLM, transformers.AutoTokenizer):
+        real = cls.from_pretrained.__func__
+
+        def fake(klass, name, *args, _real=real, **kwargs):
+            asked.append((name, kwargs.get("dtype")))
+            return _real(klass, str(tiny_folder), *args, **kwargs)
+
+        monkeypatch.setattr(cls, "from_pretrained", classmethod(fake))
+    model = lp.load_model("someone/some-model", device="meta", dtype="bf16")
+    _placed(model, "meta", torch.bfloat16)
+    assert ("someone/some-model", torch.bfloat16) in asked
+
+
+def test_the_default_device_is_cuda_then_mps_then_cpu(monkeypatch, tiny_folder):
+    import lensprobe.core.devices as devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert devices.default_device() == torch.device("mps")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert devices.default_device() == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert devices.default_device() == torch.device("cuda")
+    # load_model asks default_device() when no device is given
+    monkeypatch.setattr(devices, "default_device", lambda: torch.device("meta"))
+    monkeypatch.setattr(lp.core.models, "default_device", lambda: torch.device("meta"))
+    _placed(lp.load_model(tiny_folder), "meta", torch.float32)
+
+
+def test_an_existing_model_is_moved_and_cast_only_when_asked(tiny_folder):
+    model = lp.load_model(tiny_folder, device="cpu")
+    assert lp.load_model(model) is model
+    _placed(model, "cpu", torch.float32)
+    assert lp.load_model(model, dtype=torch.bfloat16) is model
+    _placed(model, "cpu", torch.bfloat16)
+    assert lp.load_model(model, device="meta") is model
+    _placed(model, "meta", torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, "float8", 3])
+def test_a_dtype_lensprobe_cannot_run_is_refused(tiny_folder, dtype):
+    with pytest.raises(LensprobeError, match="not a weight dtype lensprobe runs: use torch.float32"):
+        lp.load_model(tiny_folder, dtype=dtype)
+
+
+@pytest.mark.slow
+def test_the_embedded_model_and_a_gguf_file_load_on_the_device_and_dtype_asked(no_conversion):
+    _placed(lp.load_model(device="meta", dtype="bf16"), "meta", torch.bfloat16)
+    _placed(lp.load_model(embedded_gguf_path(), device="meta", dtype="fp16"), "meta", torch.float16)

@@ -53,7 +53,7 @@ def sweep_section(model, prompts: dict[str, Prompt], source: str, quick: bool) -
     n_kv = int(getattr(model.cfg, "n_key_value_heads", None) or n_heads)
     swept = "all" if not quick else [(layer, h) for layer in range(min(2, n_layers)) for h in range(n_heads)]
     sweep = ablation_sweep(model, [prompts["w/o"], prompts["w/ Mless"]], "entropy", heads=swept,
-                           batch_size=32, progress=False)
+                           batch_size=32, progress=False, rank=0, world_size=1)  # the demo never shards
     per_prompt = {"w/o": sweep.prompt(0), "w/ Mless": sweep.prompt(1)}
     layer0 = sweep.to_dataframe().query("layer == 0").groupby("head")["change"].mean()
     head = int(layer0.abs().idxmax())
@@ -157,7 +157,8 @@ def single_ablation_section(model, prompts: dict[str, Prompt], pair: tuple[int, 
 def patching_section(model, prompts: dict[str, Prompt]) -> Section:
     """Layer-0 activations patched from the Mless run into the plain run, site by site."""
     name = model_label(model)
-    res = patch(model, prompts["w/ Mless"], prompts["w/o"], list(PATCH_HOOKS), segments=list(PATCH_SEGMENTS))
+    res = patch(model, prompts["w/ Mless"], prompts["w/o"], list(PATCH_HOOKS), segments=list(PATCH_SEGMENTS),
+                rank=0, world_size=1)
     effect = res.source_value - res.target_value
     return Section(
         title="Activation patching: layer 0 from the Mless run into the plain run",

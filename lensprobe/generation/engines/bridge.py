@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lensprobe.core.devices import model_device
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks import Hook, intervene
 from lensprobe.generation.engines.view import has_user_hooks
@@ -36,7 +37,7 @@ def check_cached_steps(model) -> None:
     if _CHECKED.get(model) or has_user_hooks(model):  # the user's hooks could change the probe
         return
     vocab = int(model.cfg.d_vocab)
-    device = model.cfg.device if getattr(model.cfg, "device", None) is not None else "cpu"
+    device = model_device(model)
     probe = torch.tensor([[1, 2, 3, 5, 8]], device=device) % vocab
     with torch.inference_mode():
         full = model(probe, return_type="logits")[:, -1].float()

@@ -4,7 +4,9 @@ from collections.abc import Sequence
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks import resolve_hooks
+from lensprobe.core.kinds import is_hooked_transformer, require_bridge
 from lensprobe.generation.engines.bridge import BridgeEngine
+from lensprobe.generation.engines.hooked import HookedEngine
 from lensprobe.generation.engines.hooknames import editable, servable, supports
 from lensprobe.generation.engines.plain import PlainEngine
 from lensprobe.generation.engines.protocol import ENGINE_NAMES, Engine
@@ -25,9 +27,20 @@ def choose_engine(model, engine: str, *, interventions: Sequence, hook_names: Se
 
     The view's attention: ``"sdpa_last"`` when attention patterns are recorded (fused sdpa
     plus the newest query's row), else ``"sdpa"``; ``"eager"`` is the fallback for both.
+
+    A TransformerLens 3.x ``HookedTransformer`` has no Hugging Face modules to view: ``"auto"``
+    and ``"bridge"`` run it through its own hook points and KV cache
+    (:class:`~lensprobe.generation.engines.hooked.HookedEngine`), ``"hf"`` is an error.
+
+    Raises:
+        LensprobeError: an unknown engine name, or ``"hf"`` where the plain view cannot run.
     """
     if engine not in ENGINE_NAMES:
         raise LensprobeError(f"engine must be 'auto', 'bridge' or 'hf', got {engine!r}.")
+    if is_hooked_transformer(model):
+        if engine == "hf":
+            require_bridge(model, "engine='hf'", "use engine='auto' (its own hook points and KV cache)")
+        return HookedEngine(model)
     if engine == "bridge":
         return BridgeEngine(model)
     edits = [name for name, _ in resolve_hooks(model, interventions)]

@@ -3,10 +3,12 @@
 An engine runs the forwards of one generation. The loop (:mod:`lensprobe.generation.loop`)
 never looks inside it: it attaches its recorder hooks and the caller's interventions with
 :meth:`Engine.attach`, runs the prompt and every decode step with :meth:`Engine.forward`,
-and records :meth:`Engine.describe` in the trace's ``meta``. Two engines implement it:
+and records :meth:`Engine.describe` in the trace's ``meta``. Three engines implement it:
 :class:`~lensprobe.generation.engines.bridge.BridgeEngine` (the TransformerBridge and its
-hook points) and :class:`~lensprobe.generation.engines.plain.PlainEngine` (an unwrapped view
-of the same weights); :func:`~lensprobe.generation.engines.choose.choose_engine` picks one.
+hook points), :class:`~lensprobe.generation.engines.plain.PlainEngine` (an unwrapped view
+of the same weights) and :class:`~lensprobe.generation.engines.hooked.HookedEngine` (a
+TransformerLens 3.x ``HookedTransformer`` with its own KV cache);
+:func:`~lensprobe.generation.engines.choose.choose_engine` picks one.
 """
 
 from collections.abc import Sequence
@@ -29,7 +31,7 @@ class Engine(Protocol):
     """Runs the forwards of one generation (one instance per generation).
 
     Attributes:
-        name: ``"bridge"`` or ``"hf"`` (what ``trace.meta["engine"]`` records).
+        name: ``"bridge"``, ``"hf"`` or ``"hooked"`` (what ``trace.meta["engine"]`` records).
     """
 
     name: str

@@ -1,0 +1,408 @@
+"""Sharding work over processes: who computes which unit, where the results meet, and resuming.
+
+Work that splits into independent units (a prompt of a trace set, a batch of heads of one
+prompt in an ablation sweep, a patched site, a problem of an evaluation) is spread over the
+processes a launcher starts (``torchrun``, ``accelerate launch``, ``srun``, ``mpirun``):
+
+- :func:`shard_info` reads this process's ``(rank, world_size)`` from the environment;
+- :func:`my_units` gives rank ``r`` every ``world_size``-th unit, starting at unit ``r``;
+- :class:`ShardStore` keeps a run's results in a folder every process can read: ``shards.json``
+  (what the run computes, and its hash) and one ``shard-rank{R}.json`` per process, rewritten
+  atomically (temporary file, fsync, rename) after every finished unit, so a crash loses at
+  most the unit being computed;
+- :func:`run_sharded` ties them together: it computes this rank's units that are not on disk
+  yet, and on rank 0 waits for the other ranks' files and returns every unit's result.
+
+Processes meet only through files, so no ``torch.distributed`` process group is needed, and
+the folder must be on a filesystem all processes share. Each unit is computed by the same
+code whatever the number of processes, so a merged result equals a single-process run. A
+rerun with the same folder skips the units on disk (also those computed with another number
+of processes); a folder holding another run's settings is refused.
+
+Example:
+    >>> rank, world_size = shard_info()          # (0, 1) outside a launcher
+    >>> my_units(["a", "b", "c", "d", "e"], 1, 2)
+    ['b', 'd']
+    >>> run_sharded(["a", "b"], lambda u: len(u), out="runs/x", kind="demo", settings={"v": 1})
+    {'a': 1, 'b': 1}
+"""
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from tqdm.auto import tqdm
+
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.jsonable import digest, json_digest, stable_repr
+from lensprobe.core.locks import FileLock
+from lensprobe.core.models import model_label
+from lensprobe.core.prompts import Prompt, prompt_json
+
+__all__ = ["POLL_SECONDS", "SETTINGS_FILE", "STALL_TIMEOUT", "ShardStore", "atomic_file", "atomic_write_json",
+           "bind_local_gpu", "check_shard", "content_digest", "model_fingerprint", "my_units", "run_sharded",
+           "shard_info"]
+
+T = TypeVar("T")
+
+SETTINGS_FILE = "shards.json"
+STALL_TIMEOUT = 3600.0
+"""Seconds rank 0 waits without any rank finishing a unit before it gives up with an error."""
+POLL_SECONDS = 0.5
+_RANK_FILE = "shard-rank{}.json"
+_ENV_PAIRS = (("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"))
+
+
+def shard_info() -> tuple[int, int]:
+    """``(rank, world_size)`` from the launcher's environment; ``(0, 1)`` when not sharded.
+
+    Reads ``RANK``/``WORLD_SIZE`` (``torchrun``, ``accelerate launch``), else Open MPI's or
+    MPICH's variables (``mpirun``, ``accelerate launch --cpu`` with an MPI hostfile).
+
+    Raises:
+        LensprobeError: the variables are set but are not integers.
+
+    Example:
+        >>> shard_info()   # under torchrun --nproc-per-node 2, in the second process
+        (1, 2)
+    """
+    for rank_var, size_var in _ENV_PAIRS:
+        if rank_var in os.environ and size_var in os.environ:
+            try:
+                return int(os.environ[rank_var]), int(os.environ[size_var])
+            except ValueError:
+                raise LensprobeError(
+                    f"{rank_var}={os.environ[rank_var]!r} / {size_var}={os.environ[size_var]!r} are not integers: "
+                    "unset them, or start the processes with a launcher such as torchrun."
+                ) from None
+    return 0, 1
+
+
+def check_shard(rank: int | None, world_size: int | None, out: Any) -> tuple[int, int]:
+    """This process's ``(rank, world_size)``: the given values, else :func:`shard_info`'s.
+
+    Raises:
+        LensprobeError: ``rank`` is not in ``0 .. world_size - 1``, or the run is sharded
+            (``world_size > 1``) but has no output folder ``out`` to meet in.
+
+    Example:
+        >>> check_shard(None, None, None)   # outside a launcher
+        (0, 1)
+    """
+    if rank is None or world_size is None:
+        env_rank, env_world = shard_info()
+        rank = env_rank if rank is None else rank
+        world_size = env_world if world_size is None else world_size
+    _check_rank(rank, world_size)
+    if world_size > 1 and out is None:
+        raise LensprobeError(
+            f"a sharded run (world size {world_size}) needs an output folder (out=...) on a filesystem every "
+            "process shares: the processes' results meet there."
+        )
+    return rank, world_size
+
+
+def _check_rank(rank: Any, world_size: Any) -> None:
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, world_size))
+    if not (ints and world_size >= 1 and 0 <= rank < world_size):
+        raise LensprobeError(f"bad shard: rank {rank} of world size {world_size}; need 0 <= rank < world_size.")
+
+
+def my_units(units: Sequence[T], rank: int, world_size: int) -> list[T]:
+    """The units rank ``rank`` of ``world_size`` computes: every ``world_size``-th, from unit ``rank``.
+
+    Raises:
+        LensprobeError: ``rank`` is not in ``0 .. world_size - 1``.
+
+    Example:
+        >>> my_units(list(range(7)), 2, 3)
+        [2, 5]
+    """
+    _check_rank(rank, world_size)
+    return list(units)[rank::world_size]
+
+
+def bind_local_gpu() -> int | None:
+    """Make this process's GPU the one of its local rank (``LOCAL_RANK``), if there are GPUs.
+
+    Launchers start one process per GPU but leave every process on GPU 0; after this call
+    ``"cuda"`` (the default device of :func:`lensprobe.load_model`) means GPU ``LOCAL_RANK``.
+
+    Returns:
+        The GPU index chosen, or ``None`` (no GPU, or no ``LOCAL_RANK`` in the environment).
+
+    Example:
+        >>> bind_local_gpu()   # on a CPU-only machine
+    """
+    local = os.environ.get("LOCAL_RANK")
+    if local is None or not local.isdigit() or not torch.cuda.is_available():
+        return None
+    index = int(local) % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return index
+
+
+def model_fingerprint(model, name: str | None = None) -> dict:
+    """Identity of a model for a run's settings hash: name, shape and a hash of its first embedding rows.
+
+    Example:
+        >>> model_fingerprint(model)["n_layers"]
+        30
+    """
+    cfg = model.cfg
+    if name is None:
+        name = model_label(model)
+    weights = None
+    with torch.no_grad():
+        emb = None
+        hf = getattr(model, "original_model", None)
+        if hf is not None and hasattr(hf, "get_input_embeddings"):
+            emb = hf.get_input_embeddings().weight
+        elif hasattr(model, "W_E"):
+            emb = model.W_E
+        if emb is not None:
+            rows = emb[: min(64, emb.shape[0])].detach().to("cpu", torch.float32).contiguous()
+            weights = hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
+    return {"name": str(name), "n_layers": int(cfg.n_layers), "n_heads": int(cfg.n_heads),
+            "d_model": int(cfg.d_model), "d_vocab": int(cfg.d_vocab), "embedding_hash": weights}
+
+
+def content_digest(value: Any) -> str:
+    """A short hash of what ``value`` holds, the same in every process.
+
+    Tensors are hashed by shape, dtype and values; a :class:`~lensprobe.core.prompts.Prompt`
+    by its text, token ids and segments; dataclasses, mappings and sequences item by item;
+    anything else by :func:`~lensprobe.core.jsonable.stable_repr`.
+
+    Example:
+        >>> content_digest(torch.zeros(2)) == content_digest(torch.zeros(2))
+        True
+    """
+    return digest(*_chunks(value))
+
+
+def _chunks(value: Any) -> Iterator[str | bytes]:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().to("cpu")
+        yield f"tensor{tuple(t.shape)}{t.dtype};"
+        yield (t.float() if t.is_floating_point() else t).contiguous().numpy().tobytes()
+    elif isinstance(value, Prompt):
+        yield "prompt" + json.dumps(prompt_json(value), sort_keys=True)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        yield type(value).__name__ + "("
+        for f in dataclasses.fields(value):
+            yield f.name + "="
+            yield from _chunks(getattr(value, f.name))
+        yield ")"
+    elif isinstance(value, Mapping):
+        yield "{"
+        for k in value:
+            yield f"{k!r}:"
+            yield from _chunks(value[k])
+        yield "}"
+    elif isinstance(value, (list, tuple)):
+        yield "["
+        for v in value:
+            yield from _chunks(v)
+            yield ","
+        yield "]"
+    else:
+        yield stable_repr(value) + ";"
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` (same suffix) to write; on success it is fsynced and
+    renamed to ``path`` in one step, so readers see the old file or the whole new one, never a part.
+
+    Example:
+        >>> with atomic_file("out/trace.parquet") as tmp:
+        ...     trace.save(tmp)
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
+    """Write ``data`` as JSON with :func:`atomic_file` (floats written exactly: they read back bit for bit)."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return Path(path)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise LensprobeError(f"{path} is not valid JSON ({err.msg}): it was edited or damaged; delete it "
+                             "to compute its units again.") from None
+
+
+class ShardStore:
+    """One sharded run's folder: its settings, and every finished unit of every rank.
+
+    Args:
+        out: the folder (created if missing); every process of the run passes the same one.
+        kind: what the run computes (``"ablation sweep"``, ``"patch"``, ``"trace set"``, ...).
+        settings: JSON-able description of everything that changes the results; a folder
+            holding another kind or other settings is refused.
+        rank: this process's rank; it alone writes ``shard-rank{rank}.json`` (locked while open).
+
+    Raises:
+        LensprobeError: the folder holds another run, or another process holds this rank.
+
+    Example:
+        >>> with ShardStore("runs/x", "demo", {"v": 1}, rank=0) as store:
+        ...     _ = store.record("a", 1.5)
+        ...     store.done()
+        {'a': 1.5}
+    """
+
+    def __init__(self, out: str | os.PathLike, kind: str, settings: Mapping[str, Any], *, rank: int = 0) -> None:
+        self.out = Path(out).expanduser()
+        self.rank = rank
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._check_settings(kind, json.loads(json.dumps(dict(settings))))
+        self._lock = self._take_lock()
+        own = self.out / _RANK_FILE.format(rank)
+        self._mine: dict[str, Any] = _read_json(own).get("units", {}) if own.is_file() else {}
+
+    def _check_settings(self, kind: str, settings: dict) -> None:
+        path = self.out / SETTINGS_FILE
+        run_hash = json_digest([kind, settings])
+        if path.is_file():
+            old = _read_json(path)
+            if old.get("hash") == run_hash:
+                return
+            if old.get("kind") != kind:
+                why = f"a {old.get('kind')!r} run, this is a {kind!r} run"
+            else:
+                prev = old.get("settings", {})
+                keys = sorted(k for k in set(prev) | set(settings) if prev.get(k) != settings.get(k))
+                why = "other settings: " + ", ".join(keys or ["(details differ)"]) + " differ"
+            raise LensprobeError(f"{self.out} holds results of {why}. Use a new output folder, or delete this "
+                                 "one to start over.")
+        atomic_write_json(path, {"kind": kind, "hash": run_hash, "settings": settings})
+
+    def _take_lock(self) -> FileLock:
+        return FileLock(self.out / f".shard-rank{self.rank}.lock",
+                        busy=f"rank {self.rank} of {self.out} is being run by another process ({{holder}}): wait for "
+                             "it, or give each process its own rank (start them with a launcher such as torchrun)."
+                        ).acquire()
+
+    def done(self) -> dict[str, Any]:
+        """Every finished unit in the folder (all ranks' files) -> its result."""
+        units: dict[str, Any] = {}
+        for path in sorted(self.out.glob(_RANK_FILE.format("*"))):
+            units.update(_read_json(path).get("units", {}))
+        units.update(self._mine)
+        return units
+
+    def record(self, unit: str, result: Any) -> Any:
+        """Save one finished unit's JSON-able result in this rank's file; returns it as read back."""
+        self._mine[unit] = json.loads(json.dumps(result))
+        atomic_write_json(self.out / _RANK_FILE.format(self.rank), {"rank": self.rank, "units": self._mine})
+        return self._mine[unit]
+
+    def wait(self, units: Sequence[str], world_size: int, *, stall_timeout: float | None = None,
+             poll: float = POLL_SECONDS) -> dict[str, Any]:
+        """Wait until every unit is in the folder; returns unit -> result for ``units``.
+
+        Raises:
+            LensprobeError: no rank finished a unit for ``stall_timeout`` seconds (default
+                :data:`STALL_TIMEOUT`); the message names the ranks still missing.
+        """
+        stall_timeout = STALL_TIMEOUT if stall_timeout is None else stall_timeout
+        last_count, last_change = -1, time.monotonic()
+        while True:
+            have = self.done()
+            missing = [i for i, u in enumerate(units) if u not in have]
+            if not missing:
+                return {u: have[u] for u in units}
+            if len(have) != last_count:
+                last_count, last_change = len(have), time.monotonic()
+            elif time.monotonic() - last_change > stall_timeout:
+                ranks = sorted({i % world_size for i in missing})
+                names = ", ".join(f"rank {r}" for r in ranks)
+                raise LensprobeError(
+                    f"gave up waiting in {self.out}: {names} of {world_size} did not finish {len(missing)} "
+                    f"unit(s) (e.g. {units[missing[0]]!r}) and nothing finished for {stall_timeout:g} s. Check "
+                    "that process's output, then rerun the same command: it resumes where the ranks stopped."
+                )
+            time.sleep(poll)
+
+    def close(self) -> None:
+        """Release this rank's lock."""
+        self._lock.release()
+
+    def __enter__(self) -> "ShardStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def run_sharded(units: Sequence[str], compute: Callable[[str], Any], *, out: str | os.PathLike | None,
+                kind: str, settings: Mapping[str, Any], rank: int | None = None, world_size: int | None = None,
+                progress: bool | str = False, stall_timeout: float | None = None) -> dict[str, Any]:
+    """Compute ``compute(unit)`` for every unit, spread over the processes of a launcher, resumably.
+
+    Args:
+        units: unit names (unique strings), in a fixed order every process agrees on.
+        compute: ``unit -> JSON-able result``; called only for this rank's units not on disk.
+        out: the folder where the processes' results meet (see :class:`ShardStore`);
+            ``None`` computes every unit in memory (no sharding, no resuming).
+        kind, settings: what the run computes, for refusing a folder of another run.
+        rank, world_size: this process's shard; default from the environment (:func:`shard_info`).
+        progress: a progress bar over the units this process computes (a string: its label).
+        stall_timeout: how long rank 0 waits without news from the other ranks (default
+            :data:`STALL_TIMEOUT` seconds).
+
+    Returns:
+        unit -> result, in the order of ``units``: every unit on rank 0 (after waiting for the
+        other ranks), this rank's units on the others. With ``out``, results are as read back
+        from JSON (tuples become lists), whether computed now or found on disk.
+
+    Raises:
+        LensprobeError: a bad shard, a sharded run without ``out``, a folder of another run,
+            units named twice, or (rank 0) other ranks that stall (see :meth:`ShardStore.wait`).
+
+    Example:
+        >>> run_sharded(["p0", "p1"], lambda u: {"n": len(u)}, out="runs/x", kind="demo", settings={})
+        {'p0': {'n': 2}, 'p1': {'n': 2}}
+    """
+    units = list(units)
+    if len(set(units)) != len(units):
+        raise LensprobeError("unit names must be unique: name each unit of work once.")
+    rank, world_size = check_shard(rank, world_size, out)
+    label = progress if isinstance(progress, str) else "units"
+    if out is None:
+        with tqdm(units, desc=label, unit="unit", disable=not progress) as bar:
+            return {u: compute(u) for u in bar}
+    with ShardStore(out, kind, settings, rank=rank) as store:
+        done = store.done()
+        mine = my_units(units, rank, world_size)
+        todo = [u for u in mine if u not in done]
+        desc = label if world_size == 1 else f"{label} (rank {rank}/{world_size})"
+        with tqdm(total=len(todo), desc=desc, unit="unit", disable=not progress or not todo) as bar:
+            for u in todo:
+                done[u] = store.record(u, compute(u))
+                bar.update(1)
+        if rank == 0 and world_size > 1:
+            return store.wait(units, world_size, stall_timeout=stall_timeout)
+        return {u: done[u] for u in (units if world_size == 1 else mine)}
