@@ -20,6 +20,7 @@ import importlib
 
 from lensprobe import evals
 from lensprobe.core.conditions import PROMPT_FORMATS, Condition, paper_conditions, with_arm
+from lensprobe.core.devices import default_device, hub_reachable
 from lensprobe.core.errors import LensprobeError, ModelLoadError
 from lensprobe.core.forward import attention_patterns, forward
 from lensprobe.core.hooks import AttentionRecorder, Intervention, intervene
@@ -44,8 +45,10 @@ from lensprobe.core.version import __version__ as __version__
 from lensprobe.evals import (
     EvalConfig,
     Problem,
+    arithmetic_problems,
     evaluate,
     extract_boxed,
+    extract_last_number,
     grade,
     load_math500,
     load_problems,
@@ -55,6 +58,7 @@ from lensprobe.evals import (
 from lensprobe.generation import GenerationConfig, current_step, generate, schedule, trace_generation
 from lensprobe.generation.thinking import LatentFusion, Pause, add_thinking_token
 from lensprobe.generation.trace import GenerationTrace, load_trace, trace_summary
+from lensprobe.generation.traceset import trace_prompts
 from lensprobe.interventions.ablation import HeadAblation, ablate_heads, ablate_kv_group
 from lensprobe.interventions.arm import ARM, arm_redistribute
 from lensprobe.interventions.patching import PatchResult, patch
@@ -87,6 +91,8 @@ from lensprobe.studies.thinking import (
 __all__ = [
     # models and prompts
     "load_model",
+    "default_device",
+    "hub_reachable",
     "cache_dir",
     "model_label",
     "Prompt",
@@ -129,6 +135,7 @@ __all__ = [
     # generation
     "generate",
     "trace_generation",
+    "trace_prompts",
     "GenerationConfig",
     "GenerationTrace",
     "load_trace",
@@ -162,11 +169,13 @@ __all__ = [
     "evaluate",
     "EvalConfig",
     "load_math500",
+    "arithmetic_problems",
     "load_problems",
     "Problem",
     "math500_path",
     "load_results",
     "extract_boxed",
+    "extract_last_number",
     "grade",
     # subpackages (lensprobe.viz is imported on first use)
     "evals",

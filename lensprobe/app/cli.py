@@ -3,8 +3,10 @@
 Each subcommand lives in :mod:`lensprobe.app.commands` and is registered by an
 ``add_<name>(subparsers)`` function listed in :data:`SUBCOMMANDS`; it sets ``func`` to a
 function ``(args) -> int`` that calls the library. Errors of lensprobe
-(:class:`~lensprobe.core.errors.LensprobeError`) print one line on stderr and exit with
-code 2; so does bad command-line input.
+(:class:`~lensprobe.core.errors.LensprobeError`) and operating-system errors on files (a full
+disk, a folder without write permission) print one line on stderr and exit with code 2; so
+does bad command-line input. Any other exception is a bug: one line names it and the log file
+holding its traceback (exit code 1); ``--debug`` prints tracebacks instead.
 
 Examples:
     lensprobe attention --question "What is 12+7?" --filler meaningless --layers 0 --heads 0,1,7 --out attn
@@ -12,8 +14,13 @@ Examples:
 """
 
 import argparse
+import datetime
+import os
 import sys
+import tempfile
+import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from lensprobe.app.commands.attention import add_attention
 from lensprobe.app.commands.demo import add_demo
@@ -22,6 +29,7 @@ from lensprobe.app.commands.heads import add_ablate, add_sweep
 from lensprobe.app.commands.mechanism import add_mechanism
 from lensprobe.app.commands.trace import add_trace
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.models import cache_dir
 from lensprobe.core.version import __version__
 
 SUBCOMMANDS: list[Callable] = [add_attention, add_demo, add_eval, add_eval_report, add_trace, add_ablate, add_sweep,
@@ -29,16 +37,60 @@ SUBCOMMANDS: list[Callable] = [add_attention, add_demo, add_eval, add_eval_repor
 """Functions that register one subcommand each; add yours here."""
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line (with where to find the usage), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="lensprobe",
         description="Attention, entropy and intervention studies on TransformerLens models. "
                     "Layers and heads are 0-based (TransformerLens); papers count from 1.")
     parser.add_argument("--version", action="version", version=f"lensprobe {__version__}")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in SUBCOMMANDS:
         add(subparsers)
+    for sub in subparsers.choices.values():  # also accepted after the command's name
+        sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
+
+
+DEBUG_HELP = "print the full traceback of an error (by default: one line, and unexpected errors are logged)"
+
+
+def write_error_log(command: str, text: str) -> Path:
+    """Save a traceback in ``<cache dir>/logs/`` (else the temporary folder) and return the file's path."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for folder in (cache_dir() / "logs", Path(tempfile.gettempdir())):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"lensprobe-error-{stamp}-{os.getpid()}.log"
+            path.write_text(f"lensprobe {__version__}: {command}\n\n{text}", encoding="utf-8")
+            return path
+        except OSError:
+            continue
+    raise OSError("no folder to write the error log in")
+
+
+def one_line(message: str) -> str:
+    """A message of several lines (e.g. a list of differences) as one line: ``"a:\n  b\n  c" -> "a: b; c"``."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return " ".join(lines[:1] + ["; ".join(lines[1:])] if len(lines) > 1 else lines)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _os_error_line(err: OSError) -> str:
+    where = f" {err.filename}" if err.filename else ""
+    return (f"cannot use{where}: {err.strerror or _first_line(err)}. Check the path, its permissions and the free "
+            "disk space.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -51,14 +103,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
+    debug = bool(getattr(args, "debug", False))
     try:
         return int(args.func(args) or 0)
-    except LensprobeError as err:
-        print(f"lensprobe: error: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("lensprobe: interrupted", file=sys.stderr)
         return 130
+    except (LensprobeError, OSError) as err:  # the user's to fix: one line
+        if debug:
+            traceback.print_exc()
+        line = one_line(str(err)) if isinstance(err, LensprobeError) else _os_error_line(err)
+        print(f"lensprobe: error: {line}", file=sys.stderr)
+        return 2
+    except Exception as err:  # a bug: one line and a log of the traceback
+        if debug:
+            traceback.print_exc()
+            print(f"lensprobe: unexpected error: {type(err).__name__}: {_first_line(err)}", file=sys.stderr)
+            return 1
+        command = " ".join(["lensprobe", *(sys.argv[1:] if argv is None else argv)])
+        try:
+            log = f"the traceback is in {write_error_log(command, traceback.format_exc())}"
+        except OSError:
+            log = "no log could be written"
+        print(f"lensprobe: unexpected error: {type(err).__name__}: {_first_line(err)} ({log}; rerun with --debug to "
+              "print it, and please report it)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,13 +1,17 @@
 """What every ``lensprobe`` subcommand shares: the ``--model`` and prompt arguments, loading the
-model (with a progress bar), parsing lists, writing figures and listing written files."""
+model (with a progress bar), parsing lists, checking ``--out`` folders, writing figures and listing
+written files."""
 
 import argparse
+import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from lensprobe.core.conditions import BUILTIN_CONDITIONS, canonical_condition_name
+from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models import load_model
 from lensprobe.core.prompts import MATH_SYSTEM_PROMPT
 from lensprobe.core.testing import tiny_model
@@ -61,8 +65,12 @@ def filler_condition(choices: tuple[str, ...] = tuple(BUILTIN_CONDITIONS)):
 
 
 def add_model_argument(parser: argparse.ArgumentParser) -> None:
-    """``--model``: a path, hub name, ``tiny``, or nothing for the embedded model."""
+    """``--model``: a path, hub name, ``tiny``, or nothing for the embedded model; ``--device``, ``--dtype``."""
     parser.add_argument("--model", default=None, help=MODEL_HELP)
+    parser.add_argument("--device", default=None,
+                        help="device for the weights, e.g. cuda, cuda:1, mps, cpu (default: CUDA, then MPS, else CPU)")
+    parser.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"],
+                        help="weight dtype (default: fp32); attention and entropy are recorded in fp32 either way")
 
 
 def add_system_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,12 +85,78 @@ def system_of(args) -> str | None:
     return None if args.no_system else args.system
 
 
-def load_cli_model(name: str | None, *, progress: bool = True):
-    """``--model``: ``tiny`` (test model), or anything :func:`lensprobe.load_model` takes."""
+def load_cli_model(args: argparse.Namespace, *, progress: bool = True):
+    """The model ``--model`` names (``tiny``: the test model, else anything :func:`lensprobe.load_model`
+    takes), on ``--device`` in ``--dtype``."""
+    name, device, dtype = args.model, getattr(args, "device", None), getattr(args, "dtype", None)
     with tqdm(total=1, desc="loading model", leave=False, disable=not progress) as bar:
-        model = tiny_model(seed=0) if name == TEST_MODEL else load_model(name)
+        if name == TEST_MODEL:
+            model = load_model(tiny_model(seed=0), device=device, dtype=dtype)
+        else:
+            model = load_model(name, device=device, dtype=dtype)
         bar.update()
     return model
+
+
+OUTPUT_KINDS: dict[str, tuple[str, ...]] = {
+    "attention": ("attention_received.json",),
+    "ablate": ("ablation.json",),
+    "sweep": ("sweep.json",),
+    "trace": ("summary.csv", "texts.csv"),
+    "mechanism": ("mechanism.json",),
+    "eval": ("config.json",),
+    "report": ("report.json",),
+}
+"""Kind of output -> files that mark a folder as holding it (``report``: ``demo`` and ``eval-report``)."""
+
+
+def _nearest_existing(path: Path) -> Path:
+    for folder in (path, *path.parents):
+        if folder.exists():
+            return folder
+    return Path.cwd()
+
+
+def check_out_dir(out: str | os.PathLike, kind: str) -> Path:
+    """Check an ``--out`` folder before any work: it must be a folder (or not exist yet) that this
+    user can write in, and must not hold another kind of lensprobe output.
+
+    Args:
+        out: the folder.
+        kind: what the command writes there: a key of :data:`OUTPUT_KINDS`.
+
+    Returns:
+        ``out`` as a path (``~`` expanded); nothing is created.
+
+    Raises:
+        LensprobeError: ``out`` (or a folder above it) is a file, cannot be written, or holds the
+            output of another command.
+
+    Example:
+        >>> check_out_dir("runs/attn", "attention")
+        PosixPath('runs/attn')
+    """
+    if kind not in OUTPUT_KINDS:
+        raise LensprobeError(f"unknown output kind {kind!r}; use one of {', '.join(OUTPUT_KINDS)}.")
+    out = Path(out).expanduser()
+    base = _nearest_existing(out)
+    if not base.is_dir():
+        what = "is a file" if base == out else f"is inside {base}, which is a file"
+        raise LensprobeError(f"--out {out} {what}: give a folder path (it is created if missing).")
+    try:  # a real write: permissions, read-only mounts and full quotas all show here
+        fd, probe = tempfile.mkstemp(prefix=".lensprobe-write-test-", dir=base)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise LensprobeError(f"--out {out}: cannot write in {base} ({err.strerror}): choose a folder you can "
+                             "write to.") from None
+    if base == out:
+        for other, markers in OUTPUT_KINDS.items():
+            found = [m for m in markers if (out / m).is_file()]
+            if other != kind and found:
+                raise LensprobeError(f"--out {out} holds the output of another command ({other}: {found[0]}): "
+                                     f"give this {kind} run its own folder.")
+    return out
 
 
 def write_figure(fig, path: Path) -> Path:

@@ -75,6 +75,11 @@ def parse_heads(heads: Any) -> tuple[tuple[int | None, int | None], ...]:
         return tuple(_parse_one(p) for p in parts)
     if isinstance(heads, tuple) and len(heads) == 2 and all(h is None or is_int(h) for h in heads):
         return (_parse_one(heads),)
+    if isinstance(heads, tuple) and len(heads) == 2 and (heads[0] is None or is_int(heads[0])):
+        raise LensprobeError(  # a layer and something else: a pair with a bad head, not two selectors
+            f"{heads!r} is not a (layer, head) pair: the head must be an int or None, got "
+            f"{type(heads[1]).__name__} {heads[1]!r}; {_HEAD_FORMS}."
+        )
     if isinstance(heads, Iterable):
         return tuple(sel for item in heads for sel in (parse_heads(item) if isinstance(item, str)
                                                       else (_parse_one(item),)))

@@ -14,6 +14,12 @@ Built in (also by name in :func:`resolve_measure`):
 - ``"attention:<segment>"``: :class:`AttentionTo`, attention proportion onto a prompt
   segment, averaged over layers, heads and the queries after the segment;
 - a callable ``fn(logits, prompt) -> [batch]``: :class:`CallableMeasure`.
+
+**Non-finite values.** A measure never turns NaN or infinity into a number (the rule of
+:mod:`lensprobe.core.metrics`): a row whose logits at the positions the measure reads hold a
+NaN or ``+inf`` (or only ``-inf``), or whose recorded attention does, measures ``NaN``. A
+callable's value is ``NaN`` for every batch row whose logits hold such a position anywhere,
+whatever the function returns.
 """
 
 from collections.abc import Callable, Sequence
@@ -26,8 +32,8 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.forward import as_tokens
-from lensprobe.core.hooks import AttentionRecorder, intervene
-from lensprobe.core.metrics import attention_proportion, entropy
+from lensprobe.core.hooks import AttentionRecorder, check_positions, intervene
+from lensprobe.core.metrics import attention_proportion, entropy, nonfinite_rows
 from lensprobe.core.models import check_layers
 
 
@@ -98,9 +104,10 @@ class AnswerLogProb:
         n_prompt = int(prompt.tokens.shape[1] if hasattr(prompt, "tokens") else torch.as_tensor(prompt).shape[-1])
         answer = tokens[0, n_prompt:]
         first = n_prompt - 1 - (tokens.shape[1] - logits.shape[1])  # logits may cover the last positions only
-        logp = torch.log_softmax(logits[:, first: -1].float(), dim=-1)  # [batch, n_answer, vocab]
+        read = logits[:, first: -1].float()
+        logp = torch.log_softmax(read, dim=-1)  # [batch, n_answer, vocab]
         index = answer.to(logp.device)[None, :, None].expand(logp.shape[0], -1, 1)
-        return logp.gather(-1, index)[..., 0].sum(-1)
+        return logp.gather(-1, index)[..., 0].sum(-1).masked_fill(nonfinite_rows(read).any(-1), torch.nan)
 
 
 @dataclass(frozen=True)
@@ -162,7 +169,7 @@ class CallableMeasure:
 
     def compute(self, logits: Tensor, tokens: Tensor, prompt, recorders: list) -> Tensor:
         out = self.fn(logits, prompt)
-        out = torch.as_tensor(out, dtype=torch.float32)
+        out = torch.as_tensor(out, dtype=torch.float32, device="cpu")
         if out.ndim == 0 and logits.shape[0] == 1:
             out = out[None]
         if out.shape != (logits.shape[0],):
@@ -170,7 +177,8 @@ class CallableMeasure:
                 f"the metric function returned shape {tuple(out.shape)}; it must return one value per "
                 f"batch row, shape ({logits.shape[0]},), from logits [batch, pos, vocab]."
             )
-        return out
+        broken = nonfinite_rows(logits).reshape(logits.shape[0], -1).any(1).cpu()
+        return out.masked_fill(broken, torch.nan)
 
 
 MEASURE_NAMES = ("entropy", "logprob", "attention:<segment>")
@@ -215,7 +223,7 @@ def resolve_measure(metric: Any, *, answer: str | None = None) -> Measure:
 def run_logits(model, tokens: Tensor, keep: int, *interventions) -> Tensor:
     """Logits of one forward (inference mode) with ``interventions``; only the last ``keep``
     positions when ``keep > 0`` (skips the unembedding elsewhere)."""
-
+    check_positions(interventions, int(tokens.shape[-1]))
     with torch.inference_mode(), intervene(model, *interventions):
         if keep > 0:
             try:

@@ -3,6 +3,18 @@
 Patterns follow TransformerLens: ``[..., query_pos, key_pos]`` with rows summing to 1
 over keys. When a pattern has fewer query rows than key columns (a KV-cached step), the
 rows are the *last* query positions: row ``r`` is absolute position ``K - Q + r``.
+
+**Non-finite input gives NaN.** A metric never turns NaN or infinity into a number: each
+output value is ``NaN`` when any input value it reads is NaN or infinite (an attention
+metric reads the pattern entries of its chosen queries and keys; entries it does not read
+do not affect it). For logits, a row holding a NaN or ``+inf``, or whose logits are all
+``-inf`` (no distribution), gives ``NaN``; a ``-inf`` logit among finite ones is a token of
+probability 0 (the usual masking) and is allowed. A broken run (e.g. a NaN written into the
+residual stream) therefore shows up as ``NaN``, never as a confident model.
+:func:`nonfinite_rows` says which rows of logits are broken.
+
+Inputs must be tensors; :func:`entropy` also takes a list or array of numbers (converted
+with ``torch.as_tensor``).
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -26,7 +38,18 @@ _ROW_BLOCK = 64
 
 def _check_pattern(pattern: Tensor) -> None:
     if not isinstance(pattern, Tensor) or pattern.ndim < 2:
-        raise LensprobeError("pattern must be a tensor [..., query_pos, key_pos] (e.g. [head, q, k]).")
+        got = f"shape {tuple(pattern.shape)}" if isinstance(pattern, Tensor) else type(pattern).__name__
+        raise LensprobeError(
+            f"pattern must be a tensor [..., query_pos, key_pos] (e.g. [head, q, k]), got {got}; "
+            "pass an attention pattern such as lp.attention_patterns(model, prompt)[layer]."
+        )
+    if not pattern.is_floating_point():
+        raise LensprobeError(f"pattern must hold floating-point attention weights, got a {pattern.dtype} tensor.")
+
+
+def _nan_if_nonfinite(x: Tensor) -> Tensor:
+    """``x`` with every infinite entry replaced by NaN (so sums and means carry NaN on)."""
+    return x if bool(torch.isfinite(x).all()) else torch.where(torch.isinf(x), torch.nan, x)
 
 
 def average_attention_received(pattern: Float[Tensor, "... query_pos key_pos"]
@@ -59,7 +82,9 @@ def average_attention_received(pattern: Float[Tensor, "... query_pos key_pos"]
     total = pattern.new_zeros(pattern.shape[:-2] + (k,))
     for start in range(0, q, _ROW_BLOCK):
         stop = min(q, start + _ROW_BLOCK)
-        total += (pattern[..., start:stop, :] * below[start:stop]).sum(-2)
+        # where, not a product: a NaN above the diagonal (never read) must not leak in.
+        block = _nan_if_nonfinite(pattern[..., start:stop, :])
+        total += torch.where(below[start:stop], block, 0.0).sum(-2)
     count = torch.arange(k - 1, -1, -1, device=pattern.device).to(pattern.dtype)  # queries i > j
     return total / count  # count 0 at the last key -> nan
 
@@ -107,7 +132,7 @@ def attention_proportion(pattern: Float[Tensor, "... query_pos key_pos"],
             raise LensprobeError(f"query positions must lie in {offset}..{k - 1}.")
     # Key columns first (S is usually small), then query rows; contiguous sets are slices.
     cols = _select(pattern, -1, keys)
-    return _select(cols, -2, queries - offset).sum(-1).mean(-1)
+    return _nan_if_nonfinite(_select(cols, -2, queries - offset)).sum(-1).mean(-1)
 
 
 def _select(x: Tensor, dim: int, index: Tensor) -> Tensor:
@@ -120,7 +145,7 @@ def _select(x: Tensor, dim: int, index: Tensor) -> Tensor:
 
 def _positions(positions: Sequence[int] | Tensor, device) -> Tensor:
     """Sorted, de-duplicated absolute positions as a long tensor (a set: no double counting)."""
-    values = positions if isinstance(positions, Tensor) else torch.as_tensor(list(positions))
+    values = positions if isinstance(positions, Tensor) else torch.as_tensor(list(positions), device="cpu")
     if values.numel() and (values.is_floating_point() or values.dtype == torch.bool):
         raise LensprobeError(f"positions must be integers, got a {values.dtype} tensor.")
     return torch.unique(values.to(device=device, dtype=torch.long).flatten())
@@ -142,7 +167,7 @@ def token_class_mask(str_tokens: Sequence[str],
     from that string (``"#"``, ``" ##"``); a callable rule takes the token string.
     """
     classes = DEFAULT_TOKEN_CLASSES if classes is None else classes
-    return torch.tensor([[float(_in_class(t, rule)) for t in str_tokens] for rule in classes.values()])
+    return torch.tensor([[float(_in_class(t, rule)) for t in str_tokens] for rule in classes.values()], device="cpu")
 
 
 def attention_by_token_class(pattern: Float[Tensor, "... head query_pos key_pos"] | Mapping[int, Tensor],
@@ -184,19 +209,67 @@ def attention_by_token_class(pattern: Float[Tensor, "... head query_pos key_pos"
             f"pattern has {pattern.shape[-1]} key positions but {len(str_tokens)} tokens were given."
         )
     mask = token_class_mask(str_tokens, classes).to(pattern.device, pattern.dtype)  # [c, k]
-    per_query = torch.einsum("...qk,ck->...qc", pattern, mask)
-    return per_query.mean(dim=(-2, -3))
+    finite = torch.isfinite(pattern)
+    if bool(finite.all()):
+        return torch.einsum("...qk,ck->...qc", pattern, mask).mean(dim=(-2, -3))
+    # A class reads only its own keys: a non-finite entry makes NaN the classes holding its key.
+    per_query = torch.einsum("...qk,ck->...qc", pattern.where(finite, 0.0), mask)
+    read_bad = torch.einsum("...qk,ck->...qc", (~finite).to(pattern.dtype), mask) > 0
+    return per_query.masked_fill(read_bad, torch.nan).mean(dim=(-2, -3))
+
+
+def nonfinite_rows(logits: Float[Tensor, "... d_vocab"]) -> Tensor:
+    """``[...]`` bool: rows of logits that give no distribution (a NaN or ``+inf``, or all ``-inf``).
+
+    Example:
+        >>> nonfinite_rows(torch.tensor([[0.0, float("-inf")], [float("nan"), 0.0]]))
+        tensor([False,  True])
+    """
+    return torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1) | torch.isneginf(logits).all(-1)
 
 
 def entropy(logits: Float[Tensor, "... d_vocab"]) -> Float[Tensor, "..."]:
     """Entropy ``-sum p ln p`` of the next-token distribution, in nats.
 
+    Args:
+        logits: ``[..., d_vocab]`` logits (a tensor; a list or array of numbers is converted).
+            ``-inf`` entries are tokens of probability 0.
+
+    Returns:
+        ``[...]`` entropies; ``NaN`` for each row holding a NaN or ``+inf``, or only ``-inf``
+        (see the module docstring).
+
+    Raises:
+        LensprobeError: input that is not numbers, a 0-d tensor, or an empty vocabulary axis.
+
     Example:
         >>> entropy(torch.zeros(4))  # uniform over 4 tokens
         tensor(1.3863)
+        >>> entropy(torch.tensor([0.0, float("nan")]))
+        tensor(nan)
     """
+    if not isinstance(logits, Tensor):
+        try:
+            logits = torch.as_tensor(logits)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise LensprobeError(
+                f"entropy needs logits as a tensor [..., d_vocab] (or a list of numbers), got "
+                f"{type(logits).__name__}: {err}"
+            ) from None
+    if logits.ndim == 0:
+        raise LensprobeError(
+            "entropy needs logits with a vocabulary axis [..., d_vocab], got a 0-d tensor; "
+            "pass a row of logits, e.g. logits[0, -1]."
+        )
+    if logits.shape[-1] == 0:
+        raise LensprobeError(
+            f"entropy got logits of shape {tuple(logits.shape)}: the vocabulary axis (last) is empty."
+        )
+    if logits.dtype == torch.bool or logits.is_complex():
+        raise LensprobeError(f"entropy needs real-valued logits, got a {logits.dtype} tensor.")
     if logits.dtype != torch.float64:
         logits = logits.float()
     logp = torch.log_softmax(logits, dim=-1)
     p = logp.exp()
-    return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
+    ent = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
+    return ent.masked_fill(nonfinite_rows(logits), torch.nan)

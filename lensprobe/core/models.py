@@ -13,16 +13,19 @@ import contextlib
 import importlib.util
 import io
 import logging
+import math
 import operator
 import os
 import re
 import shutil
+import struct
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from lensprobe.core.devices import default_device, place, resolve_dtype
 from lensprobe.core.errors import LensprobeError, ModelLoadError
 from lensprobe.core.jsonable import digest
 from lensprobe.core.lazy import heavy
@@ -117,27 +120,137 @@ def converted_gguf_folder(gguf: Path) -> Path:
     target = cache_dir() / f"{gguf.stem}-{key}"
     if (target / "config.json").is_file():
         return target
+    _check_gguf(gguf)
     transformers = heavy("transformers")
     AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        with quiet():
-            quant = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            config = quant.config
-            if hasattr(config, "quantization_config"):
-                del config.quantization_config
-            fresh = AutoModelForCausalLM.from_config(config)
-            fresh.load_state_dict(quant.state_dict())
-            fresh.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
+        try:
+            with quiet():
+                quant = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+                tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+                config = quant.config
+                if hasattr(config, "quantization_config"):
+                    del config.quantization_config
+                fresh = AutoModelForCausalLM.from_config(config)
+                fresh.load_state_dict(quant.state_dict())
+        except Exception as err:  # the loader's own errors say little about the file
+            detail = (str(err).strip().splitlines() or [""])[0][:200].rstrip(".")
+            raise ModelLoadError(
+                f"cannot load the GGUF file {gguf}: {type(err).__name__}: {detail}. "
+                "The file may be damaged, or hold an architecture transformers cannot read from GGUF; "
+                "re-download it, or pass a Hugging Face model folder or hub name."
+            ) from err
+        fresh.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+"""GGUF metadata value types of fixed size -> their ``struct`` format (8 is a string, 9 an array)."""
+
+
+class _GGUFHeader:
+    """Reads the header of a GGUF file (little-endian, versions 2 and 3) from a binary file object."""
+
+    def __init__(self, fh) -> None:
+        self.fh = fh
+
+    def take(self, fmt: str):
+        size = struct.calcsize("<" + fmt)
+        data = self.fh.read(size)
+        if len(data) < size:
+            raise EOFError
+        return struct.unpack("<" + fmt, data)[0]
+
+    def string(self) -> bytes:
+        n = self.take("Q")
+        if n > 1 << 24:
+            raise ValueError(f"a string of {n} bytes")
+        data = self.fh.read(n)
+        if len(data) < n:
+            raise EOFError
+        return data
+
+    def value(self, kind: int):
+        if kind in _GGUF_SCALARS:
+            return self.take(_GGUF_SCALARS[kind])
+        if kind == 8:
+            return self.string()
+        if kind == 9:
+            item, count = self.take("I"), self.take("Q")
+            if item in _GGUF_SCALARS:  # skip fixed-size items at once
+                size = struct.calcsize("<" + _GGUF_SCALARS[item]) * count
+                self.fh.seek(size, os.SEEK_CUR)
+                return None
+            for _ in range(count):
+                self.value(item)
+            return None
+        raise ValueError(f"unknown metadata type {kind}")
+
+
+def _gguf_quant_sizes() -> dict:
+    """GGML type -> (elements per block, bytes per block), from the ``gguf`` package transformers
+    reads GGUF files with; empty without it (then only the tensors' offsets are checked)."""
+    try:
+        constants = importlib.import_module("gguf.constants")
+    except ImportError:  # pragma: no cover - transformers needs gguf to read GGUF files
+        return {}
+    return {int(k): v for k, v in constants.GGML_QUANT_SIZES.items()}
+
+
+def _check_gguf(gguf: Path) -> None:
+    """Refuse a file that is not GGUF (magic bytes) or is shorter than its header says.
+
+    The header lists every tensor's offset, shape and type; the file must reach the end of the
+    last tensor's data.
+    """
+    size = gguf.stat().st_size
+    with open(gguf, "rb") as fh:
+        magic = fh.read(4)
+        if magic != b"GGUF":
+            raise ModelLoadError(
+                f"{gguf} is not a GGUF file (it starts with {magic!r}, not b'GGUF'): pass a .gguf model file, "
+                "a Hugging Face model folder or a hub name."
+            )
+        head = _GGUFHeader(fh)
+        try:
+            version = head.take("I")
+            if version not in (2, 3):
+                raise ModelLoadError(f"{gguf} is GGUF version {version}; lensprobe reads versions 2 and 3: "
+                                     "convert it with a recent llama.cpp.")
+            n_tensors, n_kv = head.take("Q"), head.take("Q")
+            alignment = 32
+            for _ in range(n_kv):
+                key, kind = head.string(), head.take("I")
+                value = head.value(kind)
+                if key == b"general.alignment" and isinstance(value, int) and value > 0:
+                    alignment = value
+            end = 0
+            quant_sizes = _gguf_quant_sizes()
+            for _ in range(n_tensors):
+                head.string()
+                dims = [head.take("Q") for _ in range(head.take("I"))]
+                kind, offset = head.take("I"), head.take("Q")
+                block, block_bytes = quant_sizes.get(kind, (1, 0))
+                end = max(end, offset + math.prod(dims) // block * block_bytes)
+            data_start = -(-fh.tell() // alignment) * alignment
+        except ModelLoadError:
+            raise
+        except (EOFError, ValueError, struct.error) as err:
+            why = "ends inside its header" if isinstance(err, EOFError) else f"has a damaged header ({err})"
+            raise ModelLoadError(f"{gguf} {why}: the file is truncated or damaged; download it again.") from None
+    if size < data_start + end:
+        raise ModelLoadError(
+            f"{gguf} is truncated: its header describes {data_start + end} bytes but the file has {size}; "
+            "download it again."
+        )
 
 
 def _bridge_from_folder(folder: Path, device, dtype: torch.dtype):
@@ -148,9 +261,17 @@ def _bridge_from_folder(folder: Path, device, dtype: torch.dtype):
     with quiet():
         hf = AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="eager", dtype=dtype)
         tok = AutoTokenizer.from_pretrained(str(folder))
-        return TransformerBridge.boot_transformers(
-            str(folder), hf_model=hf, tokenizer=tok, device=device, dtype=dtype
-        )
+        return _boot(TransformerBridge, str(folder), hf, tok, device, dtype)
+
+
+def _boot(TransformerBridge, name: str, hf, tok, device: torch.device, dtype: torch.dtype):
+    """A bridge over ``hf`` with every weight on ``device`` in ``dtype``, in eval mode.
+
+    ``boot_transformers`` records the device of a preloaded model in ``cfg.device`` but leaves its
+    weights where they are, so the weights are moved first.
+    """
+    hf = hf.to(device=device, dtype=dtype).eval()
+    return TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tok, device=device, dtype=dtype)
 
 
 def _offline_requested() -> bool:
@@ -168,7 +289,7 @@ def _looks_offline(err: BaseException) -> bool:
 
 
 def load_model(name: Any = None, *, device: str | torch.device | None = None,
-               dtype: torch.dtype = torch.float32):
+               dtype: torch.dtype | str | None = None):
     """Load a model as a TransformerLens ``TransformerBridge``.
 
     Args:
@@ -177,11 +298,17 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
             :func:`cache_dir`); a path to a ``.gguf`` file; a local Hugging Face model
             folder; a hub name such as ``"Qwen/Qwen2.5-Math-1.5B"``; or an already loaded
             TransformerLens model, returned unchanged.
-        device: torch device for the weights (default: TransformerLens' choice).
-        dtype: weight dtype, float32 by default.
+        device: torch device for every weight (default: :func:`~lensprobe.core.devices.default_device`:
+            CUDA when available, then MPS, else the CPU). An already loaded model is moved
+            only when ``device`` is given.
+        dtype: weight dtype, ``torch.float32`` (default), ``torch.bfloat16`` or ``torch.float16``
+            (or ``"fp32"``, ``"bf16"``, ``"fp16"``). An already loaded model is cast only when
+            ``dtype`` is given. Whatever the weights' dtype, lensprobe records attention and
+            entropy in float32.
 
     Returns:
-        A ``TransformerBridge`` with eager attention, so attention patterns are hookable.
+        A ``TransformerBridge`` with eager attention, so attention patterns are hookable (or the
+        model passed in, on the device and in the dtype asked for).
 
     Raises:
         ModelLoadError: the embedded package is missing, the file is unreadable, or the
@@ -195,11 +322,14 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
     """
     if name is not None and not isinstance(name, (str, os.PathLike)):
         if is_hooked_model(name):
-            return name
+            return place(name, None if device is None else torch.device(device),
+                         None if dtype is None else resolve_dtype(dtype))
         raise LensprobeError(
             f"load_model() got a {type(name).__name__}; pass None (embedded default), a path, "
             "a hub name, or a TransformerLens model with hook points."
         )
+    device = default_device() if device is None else torch.device(device)
+    dtype = resolve_dtype(dtype)
     if name is None:
         return _bridge_from_folder(converted_gguf_folder(embedded_gguf_path()), device, dtype)
     path = Path(name).expanduser()
@@ -230,9 +360,7 @@ def _bridge_from_hub(name: str, device, dtype: torch.dtype):
                 name, attn_implementation="eager", dtype=dtype, local_files_only=offline
             )
             tok = AutoTokenizer.from_pretrained(name, local_files_only=offline)
-            return TransformerBridge.boot_transformers(
-                name, hf_model=hf, tokenizer=tok, device=device, dtype=dtype
-            )
+            return _boot(TransformerBridge, name, hf, tok, device, dtype)
     except (OSError, ValueError, RuntimeError) as err:
         if offline or _looks_offline(err):
             raise ModelLoadError(

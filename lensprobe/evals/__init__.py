@@ -3,10 +3,12 @@
 - :mod:`~lensprobe.evals.data`: :func:`load_math500` (the copy lensprobe ships, a local JSONL
   file, or the hub), :func:`load_problems` (any JSONL or Parquet problem set, e.g. AIME),
   :class:`Problem`.
+- :mod:`~lensprobe.evals.arithmetic`: :func:`arithmetic_problems`, one- and two-step integer
+  problems drawn from a seed (a set small models solve part of the time).
 - :mod:`~lensprobe.core.conditions` (re-exported here): :class:`Condition` and the built-in
   conditions ``"w/o"``, ``"w/ Mless"``, ``"w/ Mful"``, ``"random sentence"``.
-- :mod:`~lensprobe.evals.grading`: :func:`extract_boxed`, :func:`grade` (math-verify and
-  the MATH paper's string grader).
+- :mod:`~lensprobe.evals.grading`: :func:`extract_boxed`, :func:`extract_last_number`
+  (``extract="last-number"``), :func:`grade` (math-verify and the MATH paper's string grader).
 - :mod:`~lensprobe.evals.harness`: :func:`evaluate` (batched generation, resumable rows,
   sharding under ``accelerate launch``).
 - :mod:`~lensprobe.evals.results`: result folders, :func:`load_results`.
@@ -33,8 +35,17 @@ from lensprobe.core.conditions import (
     builtin_condition,
     resolve_conditions,
 )
+from lensprobe.evals.arithmetic import arithmetic_problems
 from lensprobe.evals.data import Problem, load_math500, load_problems, math500_path, read_jsonl_problems
-from lensprobe.evals.grading import GRADERS, extract_boxed, grade, grade_all, normalize_answer
+from lensprobe.evals.grading import (
+    EXTRACT_METHODS,
+    GRADERS,
+    extract_boxed,
+    extract_last_number,
+    grade,
+    grade_all,
+    normalize_answer,
+)
 from lensprobe.evals.harness import EvalConfig, evaluate, shard_info
 from lensprobe.evals.results import load_results, read_config
 from lensprobe.evals.stats import (
@@ -49,6 +60,7 @@ from lensprobe.evals.stats import (
 
 __all__ = [
     "BUILTIN_CONDITIONS",
+    "EXTRACT_METHODS",
     "GRADERS",
     "Condition",
     "EvalConfig",
@@ -56,10 +68,12 @@ __all__ = [
     "PairedComparison",
     "Problem",
     "accuracy",
+    "arithmetic_problems",
     "builtin_condition",
     "compare",
     "evaluate",
     "extract_boxed",
+    "extract_last_number",
     "grade",
     "grade_all",
     "load_math500",

@@ -2,13 +2,15 @@
 
 :func:`evaluate` builds each condition's prompt for each problem, generates answers in
 batches (left padding, KV cache, greedy by default), extracts the last ``\\boxed{...}`` of the
-generated text, grades it with every grader, and appends one JSONL row per (condition,
-problem, sample) to the output folder as soon as it is graded. Rerunning with the same
-folder skips finished rows; a folder holding another configuration is refused.
+generated text (or, with ``extract="last-number"``, its last number), grades it with every
+grader, and appends one JSONL row per (condition, problem, sample) to the output folder as soon
+as it is graded. Rerunning with the same folder skips finished rows; a folder holding another
+configuration is refused.
 
 **Sharding.** Under ``accelerate launch`` (or ``torchrun``, or ``mpirun``) every process
 reads its rank and the number of processes from the environment (``RANK``/``WORLD_SIZE``,
-or the MPI equivalents), takes every ``world_size``-th problem starting at its rank, and
+or the MPI equivalents; :func:`lensprobe.core.shards.shard_info`), takes every
+``world_size``-th problem starting at its rank (:func:`~lensprobe.core.shards.my_units`), and
 writes its own ``results-rank{R}.jsonl``. Rank 0 then waits for the other shards and
 returns the merged table. The result rows do not depend on the number of processes.
 
@@ -37,10 +39,18 @@ statistics cover the whole batch, so batching would make a row depend on its nei
 the extracted answer, and ``"paper-exact"``: the authors' own verdict,
 :func:`~lensprobe.evals.grading.grade_paper_exact` on ``prompt text + generation``. Rows
 written before that column existed read back with ``None`` in it.
+
+**Broken generations.** A row whose generation met non-finite logits (NaN, ``+inf``, or only
+``-inf``; see :func:`lensprobe.generate`) has ``finish="nonfinite"``, ``prediction=None`` and
+``None`` in every verdict column: it is an error, neither right nor wrong, and the progress
+bar's running accuracy leaves it out.
+
+**Checks before the first batch.** Every condition's interventions are built once on the
+model (unknown heads such as ``L0H99``, unknown hook points, ablation positions beyond
+prompt + ``max_new_tokens``) before any generation runs.
 """
 
 import dataclasses
-import hashlib
 import os
 import time
 import warnings
@@ -48,7 +58,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
 from lensprobe.core.conditions import (
@@ -60,11 +69,14 @@ from lensprobe.core.conditions import (
     resolve_conditions,
 )
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.hooks import check_positions, resolve_hooks
 from lensprobe.core.jsonable import json_digest, stable_repr
 from lensprobe.core.lazy import pandas
 from lensprobe.core.models import model_label
+from lensprobe.core.shards import check_shard, model_fingerprint, my_units
+from lensprobe.core.shards import shard_info as shard_info  # its old home: lensprobe.evals.harness.shard_info
 from lensprobe.evals.data import Problem
-from lensprobe.evals.grading import GRADERS, extract_boxed, grade_all, grade_paper_exact
+from lensprobe.evals.grading import GRADERS, check_extract, extract_answer, grade_all, grade_paper_exact
 from lensprobe.evals.results import RowWriter, prepare_folder, read_rows, results_file, with_verdict_column
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.loop import generate
@@ -91,6 +103,10 @@ class EvalConfig(GenerationConfig):
             ``"chat"``. The generation defaults of the paper format are applied by
             :func:`evaluate` when settings are passed as keywords, or by
             :meth:`EvalConfig.paper`.
+        extract: how the answer is read from the generated text: ``"boxed"`` (the last
+            ``\\boxed{...}``, default) or ``"last-number"`` (the last number, lm-eval's flexible
+            extraction; :func:`~lensprobe.evals.grading.extract_last_number`). Part of the
+            configuration hash only when it is not ``"boxed"``.
 
     The other fields (``do_sample``, ``temperature``, ``top_p``, ``stop_at_eos``, ``thinking``,
     ``think_when``) are :class:`~lensprobe.GenerationConfig`'s.
@@ -100,6 +116,7 @@ class EvalConfig(GenerationConfig):
     seed: int = 0
     batch_size: int = 8
     prompt_format: PromptFormat = "chat"
+    extract: str = "boxed"
 
     @classmethod
     def paper(cls, model, **settings) -> "EvalConfig":
@@ -116,6 +133,7 @@ class EvalConfig(GenerationConfig):
     def __post_init__(self) -> None:
         if self.prompt_format not in PROMPT_FORMATS:
             raise LensprobeError(f"unknown prompt_format {self.prompt_format!r}: use one of {PROMPT_FORMATS}.")
+        check_extract(self.extract)
         if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size <= 0:
             raise LensprobeError(f"batch_size must be a positive integer, got {self.batch_size!r}.")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -137,6 +155,8 @@ class EvalConfig(GenerationConfig):
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "batch_size"}
         if self.prompt_format == "chat":  # absent by default: chat-format folders keep their hash
             d.pop("prompt_format")
+        if self.extract == "boxed":  # absent by default: boxed-answer folders keep their hash
+            d.pop("extract")
         if not self.do_sample:
             d.pop("temperature")
             d.pop("top_p")
@@ -178,45 +198,6 @@ def paper_generation_settings(model) -> dict:
         warnings.warn(f"the model's generation config sets repetition_penalty={penalty}; lensprobe's "
                       "generation does not apply it.", stacklevel=3)
     return out
-
-
-def shard_info() -> tuple[int, int]:
-    """``(rank, world_size)`` from the launcher's environment; ``(0, 1)`` when not sharded.
-
-    Reads ``RANK``/``WORLD_SIZE`` (``accelerate launch``, ``torchrun``), else Open MPI's or
-    MPICH's variables (``accelerate launch --cpu`` with an MPI hostfile).
-    """
-    for rank_var, size_var in (("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-                               ("PMI_RANK", "PMI_SIZE")):
-        if rank_var in os.environ and size_var in os.environ:
-            try:
-                return int(os.environ[rank_var]), int(os.environ[size_var])
-            except ValueError:
-                raise LensprobeError(
-                    f"{rank_var}={os.environ[rank_var]!r} / {size_var}={os.environ[size_var]!r} are not integers."
-                ) from None
-    return 0, 1
-
-
-def model_fingerprint(model, name: str | None = None) -> dict:
-    """Identity of a model for the configuration hash: name, shape and a hash of its embedding rows."""
-    cfg = model.cfg
-    if name is None:
-
-        name = model_label(model)
-    weights = None
-    with torch.no_grad():
-        emb = None
-        hf = getattr(model, "original_model", None)
-        if hf is not None and hasattr(hf, "get_input_embeddings"):
-            emb = hf.get_input_embeddings().weight
-        elif hasattr(model, "W_E"):
-            emb = model.W_E
-        if emb is not None:
-            rows = emb[: min(64, emb.shape[0])].detach().to("cpu", torch.float32).contiguous()
-            weights = hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
-    return {"name": str(name), "n_layers": int(cfg.n_layers), "n_heads": int(cfg.n_heads),
-            "d_model": int(cfg.d_model), "d_vocab": int(cfg.d_vocab), "embedding_hash": weights}
 
 
 def problem_hash(problem: Problem) -> str:
@@ -313,7 +294,8 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
         grader in the columns ``"math-verify"``, ``"paper"``, ``"paper-lenient"`` and
         ``"paper-exact"`` (the authors' verdict on prompt + generation), the
         extracted ``prediction``, the ``generation`` text, the exact ``prompt``, ``finish``
-        (``"eos"`` or ``"length"``) and the hashes of the configuration and condition.
+        (``"eos"``, ``"length"``, or ``"nonfinite"`` for a broken generation, whose prediction
+        and verdicts are ``None``) and the hashes of the configuration and condition.
 
     Raises:
         LensprobeError: unknown condition names, bad settings, a prompt that does not fit
@@ -336,7 +318,7 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
     conds = resolve_conditions(conditions, builtins=builtins,
                                arm=arm if arm is not None else (lambda: preset_arm(model)))
     conds = [_seeded_arm(c, config.seed) for c in conds]
-    rank, world_size = _check_shard(rank, world_size, out)
+    rank, world_size = check_shard(rank, world_size, out)
     fingerprint = model_fingerprint(model, model_name)
     run = {"format": FORMAT_VERSION, "model": fingerprint, "generation": config.hashed()}
     cond_desc = {}
@@ -349,7 +331,7 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
         out = prepare_folder(out, run, info.run_hash, cond_desc, resume=resume or rank != 0)
         done = _finished_rows(out, problems)
 
-    mine = problems[rank::world_size]
+    mine = my_units(problems, rank, world_size)
     plan = _plan(model, mine, conds, done, config)
     tally = _tally(done, mine, conds)
     new_rows = _run_plan(model, plan, config, info, tally, out=out, progress=progress, world_size=world_size)
@@ -403,17 +385,6 @@ class _RunInfo:
     rank: int
 
 
-def _check_shard(rank: int | None, world_size: int | None, out) -> tuple[int, int]:
-    env_rank, env_world = shard_info()
-    rank = env_rank if rank is None else rank
-    world_size = env_world if world_size is None else world_size
-    if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
-        raise LensprobeError(f"bad shard: rank {rank} of world size {world_size}; need 0 <= rank < world_size.")
-    if world_size > 1 and out is None:
-        raise LensprobeError("a sharded run needs an output folder (out=...) to merge the shards' rows.")
-    return rank, world_size
-
-
 def _finished_rows(out: Path, problems: list[Problem]) -> dict[tuple, dict]:
     """Rows already in ``out`` by (condition, problem id, sample); refuses rows of other data."""
     done: dict[tuple, dict] = {}
@@ -455,7 +426,24 @@ def _plan(model, mine: list[Problem], conds: list[Condition], done: dict, config
                 items += [_Item(p, s, prompt) for s in samples]
             if items:
                 plan.append((cond, items))
+    _check_interventions(model, plan, config)
     return plan
+
+
+def _check_interventions(model, plan: list[tuple[Condition, list[_Item]]], config: EvalConfig) -> None:
+    """Build each condition's hooks once (bound to its first prompt) and check its positions
+    against its longest prompt + ``max_new_tokens``, so bad heads fail before any batch runs."""
+    longest: dict[str, tuple[Condition, Any, int]] = {}
+    for cond, items in plan:
+        _, first, n = longest.get(cond.name, (cond, items[0].prompt, 0))
+        longest[cond.name] = (cond, first, max(n, *(len(it.prompt) for it in items)))
+    for cond, first, n in longest.values():
+        bound = bind_interventions(cond.interventions, first)[0]
+        try:
+            resolve_hooks(model, bound)
+            check_positions(bound, n + config.max_new_tokens, "prompt + max_new_tokens")
+        except LensprobeError as err:
+            raise LensprobeError(f"condition {cond.name!r}: {err}") from None
 
 
 def _tally(done: dict, mine: list[Problem], conds: list[Condition]) -> dict[str, list[int]]:
@@ -483,12 +471,13 @@ def _run_plan(model, plan, config: EvalConfig, info: _RunInfo, tally: dict, *, o
                 outs = _generate(model, batch, interventions, cond, config)
                 seconds = (time.perf_counter() - t0) / len(batch)
                 for it, (ids, text, finish) in zip(batch, outs, strict=True):
-                    row = _row(it, cond, ids, text, finish, seconds, info)
+                    row = _row(it, cond, ids, text, finish, seconds, info, extract=config.extract)
                     if writer is not None:
                         writer.write(row)
                     new_rows.append(row)
-                    tally[cond.name][0] += row["math-verify"]
-                    tally[cond.name][1] += 1
+                    if row["math-verify"] is not None:  # None: a broken generation, not graded
+                        tally[cond.name][0] += row["math-verify"]
+                        tally[cond.name][1] += 1
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix_str(_accuracy_postfix(tally), refresh=False)
@@ -520,14 +509,19 @@ ROW_COLUMNS = ["condition", "problem_id", "sample", "subject", "level", "answer"
                "model", "config_hash", "condition_hash", "problem_hash", "rank", "seconds"]
 
 
-def _row(it: _Item, cond: Condition, ids: list[int], text: str, finish: str, seconds: float, info: _RunInfo) -> dict:
-    prediction = extract_boxed(text)
-    verdicts = grade_all(prediction, it.problem.answer)
+def _row(it: _Item, cond: Condition, ids: list[int], text: str, finish: str, seconds: float, info: _RunInfo,
+         extract: str = "boxed") -> dict:
     p = it.problem
+    if finish == "nonfinite":  # an error, not an answer: no prediction, no verdict
+        prediction, verdicts, exact = None, dict.fromkeys(GRADERS), None
+    else:
+        prediction = extract_answer(text, extract)
+        verdicts = grade_all(prediction, p.answer)
+        exact = grade_paper_exact(it.prompt.text + text, p.answer)
     return {
         "condition": cond.name, "problem_id": p.id, "sample": it.sample, "subject": p.subject,
         "level": p.level, "answer": p.answer, "prediction": prediction, **verdicts,
-        PAPER_EXACT: grade_paper_exact(it.prompt.text + text, p.answer), "finish": finish,
+        PAPER_EXACT: exact, "finish": finish,
         "generated_tokens": len(ids), "generation": text, "prompt": it.prompt.text,
         "prompt_tokens": len(it.prompt), "model": info.model_name, "config_hash": info.run_hash,
         "condition_hash": info.condition_hashes[cond.name], "problem_hash": problem_hash(p), "rank": info.rank,

@@ -14,22 +14,23 @@ the same name with a different prompt or interventions) is refused.
 """
 
 import contextlib
+import errno
 import json
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
-
-try:  # POSIX: results files are locked while written
-    import fcntl
-except ImportError:  # pragma: no cover - not on POSIX: no lock
-    fcntl = None
+from lensprobe.core.locks import FileLock
 
 if TYPE_CHECKING:
     import pandas as pd
+
+__all__ = ["CONFIG_FILE", "ROW_KEY", "DuplicateRowsWarning", "RowWriter", "load_many_results", "load_results",
+           "prepare_folder", "read_config", "read_rows", "results_file", "with_verdict_column"]
 
 CONFIG_FILE = "config.json"
 RESULTS_GLOB = "results-rank*.jsonl"
@@ -85,7 +86,13 @@ def prepare_folder(out_dir: str | os.PathLike, run: dict, run_hash: str, conditi
             ``resume=False``.
     """
     out = Path(out_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise LensprobeError(f"output folder {out} is a file: give a folder path (it is created if missing).")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise LensprobeError(f"cannot create the output folder {out} ({err.strerror}): choose a folder you can "
+                             "write to.") from None
     path = out / CONFIG_FILE
     merged = dict(conditions)
     if path.is_file():
@@ -181,55 +188,122 @@ def load_results(out_dir: str | os.PathLike):
 
 
 class RowWriter:
-    """Appends rows to one results file: one ``write`` + ``flush`` per row, ``fsync`` on :meth:`sync`.
+    """Appends rows to one results file: one ``os.write`` per row, ``fsync`` on :meth:`sync`.
 
-    Holds an exclusive lock on the file, so two processes never write the same file (run
-    sharded processes with distinct ranks).
+    Holds a :class:`~lensprobe.core.locks.FileLock` beside the file (``.results-rank{R}.jsonl.lock``),
+    so two processes never write the same file (run sharded processes with distinct ranks); a
+    lock left by a killed process is taken over with a warning. A failed write or ``fsync``
+    (a full disk, a lost network mount) raises at once, saying how many rows are safely on
+    disk; a row cut short by a failed write is removed.
+
+    Attributes:
+        written: rows written by this writer (handed to the operating system).
+        synced: rows of this writer known to be on disk (fsynced).
     """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._fh = open(self.path, "a+b")  # noqa: SIM115 - closed in close()
+        self._lock = FileLock(
+            self.path.with_name(f".{self.path.name}.lock"),
+            busy=f"{self.path} is being written by another process ({{holder}}): wait for it, or give this run "
+                 "another output folder (sharded runs need distinct ranks).")
+        self._lock.acquire()
         try:
-            if fcntl is not None:
-                fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._fh.close()
-            raise LensprobeError(
-                f"{self.path} is being written by another process: wait for it, or give this run "
-                "another output folder (sharded runs need distinct ranks)."
-            ) from None
-        self._drop_partial_tail()
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as err:
+            self._lock.release()
+            raise LensprobeError(f"cannot open {self.path} for writing ({err.strerror}): choose an output folder "
+                                 "you can write to.") from None
+        self.written = self.synced = 0
+        self._failed = False
+        try:
+            self._size = self._drop_partial_tail()
+        except BaseException:
+            self._close_fd()
+            raise
 
-    def _drop_partial_tail(self) -> None:
-        fh = self._fh
-        fh.seek(0, os.SEEK_END)
-        size = fh.tell()
+    def _drop_partial_tail(self) -> int:
+        size = os.fstat(self._fd).st_size
         if size == 0:
-            return
-        fh.seek(size - 1)
-        if fh.read(1) == b"\n":
-            return
-        fh.seek(0)
-        data = fh.read()
+            return size
+        os.lseek(self._fd, size - 1, os.SEEK_SET)  # appends still go to the end (O_APPEND)
+        if os.read(self._fd, 1) == b"\n":
+            return size
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        data = b""
+        while len(data) < size:
+            chunk = os.read(self._fd, size - len(data))
+            if not chunk:
+                break
+            data += chunk
         keep = data.rfind(b"\n") + 1
-        fh.truncate(keep)
-        fh.flush()
-        os.fsync(fh.fileno())
+        os.ftruncate(self._fd, keep)
+        os.fsync(self._fd)
+        return keep
+
+    def _fail(self, err: OSError, doing: str) -> LensprobeError:
+        self._failed = True
+        with contextlib.suppress(OSError):  # remove a row cut short, so the file ends with a whole row
+            if os.fstat(self._fd).st_size > self._size:
+                os.ftruncate(self._fd, self._size)
+        if doing == "writing to":  # the rows before the failed one may still reach the disk
+            with contextlib.suppress(OSError):
+                os.fsync(self._fd)
+                self.synced = self.written
+        return LensprobeError(
+            f"{doing} {self.path} failed ({err.strerror or err}): {self.synced} row(s) of this run are safely on "
+            "disk. Free disk space (or fix the storage), then rerun the same command: it resumes after them."
+        )
 
     def write(self, row: dict[str, Any]) -> None:
-        line = json.dumps(row, ensure_ascii=False) + "\n"
-        self._fh.write(line.encode("utf-8"))
-        self._fh.flush()
+        """Append one row (on disk after the next :meth:`sync`).
+
+        Raises:
+            LensprobeError: the operating system refused the write (e.g. the disk is full).
+        """
+        if self._failed:
+            raise LensprobeError(f"{self.path} had a write error earlier: rerun the command to resume.")
+        data = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(self._fd, view)
+                if n <= 0:
+                    raise OSError(errno.EIO, "the operating system wrote nothing")
+                view = view[n:]
+        except OSError as err:
+            raise self._fail(err, "writing to") from err
+        self._size += len(data)
+        self.written += 1
 
     def sync(self) -> None:
-        with contextlib.suppress(OSError):
-            os.fsync(self._fh.fileno())
+        """Make every written row durable (``fsync``).
+
+        Raises:
+            LensprobeError: ``fsync`` failed: the rows since the last sync may not be on disk.
+        """
+        if self._failed:
+            return
+        try:
+            os.fsync(self._fd)
+        except OSError as err:
+            raise self._fail(err, "saving (fsync)") from err
+        self.synced = self.written
+
+    def _close_fd(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+        self._lock.release()
 
     def close(self) -> None:
-        if not self._fh.closed:
+        """Sync (unless a write failed), close the file and release the lock."""
+        if self._fd is None:
+            return
+        try:
             self.sync()
-            self._fh.close()
+        finally:
+            self._close_fd()
 
     def __enter__(self) -> "RowWriter":
         return self
@@ -238,20 +312,65 @@ class RowWriter:
         self.close()
 
 
+def _distinct_folders(folders) -> list[Path]:
+    """The folders as paths, refusing one folder named twice (also under another spelling)."""
+    seen: dict[Path, Path] = {}
+    out = []
+    for folder in folders:
+        folder = Path(folder).expanduser()
+        key = folder.resolve()
+        if key in seen:
+            same = "" if str(seen[key]) == str(folder) else f" (also as {seen[key]})"
+            raise LensprobeError(f"result folder {folder} is given twice{same}: name each folder once, or its rows "
+                                 "would be counted twice.")
+        seen[key] = folder
+        out.append(folder)
+    return out
+
+
 def load_many_results(folders) -> "pd.DataFrame":
-    """Rows of several result folders as one table; two folders of one model are told apart by folder name."""
+    """Rows of several result folders as one table, each row counted once.
+
+    Folders of one model with different settings (``config.json`` hashes) are told apart by
+    folder name (``"model (folder)"``); folders of one model with the same settings are parts
+    of one run and are merged. A row found in several folders (same model, condition, problem
+    and sample) is counted once, from the first folder given, with a warning.
+
+    Raises:
+        LensprobeError: a folder is given twice, or holds no rows.
+
+    Example:
+        >>> load_many_results(["runs/smol", "runs/qwen"])["model"].unique()
+        array(['SmolLM2-135M-Instruct', 'Qwen2.5-Math-1.5B'], dtype=object)
+    """
     pd = pandas()
+    folders = _distinct_folders(folders)
+    names = [f.name for f in folders]
     frames = []
     for folder in folders:
-        folder = Path(folder)
         df = load_results(folder)
         if len(df) == 0:
             raise LensprobeError(f"{folder} holds no result rows yet.")
-        frames.append(df.assign(_folder=folder.name))
+        label = folder.name if names.count(folder.name) == 1 else str(folder)
+        frames.append(df.assign(_folder=label, _hash=str(read_config(folder).get("config_hash"))))
     rows = pd.concat(frames, ignore_index=True)
-    # Two folders of the same model (e.g. two settings): tell them apart by folder name.
+    # One model run with other settings in another folder: tell them apart by folder name.
     for model, part in rows.groupby("model"):
-        if part["_folder"].nunique() > 1:
+        if part["_hash"].nunique() > 1:
             mask = rows["model"] == model
             rows.loc[mask, "model"] = rows.loc[mask, "model"] + " (" + rows.loc[mask, "_folder"] + ")"
-    return rows.drop(columns="_folder")
+    key = ["model", *ROW_KEY]
+    dup = rows.duplicated(subset=key, keep="first")
+    if dup.any():
+        where = sorted(set(rows.loc[dup, "_folder"]))
+        first = rows.loc[dup, key].iloc[0].tolist()
+        warnings.warn(
+            f"{int(dup.sum())} row(s) of {', '.join(where)} are also in a folder given before it (e.g. model, "
+            f"condition, problem, sample = {first}): each is counted once, from the first folder given.",
+            DuplicateRowsWarning, stacklevel=2)
+        rows = rows[~dup].reset_index(drop=True)
+    return rows.drop(columns=["_folder", "_hash"])
+
+
+class DuplicateRowsWarning(UserWarning):
+    """The same (model, condition, problem, sample) row was found in several result folders."""

@@ -75,7 +75,8 @@ def accuracy(df, by: str | list[str] = "condition", *, grader: str = "math-verif
     Returns:
         A DataFrame with the group columns and ``n``, ``correct``, ``accuracy``, ``low``,
         ``high``, ``grader``. With several samples per problem every sample counts as a
-        trial (the mean accuracy over samples). With ``k``: the group columns and ``k``,
+        trial (the mean accuracy over samples). Rows without a verdict (``None``: a
+        generation stopped at non-finite logits, ``finish="nonfinite"``) are not trials. With ``k``: the group columns and ``k``,
         ``problems``, ``samples``, ``pass@{k}``, ``grader``.
 
     Example:
@@ -93,8 +94,9 @@ def accuracy(df, by: str | list[str] = "condition", *, grader: str = "math-verif
     records = []
     for key, group in df.groupby(by, sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
-        n = len(group)
-        k = int(group[grader].astype(bool).sum())
+        graded = group[grader][group[grader].notna()]  # no verdict: a broken generation, left out
+        n = len(graded)
+        k = int(graded.astype(bool).sum())
         lo, hi = wilson_interval(k, n, confidence)
         records.append({**dict(zip(by, key, strict=True)), "n": n, "correct": k, "accuracy": k / n if n else math.nan,
                         "low": lo, "high": hi, "grader": grader})
@@ -155,7 +157,7 @@ def compare(df, a: str, b: str, *, grader: str = "math-verify") -> PairedCompari
     """Paired comparison of conditions ``a`` and ``b`` on the problems both have answered.
 
     Rows are paired by ``(problem_id, sample)`` (and ``model`` if present); pairs missing
-    under either condition are left out.
+    under either condition, or without a verdict there (a broken generation), are left out.
 
     Example:
         >>> cmp = compare(rows, "w/o", "w/ Mless")
@@ -170,6 +172,7 @@ def compare(df, a: str, b: str, *, grader: str = "math-verify") -> PairedCompari
     left = df[df["condition"] == a][keys + [grader]].rename(columns={grader: "va"})
     right = df[df["condition"] == b][keys + [grader]].rename(columns={grader: "vb"})
     pairs = left.merge(right, on=keys, how="inner")
+    pairs = pairs[pairs["va"].notna() & pairs["vb"].notna()]
     n = len(pairs)
     if n == 0:
         raise LensprobeError(f"conditions {a!r} and {b!r} share no answered problems: nothing to compare.")
@@ -250,8 +253,9 @@ def pass_at_k_table(df, k: int, by: str | list[str] = "condition", *, grader: st
     if missing:
         raise LensprobeError(f"pass@k needs columns {missing}: the table has columns {list(df.columns)}.")
     if df[grader].isna().any():
-        raise LensprobeError(f"{int(df[grader].isna().sum())} row(s) have no {grader!r} verdict: grade every "
-                             "row (lp.evaluate does) before computing pass@k.")
+        raise LensprobeError(f"{int(df[grader].isna().sum())} row(s) have no {grader!r} verdict (finish "
+                             "'nonfinite': their generation broke): drop them, e.g. "
+                             f"rows[rows[{grader!r}].notna()], before computing pass@k.")
     unit = by + [c for c in ("model",) if c in df.columns and c not in by] + ["problem_id"]
     if "sample" in df.columns:
         repeated = df[df.duplicated(unit + ["sample"], keep=False)]

@@ -20,6 +20,11 @@ for the tracked sets. The loop:
 
 **Step 0 is the last prompt position** (its query predicts the first generated token).
 
+**Non-finite logits end a row.** A row whose logits at a step hold a NaN or ``+inf``, or only
+``-inf`` (:func:`lensprobe.core.metrics.nonfinite_rows`), stops there with
+``finish_reason="nonfinite"``: no token, entropy NaN, and one warning naming the step and rows.
+A broken run never looks like a confident one.
+
 Tracked sets (``track={name: spec}``), resolved before anything runs:
 
 - a prompt segment name (``"system"``, ``"question"``, ...; needs :class:`Prompt` inputs);
@@ -44,6 +49,7 @@ Example:
 import contextlib
 import hashlib
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,10 +58,12 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from lensprobe.core.devices import model_device
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.forward import as_prompts, as_tokens
-from lensprobe.core.hooks import StepInfo, current_step, step_context
+from lensprobe.core.hooks import StepInfo, check_positions, current_step, step_context
 from lensprobe.core.jsonable import describe_setting
+from lensprobe.core.metrics import nonfinite_rows
 from lensprobe.core.models import check_layers
 from lensprobe.core.prompts import Prompt
 from lensprobe.generation.batch import PaddedBatch, pad_batch
@@ -85,7 +93,8 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
     """Generate from one or several prompts with a KV cache; record entropy (and attention if asked).
 
     Args:
-        model: a TransformerLens model with a KV cache (a ``TransformerBridge``).
+        model: a TransformerLens model with a KV cache: a ``TransformerBridge``, or a 3.x
+            ``HookedTransformer`` (run on its own hook points and KV cache, engine ``"hooked"``).
         prompts: a :class:`Prompt`, token ids (list or 1-D tensor), or a list of those
             (different lengths are left-padded), or a ``[batch, pos]`` tensor.
         config: a :class:`~lensprobe.GenerationConfig` (length, sampling, seed, samples per
@@ -115,7 +124,10 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
             when no ``config`` is given.
 
     Returns:
-        A :class:`~lensprobe.GenerationTrace` (``texts`` and ``generated_ids`` per row).
+        A :class:`~lensprobe.GenerationTrace` (``texts`` and ``generated_ids`` per row). A row
+        whose step logits hold a NaN or ``+inf`` (or only ``-inf``) stops at that step with
+        ``finish_reason="nonfinite"`` (token -1, entropy NaN), and one ``RuntimeWarning``
+        names the step and rows; the other rows go on unaffected.
 
     Raises:
         LensprobeError: bad settings, an unknown tracked set, a thinking token missing from
@@ -131,6 +143,7 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
     interventions = _as_interventions(interventions)
     items = _as_prompt_list(model, prompts)
     _check_context(model, items, cfg.max_new_tokens)
+    check_positions(interventions, max(len(ids) for ids, _ in items) + cfg.max_new_tokens, "prompt + max_new_tokens")
     think_id = _thinking_id(model, cfg.thinking, track)
     sets = resolve_track(model, track, items, think_id, cfg.thinking is not None)
     rec_layers = check_layers(model, layers) if sets else []
@@ -257,19 +270,18 @@ class _Rows:
     def start(cls, n_rows: int, max_steps: int, device) -> "_Rows":
         return cls(active=torch.ones(n_rows, dtype=torch.bool, device=device),
                    n_thinking=torch.zeros(n_rows, dtype=torch.long, device=device),
-                   token_ids=torch.full((n_rows, max_steps), -1, dtype=torch.long),
-                   entropy=torch.full((n_rows, max_steps), float("nan")),
-                   chosen_prob=torch.full((n_rows, max_steps), float("nan")),
-                   thinking=torch.zeros((n_rows, max_steps), dtype=torch.bool), finish=["length"] * n_rows)
+                   token_ids=torch.full((n_rows, max_steps), -1, dtype=torch.long, device="cpu"),
+                   entropy=torch.full((n_rows, max_steps), float("nan"), device="cpu"),
+                   chosen_prob=torch.full((n_rows, max_steps), float("nan"), device="cpu"),
+                   thinking=torch.zeros((n_rows, max_steps), dtype=torch.bool, device="cpu"),
+                   finish=["length"] * n_rows)
 
     def write(self, t: int, choice: Tensor, ent: Tensor, probs: Tensor, think: Tensor) -> int:
         """Store step ``t`` of the live rows; returns how many rows were live."""
         live = self.active.cpu()
-        n = live.shape[0]
-        self.token_ids[:, t] = torch.where(live, choice.cpu(), torch.full((n,), -1))
-        self.entropy[:, t] = torch.where(live, ent.cpu(), torch.full((n,), float("nan")))
-        self.chosen_prob[:, t] = torch.where(live, probs.gather(-1, choice[:, None])[:, 0].cpu(),
-                                             torch.full((n,), float("nan")))
+        self.token_ids[:, t] = torch.where(live, choice.cpu(), -1)
+        self.entropy[:, t] = torch.where(live, ent.cpu(), float("nan"))
+        self.chosen_prob[:, t] = torch.where(live, probs.gather(-1, choice[:, None])[:, 0].cpu(), float("nan"))
         self.thinking[:, t] = think.cpu()
         self.steps_done = t + 1
         return int(live.sum())
@@ -294,7 +306,7 @@ class _Run:
         self.sets, self.layers, self.think_id, self.track = sets, layers, think_id, track
         tok = model.tokenizer
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-        device = model.cfg.device if getattr(model.cfg, "device", None) is not None else "cpu"
+        device = model_device(model)
         self.batch = pad_batch(items, cfg.n_samples, cfg.max_new_tokens, pad_id, device)
         self.masks = (set_masks(items, sets, self.batch.prompt_rows, self.batch.width,
                                 self.batch.width + cfg.max_new_tokens, device) if sets else None)
@@ -338,6 +350,12 @@ class _Run:
     def _step(self, t: int, last: Tensor, bar) -> tuple[Tensor, Tensor]:
         """Choose step ``t``'s tokens from its logits, record the step, end rows at EOS."""
         rows, cfg = self.rows, self.cfg
+        broken = nonfinite_rows(last)  # NaN/+inf or all -inf: no distribution (as lp.entropy)
+        if bool(broken.any()):
+            if bool((broken & rows.active).any()):
+                _end_nonfinite(rows, broken & rows.active, t)
+            # ended rows (their KV cache may hold NaN now): any finite logits do, nothing is kept
+            last = torch.where(broken[:, None], 0.0, last)
         logp = torch.log_softmax(last, dim=-1)
         probs = logp.exp()
         ent = -torch.where(probs > 0, probs * logp, 0.0).sum(-1)  # as lp.entropy, one softmax
@@ -389,7 +407,7 @@ class _Run:
 
     def _attention(self, n_steps: int) -> dict[str, Tensor]:
         if self.rec.attn is None:  # sets but no layers cannot happen (layers default to all)
-            return {ts.name: torch.zeros((self.batch.n_rows, n_steps, 0, int(self.model.cfg.n_heads)))
+            return {ts.name: torch.zeros((self.batch.n_rows, n_steps, 0, int(self.model.cfg.n_heads)), device="cpu")
                     for ts in self.sets}
         a = self.rec.attn[:n_steps].permute(2, 4, 0, 1, 3).cpu()  # [row, set, step, layer, head]
         return {ts.name: a[:, s].contiguous() for s, ts in enumerate(self.sets)}
@@ -407,6 +425,20 @@ class _Run:
             "step_0": "last prompt position (its query predicts the first generated token)",
             **engine.describe(),
         }
+
+
+def _end_nonfinite(rows: _Rows, broken: Tensor, t: int) -> None:
+    """End the live rows whose step-``t`` logits are not finite (``finish_reason="nonfinite"``),
+    with one warning; their token is -1 and their entropy NaN from step ``t`` on."""
+    rows.end(broken, "nonfinite")
+    which = broken.nonzero().flatten().tolist()
+    warnings.warn(
+        f"non-finite logits (NaN, +inf, or all -inf) at step {t} in row{'s' if len(which) > 1 else ''} "
+        f"{', '.join(map(str, which))}: {'they stop' if len(which) > 1 else 'it stops'} there "
+        "(finish_reason 'nonfinite', entropy NaN); check the model's weights and any intervention "
+        "that writes activations.",
+        RuntimeWarning, stacklevel=2,
+    )
 
 
 def _texts(tokenizer, token_ids: Tensor, finish: list[str]) -> dict[str, list]:

@@ -68,7 +68,8 @@ class GenerationTrace:
         prompt_index: per row, which input prompt it came from.
         sample_index: per row, which sample of its prompt it is (0 .. n_samples-1).
         prompt_lengths: per row, the prompt's length in tokens (without padding).
-        finish_reasons: per row, ``"eos"`` or ``"length"``.
+        finish_reasons: per row, ``"eos"``, ``"length"``, or ``"nonfinite"`` (the step's logits
+            held a NaN or +inf, or only -inf: the row stopped there, with a warning).
         layers: the layers of the attention arrays (0-based).
         n_heads: query heads per layer.
         meta: the generation settings (JSON-able).
@@ -299,10 +300,10 @@ class GenerationTrace:
             head = body
             R, T = body["n_rows"], body["n_steps"]
             L, H = len(body["layers"]), body["n_heads"]
-            token_ids = torch.tensor(body["token_ids"], dtype=torch.long).reshape(R, T)
+            token_ids = torch.tensor(body["token_ids"], dtype=torch.long, device="cpu").reshape(R, T)
             entropy = _tensor(body["entropy"]).reshape(R, T)
             chosen = _tensor(body["chosen_prob"]).reshape(R, T)
-            thinking = torch.tensor(body["thinking"], dtype=torch.bool).reshape(R, T)
+            thinking = torch.tensor(body["thinking"], dtype=torch.bool, device="cpu").reshape(R, T)
             attention = {s: _tensor(body["attention"][s]).reshape(R, T, L, H) for s in body["tracked"]}
             str_tokens = body["str_tokens"]
         elif path.suffix.lower() == ".parquet":
@@ -313,15 +314,15 @@ class GenerationTrace:
             _check_header(head, path)
             R, T = head["n_rows"], head["n_steps"]
             L, H = len(head["layers"]), head["n_heads"]
-            token_ids = torch.tensor(table["token_id"].to_pylist(), dtype=torch.long).reshape(R, T)
-            entropy = torch.tensor(table["entropy"].to_numpy(zero_copy_only=False)).float().reshape(R, T)
-            chosen = torch.tensor(table["chosen_prob"].to_numpy(zero_copy_only=False)).float().reshape(R, T)
-            thinking = torch.tensor(table["thinking"].to_pylist(), dtype=torch.bool).reshape(R, T)
+            token_ids = torch.tensor(table["token_id"].to_pylist(), dtype=torch.long, device="cpu").reshape(R, T)
+            entropy = torch.tensor(table["entropy"].to_numpy(zero_copy_only=False), device="cpu").float().reshape(R, T)
+            chosen = torch.tensor(table["chosen_prob"].to_numpy(zero_copy_only=False), device="cpu").float().reshape(R, T)
+            thinking = torch.tensor(table["thinking"].to_pylist(), dtype=torch.bool, device="cpu").reshape(R, T)
             attention = {}
             for s in head["tracked"]:
                 col = table[f"attention:{s}"].combine_chunks()
                 flat = col.flatten().to_numpy(zero_copy_only=False) if L * H else []
-                attention[s] = torch.tensor(flat, dtype=torch.float32).reshape(R, T, L, H)
+                attention[s] = torch.tensor(flat, dtype=torch.float32, device="cpu").reshape(R, T, L, H)
             tok_col = table["token"].to_pylist()
             str_tokens = [[tok_col[r * T + t] for t in range(T) if token_ids[r, t] >= 0] for r in range(R)]
         else:
@@ -368,7 +369,7 @@ def _tensor(nested) -> Tensor:
         if isinstance(x, list):
             return [fix(v) for v in x]
         return float("nan") if x is None else x
-    return torch.tensor(fix(nested), dtype=torch.float32)
+    return torch.tensor(fix(nested), dtype=torch.float32, device="cpu")
 
 
 Band = Literal["std", "ci95", "none"]

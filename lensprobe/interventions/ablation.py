@@ -59,7 +59,8 @@ from lensprobe.interventions.replacement import (
     replacement_values,
 )
 
-__all__ = ["HeadAblation", "RowHeadAblation", "ZAblationHook", "ablate_heads", "ablate_kv_group"]
+__all__ = ["HeadAblation", "RowHeadAblation", "ZAblationHook", "ablate_heads", "ablate_kv_group",
+           "check_ablation_positions"]
 
 
 class _Offset:
@@ -212,6 +213,10 @@ class HeadAblation:
                 pairs.append(pair)
         return pairs
 
+    def check_positions(self, length: int, what: str = "prompt") -> None:
+        """Refuse positions outside a run of ``length`` positions (:func:`check_ablation_positions`)."""
+        check_ablation_positions(self.positions, length, what)
+
     def bind(self, prompt) -> "HeadAblation":
         """A copy with segment-name positions resolved against ``prompt`` (``self`` when there
         are none; ``"generated"`` alone needs no prompt inside ``lp.generate``)."""
@@ -226,7 +231,7 @@ class HeadAblation:
         n_heads = int(model.cfg.n_heads)
         masks: dict[int, Tensor] = {}
         for layer, head in pairs:
-            masks.setdefault(layer, torch.zeros(1, n_heads, dtype=torch.bool))[0, head] = True
+            masks.setdefault(layer, torch.zeros(1, n_heads, dtype=torch.bool, device="cpu"))[0, head] = True
         source = self._source(model, sorted(masks))
         return _build_hooks(model, dict(sorted(masks.items())), positions, source)
 
@@ -349,6 +354,45 @@ def ablate_kv_group(groups: Any, *, method: Method = "zero", positions: Any = No
     return HeadAblation((), method, positions, reference, per_position, kv_groups=tuple(parsed))
 
 
+# --------------------------------------------------------------------------- position checks
+
+
+def check_ablation_positions(positions: Any, length: int, what: str = "prompt") -> None:
+    """Refuse ablation positions that no position of a run reaches, before any forward.
+
+    An ablation whose token positions all lie outside the sequence would ablate nothing and
+    report a zero effect; this says so instead. Positions still given as segment names are
+    resolved against the prompt later (they lie inside it by construction), and
+    ``"generated"`` adapts to each row; both pass. :func:`lensprobe.core.hooks.check_positions`
+    calls it through :meth:`HeadAblation.check_positions` for every entry point.
+
+    Args:
+        positions: a :class:`Positions` (anything else passes).
+        length: how many positions the run processes: the prompt's tokens for a forward, the
+            longest prompt + ``max_new_tokens`` for a generation.
+        what: what ``length`` counts, for the message (``"prompt"``, ``"prompt + max_new_tokens"``).
+
+    Raises:
+        LensprobeError: a fixed position, or the start of an open range, at ``length`` or beyond.
+
+    Example:
+        >>> check_ablation_positions(resolve_positions([5000]), 39)
+        Traceback (most recent call last):
+        lensprobe.core.errors.LensprobeError: ablation positions 5000 lie outside the prompt ...
+    """
+    if not isinstance(positions, Positions):
+        return
+    outside = sorted(p for p in positions.fixed if p >= length)
+    start = positions.start if positions.start is not None and not positions.generated else None
+    if outside or (start is not None and start >= length):
+        desc = _ranges(outside) if outside else f"from {start} on"
+        raise LensprobeError(
+            f"ablation positions {desc} lie outside the {what} ({length} tokens, positions 0-{length - 1}): "
+            f"they would ablate nothing and show no effect. Choose positions below {length}, or a segment "
+            "name such as 'question'."
+        )
+
+
 # --------------------------------------------------------------------------- per-row ablation
 
 
@@ -365,6 +409,10 @@ class RowHeadAblation:
     positions: Positions | None = None
     source: Any = None
 
+    def check_positions(self, length: int, what: str = "prompt") -> None:
+        """Refuse positions outside a run of ``length`` positions (:func:`check_ablation_positions`)."""
+        check_ablation_positions(self.positions, length, what)
+
     def hooks(self, model) -> list[Hook]:
         n_heads = int(model.cfg.n_heads)
         masks: dict[int, Tensor] = {}
@@ -372,5 +420,5 @@ class RowHeadAblation:
             if pair is None:
                 continue
             layer, head = pair
-            masks.setdefault(layer, torch.zeros(len(self.rows), n_heads, dtype=torch.bool))[b, head] = True
+            masks.setdefault(layer, torch.zeros(len(self.rows), n_heads, dtype=torch.bool, device="cpu"))[b, head] = True
         return _build_hooks(model, dict(sorted(masks.items())), self.positions, self.source)

@@ -22,6 +22,7 @@ from lensprobe.core.conditions import canonical_condition_name
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.forward import as_tokens, attention_patterns
 from lensprobe.core.heads import head_label, resolve_heads
+from lensprobe.core.hooks import check_positions
 from lensprobe.core.lazy import pandas
 from lensprobe.core.measures import run_logits
 from lensprobe.core.metrics import average_attention_received, entropy
@@ -63,7 +64,7 @@ def generated_tokens(model, prompts: dict[str, Prompt], max_new_tokens: int,
 def head_rows(model, condition: str, prompt: Prompt, new: list[int], layer: int, head: int) -> "pd.DataFrame":
     """Average attention received on one head over ``prompt`` followed by the ``new`` tokens."""
     pd = pandas()
-    tokens = torch.cat([prompt.tokens, torch.tensor([new], dtype=prompt.tokens.dtype)], dim=1)
+    tokens = torch.cat([prompt.tokens, torch.tensor([new], dtype=prompt.tokens.dtype, device=prompt.tokens.device)], dim=1)
     pattern = attention_patterns(model, tokens, [layer])[layer][head]
     recv = average_attention_received(pattern.float()).cpu().tolist()
     n = len(prompt)
@@ -150,6 +151,7 @@ def ablation_effect(model, prompt, *interventions, top_k: int = 10) -> AblationE
     """
     pd = pandas()
     tokens = as_tokens(model, prompt)
+    check_positions(interventions, int(tokens.shape[-1]))  # before the clean forward too
     clean = run_logits(model, tokens, 1)[0, -1].float()
     after = run_logits(model, tokens, 1, *interventions)[0, -1].float()
     logp_c, logp_a = torch.log_softmax(clean, -1), torch.log_softmax(after, -1)

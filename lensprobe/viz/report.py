@@ -32,6 +32,8 @@ from lensprobe.core.version import __version__
 if TYPE_CHECKING:
     import pandas as pd
 
+__all__ = ["Section", "inert_scripts", "slugify", "write_report"]
+
 
 @dataclass
 class Section:
@@ -73,6 +75,24 @@ figure{margin:16px 0} figcaption{font-size:.9em;color:#444;margin-bottom:6px}
 pre{background:#f4f4f4;padding:8px;overflow-x:auto;white-space:pre-wrap}
 .lp-figure{margin:12px 0}
 """
+
+
+_INLINE_SCRIPT = re.compile(r"(<script\b[^>]*>)(.*?)(</script)", re.S | re.I)
+
+
+def inert_scripts(block: str) -> str:
+    """``block`` with ``<!--`` inside every inline script written as ``\\x3C!--``.
+
+    A browser reads ``<!--`` followed by ``<script`` inside a script (e.g. in a token list a view
+    embeds as JSON) as the start of an escaped section, which then swallows the script's own
+    end tag and the page after it. In JavaScript strings ``\\x3C!--`` is the same text. (A ``</``
+    inside embedded data must be escaped where the block is made: it would end the script.)
+
+    Example:
+        >>> inert_scripts('<script>var t = ["<!--", "<script"];</script>')
+        '<script>var t = ["\\x3C!--", "<script"];</script>'
+    """
+    return _INLINE_SCRIPT.sub(lambda m: m.group(1) + m.group(2).replace("<!--", "\\x3C!--") + m.group(3), block)
 
 
 def _figure_html(fig) -> str:
@@ -134,8 +154,8 @@ def _write_numbers(out: Path, sec: Section, slug: str) -> list[str]:
 def _section_html(sec: Section, slug: str, files: list[str]) -> str:
     """One section's HTML: heading, intro, figures, HTML blocks and links to its files."""
     parts = [f'<section id="{slug}"><h2>{html.escape(sec.title)}</h2>', sec.intro]
-    parts += [f'<div class="lp-figure">{_figure_html(fig)}</div>' for fig in sec.figures]
-    parts += [f'<div class="lp-html">{block}</div>' for block in sec.html]
+    parts += [f'<div class="lp-figure">{inert_scripts(_figure_html(fig))}</div>' for fig in sec.figures]
+    parts += [f'<div class="lp-html">{inert_scripts(block)}</div>' for block in sec.html]
     if files:
         links = " ".join(f'<a href="{html.escape(f)}">{html.escape(f.split("/", 1)[1])}</a>' for f in files)
         parts.append(f'<p class="files">Numbers behind this section: {links}</p>')

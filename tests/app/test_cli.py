@@ -116,7 +116,7 @@ def test_parsers():
 # ----- ablate and sweep -------------------------------------------------------------------------
 @pytest.fixture()
 def cli_on_tiny(tiny, monkeypatch):
-    monkeypatch.setattr("lensprobe.app.commands.heads.load_cli_model", lambda name: tiny)
+    monkeypatch.setattr("lensprobe.app.commands.heads.load_cli_model", lambda args: tiny)
     from lensprobe.app.cli import main
 
     return main
@@ -198,3 +198,19 @@ def test_cli_trace_json_and_bad_input(tmp_path, capsys):
     assert main(["trace", "--model", "tiny", "--question", "Hi", "--max-new-tokens", "100000",
                  "--out", str(out)]) == 2
     assert "exceeds the model's context" in capsys.readouterr().err
+
+
+def test_device_and_dtype_arguments_reach_load_model():
+    import argparse
+
+    import torch
+
+    from lensprobe.app.common import add_model_argument, load_cli_model
+
+    parser = argparse.ArgumentParser()
+    add_model_argument(parser)
+    args = parser.parse_args(["--model", "tiny", "--device", "meta", "--dtype", "bf16"])
+    model = load_cli_model(args, progress=False)
+    assert {(p.device.type, p.dtype) for p in model.parameters()} == {("meta", torch.bfloat16)}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--dtype", "int8"])

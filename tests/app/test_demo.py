@@ -33,6 +33,7 @@ TITLES = (  # every registered section, in report order
     "next-token change",
     "Activation patching: layer 0 from the Mless run into the plain run",
     "Latent thinking tokens: entropy and attention onto <thinking> per generation step",
+    "Arithmetic evaluation (last-number grading)",
     EVAL_TITLE,
 )
 
@@ -91,7 +92,7 @@ def test_demo_fails_loudly_when_the_math500_file_is_missing(tiny, tmp_path, monk
     with pytest.raises(lp.LensprobeError, match=r"LENSPROBE_MATH500=.*no-such-math500.jsonl.*is not a file"):
         run_demo(tmp_path / "report", tiny, quick=True, progress=False)
     # the command: exit code 2, one line naming the file, no report
-    monkeypatch.setattr("lensprobe.app.demo.load_model", lambda name=None, **kw: tiny)
+    monkeypatch.setattr("lensprobe.app.common.load_model", lambda name=None, **kw: tiny)
     assert main(["demo", "--quick", "--out", str(tmp_path / "cli-report")]) == 2
     err = capsys.readouterr().err
     assert "no-such-math500.jsonl" in err and "Traceback" not in err
@@ -177,7 +178,7 @@ def test_thinking_section_does_not_touch_the_shared_model(tiny, math500):
 
 
 def test_eval_section_rows_are_greedy_generations(tiny, tiny_hf, math500):
-    sec = eval_sections.build_demo_section(tiny, quick=True)
+    sec = eval_sections.build_math500_section(tiny, quick=True)
     assert sec.title == EVAL_TITLE
     assert "135M" in sec.intro and "solves very few" in sec.intro
     answers = sec.tables["answers"]

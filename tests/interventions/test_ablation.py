@@ -120,8 +120,9 @@ def test_no_heads_changes_nothing(tiny, tiny_hf, prompts):
     want = hf_logits(tiny_hf, tokens, {layer: lambda x: x.zero_() for layer in range(tiny.cfg.n_layers)})
     assert (everything - want).abs().max() <= 1e-5 and (everything - clean).abs().max() > 1e-2
     assert torch.equal(bridge_logits(tiny, tokens, ablate_heads([])), clean)
-    # positions past the prompt select nothing in a forward over the prompt
-    assert torch.equal(bridge_logits(tiny, tokens, ablate_heads("all", positions=[tokens.shape[1] + 5])), clean)
+    # positions past the prompt would select nothing in a forward over the prompt: refused
+    with pytest.raises(LensprobeError, match=rf"positions {tokens.shape[1] + 5} lie outside the prompt"):
+        bridge_logits(tiny, tokens, ablate_heads("all", positions=[tokens.shape[1] + 5]))
     # and nothing is left attached afterwards
     assert torch.equal(bridge_logits(tiny, tokens), clean)
 

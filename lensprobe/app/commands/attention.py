@@ -8,6 +8,7 @@ from tqdm.auto import tqdm
 from lensprobe.app.common import (
     add_model_argument,
     add_system_arguments,
+    check_out_dir,
     filler_condition,
     int_list,
     layer_list,
@@ -51,10 +52,11 @@ def add_attention(subparsers) -> None:
 
 
 def run_attention(args) -> int:
+    check_out_dir(args.out, "attention")  # before the model loads
     conditions = ("w/o",) if args.filler == "w/o" else ("w/o", args.filler)
     setup = fs.FillerSetup(conditions=conditions, system=system_of(args),
                            count=args.count, seed=args.seed, placement=args.placement)
-    model = load_cli_model(args.model)
+    model = load_cli_model(args)
     layers = check_layers(model, args.layers)
     heads = check_heads(model, args.heads)
     res = fs.attention_received(model, args.question, layers=layers, heads=heads, setup=setup, progress=True)

@@ -2,9 +2,8 @@
 
 from pathlib import Path
 
-from lensprobe.app.common import TEST_MODEL, add_model_argument
+from lensprobe.app.common import add_model_argument, check_out_dir, load_cli_model
 from lensprobe.app.demo import run_demo
-from lensprobe.core.testing import tiny_model
 
 
 def add_demo(subparsers) -> None:
@@ -19,8 +18,8 @@ def add_demo(subparsers) -> None:
 
 
 def run_demo_command(args) -> int:
-    """Write the report; ``--model tiny`` is the tiny test model, anything else loads in :func:`run_demo`."""
-    model = tiny_model(seed=0) if args.model == TEST_MODEL else args.model
-    index = run_demo(args.out, model, quick=args.quick)
+    """Load ``--model`` (``tiny``: the tiny test model) on ``--device`` in ``--dtype``, then write the report."""
+    check_out_dir(args.out, "report")  # before the model loads
+    index = run_demo(args.out, load_cli_model(args), quick=args.quick)
     print(f"report written to {index.resolve()}")
     return 0

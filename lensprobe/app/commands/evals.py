@@ -3,19 +3,30 @@
 Examples:
     lensprobe eval --data test.jsonl --conditions "w/o,w/ Mless,w/ Mful" --limit 20 --max-new-tokens 512 --out runs/smol
     accelerate launch --multi_gpu --num_processes 2 -m lensprobe eval --data test.jsonl --out runs/smol
+    torchrun --nproc-per-node 2 -m lensprobe eval --data test.jsonl --out runs/smol
     lensprobe eval --prompt-format paper --conditions "w/o,w/ Mless,ARM" --arm-c 0.1 --arm-percentile 95 --out runs/paper
+    lensprobe eval --problems arithmetic --limit 40 --extract last-number --max-new-tokens 48 --out runs/arith
     lensprobe eval-report runs/smol
 """
 
 from dataclasses import replace
 from pathlib import Path
 
-from lensprobe.app.common import TEST_MODEL, add_model_argument, int_list, load_cli_model, str_list
+from lensprobe.app.common import (
+    TEST_MODEL,
+    add_model_argument,
+    check_out_dir,
+    int_list,
+    load_cli_model,
+    str_list,
+)
 from lensprobe.core.conditions import paper_conditions, resolve_conditions
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models import model_label
+from lensprobe.core.shards import bind_local_gpu
+from lensprobe.evals.arithmetic import arithmetic_problems
 from lensprobe.evals.data import load_math500
-from lensprobe.evals.grading import GRADERS
+from lensprobe.evals.grading import EXTRACT_METHODS, GRADERS
 from lensprobe.evals.harness import DEFAULT_CONDITIONS, EvalConfig, evaluate, preset_arm, shard_info
 from lensprobe.evals.results import load_results
 from lensprobe.evals.stats import summary_tables
@@ -37,6 +48,13 @@ def add_eval(subparsers) -> None:
     p.add_argument("--data", default=None,
                    help="JSONL file with 'problem' and 'answer' per line; default: the MATH-500 copy lensprobe "
                         "ships; 'hub': HuggingFaceH4/MATH-500 from the Hugging Face hub")
+    p.add_argument("--problems", default="math500", choices=PROBLEM_SETS,
+                   help="math500: MATH-500 (or --data; default); arithmetic: lensprobe's built-in one- and "
+                        "two-step integer problems (lp.arithmetic_problems: --limit problems, default 300, drawn "
+                        "with --seed; --levels 1 or 2 keeps one or two operations)")
+    p.add_argument("--extract", default="boxed", choices=EXTRACT_METHODS,
+                   help="how the answer is read: boxed: the last \\boxed{...} (default); last-number: the last "
+                        "number of the generation (lm-eval's flexible extraction)")
     p.add_argument("--conditions", default=DEFAULT_CONDITIONS,
                    help=f"comma-separated conditions (default {DEFAULT_CONDITIONS!r}; also 'random sentence'; "
                         "the older spellings none, meaningless, meaningful, random work too)")
@@ -118,17 +136,40 @@ def eval_config_from_args(args, model) -> EvalConfig:
     given = {"max_new_tokens": args.max_new_tokens, "do_sample": args.sample, "temperature": args.temperature,
              "top_p": args.top_p}
     given = {k: v for k, v in given.items() if v is not None}
-    fixed = {"batch_size": args.batch_size, "n_samples": args.n_samples, "seed": args.seed}
+    fixed = {"batch_size": args.batch_size, "n_samples": args.n_samples, "seed": args.seed,
+             "extract": getattr(args, "extract", "boxed")}
     if args.prompt_format == "paper":
         return EvalConfig.paper(model, **given, **fixed)
     return EvalConfig(**given, **fixed)
 
 
-def run_eval(args) -> int:
-    problems = load_math500(args.data, subjects=args.subjects, levels=args.levels, limit=args.limit,
+PROBLEM_SETS = ("math500", "arithmetic")
+"""The problem sets ``lensprobe eval --problems`` picks from."""
+
+
+def problems_from_args(args) -> list:
+    """The problems of ``--problems``: MATH-500 (or ``--data``) filtered as asked, or the arithmetic set.
+
+    Raises:
+        LensprobeError: ``--problems arithmetic`` with ``--data`` or ``--subjects``, which only
+            apply to problem files.
+    """
+    if getattr(args, "problems", "math500") != "arithmetic":
+        return load_math500(args.data, subjects=args.subjects, levels=args.levels, limit=args.limit,
                             seed=args.shuffle_seed)
+    if args.data is not None or args.subjects is not None:
+        raise LensprobeError("--problems arithmetic generates its problems: drop --data and --subjects "
+                             "(--limit, --levels and --seed choose the set).")
+    return arithmetic_problems(n=args.limit if args.limit is not None else 300, seed=args.seed, levels=args.levels)
+
+
+def run_eval(args) -> int:
+    check_out_dir(args.out, "eval")  # before the data and the model load
+    problems = problems_from_args(args)
     arm_from_args(args)  # a half-given ARM fails before the model loads
-    model = load_cli_model(args.model)
+    if shard_info()[1] > 1:
+        bind_local_gpu()  # one GPU per process under torchrun / accelerate launch
+    model = load_cli_model(args)
     config = eval_config_from_args(args, model)
     conds = conditions_from_args(args, model)
     name = TEST_MODEL if args.model == TEST_MODEL else model_label(model)
@@ -158,6 +199,7 @@ def _summary_text(rows, grader: str) -> str:
 
 
 def run_eval_report(args) -> int:
+    check_out_dir(args.out if args.out is not None else args.dirs[0] / "report", "report")
     index = write_eval_report(args.dirs, args.out, grader=args.grader, baseline=args.baseline)
     if len(args.dirs) == 1:
         print(_summary_text(load_results(args.dirs[0]), args.grader))

@@ -6,6 +6,7 @@ from pathlib import Path
 from lensprobe.app.common import (
     add_model_argument,
     add_system_arguments,
+    check_out_dir,
     filler_condition,
     load_cli_model,
     system_of,
@@ -17,6 +18,7 @@ from lensprobe.core.heads import head_label, resolve_heads
 from lensprobe.core.jsonable import to_jsonable
 from lensprobe.core.models import model_label
 from lensprobe.core.prompts import prompt_json
+from lensprobe.core.shards import bind_local_gpu, shard_info
 from lensprobe.interventions.ablation import ablate_heads
 from lensprobe.interventions.sweep import ablation_sweep
 from lensprobe.studies.filler import FillerSetup, attention_received
@@ -76,7 +78,8 @@ def add_ablate(subparsers) -> None:
 
 
 def run_ablate_command(args) -> int:
-    model = load_cli_model(args.model)
+    check_out_dir(args.out, "ablate")  # before the model loads
+    model = load_cli_model(args)
     prompt = prompt_of(model, args, args.question)
     positions = args.positions
     if positions is not None and all(part.strip().isdigit() for part in positions.split(",")):
@@ -120,7 +123,9 @@ def add_sweep(subparsers) -> None:
         "sweep", help="ablate every head one at a time: [layer, head] table of metric changes",
         description="Ablate each head on its own (batched: one forward serves --batch-size heads) and write "
                     "the [layer, head] table of metric changes as CSV, a heatmap and a JSON summary. Heads "
-                    "are 0-based: L0H13 is the papers' layer 1, head 14.")
+                    "are 0-based: L0H13 is the papers' layer 1, head 14. Under `torchrun --nproc-per-node N -m "
+                    "lensprobe sweep ...` each process sweeps its share of (question, batch of heads) units; they "
+                    "meet in --out/shards, and a rerun resumes.")
     p.add_argument("--metric", default="entropy",
                    help="entropy | logprob (needs --answer) | attention:<segment>, e.g. attention:system")
     p.add_argument("--question", action="append", default=None, metavar="TEXT",
@@ -134,7 +139,12 @@ def add_sweep(subparsers) -> None:
 
 
 def run_sweep_command(args) -> int:
-    model = load_cli_model(args.model)
+    check_out_dir(args.out, "sweep")  # before the model loads
+    rank, world = shard_info()  # under torchrun / accelerate launch: this process's share of the sweep
+    shards = args.out / "shards" if world > 1 else None
+    if shards is not None:
+        bind_local_gpu()
+    model = load_cli_model(args)
     resolve_heads(model, args.heads)  # bad heads fail before any work
     questions = args.question or [demo_question()[0]]
     prompts = [prompt_of(model, args, q) for q in questions]
@@ -143,7 +153,10 @@ def run_sweep_command(args) -> int:
         answers = args.answer[0] if len(args.answer) == 1 else args.answer
     res = ablation_sweep(model, prompts, args.metric, heads=args.heads, method=args.method,
                          reference=reference_of(model, args), answers=answers, batch_size=args.batch_size,
-                         progress=True)
+                         progress=True, out=shards)
+    if rank != 0:
+        print(f"rank {rank} of {world}: its share of the sweep is in {shards.resolve()}; rank 0 writes the table")
+        return 0
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     csv = res.to_csv(out / "sweep.csv")

@@ -6,6 +6,7 @@ from pathlib import Path
 from lensprobe.app.common import (
     add_model_argument,
     add_system_arguments,
+    check_out_dir,
     int_list,
     load_cli_model,
     print_files,
@@ -58,7 +59,8 @@ def add_mechanism(subparsers) -> None:
 
 
 def run_mechanism(args) -> int:
-    model = load_cli_model(args.model)
+    check_out_dir(args.out, "mechanism")  # before the model loads
+    model = load_cli_model(args)
     layer = check_layers(model, [args.layer])[0]
     heads = check_heads(model, args.heads)
     prompts = mechanism_prompts(model, args.question, system=system_of(args), count=args.count)

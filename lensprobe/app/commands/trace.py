@@ -1,22 +1,27 @@
 """``lensprobe trace``: entropy and attention onto thinking tokens per generation step."""
 
 import re
+from functools import partial
 from pathlib import Path
 
 from lensprobe.app.common import (
     add_model_argument,
     add_system_arguments,
+    check_out_dir,
     load_cli_model,
     print_files,
     system_of,
     write_figure,
 )
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.jsonable import describe_setting
 from lensprobe.core.models import model_label
 from lensprobe.core.prompts import build_prompt
+from lensprobe.core.shards import bind_local_gpu, content_digest, model_fingerprint, shard_info
 from lensprobe.generation.schedule import parse_schedule
 from lensprobe.generation.thinking import THINKING_TOKEN, add_thinking_token
 from lensprobe.generation.trace import trace_summary
+from lensprobe.generation.traceset import trace_jobs
 from lensprobe.studies.thinking import (
     SETTING_LABELS,
     THINKING_SETTINGS,
@@ -36,7 +41,8 @@ def add_trace(subparsers) -> None:
                     "entropy and the attention proportion from the newest query onto the thinking positions "
                     "(and other tracked sets), per layer and head. Writes one trace file per setting, the "
                     "per-step summary as CSV and the two-panel figure as HTML. Step 0 is the last prompt "
-                    "position. Layers and heads are 0-based.")
+                    "position. Layers and heads are 0-based. Under `torchrun --nproc-per-node N -m lensprobe "
+                    "trace ...` each process traces its share of the settings; they meet in --out/shards.")
     add_model_argument(p)
     p.add_argument("--question", required=True, help="the question text")
     add_system_arguments(p)
@@ -67,7 +73,13 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "trace"
 
 
+def _trace_setting(model, prompt, label: str, thinking, generation: dict):
+    """The trace of one thinking setting, as :func:`compare_thinking` makes it among several."""
+    return compare_thinking(model, prompt, {label: thinking}, **generation)[label]
+
+
 def run_trace(args) -> int:
+    check_out_dir(args.out, "trace")  # before the model loads
     names = [s.strip() for s in args.think.split(",") if s.strip()]
     settings = {SETTING_LABELS.get(n, n): thinking_setting(n, alpha=args.alpha, top_p=args.fusion_top_p,
                                                            token=args.token) for n in names}
@@ -75,16 +87,30 @@ def run_trace(args) -> int:
         raise LensprobeError(f"--think needs at least one of {', '.join(THINKING_SETTINGS)}.")
     rule = parse_schedule(args.schedule)
     track = {s.strip(): s.strip() for s in args.track.split(",") if s.strip()}
-    model = load_cli_model(args.model)
+    rank, world = shard_info()  # under torchrun / accelerate launch: this process's share of the settings
+    if world > 1:
+        bind_local_gpu()
+    model = load_cli_model(args)
     if any(t is not None for t in settings.values()):
         ids = model.tokenizer.encode(args.token, add_special_tokens=False)
         if not (len(ids) == 1 and model.tokenizer.decode(ids) == args.token):
             add_thinking_token(model, args.token)  # this process owns the model
     prompt = build_prompt(model, args.question, system=system_of(args))
-    traces = compare_thinking(model, prompt, settings, max_new_tokens=args.max_new_tokens, think_when=rule,
-                              track=track, n_samples=args.samples, do_sample=args.sample,
-                              temperature=args.temperature, top_p=args.top_p,
-                              seed=args.seed if args.sample else None, progress=True)
+    generation = {"max_new_tokens": args.max_new_tokens, "think_when": rule, "track": track, "n_samples": args.samples,
+                  "do_sample": args.sample, "temperature": args.temperature, "top_p": args.top_p,
+                  "seed": args.seed if args.sample else None}
+    if world == 1:
+        traces = compare_thinking(model, prompt, settings, **generation, progress=True)
+    else:  # one unit per setting: the same traces as compare_thinking's, whatever the number of processes
+        jobs = {label: partial(_trace_setting, model, prompt, label, t, generation) for label, t in settings.items()}
+        given = {k: v for k, v in vars(args).items() if k not in ("func", "out", "format", "smooth")}
+        described = {"model": model_fingerprint(model), "prompt": content_digest(prompt),
+                     "arguments": describe_setting(given)}
+        traces = trace_jobs(jobs, out=args.out / "shards", settings=described, progress="trace")
+        if rank != 0:
+            print(f"rank {rank} of {world}: its traces are in {(args.out / 'shards').resolve()}; rank 0 writes the "
+                  "summary")
+            return 0
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     files = []

@@ -1,0 +1,105 @@
+"""The one lock of lensprobe (lensprobe.core.locks): held, released, stale after SIGKILL, other hosts;
+used by sharded runs (ShardStore) and evaluation results files (RowWriter)."""
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lensprobe as lp
+from lensprobe.core.locks import FileLock, lock_holder, pid_alive
+from lensprobe.core.shards import ShardStore
+from lensprobe.evals.results import RowWriter, read_rows
+
+BUSY = "the thing is in use ({holder}): wait for it."
+
+
+def dead_pid() -> int:
+    """A pid no process can have: one above the kernel's maximum."""
+    return int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
+
+
+def test_a_held_lock_names_its_holder_and_is_deleted_on_release(tmp_path):
+    path = tmp_path / ".x.lock"
+    with FileLock(path, busy=BUSY):
+        assert lock_holder(path)["pid"] == os.getpid() and lock_holder(path)["host"] == socket.gethostname()
+        with pytest.raises(lp.LensprobeError, match=rf"the thing is in use \(pid {os.getpid()} on host "):
+            FileLock(path, busy=BUSY).acquire()
+    assert not path.exists() and lock_holder(path) is None
+    FileLock(path, busy=BUSY).acquire().release()  # free again
+
+
+def test_a_stale_lock_of_this_host_is_taken_over_with_a_warning(tmp_path, caplog):
+    path = tmp_path / ".x.lock"
+    pid = dead_pid()
+    assert not pid_alive(pid) and pid_alive(os.getpid())
+    path.write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "since": "earlier"}))
+    with caplog.at_level(logging.WARNING, logger="lensprobe.core.locks"), FileLock(path, busy=BUSY):
+        assert lock_holder(path)["pid"] == os.getpid()
+    assert f"took over a stale lock left by pid {pid} on host {socket.gethostname()}" in caplog.text
+
+
+def test_a_lock_of_another_host_is_refused_with_the_file_to_delete(tmp_path):
+    path = tmp_path / ".x.lock"
+    path.write_text(json.dumps({"pid": 12, "host": "elsewhere-node", "since": "earlier"}))
+    with pytest.raises(lp.LensprobeError, match=r"pid 12 on host elsewhere-node.*delete .*\.x\.lock and retry"):
+        FileLock(path, busy=BUSY).acquire()
+    assert lock_holder(path)["host"] == "elsewhere-node"  # left as it was
+
+
+def test_shards_and_results_files_use_the_same_lock(tmp_path):
+    with ShardStore(tmp_path / "sweep", "demo", {}, rank=0):
+        held = tmp_path / "sweep" / ".shard-rank0.lock"
+        assert lock_holder(held)["pid"] == os.getpid()
+    with RowWriter(tmp_path / "results-rank0.jsonl"):
+        assert lock_holder(tmp_path / ".results-rank0.jsonl.lock")["pid"] == os.getpid()
+    assert not held.exists() and not (tmp_path / ".results-rank0.jsonl.lock").exists()
+
+
+HOLDER_SCRIPT = """
+import sys, time
+from lensprobe.core.shards import ShardStore
+from lensprobe.evals.results import RowWriter
+store = ShardStore(sys.argv[1], "demo", {}, rank=0)
+store.record("u0", 1)
+writer = RowWriter(sys.argv[2])
+writer.write({"condition": "w/o", "problem_id": "q0", "sample": 0})
+writer.sync()
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.slow  # launches a process
+def test_locks_left_by_a_process_killed_with_sigkill_are_taken_over(tmp_path, caplog):
+    shards, results = tmp_path / "shards", tmp_path / "evals" / "results-rank0.jsonl"
+    results.parent.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER_SCRIPT, str(shards), str(results)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+        with pytest.raises(lp.LensprobeError, match=rf"rank 0 of .* is being run by another process \(pid {proc.pid} "):
+            ShardStore(shards, "demo", {}, rank=0)
+        with pytest.raises(lp.LensprobeError, match=rf"being written by another process \(pid {proc.pid} "):
+            RowWriter(results)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert lock_holder(shards / ".shard-rank0.lock")["pid"] == proc.pid  # the lock files outlive it
+    with caplog.at_level(logging.WARNING, logger="lensprobe.core.locks"):
+        with ShardStore(shards, "demo", {}, rank=0) as store:
+            assert store.done() == {"u0": 1}
+        with RowWriter(results) as writer:
+            writer.write({"condition": "w/o", "problem_id": "q1", "sample": 0})
+    assert caplog.text.count(f"took over a stale lock left by pid {proc.pid} on host {socket.gethostname()}") == 2
+    assert [r["problem_id"] for r in read_rows(results.parent)] == ["q0", "q1"]

@@ -1,0 +1,136 @@
+"""Result folders under faults: a full disk during write or fsync stops the run with a clear error and
+keeps every row it reports as saved; several folders in one report never count a row twice."""
+
+import errno
+import os
+import re
+
+import pytest
+
+import lensprobe as lp
+from lensprobe.app.cli import main
+from lensprobe.evals import Problem
+from lensprobe.evals.results import (
+    DuplicateRowsWarning,
+    RowWriter,
+    load_many_results,
+    prepare_folder,
+    read_rows,
+    results_file,
+)
+from lensprobe.evals.stats import summary_tables
+
+PROBLEMS = [Problem(id=f"q{i}", problem=f"What is {i}+{i}?", answer=str(2 * i), level=1, subject="S")
+            for i in range(3)]
+CONFIG = lp.EvalConfig(max_new_tokens=3, batch_size=2)
+SAVED = re.compile(r"(\d+) row\(s\) of this run are safely on disk")
+
+
+def is_results_file(fd: int) -> bool:
+    return os.readlink(f"/proc/self/fd/{fd}").endswith(".jsonl")
+
+
+def run(tiny, out):
+    return lp.evaluate(tiny, PROBLEMS, "w/o", out=out, config=CONFIG, model_name="tiny", progress=False)
+
+
+def test_fsync_failing_with_a_full_disk_stops_the_run_and_rerun_resumes(tiny, tmp_path, monkeypatch):
+    real_fsync, calls = os.fsync, []
+
+    def fsync(fd):
+        if is_results_file(fd):
+            calls.append(fd)
+            if len(calls) == 2:  # the second batch's sync
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(lp.LensprobeError, match=r"saving \(fsync\) .*results-rank0\.jsonl failed \(No space left on "
+                                                r"device\): 2 row\(s\) of this run are safely on disk") as info:
+        run(tiny, tmp_path)
+    saved = int(SAVED.search(str(info.value)).group(1))
+    rows = read_rows(tmp_path)
+    assert [r["problem_id"] for r in rows[:saved]] == ["q0", "q1"]  # every row reported saved is there
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    resumed = run(tiny, tmp_path)
+    assert sorted(resumed["problem_id"]) == ["q0", "q1", "q2"]
+    assert len(read_rows(tmp_path)) == 3
+
+
+def test_a_write_cut_short_by_a_full_disk_leaves_only_whole_rows(tiny, tmp_path, monkeypatch):
+    real_write, calls = os.write, []
+
+    def write(fd, data):
+        if not is_results_file(fd):
+            return real_write(fd, data)
+        calls.append(len(data))
+        if len(calls) == 2:  # the second row: half of it fits on the disk ...
+            return real_write(fd, bytes(data[: len(data) // 2]))
+        if len(calls) == 3:  # ... then the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    with pytest.raises(lp.LensprobeError, match="writing to .*results-rank0.jsonl failed \\(No space left") as info:
+        run(tiny, tmp_path)
+    monkeypatch.setattr(os, "write", real_write)
+    assert int(SAVED.search(str(info.value)).group(1)) == 1
+    data = results_file(tmp_path, 0).read_bytes()
+    assert data.endswith(b"\n") and [r["problem_id"] for r in read_rows(tmp_path)] == ["q0"]
+    assert len(run(tiny, tmp_path)) == 3 and len(read_rows(tmp_path)) == 3
+
+
+def test_a_writer_refuses_to_go_on_after_a_failed_write(tmp_path, monkeypatch):
+    writer = RowWriter(tmp_path / "results-rank0.jsonl")
+    monkeypatch.setattr(os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    with pytest.raises(lp.LensprobeError, match=r"failed \(I/O error\): 0 row\(s\)"):
+        writer.write({"a": 1})
+    monkeypatch.undo()
+    with pytest.raises(lp.LensprobeError, match="had a write error earlier: rerun the command"):
+        writer.write({"a": 2})
+    writer.close()
+    assert read_rows(tmp_path) == []
+
+
+def write_folder(out, model: str, verdicts: dict[str, list[bool]], config_hash: str = "h1"):
+    """A result folder written by hand: per condition, one math-verify verdict per problem."""
+    prepare_folder(out, {"model": model}, config_hash, {c: {"hash": c} for c in verdicts})
+    with RowWriter(results_file(out, 0)) as writer:
+        for cond, marks in verdicts.items():
+            for i, ok in enumerate(marks):
+                writer.write({"condition": cond, "problem_id": f"q{i}", "sample": 0, "model": model, "level": 1,
+                              "subject": "S", "answer": "1", "prediction": "1" if ok else "2", "math-verify": ok,
+                              "paper": ok, "paper-lenient": ok, "paper-exact": ok, "finish": "eos"})
+    return out
+
+
+VERDICTS = {"w/o": [True, False, False], "w/ Mless": [True, True, False]}
+
+
+def mcnemar_n(rows) -> int:
+    cmp = summary_tables(rows)["comparisons"]
+    return int(cmp[cmp["grader"] == "math-verify"]["n"].iloc[0])
+
+
+def test_one_folder_given_twice_is_refused(tmp_path, capsys):
+    a = write_folder(tmp_path / "a", "m", VERDICTS)
+    assert len(load_many_results([a])) == 6 and mcnemar_n(load_many_results([a])) == 3
+    (tmp_path / "link").symlink_to(a)
+    with pytest.raises(lp.LensprobeError, match=r"result folder .*link is given twice \(also as .*a\): name each"):
+        load_many_results([a, tmp_path / "link"])
+    assert main(["eval-report", str(a), str(a)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is given twice" in err
+
+
+def test_rows_in_two_folders_of_one_run_are_counted_once(tmp_path):
+    a = write_folder(tmp_path / "a", "m", VERDICTS)
+    copy = write_folder(tmp_path / "copy", "m", VERDICTS)  # same settings: a part of the same run
+    with pytest.warns(DuplicateRowsWarning, match=r"6 row\(s\) of copy are also in a folder given before it"):
+        rows = load_many_results([a, copy])
+    assert len(rows) == 6 and mcnemar_n(rows) == 3 and set(rows["model"]) == {"m"}
+    other = write_folder(tmp_path / "b", "m", {"w/o": [False] * 3, "w/ Mless": [True] * 3}, config_hash="h2")
+    both = load_many_results([a, other])  # other settings: told apart, each counted once
+    assert len(both) == 12 and set(both["model"]) == {"m (a)", "m (b)"}
+    cmp = summary_tables(both)["comparisons"]
+    assert cmp[cmp["grader"] == "math-verify"]["n"].tolist() == [3, 3]
