@@ -342,6 +342,11 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
                 "folder (save_pretrained output) or a .gguf file."
             )
         return _bridge_from_folder(path, device, dtype)
+    if path.is_file():
+        raise ModelLoadError(
+            f"{path} is a file but not a .gguf file: pass a .gguf file, or the Hugging Face model folder "
+            "that holds this file (with its config.json)."
+        )
     if str(name).startswith((".", "/", "~")) or path.exists():
         raise ModelLoadError(f"model path not found: {path}. Check the path.")
     return _bridge_from_hub(str(name), device, dtype)

@@ -271,7 +271,8 @@ def attention_view_html(pattern: Any, str_tokens: Sequence[str], *, layer: int,
     for i, tok in enumerate(str_tokens):
         tok = tok.replace("</", "<\u200b/")  # keep the inline script intact
         labels.append(f"«{tok}»" if span and span[0] <= i < span[1] else tok)
-    names = list(head_labels) if head_labels is not None else [f"L{layer}H{h}" for h in range(n_heads)]
+    names = ([str(n).replace("</", "<\u200b/") for n in head_labels] if head_labels is not None
+             else [f"L{layer}H{h}" for h in range(n_heads)])  # labels go into the inline script too
     if caption is None:
         where = (f" Tokens shown as «…» are the {span_name} span (positions {span[0]}-{span[1] - 1})."
                  if span else "")

@@ -184,6 +184,10 @@ def test_bad_paths(tmp_path):
         lp.load_model(tmp_path)
     with pytest.raises(ModelLoadError, match="model path not found"):
         lp.load_model(str(tmp_path / "no-such-folder"))
+    weights = tmp_path / "pytorch_model.bin"
+    weights.write_bytes(b"not a model")
+    with pytest.raises(ModelLoadError, match="pytorch_model.bin is a file but not a .gguf file: pass a .gguf"):
+        lp.load_model(weights)
 
 
 def test_layer_and_head_ranges(tiny):

@@ -149,6 +149,11 @@ def test_attention_view_marks_span_and_is_offline():
     assert "</end>" not in out  # a token cannot close the inline script
     out = attention_view_html(pattern, tokens, layer=0)
     assert "«" not in out.split("<div>")[0]  # no span, no marks
+    plain = attention_view_html(pattern, tokens, layer=0, head_labels=["a", "b"])
+    hostile = attention_view_html(pattern, tokens, layer=0, head_labels=["</script><b>x</b>", "b"])
+    assert hostile.count("</script>") == plain.count("</script>")  # a head label cannot close it either
+    names = json.loads(re.search(r'"attentionHeadNames": (\[.*?\])', hostile).group(1))
+    assert names == ["<\u200b/script><b>x<\u200b/b>", "b"]
 
 
 @pytest.mark.slow  # launches a Python process
