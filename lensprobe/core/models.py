@@ -143,8 +143,9 @@ def converted_gguf_folder(gguf: Path) -> Path:
                 "The file may be damaged, or hold an architecture transformers cannot read from GGUF; "
                 "re-download it, or pass a Hugging Face model folder or hub name."
             ) from err
-        fresh.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        with quiet():  # saving draws a progress bar too
+            fresh.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
     finally:

@@ -54,8 +54,8 @@ def _arithmetic_conditions(model) -> tuple[str, str]:
 def build_arithmetic_section(model, *, quick: bool = False):
     """Built-in arithmetic problems under w/o, w/ Mless, w/ Mful (and ARM when the model has a preset).
 
-    Full: the first :data:`ARITHMETIC_PROBLEMS` problems of ``lp.arithmetic_problems(seed=0)``
-    (level 1 and 2 alternating), greedy, at most :data:`ARITHMETIC_MAX_NEW_TOKENS` new tokens,
+    Full: the first ``ARITHMETIC_PROBLEMS`` problems of ``lp.arithmetic_problems(seed=0)``
+    (level 1 and 2 alternating), greedy, at most ``ARITHMETIC_MAX_NEW_TOKENS`` new tokens,
     the answer read as the last number of the generation (``extract="last-number"``). Quick:
     2 problems, 8 tokens.
 
