@@ -4,6 +4,7 @@ which still fire), whichever entry point was running."""
 
 import pytest
 import torch
+from oracles import Counter
 
 import lensprobe as lp
 from lensprobe.evals.data import Problem
@@ -21,16 +22,6 @@ class Bomb:
             raise self.error
         return None
 
-
-class Counter:
-    """A user hook that counts its calls."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def __call__(self, x, hook):
-        self.calls += 1
-        return None
 
 
 def hook_snapshot(model) -> dict[str, tuple[int, int]]:

@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from latent_math import latent_by_hand
+from oracles import latent_by_hand
 
 import lensprobe as lp
 from lensprobe.core.testing import tiny_model

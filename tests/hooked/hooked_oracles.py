@@ -4,6 +4,7 @@
 import copy
 
 import torch
+from oracles import latent_by_hand
 
 
 def entropy_by_hand(logits: torch.Tensor) -> float:
@@ -92,20 +93,6 @@ def hf_with_thinking_token(hf):
     return hf.eval(), V
 
 
-def latent_by_hand(h, logits, E, *, alpha, top_p, exclude):
-    """alpha * h + (1 - alpha) * sum_w p~(w) E(w), p~ = top-p of the softmax with ``exclude`` masked,
-    written as a loop over the sorted probabilities."""
-    p = torch.softmax(logits.double().masked_fill(torch.arange(logits.shape[-1]) == exclude, float("-inf")), -1)
-    kept, mass = [], 0.0
-    for prob, i in sorted(((float(p[i]), i) for i in range(p.shape[0])), reverse=True):
-        if mass >= top_p:
-            break
-        kept.append((prob, i))
-        mass += prob
-    norm = sum(prob for prob, _ in kept)
-    soft = sum((prob / norm) * E[i].double() for prob, i in kept)
-    return (alpha * h.double() + (1 - alpha) * soft).float()
-
 
 def thinking_loop_by_hand(hf, prompt_ids, n, think_steps, tid, *, fusion: bool, alpha=0.6, top_p=0.9):
     """Greedy decoding with the plain model's own KV cache, the thinking inputs fed by hand as
@@ -122,7 +109,7 @@ def thinking_loop_by_hand(hf, prompt_ids, n, think_steps, tid, *, fusion: bool, 
             attn.append(torch.stack([a[0, :, -1, thinking_pos].sum(-1) for a in out.attentions]))
             tok = tid if t in think_steps else int(logits.argmax())
             if t in think_steps:
-                emb = latent_by_hand(h, logits, E, alpha=alpha, top_p=top_p, exclude=tid) if fusion else E[tid]
+                emb = latent_by_hand(h, logits, E, alpha=alpha, top_p=top_p, exclude=tid)[0] if fusion else E[tid]
             else:
                 emb = E[tok]
             tokens.append(tok)

@@ -3,22 +3,12 @@ malformed heads, heads the model lacks in an evaluation, an empty prompt list.""
 
 import pytest
 import torch
+from oracles import Counter
 
 import lensprobe as lp
 from lensprobe.core.errors import LensprobeError
 from lensprobe.evals.data import Problem
 from lensprobe.studies.heads import ablation_effect
-
-
-class Counter:
-    """A hook counting forwards (it fires once per forward at ``hook_embed``)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def __call__(self, x, hook):
-        self.calls += 1
-        return None
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Latent thinking inputs computed by hand, for the generation tests."""
+"""Computed by hand, for the tests: latent thinking inputs, and a hook that counts its calls."""
 
 import torch
 
@@ -17,3 +17,14 @@ def latent_by_hand(h, logits, E, *, alpha, top_p, exclude, temperature=1.0):
     norm = sum(prob for prob, _ in kept)
     soft = sum((prob / norm) * E[i].double() for prob, i in kept)
     return (alpha * h.double() + (1 - alpha) * soft).float(), len(kept)
+
+
+class Counter:
+    """A hook ``fn(activation, hook)`` that counts its calls and leaves the activation alone."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, x, hook):
+        self.calls += 1
+        return None
