@@ -152,16 +152,26 @@ class AttentionRecorder:
 class StepInfo:
     """The forward pass currently running inside :func:`lensprobe.generate`.
 
+    The activations' ``batch`` axis holds the rows this forward runs. With continuous
+    batching (``lp.generate(..., batch_size=B)``) those are the live rows, which may be at
+    different steps: use ``positions`` (or ``steps``) rather than ``step``, and ``rows`` to
+    tell which row of the generation each one is.
+
     Attributes:
-        step: generation step (0 = the prompt forward, whose last query predicts step 0).
+        step: generation step (0 = the prompt forward, whose last query predicts step 0);
+            under continuous batching, the largest of ``steps``.
         positions: ``[batch, pos]`` absolute token positions of the activations' ``pos``
             axis (counted from each row's first prompt token; left padding is negative).
         prompt_lengths: ``[batch]`` prompt lengths without padding.
+        steps: ``[batch]`` generation step of each row (``None`` outside the generation loop).
+        rows: ``[batch]`` each row's index in the generation's trace (``None`` likewise).
     """
 
     step: int
     positions: Int[Tensor, "batch pos"]
     prompt_lengths: Int[Tensor, " batch"]
+    steps: Int[Tensor, " batch"] | None = None
+    rows: Int[Tensor, " batch"] | None = None
 
 
 _CURRENT: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar("lensprobe_step", default=None)

@@ -19,7 +19,7 @@ class PaddedBatch:
     """A left-padded batch for a generation of ``T - P`` steps.
 
     Attributes:
-        rows: ``(prompt index, sample index)`` per row, prompt by prompt.
+        rows: ``(prompt index, sample index)`` per row.
         ids: ``[row, P]`` prompt token ids, left-padded with ``pad_id``.
         mask: ``[row, T]`` attention mask; the loop sets column ``P + t`` as step ``t`` goes in.
         lengths: ``[row]`` prompt lengths.
@@ -55,10 +55,9 @@ class PaddedBatch:
         return torch.arange(self.width, device=self.device)[None, :] - pad_offset[:, None]
 
 
-def pad_batch(items: list[tuple[list[int], Prompt | None]], n_samples: int, max_new_tokens: int,
+def pad_batch(items: list[tuple[list[int], Prompt | None]], rows: list[tuple[int, int]], max_new_tokens: int,
               pad_id: int, device) -> PaddedBatch:
-    """Rows for every prompt x sample, left-padded to the longest prompt, on ``device``."""
-    rows = [(pi, j) for pi in range(len(items)) for j in range(n_samples)]
+    """``rows`` (``(prompt index, sample index)`` each) left-padded to their longest prompt, on ``device``."""
     lengths = torch.tensor([len(items[pi][0]) for pi, _ in rows], device="cpu")
     width = int(lengths.max())
     ids = torch.full((len(rows), width), int(pad_id), dtype=torch.long, device="cpu")

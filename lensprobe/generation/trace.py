@@ -68,8 +68,9 @@ class GenerationTrace:
         prompt_index: per row, which input prompt it came from.
         sample_index: per row, which sample of its prompt it is (0 .. n_samples-1).
         prompt_lengths: per row, the prompt's length in tokens (without padding).
-        finish_reasons: per row, ``"eos"``, ``"length"``, or ``"nonfinite"`` (the step's logits
-            held a NaN or +inf, or only -inf: the row stopped there, with a warning).
+        finish_reasons: per row, ``"eos"``, ``"length"``, ``"nonfinite"`` (the step's logits
+            held a NaN or +inf, or only -inf: the row stopped there, with a warning), or
+            ``"error"`` (the row could not run, ``generate(..., on_error="row")``; see :attr:`errors`).
         layers: the layers of the attention arrays (0-based).
         n_heads: query heads per layer.
         meta: the generation settings (JSON-able).
@@ -140,6 +141,11 @@ class GenerationTrace:
     def text(self) -> str | list[str]:
         """The generated text (one row) or a list of texts."""
         return self.texts[0] if self.n_rows == 1 else list(self.texts)
+
+    @property
+    def errors(self) -> dict[int, str]:
+        """Row -> why it could not run (rows with ``finish_reason="error"``); empty when none."""
+        return {int(r): m for r, m in self.meta.get("errors", {}).items()}
 
     @property
     def generated_ids(self) -> list[list[int]]:

@@ -56,7 +56,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import Hook
+from lensprobe.core.hooks import Hook, current_step
 from lensprobe.core.lazy import heavy
 
 __all__ = ["ARM", "ARM_PRESETS", "MAD_SCALE", "activation_function", "arm_redistribute", "near_zero_band"]
@@ -329,8 +329,11 @@ class _ARMHook:
         rule = dict(c=a.c, percentile=a.percentile, p_min=a.p_min, p_max=a.p_max, k=a.k,
                     mode=a.mode, variant=a.variant)
         if a.per_row and act.dim() >= 1:
-            rows = [arm_redistribute(act[b], generator=self.draws.get(act.device, b), **rule)
-                    for b in range(act.shape[0])]
+            info = current_step()  # inside lp.generate: batch row b is generation row info.rows[b]
+            keys = (info.rows.tolist() if info is not None and info.rows is not None
+                    and len(info.rows) == act.shape[0] else range(act.shape[0]))
+            rows = [arm_redistribute(act[b], generator=self.draws.get(act.device, k), **rule)
+                    for b, k in enumerate(keys)]
             edited = torch.stack(rows)
         else:
             edited = arm_redistribute(act, generator=self.draws.get(act.device), **rule)
@@ -368,7 +371,9 @@ class ARM:
         per_row: compute the statistics per batch row (first dimension) rather than over the
             whole batch, so a row's result does not depend on the other rows. With a seed,
             each row draws from its own generator seeded with ``seed`` (identical rows get
-            identical draws).
+            identical draws). Inside :func:`lensprobe.generate` a row's generator follows the
+            generation's row (``lp.current_step().rows``), so under continuous batching each
+            row gets exactly the draws it would get alone.
 
     Raises:
         LensprobeError: a bad setting (at construction); a layer out of range, a model

@@ -1,0 +1,96 @@
+"""Rows of a KV cache: keep some, drop leading padding columns, join another cache's rows.
+
+Continuous batching (:mod:`lensprobe.generation.loop`) takes finished rows out of the running
+batch and puts newly prefilled jobs in. Every row of a cache is left-padded to the cache's
+width (its columns), and the loop's attention mask marks the padding, so rows of different
+lengths share one cache; position ids are passed per row, so padding never shifts a row's
+positions. Two kinds of cache are handled:
+
+- ``transformers``' ``DynamicCache`` whose layers are all ``DynamicLayer`` (full attention:
+  the TransformerBridge and the plain view), keys and values ``[row, kv_head, pos, d_head]``;
+- TransformerLens' ``TransformerLensKeyValueCache`` (a 3.x ``HookedTransformer``), keys and
+  values ``[row, pos, kv_head, d_head]`` plus the attention mask it keeps, ``[row, pos]``.
+
+Any other cache (sliding-window, quantized, static, linear-attention layers) is reported by
+:func:`can_join`, and the loop runs static batches instead.
+
+Example:
+    >>> keep_rows(cache, torch.tensor([0, 2]))  # rows 0 and 2 go on
+    >>> drop_columns(cache, 3)                  # their first 3 columns were padding
+    >>> cache = join(cache, solo_cache)          # a newly prefilled job joins as the last row
+"""
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["can_join", "drop_columns", "join", "keep_rows", "width"]
+
+
+def _parts(cache) -> list[tuple[Any, str, int]]:
+    """``(holder, attribute, position axis)`` of every tensor with one row per batch row."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [(layer, name, 2) for layer in layers for name in ("keys", "values")]
+    entries = getattr(cache, "entries", None)
+    if entries is not None:
+        return [(e, name, 1) for e in entries for name in ("past_keys", "past_values")] + [
+            (cache, "previous_attention_mask", 1)]
+    raise TypeError(f"not a KV cache lensprobe can batch: {type(cache).__name__}")
+
+
+def can_join(cache) -> bool:
+    """Whether rows of ``cache`` can be kept, trimmed and joined (see the module docstring)."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return all(type(layer).__name__ == "DynamicLayer" and getattr(layer, "is_initialized", True)
+                   for layer in layers)
+    return type(cache).__name__ in ("TransformerLensKeyValueCache", "HookedTransformerKeyValueCache") and \
+        not getattr(cache, "frozen", False)
+
+
+def width(cache) -> int:
+    """Columns (cached positions, padding included) of every row."""
+    holder, name, axis = _parts(cache)[0]
+    return int(getattr(holder, name).shape[axis])
+
+
+def keep_rows(cache, rows: Tensor) -> None:
+    """Keep only ``rows`` (indices, in the order given), in place."""
+    for holder, name, _ in _parts(cache):
+        t = getattr(holder, name)
+        setattr(holder, name, t.index_select(0, rows.to(t.device)))
+
+
+def drop_columns(cache, n: int) -> None:
+    """Drop the first ``n`` columns of every row (padding every row has), in place."""
+    if n <= 0:
+        return
+    for holder, name, axis in _parts(cache):
+        t = getattr(holder, name)
+        setattr(holder, name, t.narrow(axis, n, t.shape[axis] - n))
+
+
+def join(running, new):
+    """``running``'s rows followed by ``new``'s, both left-padded with zeros to the wider width.
+
+    ``running`` may be ``None`` (no rows yet): ``new`` is returned. Otherwise ``running`` is
+    changed in place and returned.
+    """
+    if running is None:
+        return new
+    w = max(width(running), width(new))
+    for (holder, name, axis), (other, other_name, _) in zip(_parts(running), _parts(new), strict=True):
+        a, b = getattr(holder, name), getattr(other, other_name)
+        setattr(holder, name, torch.cat([_pad_left(a, axis, w), _pad_left(b.to(a.device), axis, w)], dim=0))
+    return running
+
+
+def _pad_left(t: Tensor, axis: int, w: int) -> Tensor:
+    missing = w - t.shape[axis]
+    if missing == 0:
+        return t
+    shape = list(t.shape)
+    shape[axis] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=axis)
