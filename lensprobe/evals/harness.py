@@ -77,9 +77,17 @@ from lensprobe.core.shards import check_shard, model_fingerprint, my_units
 from lensprobe.core.shards import shard_info as shard_info  # its old home: lensprobe.evals.harness.shard_info
 from lensprobe.evals.data import Problem
 from lensprobe.evals.grading import GRADERS, check_extract, extract_answer, grade_all, grade_paper_exact
-from lensprobe.evals.results import RowWriter, prepare_folder, read_rows, results_file, with_verdict_column
+from lensprobe.evals.results import (
+    RowWriter,
+    prepare_folder,
+    read_rows,
+    results_file,
+    settled_rows,
+    with_verdict_column,
+)
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.loop import generate
+from lensprobe.generation.rows import FinishedRow
 from lensprobe.interventions.arm import ARM
 
 DEFAULT_CONDITIONS = "w/o,w/ Mless,w/ Mful"
@@ -226,15 +234,18 @@ def _check_problems(problems) -> list[Problem]:
 class _Item:
     problem: Problem
     sample: int
-    prompt: Any  # Prompt
+    prompt: Any  # Prompt, or None when it could not be built
+    error: str | None = None  # why the prompt could not be built
 
 
 def _batches(items: list[_Item], cond: Condition, config: EvalConfig):
-    """Split one condition's pending items into generation calls: ``(items, interventions)``.
+    """Split one condition's pending items into generation calls: ``(items, interventions, batch size)``.
 
     Items whose interventions change when bound to their prompt are generated alone, and so
     is every item of a condition with ARM (its statistics cover the whole batch); with
-    sampling, alone means with the problem's other samples.
+    sampling, alone means with the problem's other samples. The other items go in one call,
+    run with continuous batching (``config.batch_size`` rows live at once); a call of items
+    generated alone runs its rows as one batch (batch size ``None``) whatever ``batch_size``.
     """
     shared: list[_Item] = []
     alone = _has_arm(cond)
@@ -243,24 +254,16 @@ def _batches(items: list[_Item], cond: Condition, config: EvalConfig):
         for it in items:
             groups.setdefault(it.problem.id, []).append(it)
         for group in groups.values():
-            yield group, bind_interventions(cond.interventions, group[0].prompt)[0]
+            yield group, bind_interventions(cond.interventions, group[0].prompt)[0], None
         return
     for it in items:
         inter, changed = bind_interventions(cond.interventions, it.prompt)
         if changed or alone:
-            yield [it], inter
+            yield [it], inter, None
         else:
             shared.append(it)
-    per_call = config.batch_size if not config.do_sample else max(1, config.batch_size // config.n_samples)
-    # With sampling every call draws all n_samples of its problems: group by problem.
-    groups: list[list[_Item]] = []
-    for it in shared:
-        if config.do_sample and groups and groups[-1][0].problem.id == it.problem.id:
-            groups[-1].append(it)
-        else:
-            groups.append([it])
-    for i in range(0, len(groups), per_call):
-        yield [it for g in groups[i:i + per_call] for it in g], cond.interventions
+    if shared:  # one call: batch_size rows live at once, finished rows refilled (continuous batching)
+        yield shared, cond.interventions, config.batch_size
 
 
 def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str | os.PathLike | None = None,
@@ -294,12 +297,19 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
         grader in the columns ``"math-verify"``, ``"paper"``, ``"paper-lenient"`` and
         ``"paper-exact"`` (the authors' verdict on prompt + generation), the
         extracted ``prediction``, the ``generation`` text, the exact ``prompt``, ``finish``
-        (``"eos"``, ``"length"``, or ``"nonfinite"`` for a broken generation, whose prediction
-        and verdicts are ``None``) and the hashes of the configuration and condition.
+        (``"eos"``, ``"length"``, ``"nonfinite"`` for a broken generation or ``"error"`` for a
+        row that could not run, whose prediction and verdicts are ``None``), ``error`` (the
+        reason, for error rows), ``seconds`` (wall time since the previous row finished: rows
+        run together, so their times add up to the run's) and the hashes of the configuration
+        and condition.
 
     Raises:
-        LensprobeError: unknown condition names, bad settings, a prompt that does not fit
-            the context with ``max_new_tokens``, or an output folder of another configuration.
+        LensprobeError: unknown condition names, bad settings (``max_new_tokens`` as long as
+            the context), or an output folder of another configuration. A prompt that does not
+            fit the context with ``max_new_tokens``, or a row whose forward fails, does not
+            stop the run: it becomes an error row (``finish="error"``, the reason in ``error``,
+            no verdicts), an :class:`ErrorRowsWarning` says how many, and a resumed run tries
+            it again. A ``KeyboardInterrupt`` stops the run; every finished row is on disk.
 
     Example:
         >>> probs = lp.load_math500("test.jsonl", levels=1, limit=20)
@@ -314,6 +324,11 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
             settings = {**paper_generation_settings(model), **settings}
         config = EvalConfig(**settings)
     problems = _check_problems(problems)
+    if config.max_new_tokens >= int(model.cfg.n_ctx):
+        raise LensprobeError(
+            f"max_new_tokens={config.max_new_tokens} leaves no room for a prompt in the model's context of "
+            f"{int(model.cfg.n_ctx)} tokens: lower max_new_tokens."
+        )
     builtins = paper_conditions(prompt_format=config.prompt_format) if config.prompt_format != "chat" else None
     conds = resolve_conditions(conditions, builtins=builtins,
                                arm=arm if arm is not None else (lambda: preset_arm(model)))
@@ -386,7 +401,11 @@ class _RunInfo:
 
 
 def _finished_rows(out: Path, problems: list[Problem]) -> dict[tuple, dict]:
-    """Rows already in ``out`` by (condition, problem id, sample); refuses rows of other data."""
+    """Rows already in ``out`` by (condition, problem id, sample); refuses rows of other data.
+
+    Error rows (``finish="error"``: the row could not run) are not finished: a resumed run
+    tries them again, and a row that then runs replaces the error row in every table.
+    """
     done: dict[tuple, dict] = {}
     by_id = {p.id: problem_hash(p) for p in problems}
     for row in read_rows(out):
@@ -396,7 +415,8 @@ def _finished_rows(out: Path, problems: list[Problem]) -> dict[tuple, dict]:
                 f"{out} holds a result for problem id {row['problem_id']!r} with a different problem "
                 "text or answer: these are other data. Use a new output folder."
             )
-        done.setdefault((row["condition"], row["problem_id"], row["sample"]), row)
+        if row.get("finish") != "error":
+            done.setdefault((row["condition"], row["problem_id"], row["sample"]), row)
     return done
 
 
@@ -404,30 +424,34 @@ def _plan(model, mine: list[Problem], conds: list[Condition], done: dict, config
           ) -> list[tuple[Condition, list[_Item]]]:
     """The rows still to generate, chunk by chunk of problems, condition by condition.
 
-    Every prompt is built and checked against the context before anything runs.
+    Every prompt is built before anything runs. A chunk holds :func:`plan_chunk` problems, so
+    a stopped run has results for every condition on its first problems; within a chunk, a
+    condition's rows run with continuous batching.
     """
     builders = {c.name: c.prompt_builder(model) for c in conds}
-    n_ctx = int(model.cfg.n_ctx)
     plan: list[tuple[Condition, list[_Item]]] = []
-    for start in range(0, len(mine), config.batch_size):
+    chunk = plan_chunk(config)
+    for start in range(0, len(mine), chunk):
         for cond in conds:
             items = []
-            for p in mine[start:start + config.batch_size]:
+            for p in mine[start:start + chunk]:
                 samples = [s for s in range(config.n_samples) if (cond.name, p.id, s) not in done]
-                if not samples:
-                    continue
-                prompt = builders[cond.name](p.problem)
-                if len(prompt) + config.max_new_tokens > n_ctx:
-                    raise LensprobeError(
-                        f"problem {p.id!r} under condition {cond.name!r} is a {len(prompt)}-token prompt; "
-                        f"with max_new_tokens={config.max_new_tokens} it exceeds the model's context "
-                        f"({n_ctx}). Lower max_new_tokens or drop long problems."
-                    )
-                items += [_Item(p, s, prompt) for s in samples]
+                if samples:
+                    try:
+                        prompt, error = builders[cond.name](p.problem), None
+                    except LensprobeError as err:  # e.g. longer than the context: an error row
+                        prompt, error = None, str(err)
+                    items += [_Item(p, s, prompt, error) for s in samples]
             if items:
                 plan.append((cond, items))
     _check_interventions(model, plan, config)
     return plan
+
+
+def plan_chunk(config: EvalConfig) -> int:
+    """Problems per chunk of an evaluation's plan: enough rows for continuous batching to keep
+    ``batch_size`` rows busy (8 per live row), at least 32."""
+    return max(32, 8 * config.batch_size // (config.n_samples if config.do_sample else 1))
 
 
 def _check_interventions(model, plan: list[tuple[Condition, list[_Item]]], config: EvalConfig) -> None:
@@ -435,8 +459,12 @@ def _check_interventions(model, plan: list[tuple[Condition, list[_Item]]], confi
     against its longest prompt + ``max_new_tokens``, so bad heads fail before any batch runs."""
     longest: dict[str, tuple[Condition, Any, int]] = {}
     for cond, items in plan:
+        items = [it for it in items if it.prompt is not None]
+        if not items:
+            continue
         _, first, n = longest.get(cond.name, (cond, items[0].prompt, 0))
-        longest[cond.name] = (cond, first, max(n, *(len(it.prompt) for it in items)))
+        fits = [len(it.prompt) for it in items if len(it.prompt) + config.max_new_tokens <= int(model.cfg.n_ctx)]
+        longest[cond.name] = (cond, first, max(n, *fits, 0))
     for cond, first, n in longest.values():
         bound = bind_interventions(cond.interventions, first)[0]
         try:
@@ -459,44 +487,61 @@ def _tally(done: dict, mine: list[Problem], conds: list[Condition]) -> dict[str,
 
 def _run_plan(model, plan, config: EvalConfig, info: _RunInfo, tally: dict, *, out: Path | None,
               progress: bool, world_size: int) -> list[dict]:
-    """Generate and grade every planned row; each is written (and synced) as soon as it is graded."""
+    """Generate and grade every planned row; each is written (and synced) as soon as it is graded.
+
+    A row that cannot run (a prompt too long for the context, a failing forward) becomes an
+    error row and the others go on; a ``KeyboardInterrupt`` stops the run with every row
+    finished so far written.
+    """
     total = sum(len(items) for _, items in plan)
     bar = _progress(total, progress, info.rank, world_size)
     writer = RowWriter(results_file(out, info.rank)) if out is not None and total else None
     new_rows: list[dict] = []
+
+    def emit(it: _Item, cond: Condition, ids: list[int], text: str, finish: str, error: str | None,
+             seconds: float) -> None:
+        row = _row(it, cond, ids, text, finish, seconds, info, extract=config.extract, error=error)
+        if writer is not None:
+            writer.write(row)
+            writer.sync()
+        new_rows.append(row)
+        if row["math-verify"] is not None:  # None: no answer (an error or a broken generation)
+            tally[cond.name][0] += row["math-verify"]
+            tally[cond.name][1] += 1
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix_str(_accuracy_postfix(tally), refresh=False)
+
     try:
         for cond, items in plan:
-            for batch, interventions in _batches(items, cond, config):
-                t0 = time.perf_counter()
-                outs = _generate(model, batch, interventions, cond, config)
-                seconds = (time.perf_counter() - t0) / len(batch)
-                for it, (ids, text, finish) in zip(batch, outs, strict=True):
-                    row = _row(it, cond, ids, text, finish, seconds, info, extract=config.extract)
-                    if writer is not None:
-                        writer.write(row)
-                    new_rows.append(row)
-                    if row["math-verify"] is not None:  # None: a broken generation, not graded
-                        tally[cond.name][0] += row["math-verify"]
-                        tally[cond.name][1] += 1
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix_str(_accuracy_postfix(tally), refresh=False)
-                if writer is not None:
-                    writer.sync()
+            for it in items:
+                if it.error is not None:
+                    emit(it, cond, [], "", "error", it.error, 0.0)
+            items = [it for it in items if it.error is None]
+            for batch, interventions, batch_size in _batches(items, cond, config):
+                _generate(model, batch, interventions, cond, config, batch_size, emit)
     finally:
         if writer is not None:
             writer.close()
         if bar is not None:
             bar.close()
+    errors = [r for r in new_rows if r["finish"] == "error"]
+    if errors:
+        warnings.warn(f"{len(errors)} row(s) could not run (finish 'error'; the reason is in their 'error' column), "
+                      f"e.g. problem {errors[0]['problem_id']!r}: {errors[0]['error']} They are retried when the "
+                      "run is resumed.", ErrorRowsWarning, stacklevel=3)
     return new_rows
+
+
+class ErrorRowsWarning(UserWarning):
+    """Some rows of an evaluation could not run; each is an error row (``finish="error"``)."""
 
 
 def _table(rows: list[dict], conds: list[Condition], problems: list[Problem]):
     pd = pandas()
     if not rows:
         return pd.DataFrame(columns=ROW_COLUMNS)
-    df = with_verdict_column(pd.DataFrame.from_records(rows), PAPER_EXACT)
-    df = df.drop_duplicates(subset=["condition", "problem_id", "sample"], keep="first")
+    df = with_verdict_column(pd.DataFrame.from_records(settled_rows(rows)), PAPER_EXACT)
     corder = {c.name: i for i, c in enumerate(conds)}
     porder = {p.id: i for i, p in enumerate(problems)}
     df = df.assign(_c=df["condition"].map(corder), _p=df["problem_id"].map(porder))
@@ -506,13 +551,13 @@ def _table(rows: list[dict], conds: list[Condition], problems: list[Problem]):
 
 ROW_COLUMNS = ["condition", "problem_id", "sample", "subject", "level", "answer", "prediction",
                *GRADERS, PAPER_EXACT, "finish", "generated_tokens", "generation", "prompt", "prompt_tokens",
-               "model", "config_hash", "condition_hash", "problem_hash", "rank", "seconds"]
+               "model", "config_hash", "condition_hash", "problem_hash", "rank", "seconds", "error"]
 
 
 def _row(it: _Item, cond: Condition, ids: list[int], text: str, finish: str, seconds: float, info: _RunInfo,
-         extract: str = "boxed") -> dict:
+         extract: str = "boxed", error: str | None = None) -> dict:
     p = it.problem
-    if finish == "nonfinite":  # an error, not an answer: no prediction, no verdict
+    if finish in ("nonfinite", "error"):  # not an answer: no prediction, no verdict
         prediction, verdicts, exact = None, dict.fromkeys(GRADERS), None
     else:
         prediction = extract_answer(text, extract)
@@ -522,10 +567,10 @@ def _row(it: _Item, cond: Condition, ids: list[int], text: str, finish: str, sec
         "condition": cond.name, "problem_id": p.id, "sample": it.sample, "subject": p.subject,
         "level": p.level, "answer": p.answer, "prediction": prediction, **verdicts,
         PAPER_EXACT: exact, "finish": finish,
-        "generated_tokens": len(ids), "generation": text, "prompt": it.prompt.text,
-        "prompt_tokens": len(it.prompt), "model": info.model_name, "config_hash": info.run_hash,
+        "generated_tokens": len(ids), "generation": text, "prompt": it.prompt.text if it.prompt is not None else None,
+        "prompt_tokens": len(it.prompt) if it.prompt is not None else None, "model": info.model_name, "config_hash": info.run_hash,
         "condition_hash": info.condition_hashes[cond.name], "problem_hash": problem_hash(p), "rank": info.rank,
-        "seconds": round(seconds, 4),
+        "seconds": round(seconds, 4), "error": error,
     }
 
 
@@ -558,26 +603,31 @@ def _wait_for(out: Path, expected: set[tuple], poll: float = 0.5, stall_timeout:
         time.sleep(poll)
 
 
-def _generate(model, batch: list[_Item], interventions: tuple, cond: Condition,
-              config: EvalConfig) -> list[tuple[list[int], str, str]]:
-    """Generate the batch's answers with :func:`lensprobe.generate`.
+def _generate(model, batch: list[_Item], interventions: tuple, cond: Condition, config: EvalConfig,
+              batch_size: int | None, emit) -> None:
+    """Generate the batch's answers with :func:`lensprobe.generate`, handing each to ``emit``
+    as soon as its row has finished (continuous batching with ``batch_size`` rows live).
 
-    Returns ``(generated token ids, generated text, finish reason)`` per item. Greedy: one
-    row per prompt. Sampling: all ``n_samples`` rows of each distinct problem in the batch are
-    drawn and the items' own samples picked out.
+    Greedy: one row per prompt. Sampling: all ``n_samples`` rows of each distinct problem in
+    the batch are drawn and the items' own samples picked out. ``emit`` gets the wall time
+    since the previous row finished (the rows' times add up to the call's).
     """
-
     prompts, first = [], {}
     for it in batch:
         if it.problem.id not in first:
             first[it.problem.id] = len(prompts)
             prompts.append(it.prompt)
     n = config.n_samples if config.do_sample else 1
-    trace = generate(model, prompts, config.generation(), interventions=list(interventions), n_samples=n,
-                     **cond.generate_kwargs)
-    ids = trace.generated_ids
-    out = []
-    for it in batch:
-        r = first[it.problem.id] * n + (it.sample if config.do_sample else 0)
-        out.append((ids[r], trace.texts[r], trace.finish_reasons[r]))
-    return out
+    wanted = {first[it.problem.id] * n + (it.sample if config.do_sample else 0): it for it in batch}
+    clock = [time.perf_counter()]
+
+    def on_row(done: FinishedRow) -> None:
+        it = wanted.get(done.row)
+        if it is None:  # a sample already in the folder, drawn again with its problem's others
+            return
+        now = time.perf_counter()
+        emit(it, cond, done.token_ids, done.text, done.finish_reason, done.error, now - clock[0])
+        clock[0] = now
+
+    generate(model, prompts, config.generation(), interventions=list(interventions), n_samples=n,
+             batch_size=batch_size, on_row=on_row, on_error="row", **cond.generate_kwargs)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["CONFIG_FILE", "ROW_KEY", "DuplicateRowsWarning", "RowWriter", "load_many_results", "load_results",
-           "prepare_folder", "read_config", "read_rows", "results_file", "with_verdict_column"]
+           "prepare_folder", "read_config", "read_rows", "results_file", "settled_rows", "with_verdict_column"]
 
 CONFIG_FILE = "config.json"
 RESULTS_GLOB = "results-rank*.jsonl"
@@ -149,6 +149,28 @@ def read_rows(out_dir: str | os.PathLike) -> list[dict]:
     return rows
 
 
+def settled_rows(rows: list[dict]) -> list[dict]:
+    """One row per (condition, problem, sample), in first-seen order: the first row that ran,
+    else the last error row (``finish="error"``, retried on resume).
+
+    Example:
+        >>> [r["finish"] for r in settled_rows([{"condition": "w/o", "problem_id": "a", "sample": 0,
+        ...   "finish": "error"}, {"condition": "w/o", "problem_id": "a", "sample": 0, "finish": "eos"}])]
+        ['eos']
+    """
+    kept: dict[tuple, int] = {}
+    out: list[dict] = []
+    for row in rows:
+        key = tuple(row[k] for k in ROW_KEY)
+        at = kept.get(key)
+        if at is None:
+            kept[key] = len(out)
+            out.append(row)
+        elif out[at].get("finish") == "error":
+            out[at] = row
+    return out
+
+
 def with_verdict_column(df, column: str):
     """``df`` with ``column`` present: booleans, or ``None`` where a row has no verdict (rows
     written before that grader existed).
@@ -169,6 +191,7 @@ def load_results(out_dir: str | os.PathLike):
     """All rows of a result folder as a pandas DataFrame (one row per condition x problem x sample).
 
     Rows are sorted by condition (in the order of ``config.json``), problem id and sample;
+    a row written again after an error row replaces it (:func:`settled_rows`); other
     duplicate rows (never written by lensprobe) keep their first copy.
 
     Example:
@@ -180,8 +203,7 @@ def load_results(out_dir: str | os.PathLike):
     rows = read_rows(out_dir)
     if not rows:
         return pd.DataFrame(columns=["condition", "problem_id", "sample"])
-    df = with_verdict_column(pd.DataFrame.from_records(rows), "paper-exact")
-    df = df.drop_duplicates(subset=list(ROW_KEY), keep="first")
+    df = with_verdict_column(pd.DataFrame.from_records(settled_rows(rows)), "paper-exact")
     order = {name: i for i, name in enumerate(cfg.get("conditions", {}))}
     df = df.assign(_c=df["condition"].map(order).fillna(len(order)))
     return df.sort_values(["_c", "problem_id", "sample"], kind="stable").drop(columns="_c").reset_index(drop=True)

@@ -123,11 +123,12 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
             row has ended (in the order rows end); an exception it raises stops the generation.
         on_error: ``"raise"`` (default): a bad row (a prompt + ``max_new_tokens`` beyond the
             context, a token outside the vocabulary) raises before any forward.
-            ``"row"``: such a row, or one whose prompt forward raises (under continuous
-            batching, also the live rows of a decode step that raises), gets
-            ``finish_reason="error"`` and its message in ``trace.errors``, and the others go on.
-            A ``KeyboardInterrupt`` always stops the generation (rows already reported to
-            ``on_row`` stay reported; hooks are removed).
+            ``"row"``: such a row, or one whose prompt forward fails with a
+            :class:`LensprobeError` or runs out of memory (under continuous batching, also
+            the live rows of a decode step that fails so), gets ``finish_reason="error"`` and
+            its message in ``trace.errors``, and the others go on. Any other exception (a bug
+            in an intervention, say) and a ``KeyboardInterrupt`` stop the generation (rows
+            already reported to ``on_row`` stay reported; hooks are removed).
         **settings: :class:`~lensprobe.GenerationConfig` fields as keywords
             (``max_new_tokens=64, do_sample=True, seed=0, n_samples=4, thinking=...,
             think_when=...``); they override ``config``'s. ``max_new_tokens`` is required

@@ -41,6 +41,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lensprobe.core.devices import model_device
+from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks import StepInfo, step_context
 from lensprobe.core.metrics import nonfinite_rows
 from lensprobe.generation import cacherows
@@ -53,7 +54,7 @@ from lensprobe.generation.schedule import StepState
 from lensprobe.generation.thinking import LatentFusion
 from lensprobe.generation.tracking import TrackedSet, add_position, set_masks
 
-__all__ = ["Run"]
+__all__ = ["Run", "row_fault"]
 
 
 @dataclass
@@ -104,7 +105,9 @@ class Run:
         batch_size: rows live at once (``None``: every row).
         refill: continuous batching when ``batch_size`` is smaller than the rows.
         on_row: called with a :class:`FinishedRow` as each row ends.
-        keep_going: a row whose prefill raises becomes an error row instead of stopping the run.
+        keep_going: a row whose prefill fails with a row fault (:func:`row_fault`) becomes an error
+            row instead of stopping the run (under continuous batching, so do the live rows of a
+            decode step that fails so).
     """
 
     def __init__(self, model, cfg: GenerationConfig, items, rows: list[tuple[int, int]], caps: list[int],
@@ -250,8 +253,8 @@ class Run:
             publish(live.info(pos))
             try:
                 logits, cache = engine.forward(choice[:, None], live.mask, pos, cache)
-            except Exception as err:  # noqa: BLE001 - any failure of this batch's step
-                if not self.keep_going:
+            except Exception as err:  # noqa: BLE001 - sorted by _row_fault
+                if not (self.keep_going and row_fault(err)):
                     raise
                 for r in live.rows.tolist():
                     self._fail(r, f"the decode step failed: {type(err).__name__}: {err}")
@@ -276,8 +279,8 @@ class Run:
         publish(live.info(positions))
         try:
             logits, cache = engine.forward(tokens, mask, positions, None)
-        except Exception as err:  # noqa: BLE001 - this row's own failure
-            if not self.keep_going:
+        except Exception as err:  # noqa: BLE001 - sorted by _row_fault
+            if not (self.keep_going and row_fault(err)):
                 raise
             self._fail(r, f"the prompt forward failed: {type(err).__name__}: {err}")
             return None
@@ -402,6 +405,15 @@ class Run:
         """How the rows were batched (for the trace's meta)."""
         mode = self.fallback or ("continuous batching" if self.mode == "refill" else "static batches")
         return {"batching": mode, "batch_size": self.batch_size, "longest_first": self.longest_first}
+
+
+def row_fault(err: BaseException) -> bool:
+    """Whether ``err`` is a fault of the rows being run rather than a bug: a :class:`LensprobeError`
+    (lensprobe refusing an input, also from inside a hook) or running out of memory. Anything
+    else (an intervention's bug, a ``KeyboardInterrupt``) stops the generation."""
+    if isinstance(err, LensprobeError) or isinstance(err, getattr(torch, "OutOfMemoryError", ())):
+        return True
+    return isinstance(err, RuntimeError) and "out of memory" in str(err).lower()
 
 
 def _cpu(values: list[int]) -> Tensor:

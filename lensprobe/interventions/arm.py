@@ -288,14 +288,15 @@ class _Draws:
     def _new(self, device) -> torch.Generator:
         return torch.Generator(device=device).manual_seed(self.seed)
 
-    def get(self, device, row: int | None = None) -> torch.Generator | None:
+    def get(self, device, row: int | None = None, restart: bool = False) -> torch.Generator | None:
+        """The generator for ``row`` (``None``: the shared one); ``restart`` seeds the row's anew."""
         if self.seed is None:
             return None
         if row is None:
             if self.shared is None:
                 self.shared = self._new(device)
             return self.shared
-        if row not in self.rows:
+        if row not in self.rows or restart:
             self.rows[row] = self._new(device)
         return self.rows[row]
 
@@ -330,10 +331,12 @@ class _ARMHook:
                     mode=a.mode, variant=a.variant)
         if a.per_row and act.dim() >= 1:
             info = current_step()  # inside lp.generate: batch row b is generation row info.rows[b]
-            keys = (info.rows.tolist() if info is not None and info.rows is not None
-                    and len(info.rows) == act.shape[0] else range(act.shape[0]))
-            rows = [arm_redistribute(act[b], generator=self.draws.get(act.device, k), **rule)
-                    for b, k in enumerate(keys)]
+            # a row's draws restart at its prompt forward (step 0), as in a run of that row alone
+            inside = info is not None and info.rows is not None and len(info.rows) == act.shape[0]
+            keys = info.rows.tolist() if inside else range(act.shape[0])
+            fresh = (info.steps == 0).tolist() if inside and info.steps is not None else [False] * act.shape[0]
+            rows = [arm_redistribute(act[b], generator=self.draws.get(act.device, k, restart), **rule)
+                    for b, (k, restart) in enumerate(zip(keys, fresh, strict=True))]
             edited = torch.stack(rows)
         else:
             edited = arm_redistribute(act, generator=self.draws.get(act.device), **rule)

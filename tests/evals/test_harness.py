@@ -96,7 +96,8 @@ class ScriptedAnswer:
             if info is None:
                 return None
             logits = logits.clone()
-            logits[:, -1, self.script[info.step] if info.step < len(self.script) else self.eos] += 1e4
+            for b, t in enumerate(info.steps.tolist()):  # each row at its own step (continuous batching)
+                logits[b, -1, self.script[t] if t < len(self.script) else self.eos] += 1e4
             return logits
 
         return [("hook_unembed", boost)]
@@ -180,8 +181,8 @@ def test_bad_settings(tiny, tmp_path):
         lp.evaluate(tiny, probs, "w/o,w/ Mores", max_new_tokens=4, progress=False)
     with pytest.raises(lp.LensprobeError, match="identical"):
         lp.evaluate(tiny, probs, "w/o", max_new_tokens=4, n_samples=3, progress=False)
-    with pytest.raises(lp.LensprobeError, match="exceeds the model's context"):
-        lp.evaluate(tiny, probs, "w/ Mless", max_new_tokens=200, progress=False)
+    with pytest.raises(lp.LensprobeError, match="leaves no room for a prompt"):
+        lp.evaluate(tiny, probs, "w/o", max_new_tokens=int(tiny.cfg.n_ctx), progress=False)
     with pytest.raises(lp.LensprobeError, match="max_new_tokens"):
         lp.evaluate(tiny, probs, "w/o", max_new_tokens=0, progress=False)
     with pytest.raises(lp.LensprobeError, match="no problems"):

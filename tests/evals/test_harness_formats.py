@@ -64,7 +64,8 @@ def test_paper_format_generates_2048_tokens_unless_told(tiny):
     assert EvalConfig.paper(tiny).max_new_tokens == 2048
     assert EvalConfig.paper(tiny, max_new_tokens=9).max_new_tokens == 9
     # the tiny model's context is 256: the default does not fit, and the error says what to do
-    with pytest.raises(lp.LensprobeError, match=r"max_new_tokens=2048 it exceeds the model's context \(256\)"):
+    with pytest.raises(lp.LensprobeError, match=r"max_new_tokens=2048 leaves no room for a prompt in the model's "
+                                                r"context of 256 tokens: lower max_new_tokens"):
         lp.evaluate(tiny, problems(1), "w/o", prompt_format="paper", progress=False)
 
 
