@@ -55,7 +55,14 @@ from lensprobe.evals import (
     load_results,
     math500_path,
 )
-from lensprobe.generation import GenerationConfig, current_step, generate, schedule, trace_generation
+from lensprobe.generation import (
+    FinishedRow,
+    GenerationConfig,
+    current_step,
+    generate,
+    schedule,
+    trace_generation,
+)
 from lensprobe.generation.thinking import LatentFusion, Pause, add_thinking_token
 from lensprobe.generation.trace import GenerationTrace, load_trace, trace_summary
 from lensprobe.generation.traceset import trace_prompts
@@ -138,6 +145,7 @@ __all__ = [
     "trace_prompts",
     "GenerationConfig",
     "GenerationTrace",
+    "FinishedRow",
     "load_trace",
     "trace_summary",
     "current_step",

@@ -107,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        print("lensprobe: interrupted", file=sys.stderr)
+        hint = getattr(args, "interrupted", None)
+        print(f"lensprobe: interrupted{'; ' + hint if hint else ''}", file=sys.stderr)
         return 130
     except (LensprobeError, OSError) as err:  # the user's to fix: one line
         if debug:

@@ -46,7 +46,7 @@ from lensprobe.evals.grading import (
     grade_all,
     normalize_answer,
 )
-from lensprobe.evals.harness import EvalConfig, evaluate, shard_info
+from lensprobe.evals.harness import ErrorRowsWarning, EvalConfig, evaluate, shard_info
 from lensprobe.evals.results import load_results, read_config
 from lensprobe.evals.stats import (
     PairedComparison,
@@ -63,6 +63,7 @@ __all__ = [
     "EXTRACT_METHODS",
     "GRADERS",
     "Condition",
+    "ErrorRowsWarning",
     "EvalConfig",
     "MatchedRandomSentence",
     "PairedComparison",

@@ -76,7 +76,8 @@ def accuracy(df, by: str | list[str] = "condition", *, grader: str = "math-verif
         A DataFrame with the group columns and ``n``, ``correct``, ``accuracy``, ``low``,
         ``high``, ``grader``. With several samples per problem every sample counts as a
         trial (the mean accuracy over samples). Rows without a verdict (``None``: a
-        generation stopped at non-finite logits, ``finish="nonfinite"``) are not trials. With ``k``: the group columns and ``k``,
+        generation stopped at non-finite logits, ``finish="nonfinite"``, or a row that could
+        not run, ``finish="error"``) are not trials. With ``k``: the group columns and ``k``,
         ``problems``, ``samples``, ``pass@{k}``, ``grader``.
 
     Example:
@@ -254,7 +255,7 @@ def pass_at_k_table(df, k: int, by: str | list[str] = "condition", *, grader: st
         raise LensprobeError(f"pass@k needs columns {missing}: the table has columns {list(df.columns)}.")
     if df[grader].isna().any():
         raise LensprobeError(f"{int(df[grader].isna().sum())} row(s) have no {grader!r} verdict (finish "
-                             "'nonfinite': their generation broke): drop them, e.g. "
+                             "'nonfinite': their generation broke; 'error': they could not run): drop them, e.g. "
                              f"rows[rows[{grader!r}].notna()], before computing pass@k.")
     unit = by + [c for c in ("model",) if c in df.columns and c not in by] + ["problem_id"]
     if "sample" in df.columns:

@@ -9,8 +9,9 @@ from lensprobe.core.hooks import StepInfo, current_step
 from lensprobe.generation import schedule
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.loop import generate, trace_generation
+from lensprobe.generation.rows import FinishedRow
 from lensprobe.generation.traceset import trace_jobs, trace_prompts
 from lensprobe.generation.tracking import SPECIAL_SETS
 
-__all__ = ["SPECIAL_SETS", "GenerationConfig", "StepInfo", "current_step", "generate", "schedule", "trace_generation",
+__all__ = ["SPECIAL_SETS", "FinishedRow", "GenerationConfig", "StepInfo", "current_step", "generate", "schedule", "trace_generation",
            "trace_jobs", "trace_prompts"]

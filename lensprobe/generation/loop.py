@@ -198,6 +198,10 @@ def trace_generation(model, prompt, config: GenerationConfig | None = None, *,
     ``"prompt"`` set is tracked. Step 0 is the last prompt position (its query predicts the
     first new token).
 
+    A trace runs every row (prompt x sample) in one static batch (no continuous batching:
+    the recorder keeps one block per row and step); for many prompts use
+    :func:`lensprobe.trace_prompts`, which traces them one by one.
+
     Example:
         >>> trace = lp.trace_generation(model, prompt, max_new_tokens=400,
         ...                             track={"system": "system", "thinking": "<thinking>"},

@@ -2,6 +2,7 @@
 error rows for rows that cannot run (retried on resume), and a clean stop on Ctrl-C."""
 
 import json
+import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -193,3 +194,28 @@ def test_batch_size_is_checked(tiny):
             lp.evaluate(tiny, problems(2), "w/o", max_new_tokens=4, batch_size=bad, progress=False)
     big = lp.evaluate(tiny, problems(2), "w/o", max_new_tokens=4, batch_size=100, progress=False)
     assert len(big) == 2 and torch.tensor(big["generated_tokens"].tolist()).min() >= 1
+
+
+def test_cli_counts_error_rows_and_says_how_to_resume_after_ctrl_c(tmp_path, capsys, monkeypatch):
+    from lensprobe.app import cli
+    from lensprobe.app.commands import evals as commands
+
+    data = tmp_path / "p.jsonl"
+    rows = [{"problem": q, "answer": "1"} for q in QUESTIONS[:3]] + [{"problem": " ".join(["word"] * 240), "answer": "0"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    argv = ["eval", "--model", "tiny", "--data", str(data), "--conditions", "w/o", "--max-new-tokens", "4",
+            "--batch-size", "2", "--out", str(tmp_path / "run"), "--no-progress"]
+    with pytest.warns(ErrorRowsWarning, match="1 row"):
+        assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"w/o +[\d.]+% +\[.*\] +\(\d/3\)", out)  # three rows graded, the error row left out
+    assert "1 row(s) could not run and are left out of the accuracy" in out
+    assert "prompt is" in out and "rerun the same command to retry them" in out
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands, "evaluate", interrupted)
+    assert cli.main(argv[:-3] + ["--out", str(tmp_path / "other"), "--no-progress"]) == 130
+    assert "interrupted; every finished row is saved in --out; rerun the same command to resume" in \
+        capsys.readouterr().err

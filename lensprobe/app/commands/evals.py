@@ -75,7 +75,9 @@ def add_eval(subparsers) -> None:
     p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle problems with this seed before --limit")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="generated tokens per answer (default 512; 2048 with --prompt-format paper)")
-    p.add_argument("--batch-size", type=int, default=8, help="prompts generated together (default 8)")
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="rows generated at once; a finished row's slot takes the next prompt at once "
+                        "(continuous batching; default 8)")
     p.add_argument("--sample", action="store_true", default=None,
                    help="sample instead of greedy decoding (paper format: default from the model's generation config)")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
@@ -86,7 +88,8 @@ def add_eval(subparsers) -> None:
     p.add_argument("--out", type=Path, default=Path("lensprobe-eval"), help="output folder (default lensprobe-eval)")
     p.add_argument("--no-resume", action="store_true", help="refuse a folder that already holds results")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=run_eval)
+    p.set_defaults(func=run_eval, interrupted="every finished row is saved in --out; rerun the same command "
+                                              "to resume")
 
 
 def add_eval_report(subparsers) -> None:
@@ -195,6 +198,12 @@ def _summary_text(rows, grader: str) -> str:
     for r in cmp[cmp["grader"] == grader].itertuples() if len(cmp) else []:
         lines.append(f"  {r.b} vs {r.a}: {100 * r.difference:+.1f} points, McNemar exact p = {r.p_value:.3g} "
                      f"(n = {r.n})")
+    errors = rows[rows["finish"] == "error"] if "finish" in rows.columns else rows.iloc[:0]
+    if len(errors):
+        first = errors.iloc[0]
+        lines.append(f"{len(errors)} row(s) could not run and are left out of the accuracy (finish 'error'), e.g. "
+                     f"{first['condition']} / problem {first['problem_id']!r}: {first['error']}; rerun the same "
+                     "command to retry them")
     return "\n".join(lines)
 
 
