@@ -44,7 +44,7 @@ def can_join(cache) -> bool:
     """Whether rows of ``cache`` can be kept, trimmed and joined (see the module docstring)."""
     layers = getattr(cache, "layers", None)
     if layers is not None:
-        return all(type(layer).__name__ == "DynamicLayer" and getattr(layer, "is_initialized", True)
+        return bool(layers) and all(type(layer).__name__ == "DynamicLayer" and getattr(layer, "is_initialized", True)
                    for layer in layers)
     return type(cache).__name__ in ("TransformerLensKeyValueCache", "HookedTransformerKeyValueCache") and \
         not getattr(cache, "frozen", False)
@@ -52,7 +52,10 @@ def can_join(cache) -> bool:
 
 def width(cache) -> int:
     """Columns (cached positions, padding included) of every row."""
-    holder, name, axis = _parts(cache)[0]
+    parts = _parts(cache)
+    if not parts:
+        raise TypeError(f"the {type(cache).__name__} holds no layers")
+    holder, name, axis = parts[0]
     return int(getattr(holder, name).shape[axis])
 
 
@@ -80,8 +83,12 @@ def join(running, new):
     """
     if running is None:
         return new
+    mine, theirs = _parts(running), _parts(new)
+    if type(running) is not type(new) or len(mine) != len(theirs):
+        raise ValueError(f"cannot join a {type(new).__name__} of {len(theirs)} tensors to a "
+                         f"{type(running).__name__} of {len(mine)}: the caches come from different models")
     w = max(width(running), width(new))
-    for (holder, name, axis), (other, other_name, _) in zip(_parts(running), _parts(new), strict=True):
+    for (holder, name, axis), (other, other_name, _) in zip(mine, theirs, strict=True):
         a, b = getattr(holder, name), getattr(other, other_name)
         setattr(holder, name, torch.cat([_pad_left(a, axis, w), _pad_left(b.to(a.device), axis, w)], dim=0))
     return running
