@@ -10,7 +10,7 @@ REPORT ?= lensprobe-report
 OMP_WAIT_POLICY ?= PASSIVE
 export OMP_WAIT_POLICY
 
-.PHONY: install demo test test-fast test-tl3 lint bench docs clean
+.PHONY: install browser demo test test-fast test-tl3 lint bench docs clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,12 +24,20 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# Headless Chromium for the tests that load the reports in a real browser (Debian's package; as root, or
+# through sudo).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
 demo: install
 	$(BIN)/lensprobe demo --out $(REPORT)
 
 # The whole suite: every test in .venv (TransformerLens 4), then the fast suite against
 # TransformerLens 3.x in .venv-tl3 (HookedTransformer). The API reference is built by a test.
-test: install
+test: install browser
 	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory test-tl3
 

@@ -37,8 +37,8 @@ PROBE = ("<script>setTimeout(function () { document.body.setAttribute('data-lp-p
 def chromium() -> str:
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
-        pytest.skip("no chromium binary on PATH (the Debian package `chromium` provides one): cannot load the "
-                    "report in a real browser")
+        raise AssertionError("no chromium binary on PATH: `make test` installs Debian's `chromium` package "
+                             "(apt-get install chromium); these tests load the report in a real browser")
     return path
 
 
