@@ -1,6 +1,9 @@
-"""Computed by hand, for the tests: latent thinking inputs, and a hook that counts its calls."""
+"""Shared by the tests: latent thinking inputs computed by hand, a hook that counts its calls, a
+snapshot of a model's hooks, and the solo-run oracle of continuous batching."""
 
 import torch
+
+import lensprobe as lp
 
 
 def latent_by_hand(h, logits, E, *, alpha, top_p, exclude, temperature=1.0):
@@ -28,3 +31,48 @@ class Counter:
     def __call__(self, x, hook):
         self.calls += 1
         return None
+
+
+def hook_snapshot(model) -> dict[str, tuple[int, int, int, int]]:
+    """Per module: how many forward and forward-pre hooks torch holds, and a HookPoint's own lists of
+    hook handles (every hook of any kind; TransformerLens wires a few of its own into each block at
+    the first forward, and keeps them)."""
+    out = {}
+    for name, m in model.named_modules():
+        counts = (len(m._forward_hooks), len(m._forward_pre_hooks),
+                  len(getattr(m, "fwd_hooks", ())), len(getattr(m, "bwd_hooks", ())))
+        if any(counts):
+            out[name] = counts
+    return out
+
+
+def solo(model, prompt, cap, *, engine_ran=None, **kw):
+    """The oracle of continuous batching: one prompt alone (one static batch of its samples), ``cap``
+    new tokens, no EOS stop unless given; ``engine_ran``: the engine that must have run."""
+    kw.setdefault("stop_at_eos", False)
+    out = lp.generate(model, prompt, max_new_tokens=cap, **kw)
+    assert out.meta["batching"] == "static batches"
+    assert engine_ran is None or out.meta["engine"] == engine_ran
+    return out
+
+
+def assert_same_row(got, r, want, j, tol=1e-5):
+    """Row ``r`` of ``got`` equals row ``j`` of ``want``: tokens, text, finish, thinking steps, entropies,
+    chosen probabilities, and nothing recorded past its length."""
+    n = got.lengths[r]
+    assert got.generated_ids[r] == want.generated_ids[j], r
+    assert got.texts[r] == want.texts[j] and got.finish_reasons[r] == want.finish_reasons[j], r
+    assert got.thinking_rows[r, :n].tolist() == want.thinking_rows[j, :n].tolist(), r
+    assert torch.allclose(got.entropy_rows[r, :n], want.entropy_rows[j, :n], atol=tol), r
+    assert torch.allclose(got.chosen_prob_rows[r, :n], want.chosen_prob_rows[j, :n], atol=tol), r
+    assert torch.isnan(got.entropy_rows[r, n:]).all() and (got.token_ids_rows[r, n:] == -1).all(), r
+
+
+def assert_rows_equal_solo(out, model, prompts, caps, **kw):
+    """Every row of ``out`` equals its prompt run alone with the same settings and its own cap."""
+    alone = {}
+    for r in range(out.n_rows):
+        pi, j = out.prompt_index[r], out.sample_index[r]
+        if pi not in alone:
+            alone[pi] = solo(model, prompts[pi], caps[pi], **kw)
+        assert_same_row(out, r, alone[pi], j)

@@ -4,7 +4,7 @@ which still fire), whichever entry point was running."""
 
 import pytest
 import torch
-from oracles import Counter
+from oracles import Counter, hook_snapshot
 
 import lensprobe as lp
 from lensprobe.evals.data import Problem
@@ -22,13 +22,6 @@ class Bomb:
             raise self.error
         return None
 
-
-
-def hook_snapshot(model) -> dict[str, tuple[int, int]]:
-    """Per module: how many forward and forward-pre hooks torch holds (every hook of any kind;
-    TransformerLens wires a few of its own into each block at the first forward, and keeps them)."""
-    return {name: (len(m._forward_hooks), len(m._forward_pre_hooks)) for name, m in model.named_modules()
-            if m._forward_hooks or m._forward_pre_hooks}
 
 
 PROMPT = "What is 2+3?"

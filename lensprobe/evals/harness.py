@@ -82,8 +82,7 @@ from lensprobe.evals.results import (
     prepare_folder,
     read_rows,
     results_file,
-    settled_rows,
-    with_verdict_column,
+    rows_frame,
 )
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.loop import generate
@@ -541,7 +540,7 @@ def _table(rows: list[dict], conds: list[Condition], problems: list[Problem]):
     pd = pandas()
     if not rows:
         return pd.DataFrame(columns=ROW_COLUMNS)
-    df = with_verdict_column(pd.DataFrame.from_records(settled_rows(rows)), PAPER_EXACT)
+    df = rows_frame(rows)
     corder = {c.name: i for i, c in enumerate(conds)}
     porder = {p.id: i for i, p in enumerate(problems)}
     df = df.assign(_c=df["condition"].map(corder), _p=df["problem_id"].map(porder))
@@ -557,6 +556,7 @@ ROW_COLUMNS = ["condition", "problem_id", "sample", "subject", "level", "answer"
 def _row(it: _Item, cond: Condition, ids: list[int], text: str, finish: str, seconds: float, info: _RunInfo,
          extract: str = "boxed", error: str | None = None) -> dict:
     p = it.problem
+    shown = (it.prompt.text, len(it.prompt)) if it.prompt is not None else (None, None)  # None: not built
     if finish in ("nonfinite", "error"):  # not an answer: no prediction, no verdict
         prediction, verdicts, exact = None, dict.fromkeys(GRADERS), None
     else:
@@ -567,8 +567,8 @@ def _row(it: _Item, cond: Condition, ids: list[int], text: str, finish: str, sec
         "condition": cond.name, "problem_id": p.id, "sample": it.sample, "subject": p.subject,
         "level": p.level, "answer": p.answer, "prediction": prediction, **verdicts,
         PAPER_EXACT: exact, "finish": finish,
-        "generated_tokens": len(ids), "generation": text, "prompt": it.prompt.text if it.prompt is not None else None,
-        "prompt_tokens": len(it.prompt) if it.prompt is not None else None, "model": info.model_name, "config_hash": info.run_hash,
+        "generated_tokens": len(ids), "generation": text, "prompt": shown[0],
+        "prompt_tokens": shown[1], "model": info.model_name, "config_hash": info.run_hash,
         "condition_hash": info.condition_hashes[cond.name], "problem_hash": problem_hash(p), "rank": info.rank,
         "seconds": round(seconds, 4), "error": error,
     }

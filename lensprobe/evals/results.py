@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["CONFIG_FILE", "ROW_KEY", "DuplicateRowsWarning", "RowWriter", "load_many_results", "load_results",
-           "prepare_folder", "read_config", "read_rows", "results_file", "settled_rows", "with_verdict_column"]
+           "prepare_folder", "read_config", "read_rows", "results_file", "rows_frame", "settled_rows",
+           "with_verdict_column"]
 
 CONFIG_FILE = "config.json"
 RESULTS_GLOB = "results-rank*.jsonl"
@@ -171,6 +172,12 @@ def settled_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
+def rows_frame(rows: list[dict]):
+    """Result rows as a DataFrame: one row per (condition, problem, sample) (:func:`settled_rows`),
+    with the ``paper-exact`` column present (``None`` in rows written before it existed)."""
+    return with_verdict_column(pandas().DataFrame.from_records(settled_rows(rows)), "paper-exact")
+
+
 def with_verdict_column(df, column: str):
     """``df`` with ``column`` present: booleans, or ``None`` where a row has no verdict (rows
     written before that grader existed).
@@ -203,7 +210,7 @@ def load_results(out_dir: str | os.PathLike):
     rows = read_rows(out_dir)
     if not rows:
         return pd.DataFrame(columns=["condition", "problem_id", "sample"])
-    df = with_verdict_column(pd.DataFrame.from_records(settled_rows(rows)), "paper-exact")
+    df = rows_frame(rows)
     order = {name: i for i, name in enumerate(cfg.get("conditions", {}))}
     df = df.assign(_c=df["condition"].map(order).fillna(len(order)))
     return df.sort_values(["_c", "problem_id", "sample"], kind="stable").drop(columns="_c").reset_index(drop=True)

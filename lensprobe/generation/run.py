@@ -253,7 +253,7 @@ class Run:
             publish(live.info(pos))
             try:
                 logits, cache = engine.forward(choice[:, None], live.mask, pos, cache)
-            except Exception as err:  # noqa: BLE001 - sorted by _row_fault
+            except Exception as err:  # noqa: BLE001 - sorted by row_fault
                 if not (self.keep_going and row_fault(err)):
                     raise
                 for r in live.rows.tolist():
@@ -279,7 +279,7 @@ class Run:
         publish(live.info(positions))
         try:
             logits, cache = engine.forward(tokens, mask, positions, None)
-        except Exception as err:  # noqa: BLE001 - sorted by _row_fault
+        except Exception as err:  # noqa: BLE001 - sorted by row_fault
             if not (self.keep_going and row_fault(err)):
                 raise
             self._fail(r, f"the prompt forward failed: {type(err).__name__}: {err}")

@@ -8,7 +8,7 @@ interrupts and the static fallback."""
 
 import pytest
 import torch
-from oracles import Counter
+from oracles import Counter, assert_rows_equal_solo, assert_same_row, hook_snapshot, solo
 
 import lensprobe as lp
 from lensprobe.core.testing import tiny_model
@@ -53,41 +53,6 @@ def refill(model, prompts, *, batch_size=2, caps=CAPS, **kw):
     return out
 
 
-def solo(model, prompt, cap, **kw):
-    """The oracle: one prompt, alone (one static batch of its samples), ``cap`` new tokens."""
-    kw.setdefault("stop_at_eos", False)
-    out = lp.generate(model, prompt, max_new_tokens=cap, **kw)
-    assert out.meta["batching"] == "static batches"
-    return out
-
-
-def assert_same_row(got, r, want, j):
-    """Row ``r`` of ``got`` equals row ``j`` of ``want``: tokens, text, finish, thinking steps, entropies."""
-    n = got.lengths[r]
-    assert got.generated_ids[r] == want.generated_ids[j], r
-    assert got.texts[r] == want.texts[j] and got.finish_reasons[r] == want.finish_reasons[j], r
-    assert got.thinking_rows[r, :n].tolist() == want.thinking_rows[j, :n].tolist(), r
-    assert torch.allclose(got.entropy_rows[r, :n], want.entropy_rows[j, :n], atol=TOL), r
-    assert torch.allclose(got.chosen_prob_rows[r, :n], want.chosen_prob_rows[j, :n], atol=TOL), r
-    assert torch.isnan(got.entropy_rows[r, n:]).all() and (got.token_ids_rows[r, n:] == -1).all(), r
-
-
-def assert_rows_equal_solo(out, model, prompts, caps=CAPS, **kw):
-    """Every row of ``out`` equals its prompt run alone with the same settings (and its own cap)."""
-    alone = {}
-    for r in range(out.n_rows):
-        pi, j = out.prompt_index[r], out.sample_index[r]
-        if pi not in alone:
-            alone[pi] = solo(model, prompts[pi], caps[pi], **kw)
-        assert_same_row(out, r, alone[pi], j)
-
-
-def hook_snapshot(model) -> dict[str, tuple[int, int]]:
-    """Per module: how many forward and forward-pre hooks torch holds (as in tests/test_hook_leaks.py)."""
-    return {name: (len(m._forward_hooks), len(m._forward_pre_hooks)) for name, m in model.named_modules()
-            if m._forward_hooks or m._forward_pre_hooks}
-
-
 def step_log(log: list):
     """A hook that appends, per forward, what ``lp.current_step()`` says and how many positions it sees."""
     def hook(x, hook):
@@ -124,7 +89,7 @@ def test_greedy_rows_equal_their_prompts_alone(tiny, prompts, engine):
     assert out.meta["engine"] == engine
     assert out.lengths == CAPS and out.finish_reasons == ["length"] * len(CAPS)
     assert out.prompt_index == list(range(len(prompts))) and out.prompt_lengths == [len(p) for p in prompts]
-    assert_rows_equal_solo(out, tiny, prompts, engine=engine)
+    assert_rows_equal_solo(out, tiny, prompts, CAPS, engine=engine)
 
 
 def test_greedy_rows_equal_the_plain_transformers_twin(tiny, tiny_hf, prompts):
@@ -152,7 +117,7 @@ def test_seeded_samples_equal_their_prompts_alone(tiny, prompts, engine):
     assert out.prompt_index == [pi for pi in range(n) for _ in range(2)]
     assert out.sample_index == [0, 1] * n
     assert out.generated_ids[6] != out.generated_ids[7]  # two samples of one prompt differ
-    assert_rows_equal_solo(out, tiny, prompts, **kw)
+    assert_rows_equal_solo(out, tiny, prompts, CAPS, **kw)
 
 
 @pytest.mark.parametrize("positions", ["generated", [3, 10, 30]], ids=["generated", "prompt"])
@@ -162,7 +127,7 @@ def test_head_ablation_by_position_applies_per_row(tiny, prompts, positions):
     abl = lp.ablate_heads("L0H1", positions=positions)
     out = refill(tiny, prompts, interventions=[abl])
     assert out.meta["engine"] == "bridge"
-    assert_rows_equal_solo(out, tiny, prompts, interventions=[abl])
+    assert_rows_equal_solo(out, tiny, prompts, CAPS, interventions=[abl])
     plain = refill(tiny, prompts)
     assert not torch.allclose(out.entropy_rows, plain.entropy_rows, atol=0, rtol=0, equal_nan=True)
 
@@ -174,7 +139,7 @@ def test_arm_per_row_draws_equal_their_prompts_alone(tiny, prompts, engine):
     arm = lp.ARM(layer=0, c=0.5, percentile=90, seed=1, per_row=True)
     out = refill(tiny, prompts, interventions=[arm], engine=engine)
     assert out.meta["engine"] == engine
-    assert_rows_equal_solo(out, tiny, prompts, interventions=[arm], engine=engine)
+    assert_rows_equal_solo(out, tiny, prompts, CAPS, interventions=[arm], engine=engine)
     plain = refill(tiny, prompts, engine=engine)
     assert not torch.allclose(out.entropy_rows, plain.entropy_rows, atol=1e-4, equal_nan=True)
 
@@ -193,7 +158,7 @@ def test_thinking_steps_equal_their_prompts_alone(thinker, engine, kind):
     for r, cap in enumerate(CAPS):
         want = [t % 3 == 2 for t in range(cap)] if kind == "latent" else [t < 2 for t in range(cap)]
         assert think[r, :cap].tolist() == want, r
-    assert_rows_equal_solo(out, m, ps, engine=engine, **kw)
+    assert_rows_equal_solo(out, m, ps, CAPS, engine=engine, **kw)
 
 
 def test_a_per_row_eos_ends_rows_as_alone(tiny, prompts):
@@ -216,7 +181,7 @@ def test_a_per_row_eos_ends_rows_as_alone(tiny, prompts):
     out = refill(tiny, prompts, **kw)
     assert [out.finish_reasons[r] for r in (0, 3, 5)] == ["eos"] * 3
     assert [out.lengths[r] for r in (0, 3, 5)] == [3, 1, 2]
-    assert_rows_equal_solo(out, tiny, prompts, **kw)
+    assert_rows_equal_solo(out, tiny, prompts, CAPS, **kw)
 
 
 # ----- order, on_row, what hooks see ---------------------------------------------------------------

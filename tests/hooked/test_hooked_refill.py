@@ -5,6 +5,7 @@ with greedy and seeded sampling and a head ablation on generated positions; no h
 
 import pytest
 import torch
+from oracles import assert_rows_equal_solo, hook_snapshot
 
 import lensprobe as lp
 from lensprobe.generation import cacherows
@@ -41,44 +42,6 @@ def refill(model, prompts, *, batch_size=2, **kw):
     return out
 
 
-def solo(model, prompt, cap, **kw):
-    """The oracle: one prompt alone (one static batch of its samples), ``cap`` new tokens."""
-    out = lp.generate(model, prompt, max_new_tokens=cap, stop_at_eos=False, **kw)
-    assert out.meta["batching"] == "static batches" and out.meta["engine"] == "hooked"
-    return out
-
-
-def assert_same_row(got, r, want, j):
-    """Row ``r`` of ``got`` equals row ``j`` of ``want``: tokens, text, finish, entropies, chosen probabilities."""
-    n = got.lengths[r]
-    assert got.generated_ids[r] == want.generated_ids[j], r
-    assert got.texts[r] == want.texts[j] and got.finish_reasons[r] == want.finish_reasons[j], r
-    assert torch.allclose(got.entropy_rows[r, :n], want.entropy_rows[j, :n], atol=TOL), r
-    assert torch.allclose(got.chosen_prob_rows[r, :n], want.chosen_prob_rows[j, :n], atol=TOL), r
-    assert torch.isnan(got.entropy_rows[r, n:]).all() and (got.token_ids_rows[r, n:] == -1).all(), r
-
-
-def assert_rows_equal_solo(out, model, prompts, **kw):
-    """Every row of ``out`` equals its prompt run alone with the same settings (and its own cap)."""
-    alone = {}
-    for r in range(out.n_rows):
-        pi, j = out.prompt_index[r], out.sample_index[r]
-        if pi not in alone:
-            alone[pi] = solo(model, prompts[pi], CAPS[pi], **kw)
-        assert_same_row(out, r, alone[pi], j)
-
-
-def hook_snapshot(model) -> dict[str, tuple[int, int, int, int]]:
-    """Per module: torch's forward and forward-pre hooks, and a HookPoint's own lists of hook handles."""
-    out = {}
-    for name, m in model.named_modules():
-        counts = (len(m._forward_hooks), len(m._forward_pre_hooks),
-                  len(getattr(m, "fwd_hooks", ())), len(getattr(m, "bwd_hooks", ())))
-        if any(counts):
-            out[name] = counts
-    return out
-
-
 def test_greedy_rows_equal_their_prompts_alone(hooked, prompts, monkeypatch):
     calls = {"join": [], "drop": []}
     join, drop = cacherows.join, cacherows.drop_columns
@@ -100,7 +63,7 @@ def test_greedy_rows_equal_their_prompts_alone(hooked, prompts, monkeypatch):
     assert len(calls["join"]) == len(prompts)
     assert any(w is not None and w != v for w, v in calls["join"])
     assert calls["drop"] and all(n > 0 for n in calls["drop"])
-    assert_rows_equal_solo(out, hooked, prompts)
+    assert_rows_equal_solo(out, hooked, prompts, CAPS, engine_ran="hooked")
 
 
 def test_rows_at_different_steps_share_a_decode_forward(hooked, prompts):
@@ -128,7 +91,7 @@ def test_seeded_samples_equal_their_prompts_alone(hooked, prompts):
     assert out.prompt_index == [pi for pi in range(n) for _ in range(2)]
     assert out.sample_index == [0, 1] * n
     assert any(out.generated_ids[2 * pi] != out.generated_ids[2 * pi + 1] for pi in range(n))  # samples differ
-    assert_rows_equal_solo(out, hooked, prompts, **kw)
+    assert_rows_equal_solo(out, hooked, prompts, CAPS, engine_ran="hooked", **kw)
 
 
 def test_head_ablation_on_generated_positions_equals_alone(hooked, prompts):
@@ -136,7 +99,7 @@ def test_head_ablation_on_generated_positions_equals_alone(hooked, prompts):
     decode step sit at different positions."""
     abl = lp.ablate_heads("L0H1", positions="generated")
     out = refill(hooked, prompts, interventions=[abl])
-    assert_rows_equal_solo(out, hooked, prompts, interventions=[abl])
+    assert_rows_equal_solo(out, hooked, prompts, CAPS, engine_ran="hooked", interventions=[abl])
     plain = refill(hooked, prompts)
     assert not torch.allclose(out.entropy_rows, plain.entropy_rows, atol=TOL, equal_nan=True)
 
