@@ -11,7 +11,7 @@ import torch
 
 import lensprobe as lp
 from lensprobe.evals import Condition, Problem, load_results
-from lensprobe.evals.harness import ErrorRowsWarning, plan_chunk
+from lensprobe.evals.harness import ErrorRowsWarning
 from lensprobe.evals.results import read_rows, results_file
 
 QUESTIONS = ["What is 1+1?", "Compute 12 * 3 and give the answer, showing every step of the work.",
@@ -182,10 +182,25 @@ def test_ctrl_c_stops_cleanly_with_every_finished_row_written_and_the_rerun_comp
     assert reported <= set(full["problem_id"])
 
 
-def test_plan_chunks_keep_batches_busy():
-    cfg = lp.EvalConfig(batch_size=8)
-    assert plan_chunk(cfg) == 64 and plan_chunk(lp.EvalConfig(batch_size=1)) == 32
-    assert plan_chunk(lp.EvalConfig(batch_size=8, do_sample=True, n_samples=4)) == 32
+@pytest.mark.parametrize("settings", [dict(batch_size=4), dict(batch_size=8, do_sample=True, n_samples=4)],
+                         ids=["greedy", "sampling"])
+def test_each_generation_call_keeps_its_batch_busy_and_conditions_take_turns(tiny, monkeypatch, settings):
+    """Every call hands lp.generate at least 8 rows per live row (the last of a run may hold fewer),
+    and the conditions take turns chunk by chunk, so a stopped run has every condition's first rows."""
+    from lensprobe.evals import harness
+
+    calls = []
+    monkeypatch.setattr(harness, "_generate", lambda model, batch, interventions, cond, config, batch_size, emit:
+                        calls.append((cond.name, len(batch), batch_size)))
+    probs = lp.arithmetic_problems(n=150, seed=0)
+    lp.evaluate(tiny, probs, "w/o,w/ Mless", max_new_tokens=2, progress=False, **settings)
+    rows = 150 * settings.get("n_samples", 1)
+    b = settings["batch_size"]
+    assert [name for name, _, _ in calls] == ["w/o", "w/ Mless"] * (len(calls) // 2) and len(calls) >= 4
+    for name in ("w/o", "w/ Mless"):
+        sizes = [n for c, n, _ in calls if c == name]
+        assert sum(sizes) == rows and all(n >= 8 * b for n in sizes[:-1])
+    assert {size for _, _, size in calls} == {b}
 
 
 def test_batch_size_is_checked(tiny):
