@@ -1,7 +1,7 @@
 """The evaluation harness: conditions x problems -> generated, graded, saved rows.
 
-:func:`evaluate` builds each condition's prompt for each problem, generates answers in
-batches (left padding, KV cache, greedy by default), extracts the last ``\\boxed{...}`` of the
+:func:`evaluate` builds each condition's prompt for each problem, generates answers with
+continuous batching (KV cache, greedy by default; :mod:`lensprobe.evals.running`), extracts the last ``\\boxed{...}`` of the
 generated text (or, with ``extract="last-number"``, its last number), grades it with every
 grader, and appends one JSONL row per (condition, problem, sample) to the output folder as soon
 as it is graded. Rerunning with the same folder skips finished rows; a folder holding another
@@ -58,41 +58,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from lensprobe.core.conditions import (
     PROMPT_FORMATS,
     Condition,
     PromptFormat,
-    bind_interventions,
     paper_conditions,
     resolve_conditions,
 )
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import check_positions, resolve_hooks
 from lensprobe.core.jsonable import json_digest, stable_repr
-from lensprobe.core.lazy import pandas
 from lensprobe.core.models import model_label
 from lensprobe.core.shards import check_shard, model_fingerprint, my_units
 from lensprobe.core.shards import shard_info as shard_info  # its old home: lensprobe.evals.harness.shard_info
 from lensprobe.evals.data import Problem
-from lensprobe.evals.grading import GRADERS, check_extract, extract_answer, grade_all, grade_paper_exact
+from lensprobe.evals.grading import check_extract
 from lensprobe.evals.results import (
-    RowWriter,
     prepare_folder,
     read_rows,
-    results_file,
-    rows_frame,
 )
+from lensprobe.evals.running import ErrorRowsWarning as ErrorRowsWarning  # lensprobe.evals exports it
+from lensprobe.evals.running import RunInfo, finished_rows, plan_rows, result_table, run_plan, tally_rows
 from lensprobe.generation.config import GenerationConfig
-from lensprobe.generation.loop import generate
-from lensprobe.generation.rows import FinishedRow
 from lensprobe.interventions.arm import ARM
 
 DEFAULT_CONDITIONS = "w/o,w/ Mless,w/ Mful"
 FORMAT_VERSION = 1
 PAPER_MAX_NEW_TOKENS = 2048
-PAPER_EXACT = "paper-exact"
 
 
 @dataclass(frozen=True)
@@ -207,10 +198,6 @@ def paper_generation_settings(model) -> dict:
     return out
 
 
-def problem_hash(problem: Problem) -> str:
-    return json_digest([problem.problem, problem.answer])
-
-
 def _check_problems(problems) -> list[Problem]:
     if isinstance(problems, Problem):
         problems = [problems]
@@ -227,42 +214,6 @@ def _check_problems(problems) -> list[Problem]:
         dup = next(i for i in ids if ids.count(i) > 1)
         raise LensprobeError(f"problem id {dup!r} appears twice; ids must be unique.")
     return problems
-
-
-@dataclass
-class _Item:
-    problem: Problem
-    sample: int
-    prompt: Any  # Prompt, or None when it could not be built
-    error: str | None = None  # why the prompt could not be built
-
-
-def _batches(items: list[_Item], cond: Condition, config: EvalConfig):
-    """Split one condition's pending items into generation calls: ``(items, interventions, batch size)``.
-
-    Items whose interventions change when bound to their prompt are generated alone, and so
-    is every item of a condition with ARM (its statistics cover the whole batch); with
-    sampling, alone means with the problem's other samples. The other items go in one call,
-    run with continuous batching (``config.batch_size`` rows live at once); a call of items
-    generated alone runs its rows as one batch (batch size ``None``) whatever ``batch_size``.
-    """
-    shared: list[_Item] = []
-    alone = _has_arm(cond)
-    if alone and config.do_sample:
-        groups: dict[str, list[_Item]] = {}
-        for it in items:
-            groups.setdefault(it.problem.id, []).append(it)
-        for group in groups.values():
-            yield group, bind_interventions(cond.interventions, group[0].prompt)[0], None
-        return
-    for it in items:
-        inter, changed = bind_interventions(cond.interventions, it.prompt)
-        if changed or alone:
-            yield [it], inter, None
-        else:
-            shared.append(it)
-    if shared:  # one call: batch_size rows live at once, finished rows refilled (continuous batching)
-        yield shared, cond.interventions, config.batch_size
 
 
 def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str | os.PathLike | None = None,
@@ -307,7 +258,7 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
             the context), or an output folder of another configuration. A prompt that does not
             fit the context with ``max_new_tokens``, or a row whose forward fails, does not
             stop the run: it becomes an error row (``finish="error"``, the reason in ``error``,
-            no verdicts), an :class:`ErrorRowsWarning` says how many, and a resumed run tries
+            no verdicts), an :class:`~lensprobe.evals.running.ErrorRowsWarning` says how many, and a resumed run tries
             it again. A ``KeyboardInterrupt`` stops the run; every finished row is on disk.
 
     Example:
@@ -339,23 +290,23 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
     for c in conds:
         desc = c.describe(model)
         cond_desc[c.name] = {**desc, "hash": json_digest(desc)}
-    info = _RunInfo(fingerprint["name"], json_digest(run), {n: d["hash"] for n, d in cond_desc.items()}, rank)
+    info = RunInfo(fingerprint["name"], json_digest(run), {n: d["hash"] for n, d in cond_desc.items()}, rank)
     done: dict[tuple, dict] = {}
     if out is not None:
         out = prepare_folder(out, run, info.run_hash, cond_desc, resume=resume or rank != 0)
-        done = _finished_rows(out, problems)
+        done = finished_rows(out, problems)
 
     mine = my_units(problems, rank, world_size)
-    plan = _plan(model, mine, conds, done, config)
-    tally = _tally(done, mine, conds)
-    new_rows = _run_plan(model, plan, config, info, tally, out=out, progress=progress, world_size=world_size)
+    plan = plan_rows(model, mine, conds, done, config)
+    tally = tally_rows(done, mine, conds)
+    new_rows = run_plan(model, plan, config, info, tally, out=out, progress=progress, world_size=world_size)
     if out is None:
-        return _table(new_rows, conds, problems)
+        return result_table(new_rows, conds, problems)
     expected = {(c.name, p.id, s) for c in conds for p in problems for s in range(config.n_samples)}
     if world_size > 1 and rank == 0 and wait_for_shards:
         _wait_for(out, expected)
     rows = [r for r in read_rows(out) if (r["condition"], r["problem_id"], r["sample"]) in expected]
-    return _table(rows, conds, problems)
+    return result_table(rows, conds, problems)
 
 
 def preset_arm(model) -> ARM:
@@ -385,207 +336,6 @@ def _seeded_arm(cond: Condition, seed: int) -> Condition:
     return dataclasses.replace(cond, interventions=inter)
 
 
-def _has_arm(cond: Condition) -> bool:
-    return any(isinstance(i, ARM) for i in cond.interventions)
-
-
-@dataclass(frozen=True)
-class _RunInfo:
-    """What every row of a run records besides its own result."""
-
-    model_name: str
-    run_hash: str
-    condition_hashes: dict[str, str]
-    rank: int
-
-
-def _finished_rows(out: Path, problems: list[Problem]) -> dict[tuple, dict]:
-    """Rows already in ``out`` by (condition, problem id, sample); refuses rows of other data.
-
-    Error rows (``finish="error"``: the row could not run) are not finished: a resumed run
-    tries them again, and a row that then runs replaces the error row in every table.
-    """
-    done: dict[tuple, dict] = {}
-    by_id = {p.id: problem_hash(p) for p in problems}
-    for row in read_rows(out):
-        expected = by_id.get(row["problem_id"])
-        if expected is not None and row.get("problem_hash") != expected:
-            raise LensprobeError(
-                f"{out} holds a result for problem id {row['problem_id']!r} with a different problem "
-                "text or answer: these are other data. Use a new output folder."
-            )
-        if row.get("finish") != "error":
-            done.setdefault((row["condition"], row["problem_id"], row["sample"]), row)
-    return done
-
-
-def _plan(model, mine: list[Problem], conds: list[Condition], done: dict, config: EvalConfig
-          ) -> list[tuple[Condition, list[_Item]]]:
-    """The rows still to generate, chunk by chunk of problems, condition by condition.
-
-    Every prompt is built before anything runs. A chunk holds :func:`plan_chunk` problems, so
-    a stopped run has results for every condition on its first problems; within a chunk, a
-    condition's rows run with continuous batching.
-    """
-    builders = {c.name: c.prompt_builder(model) for c in conds}
-    plan: list[tuple[Condition, list[_Item]]] = []
-    chunk = plan_chunk(config)
-    for start in range(0, len(mine), chunk):
-        for cond in conds:
-            items = []
-            for p in mine[start:start + chunk]:
-                samples = [s for s in range(config.n_samples) if (cond.name, p.id, s) not in done]
-                if samples:
-                    try:
-                        prompt, error = builders[cond.name](p.problem), None
-                    except LensprobeError as err:  # e.g. longer than the context: an error row
-                        prompt, error = None, str(err)
-                    items += [_Item(p, s, prompt, error) for s in samples]
-            if items:
-                plan.append((cond, items))
-    _check_interventions(model, plan, config)
-    return plan
-
-
-def plan_chunk(config: EvalConfig) -> int:
-    """Problems per chunk of an evaluation's plan: enough rows for continuous batching to keep
-    ``batch_size`` rows busy (8 per live row), at least 32."""
-    return max(32, 8 * config.batch_size // (config.n_samples if config.do_sample else 1))
-
-
-def _check_interventions(model, plan: list[tuple[Condition, list[_Item]]], config: EvalConfig) -> None:
-    """Build each condition's hooks once (bound to its first prompt) and check its positions
-    against its longest prompt + ``max_new_tokens``, so bad heads fail before any batch runs."""
-    longest: dict[str, tuple[Condition, Any, int]] = {}
-    for cond, items in plan:
-        items = [it for it in items if it.prompt is not None]
-        if not items:
-            continue
-        _, first, n = longest.get(cond.name, (cond, items[0].prompt, 0))
-        fits = [len(it.prompt) for it in items if len(it.prompt) + config.max_new_tokens <= int(model.cfg.n_ctx)]
-        longest[cond.name] = (cond, first, max(n, *fits, 0))
-    for cond, first, n in longest.values():
-        bound = bind_interventions(cond.interventions, first)[0]
-        try:
-            resolve_hooks(model, bound)
-            check_positions(bound, n + config.max_new_tokens, "prompt + max_new_tokens")
-        except LensprobeError as err:
-            raise LensprobeError(f"condition {cond.name!r}: {err}") from None
-
-
-def _tally(done: dict, mine: list[Problem], conds: list[Condition]) -> dict[str, list[int]]:
-    """``[right, graded]`` per condition over this shard's finished rows (for the progress bar)."""
-    mine_ids = {p.id for p in mine}
-    tally = {c.name: [0, 0] for c in conds}
-    for (cname, pid, _), row in done.items():
-        if cname in tally and pid in mine_ids:
-            tally[cname][0] += bool(row.get("math-verify"))
-            tally[cname][1] += 1
-    return tally
-
-
-def _run_plan(model, plan, config: EvalConfig, info: _RunInfo, tally: dict, *, out: Path | None,
-              progress: bool, world_size: int) -> list[dict]:
-    """Generate and grade every planned row; each is written (and synced) as soon as it is graded.
-
-    A row that cannot run (a prompt too long for the context, a failing forward) becomes an
-    error row and the others go on; a ``KeyboardInterrupt`` stops the run with every row
-    finished so far written.
-    """
-    total = sum(len(items) for _, items in plan)
-    bar = _progress(total, progress, info.rank, world_size)
-    writer = RowWriter(results_file(out, info.rank)) if out is not None and total else None
-    new_rows: list[dict] = []
-
-    def emit(it: _Item, cond: Condition, ids: list[int], text: str, finish: str, error: str | None,
-             seconds: float) -> None:
-        row = _row(it, cond, ids, text, finish, seconds, info, extract=config.extract, error=error)
-        if writer is not None:
-            writer.write(row)
-            writer.sync()
-        new_rows.append(row)
-        if row["math-verify"] is not None:  # None: no answer (an error or a broken generation)
-            tally[cond.name][0] += row["math-verify"]
-            tally[cond.name][1] += 1
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix_str(_accuracy_postfix(tally), refresh=False)
-
-    try:
-        for cond, items in plan:
-            for it in items:
-                if it.error is not None:
-                    emit(it, cond, [], "", "error", it.error, 0.0)
-            items = [it for it in items if it.error is None]
-            for batch, interventions, batch_size in _batches(items, cond, config):
-                _generate(model, batch, interventions, cond, config, batch_size, emit)
-    finally:
-        if writer is not None:
-            writer.close()
-        if bar is not None:
-            bar.close()
-    errors = [r for r in new_rows if r["finish"] == "error"]
-    if errors:
-        warnings.warn(f"{len(errors)} row(s) could not run (finish 'error'; the reason is in their 'error' column), "
-                      f"e.g. problem {errors[0]['problem_id']!r}: {errors[0]['error']} They are retried when the "
-                      "run is resumed.", ErrorRowsWarning, stacklevel=3)
-    return new_rows
-
-
-class ErrorRowsWarning(UserWarning):
-    """Some rows of an evaluation could not run; each is an error row (``finish="error"``)."""
-
-
-def _table(rows: list[dict], conds: list[Condition], problems: list[Problem]):
-    pd = pandas()
-    if not rows:
-        return pd.DataFrame(columns=ROW_COLUMNS)
-    df = rows_frame(rows)
-    corder = {c.name: i for i, c in enumerate(conds)}
-    porder = {p.id: i for i, p in enumerate(problems)}
-    df = df.assign(_c=df["condition"].map(corder), _p=df["problem_id"].map(porder))
-    df = df.sort_values(["_c", "_p", "sample"], kind="stable").drop(columns=["_c", "_p"])
-    return df.reset_index(drop=True)
-
-
-ROW_COLUMNS = ["condition", "problem_id", "sample", "subject", "level", "answer", "prediction",
-               *GRADERS, PAPER_EXACT, "finish", "generated_tokens", "generation", "prompt", "prompt_tokens",
-               "model", "config_hash", "condition_hash", "problem_hash", "rank", "seconds", "error"]
-
-
-def _row(it: _Item, cond: Condition, ids: list[int], text: str, finish: str, seconds: float, info: _RunInfo,
-         extract: str = "boxed", error: str | None = None) -> dict:
-    p = it.problem
-    shown = (it.prompt.text, len(it.prompt)) if it.prompt is not None else (None, None)  # None: not built
-    if finish in ("nonfinite", "error"):  # not an answer: no prediction, no verdict
-        prediction, verdicts, exact = None, dict.fromkeys(GRADERS), None
-    else:
-        prediction = extract_answer(text, extract)
-        verdicts = grade_all(prediction, p.answer)
-        exact = grade_paper_exact(it.prompt.text + text, p.answer)
-    return {
-        "condition": cond.name, "problem_id": p.id, "sample": it.sample, "subject": p.subject,
-        "level": p.level, "answer": p.answer, "prediction": prediction, **verdicts,
-        PAPER_EXACT: exact, "finish": finish,
-        "generated_tokens": len(ids), "generation": text, "prompt": shown[0],
-        "prompt_tokens": shown[1], "model": info.model_name, "config_hash": info.run_hash,
-        "condition_hash": info.condition_hashes[cond.name], "problem_hash": problem_hash(p), "rank": info.rank,
-        "seconds": round(seconds, 4), "error": error,
-    }
-
-
-def _accuracy_postfix(tally: dict[str, list[int]]) -> str:
-    parts = [f"{name} {k / n:.0%}" for name, (k, n) in tally.items() if n]
-    return "acc " + " | ".join(parts) if parts else ""
-
-
-def _progress(total: int, enabled: bool, rank: int, world_size: int):
-    if not enabled or total == 0:
-        return None
-    desc = "eval" if world_size == 1 else f"eval shard {rank}/{world_size}"
-    return tqdm(total=total, desc=desc, unit="problem", dynamic_ncols=True, position=rank if world_size > 1 else None)
-
-
 def _wait_for(out: Path, expected: set[tuple], poll: float = 0.5, stall_timeout: float = 3600.0) -> None:
     """Wait until every expected row is in the folder (the other shards finished)."""
     last_count, last_change = -1, time.monotonic()
@@ -603,31 +353,3 @@ def _wait_for(out: Path, expected: set[tuple], poll: float = 0.5, stall_timeout:
         time.sleep(poll)
 
 
-def _generate(model, batch: list[_Item], interventions: tuple, cond: Condition, config: EvalConfig,
-              batch_size: int | None, emit) -> None:
-    """Generate the batch's answers with :func:`lensprobe.generate`, handing each to ``emit``
-    as soon as its row has finished (continuous batching with ``batch_size`` rows live).
-
-    Greedy: one row per prompt. Sampling: all ``n_samples`` rows of each distinct problem in
-    the batch are drawn and the items' own samples picked out. ``emit`` gets the wall time
-    since the previous row finished (the rows' times add up to the call's).
-    """
-    prompts, first = [], {}
-    for it in batch:
-        if it.problem.id not in first:
-            first[it.problem.id] = len(prompts)
-            prompts.append(it.prompt)
-    n = config.n_samples if config.do_sample else 1
-    wanted = {first[it.problem.id] * n + (it.sample if config.do_sample else 0): it for it in batch}
-    clock = [time.perf_counter()]
-
-    def on_row(done: FinishedRow) -> None:
-        it = wanted.get(done.row)
-        if it is None:  # a sample already in the folder, drawn again with its problem's others
-            return
-        now = time.perf_counter()
-        emit(it, cond, done.token_ids, done.text, done.finish_reason, done.error, now - clock[0])
-        clock[0] = now
-
-    generate(model, prompts, config.generation(), interventions=list(interventions), n_samples=n,
-             batch_size=batch_size, on_row=on_row, on_error="row", **cond.generate_kwargs)

@@ -187,10 +187,10 @@ def test_ctrl_c_stops_cleanly_with_every_finished_row_written_and_the_rerun_comp
 def test_each_generation_call_keeps_its_batch_busy_and_conditions_take_turns(tiny, monkeypatch, settings):
     """Every call hands lp.generate at least 8 rows per live row (the last of a run may hold fewer),
     and the conditions take turns chunk by chunk, so a stopped run has every condition's first rows."""
-    from lensprobe.evals import harness
+    from lensprobe.evals import running
 
     calls = []
-    monkeypatch.setattr(harness, "_generate", lambda model, batch, interventions, cond, config, batch_size, emit:
+    monkeypatch.setattr(running, "_generate", lambda model, batch, interventions, cond, config, batch_size, emit:
                         calls.append((cond.name, len(batch), batch_size)))
     probs = lp.arithmetic_problems(n=150, seed=0)
     lp.evaluate(tiny, probs, "w/o,w/ Mless", max_new_tokens=2, progress=False, **settings)

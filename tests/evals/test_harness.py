@@ -126,16 +126,16 @@ def test_rows_hold_prompt_grades_and_hashes(tiny, tmp_path):
 
 
 def test_row_grades_the_generated_text_only(tiny):
-    from lensprobe.evals.harness import _Item, _row, _RunInfo
+    from lensprobe.evals.running import Item, RunInfo, make_row
 
     p = Problem(id="x", problem="What is 3+4?", answer="7")
     cond = builtin_condition("w/o")
     prompt = cond.prompt_builder(tiny)(p.problem)
     assert "\\boxed{}" in prompt.text  # the system prompt's empty box is never graded
-    info = _RunInfo("m", "h", {"w/o": "c"}, 0)
-    row = _row(_Item(p, 0, prompt), cond, [1, 2, 3], r"3+4 = 7, so $\boxed{7}$.", "eos", 0.1, info)
+    info = RunInfo("m", "h", {"w/o": "c"}, 0)
+    row = make_row(Item(p, 0, prompt), cond, [1, 2, 3], r"3+4 = 7, so $\boxed{7}$.", "eos", 0.1, info)
     assert (row["prediction"], row["math-verify"], row["paper"], row["paper-lenient"]) == ("7", True, True, True)
-    row = _row(_Item(p, 0, prompt), cond, [1], "I think it is 7.", "length", 0.1, info)
+    row = make_row(Item(p, 0, prompt), cond, [1], "I think it is 7.", "length", 0.1, info)
     assert row["prediction"] is None and not row["math-verify"] and not row["paper-lenient"]
     assert row["prompt"] == prompt.text and row["generated_tokens"] == 1 and row["finish"] == "length"
 

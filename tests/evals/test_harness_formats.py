@@ -10,8 +10,9 @@ from lensprobe.core.conditions import paper_conditions
 from lensprobe.core.prompts import PAPER_SYSTEM_PROMPT
 from lensprobe.evals import Problem, load_results
 from lensprobe.evals.grading import grade_paper_exact
-from lensprobe.evals.harness import ROW_COLUMNS, EvalConfig, paper_generation_settings
+from lensprobe.evals.harness import EvalConfig, paper_generation_settings
 from lensprobe.evals.results import read_rows, results_file
+from lensprobe.evals.running import ROW_COLUMNS
 from lensprobe.interventions.arm import ARM
 
 MLESS = " ".join(["/"] * 55)
@@ -101,20 +102,20 @@ def test_rows_carry_the_authors_verdict(tiny):
 
 
 def test_paper_exact_grades_prompt_plus_generation(tiny):
-    from lensprobe.evals.harness import _Item, _row, _RunInfo
+    from lensprobe.evals.running import Item, RunInfo, make_row
 
     p = Problem(id="x", problem="What is 3+4?", answer="7")
     cond = paper_conditions(prompt_format="paper")["w/o"]
     prompt = cond.prompt_builder(tiny)(p.problem)
-    info = _RunInfo("m", "h", {"w/o": "c"}, 0)
-    row = _row(_Item(p, 0, prompt), cond, [1, 2], r"so $\boxed{7}$.", "eos", 0.1, info)
+    info = RunInfo("m", "h", {"w/o": "c"}, 0)
+    row = make_row(Item(p, 0, prompt), cond, [1, 2], r"so $\boxed{7}$.", "eos", 0.1, info)
     assert row["paper-exact"] is True and row["math-verify"] is True
     # no box in the generation: the authors' grader reads the prompt's own box ("{}"), not "7"
-    row = _row(_Item(p, 0, prompt), cond, [1], "It is 7.", "eos", 0.1, info)
+    row = make_row(Item(p, 0, prompt), cond, [1], "It is 7.", "eos", 0.1, info)
     assert row["paper-exact"] is False and row["prediction"] is None
     # their lenient rule: a prediction that is a substring of the reference counts
     q = Problem(id="y", problem="What is 5+5?", answer="10")
-    row = _row(_Item(q, 0, prompt), cond, [1], r"\boxed{1}", "eos", 0.1, info)
+    row = make_row(Item(q, 0, prompt), cond, [1], r"\boxed{1}", "eos", 0.1, info)
     assert row["paper-exact"] is True and row["paper"] is False
 
 
