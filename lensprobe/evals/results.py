@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
 from lensprobe.core.locks import FileLock
+from lensprobe.evals.rows_check import check_row, warn_disagreeing_rows
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -123,7 +124,8 @@ def prepare_folder(out_dir: str | os.PathLike, run: dict, run_hash: str, conditi
     return out
 
 
-def _iter_rows(path: Path) -> Iterator[dict]:
+def _iter_rows(path: Path) -> Iterator[tuple[int, dict]]:
+    """``(line number, checked row)`` for every complete line (:func:`~lensprobe.evals.rows_check.check_row`)."""
     data = path.read_bytes()
     if not data:
         return
@@ -133,21 +135,24 @@ def _iter_rows(path: Path) -> Iterator[dict]:
         if not line.strip():
             continue
         try:
-            yield json.loads(line)
-        except json.JSONDecodeError as err:
+            row = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            why = err.msg if isinstance(err, json.JSONDecodeError) else "bytes that are not UTF-8"
             raise LensprobeError(
-                f"{path} line {line_no} is not valid JSON ({err.msg}); the file was edited or damaged: "
+                f"{path} line {line_no} is not valid JSON ({why}); the file was edited or damaged: "
                 "delete that line to rerun the row."
             ) from None
+        yield line_no, check_row(row, path, line_no)
 
 
 def read_rows(out_dir: str | os.PathLike) -> list[dict]:
-    """Every complete row of every results file in the folder (rank files merged)."""
+    """Every complete row of every results file in the folder (rank files merged), each checked
+    (:mod:`lensprobe.evals.rows_check`: a bad row is refused with its file and line, a ``NaN``
+    verdict makes an error row, rows written twice with different verdicts are warned about)."""
     out = Path(out_dir)
-    rows: list[dict] = []
-    for path in sorted(out.glob(RESULTS_GLOB)):
-        rows.extend(_iter_rows(path))
-    return rows
+    located = [(path, line_no, row) for path in sorted(out.glob(RESULTS_GLOB)) for line_no, row in _iter_rows(path)]
+    warn_disagreeing_rows(located)
+    return [row for _, _, row in located]
 
 
 def settled_rows(rows: list[dict]) -> list[dict]:

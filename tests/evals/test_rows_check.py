@@ -1,0 +1,144 @@
+"""Result rows read back are checked: wrong types are refused with file, line and fix (never counted),
+a NaN verdict is a missing verdict everywhere, and rows written twice with different verdicts are named."""
+
+import json
+import math
+import shutil
+
+import pandas as pd
+import pytest
+
+import lensprobe as lp
+from lensprobe.app.cli import main
+from lensprobe.evals import Problem
+from lensprobe.evals.results import load_results, read_rows, results_file
+from lensprobe.evals.rows_check import DisagreeingRowsWarning, check_row, check_verdict_column, is_verdict
+
+PROBLEMS = [Problem(id=f"q{i}", problem=f"What is {i}+{i}?", answer=str(2 * i), level=1, subject="S")
+            for i in range(3)]
+CONFIG = lp.EvalConfig(max_new_tokens=2, batch_size=3)
+
+
+def run(tiny, out):
+    return lp.evaluate(tiny, PROBLEMS, "w/o", out=out, config=CONFIG, model_name="tiny", progress=False)
+
+
+@pytest.fixture(scope="module")
+def folder(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rows") / "run"
+    run(tiny, out)
+    return out
+
+
+@pytest.fixture
+def copy(folder, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(folder, out)
+    return out
+
+
+def lines(out) -> list[str]:
+    return results_file(out, 0).read_text(encoding="utf-8").splitlines()
+
+
+def edit(out, line_no: int, change) -> None:
+    """Replace row ``line_no`` (1-based) of the results file by ``change(row)`` (a JSON text)."""
+    rows = lines(out)
+    rows[line_no - 1] = change(json.loads(rows[line_no - 1]))
+    results_file(out, 0).write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
+def with_field(key, value):
+    return lambda row: json.dumps({**row, key: value}, allow_nan=True)
+
+
+@pytest.mark.parametrize("key,value", [("math-verify", "false"), ("math-verify", "False"), ("paper", 0),
+                                       ("paper", -1), ("paper-lenient", 0.5), ("sample", "0"), ("sample", -1),
+                                       ("sample", True), ("problem_id", 7), ("condition", None)])
+def test_a_field_of_the_wrong_type_is_refused_with_file_line_and_fix(copy, key, value):
+    edit(copy, 2, with_field(key, value))
+    with pytest.raises(lp.LensprobeError, match=rf"results-rank0\.jsonl line 2: '{key}' is .* which is not .*: fix "
+                                                r"it \(verdicts are true, false or null"):
+        load_results(copy)
+
+
+@pytest.mark.parametrize("text,what", [("null", "it holds null"), ("[1, 2, 3]", "it holds a list"),
+                                       ("{}", "it has no 'condition', 'problem_id', 'sample' field"),
+                                       ('"row"', "it holds a string")])
+def test_a_line_that_is_not_a_row_is_refused_by_eval_report_in_one_line(copy, text, what, capsys):
+    edit(copy, 3, lambda row: text)
+    assert main(["eval-report", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "results-rank0.jsonl line 3 is not a result row: " + what in err, err
+    assert "delete that line to run the row again" in err
+
+
+def test_a_row_without_problem_id_stops_a_resume_before_generating(copy, tiny):
+    edit(copy, 1, lambda row: json.dumps({k: v for k, v in row.items() if k != "problem_id"}))
+    with pytest.raises(lp.LensprobeError, match=r"line 1 is not a result row: it has no 'problem_id' field"):
+        run(tiny, copy)
+
+
+def test_a_string_sample_is_refused_on_resume_instead_of_running_the_row_again(copy, tiny):
+    edit(copy, 1, with_field("sample", "0"))
+    with pytest.raises(lp.LensprobeError, match=r"line 1: 'sample' is '0' \(str\), which is not a whole number"):
+        run(tiny, copy)
+    assert len(lines(copy)) == 3  # nothing was generated
+
+
+def test_eval_report_refuses_a_string_verdict_instead_of_counting_it(copy, capsys):
+    edit(copy, 2, with_field("math-verify", "false"))
+    assert main(["eval-report", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "line 2: 'math-verify' is 'false' (str), which is not true, false or null" in err
+
+
+def test_a_nan_verdict_is_a_missing_verdict_left_out_named_and_retried(copy, tiny, capsys):
+    edit(copy, 2, with_field("math-verify", math.nan))
+    rows = load_results(copy)
+    bad = rows[rows["problem_id"] == "q1"].iloc[0]
+    assert bad["finish"] == "error" and all(bad[g] is None for g in lp.evals.GRADERS)
+    assert "'math-verify' verdict was NaN" in bad["error"] and "line 2" in bad["error"]
+    assert lp.evals.accuracy(rows)["n"].tolist() == [2]  # left out of n
+    assert main(["eval-report", str(copy)]) == 0
+    out = capsys.readouterr().out
+    assert "1 row(s)" in out and "verdict was NaN" in out  # named in the summary
+    again = run(tiny, copy)  # and generated again on resume
+    assert len(lines(copy)) == 4 and again.set_index("problem_id").loc["q1", "finish"] != "error"
+    assert again.set_index("problem_id").loc["q1", "math-verify"] in (True, False)
+
+
+def test_rows_written_twice_with_different_verdicts_are_named_with_both_lines(copy):
+    first = json.loads(lines(copy)[0])
+    with results_file(copy, 0).open("a", encoding="utf-8") as f:
+        f.write(json.dumps({**first, "math-verify": not first["math-verify"]}) + "\n")
+        f.write(json.dumps(json.loads(lines(copy)[1])) + "\n")  # a copy that agrees: no warning
+    with pytest.warns(DisagreeingRowsWarning, match=r"1 row\(s\) are written twice with different verdicts, e\.g\. "
+                                                    r"condition 'w/o', problem 'q0', sample 0: .*results-rank0\.jsonl "
+                                                    r"line 1 and .*results-rank0\.jsonl line 4\. The first is counted"):
+        rows = read_rows(copy)
+    assert len(rows) == 5
+
+
+def test_a_line_of_bytes_that_are_not_utf8_is_refused_with_its_line(copy):
+    data = results_file(copy, 0).read_bytes()
+    results_file(copy, 0).write_bytes(data + b'{"condition": "w/o \xff"}\n')
+    with pytest.raises(lp.LensprobeError, match=r"line 4 is not valid JSON \(bytes that are not UTF-8\)"):
+        read_rows(copy)
+
+
+def test_an_error_row_with_a_verdict_is_refused():
+    row = {"condition": "w/o", "problem_id": "q", "sample": 0, "finish": "error", "math-verify": True}
+    with pytest.raises(lp.LensprobeError, match=r"r\.jsonl line 5 has finish 'error' \(no answer\) but a "
+                                                r"'math-verify' verdict True"):
+        check_row(row, "r.jsonl", 5)
+
+
+@pytest.mark.parametrize("value", ["False", "0", 0, -1, 0.5, 1.0])
+def test_a_table_column_of_non_verdicts_is_refused(value):
+    df = pd.DataFrame({"math-verify": [True, value, None]})
+    with pytest.raises(lp.LensprobeError, match=r"the 'math-verify' column holds .* at row 1: verdicts must be True, "
+                                                "False or None"):
+        check_verdict_column(df, "math-verify")
+    check_verdict_column(pd.DataFrame({"math-verify": [True, False, None, math.nan]}), "math-verify")
+    assert is_verdict(pd.Series([True]).iloc[0]) and not is_verdict("true")
