@@ -24,11 +24,10 @@ accuracy (``1`` is accepted for ``10``), so it is off by default and reported se
 """
 
 import re
-import threading
 from typing import Literal
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.lazy import heavy
+from lensprobe.evals.mathverify import GRADE_TIMEOUT, check_timeout, math_verify_equiv
 
 GradingMethod = Literal["math-verify", "paper", "paper-exact"]
 METHODS = ("math-verify", "paper", "paper-exact")
@@ -374,26 +373,8 @@ def _paper_equiv(prediction: str, answer: str, lenient: bool) -> bool:
     return bool(lenient and a and a in b)
 
 
-def _math_verify_equiv(prediction: str, answer: str) -> bool:
-    try:
-        math_verify = heavy("math_verify")
-    except ImportError as err:
-        raise LensprobeError(
-            "method='math-verify' needs the math-verify package: "
-            "pip install 'math-verify[antlr4_13_2]' (or use method='paper')."
-        ) from err
-    # math-verify's timeouts use SIGALRM, which only works in the main thread.
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    parse, verify = math_verify.parse, math_verify.verify
-    gold = parse("\\boxed{" + answer + "}", parsing_timeout=timeout)
-    pred = parse("\\boxed{" + prediction + "}", parsing_timeout=timeout)
-    if not gold or not pred:
-        return False
-    return bool(verify(gold, pred, timeout_seconds=timeout))
-
-
 def grade(prediction: str | None, answer: str, method: GradingMethod = "math-verify", *,
-          lenient: bool = False) -> bool:
+          lenient: bool = False, timeout: int | None = GRADE_TIMEOUT) -> bool | None:
     r"""Whether an extracted answer matches the reference answer.
 
     Args:
@@ -408,9 +389,16 @@ def grade(prediction: str | None, answer: str, method: GradingMethod = "math-ver
         lenient: also accept a prediction whose normalised string is a substring of the
             normalised answer (the meaningless-tokens paper's rule; inflates accuracy).
             ``"paper-exact"`` is always lenient and ignores it.
+        timeout: ``"math-verify"`` only: whole seconds each of its steps may take (default
+            5); ``None``: no limit. Answers equal after :func:`normalize_answer` are equal at once.
 
     Returns:
-        ``True`` when the answer counts as correct.
+        ``True`` when the answer counts as correct, ``False`` when not, ``None`` when
+        math-verify timed out (:mod:`lensprobe.evals.mathverify`; left out of the statistics).
+
+    Raises:
+        LensprobeError: an unknown method, a reference answer that is not a non-empty string,
+            a prediction that is not a string or ``None``, or a bad ``timeout``.
 
     Example:
         >>> grade(r"\dfrac{1}{2}", "0.5")
@@ -422,23 +410,41 @@ def grade(prediction: str | None, answer: str, method: GradingMethod = "math-ver
         raise LensprobeError(f"unknown grading method {method!r}: use one of {METHODS}.")
     if not isinstance(answer, str) or not answer.strip():
         raise LensprobeError(f"the reference answer must be a non-empty string, got {answer!r}.")
+    if prediction is not None and not isinstance(prediction, str):
+        raise LensprobeError(f"the prediction must be a string or None (nothing extracted), got "
+                             f"{type(prediction).__name__} {prediction!r}.")
+    timeout = check_timeout(timeout)
     if method == "paper-exact":
-        return grade_paper_exact(None if prediction is None else str(prediction), answer)
-    if prediction is None or not str(prediction).strip():
+        return grade_paper_exact(prediction, answer)
+    if prediction is None or not prediction.strip():
         return False
-    prediction = str(prediction).strip()
+    prediction = prediction.strip()
     answer = answer.strip()
     if method == "paper":
         return _paper_equiv(prediction, answer, lenient)
-    if _math_verify_equiv(prediction, answer):
+    if _same_after_normalising(prediction, answer):
         return True
+    verdict = math_verify_equiv(prediction, answer, timeout)
+    if verdict is not False:
+        return verdict
     return lenient and _paper_equiv(prediction, answer, True)
 
 
-def grade_all(prediction: str | None, answer: str) -> dict[str, bool]:
-    """Verdicts of every grader in :data:`GRADERS` (the columns of a result row)."""
+def _same_after_normalising(a: str, b: str) -> bool:
+    """``a`` and ``b`` are the same answer without any maths: equal as written or after :func:`normalize_answer`."""
+    if a == b:
+        return True
+    try:
+        return normalize_answer(a) == normalize_answer(b)
+    except (ValueError, IndexError):
+        return False
+
+
+def grade_all(prediction: str | None, answer: str, *, timeout: int | None = GRADE_TIMEOUT) -> dict[str, bool | None]:
+    """Verdicts of every grader in :data:`GRADERS` (the columns of a result row); ``None`` where
+    math-verify timed out (see :func:`grade`)."""
     return {
-        "math-verify": grade(prediction, answer, "math-verify"),
+        "math-verify": grade(prediction, answer, "math-verify", timeout=timeout),
         "paper": grade(prediction, answer, "paper"),
         "paper-lenient": grade(prediction, answer, "paper", lenient=True),
     }

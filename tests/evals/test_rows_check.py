@@ -142,3 +142,10 @@ def test_a_table_column_of_non_verdicts_is_refused(value):
         check_verdict_column(df, "math-verify")
     check_verdict_column(pd.DataFrame({"math-verify": [True, False, None, math.nan]}), "math-verify")
     assert is_verdict(pd.Series([True]).iloc[0]) and not is_verdict("true")
+
+
+def test_rows_math_verify_timed_out_on_are_left_out_and_counted_in_the_summary(copy, capsys):
+    edit(copy, 1, with_field("math-verify", None))  # what a row math-verify timed out on holds
+    assert lp.evals.accuracy(load_results(copy))["n"].tolist() == [2]
+    assert main(["eval-report", str(copy)]) == 0
+    assert "1 row(s) have no math-verify verdict: it timed out grading them" in capsys.readouterr().out

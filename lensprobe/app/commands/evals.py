@@ -204,6 +204,11 @@ def _summary_text(rows, grader: str) -> str:
         lines.append(f"{len(errors)} row(s) could not run and are left out of the accuracy (finish 'error'), e.g. "
                      f"{first['condition']} / problem {first['problem_id']!r}: {first['error']}; rerun the same "
                      "command to retry them")
+    graded = rows[~rows["finish"].isin(["error", "nonfinite"])] if "finish" in rows.columns else rows
+    timed_out = int(graded["math-verify"].isna().sum()) if "math-verify" in graded.columns else 0
+    if timed_out:
+        lines.append(f"{timed_out} row(s) have no math-verify verdict: it timed out grading them (left out of its "
+                     "accuracy; the other graders' verdicts stand)")
     return "\n".join(lines)
 
 
