@@ -22,6 +22,17 @@ End-of-sequence is ignored in both so every method generates the same tokens. Me
   its own length are thrown away and not counted);
 - ``hf generate b1``: one prompt at a time, each its own length (the authors' scripts' setting).
 
+A third workload, ``reference lengths + ARM``, runs the paper's method: ARM on layer 0 (``c=0.1``,
+``percentile=95``, seeded; per-row statistics, the default) on the reference lengths:
+
+- ``ARM refill``: continuous batching at batch B with ARM attached;
+- ``ARM one at a time``: each prompt alone with ARM attached (how evaluations ran ARM
+  conditions before ARM's statistics were per row);
+- ``hf generate bB`` (without ARM: ``transformers`` has no ARM) as the common yardstick.
+
+Every ``ARM refill`` row must equal the same prompt run alone with ARM (token for token);
+targets: ``ARM refill`` >= 2.5x ``ARM one at a time`` and >= 1.5x ``hf generate bB``.
+
 Counted tokens are the rows' lengths (the same for every method). Each method runs
 ``--repeats`` rounds, interleaved; medians and best runs are printed (on a busy machine the
 best run is the least disturbed), then a Markdown table of the medians with each method's
@@ -61,7 +72,9 @@ from lensprobe.evals.data import math500_path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from procmem import reset_peak, rss_kib  # noqa: E402
 
-TARGETS = {"reference lengths": 1.5, "all to the cap": 1.0}
+TARGETS = {"reference lengths": 1.5, "all to the cap": 1.0, "reference lengths + ARM": 1.5}
+ARM_TARGET = 2.5  # ARM refill vs ARM one problem at a time
+ARM_WORKLOAD = "reference lengths + ARM"
 
 
 def hf_rows(hf, prompts: list[list[int]], caps: list[int], batch_size: int, pad: int) -> list[list[int]]:
@@ -100,7 +113,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=512, help="longest reference length kept")
     ap.add_argument("--cap", type=int, default=256, help="every row's length in the all-to-the-cap workload")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--workloads", default="reference lengths,all to the cap")
+    ap.add_argument("--workloads", default=f"reference lengths,all to the cap,{ARM_WORKLOAD}")
     ap.add_argument("--data", default=None, help="MATH-500 JSONL (default: the copy shipped with lensprobe)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = ap.parse_args()
@@ -113,7 +126,7 @@ def main() -> None:
     build = builtin_condition("w/o").prompt_builder(model)
     prompts = [build(r["problem"]).tokens[0].tolist() for r in records]
     reference = [min(args.max_new_tokens, len(tok(r["solution"])["input_ids"])) for r in records]
-    workloads = {"reference lengths": reference, "all to the cap": [args.cap] * len(records)}
+    workloads = {"reference lengths": reference, "all to the cap": [args.cap] * len(records), ARM_WORKLOAD: reference}
     workloads = {name: workloads[name.strip()] for name in args.workloads.split(",")}
     from transformers import AutoModelForCausalLM
 
@@ -124,22 +137,35 @@ def main() -> None:
     print(f"model {model_label(model)}, {len(records)} MATH-500 problems (prompts {min(map(len, prompts))}-"
           f"{max(map(len, prompts))} tokens), batch {b}, greedy, torch threads {torch.get_num_threads()}")
 
-    def lp_rows(caps, refill):
+    def lp_rows(caps, refill, interventions=()):
         out = lp.generate(model, prompts, max_new_tokens=max(caps), caps=caps, stop_at_eos=False,
-                          batch_size=b, refill=refill, progress=False)
+                          batch_size=b, refill=refill, progress=False, interventions=list(interventions))
         return out.generated_ids, out.meta["batching"]
 
-    methods = {
+    def one_at_a_time(caps, interventions):
+        rows = [lp.generate(model, [p], max_new_tokens=c, stop_at_eos=False, progress=False,
+                            interventions=list(interventions)).generated_ids[0]
+                for p, c in zip(prompts, caps, strict=True)]
+        return rows, "each prompt alone"
+
+    ref_name = f"hf generate b{b}"
+    plain_methods = {
         "lensprobe refill": lambda caps: lp_rows(caps, True),
         "lensprobe static": lambda caps: lp_rows(caps, False),
-        f"hf generate b{b}": lambda caps: (hf_rows(hf, prompts, caps, b, pad), ""),
+        ref_name: lambda caps: (hf_rows(hf, prompts, caps, b, pad), ""),
         "hf generate b1": lambda caps: (hf_rows(hf, prompts, caps, 1, pad), ""),
     }
-    ref_name = f"hf generate b{b}"
+    arm = lp.ARM(layer=0, c=0.1, percentile=95, seed=0)
+    arm_methods = {
+        "ARM refill": lambda caps: lp_rows(caps, True, [arm]),
+        "ARM one at a time": lambda caps: one_at_a_time(caps, [arm]),
+        ref_name: lambda caps: (hf_rows(hf, prompts, caps, b, pad), ""),
+    }
     lp_rows([4] * len(prompts), True)  # warm-up: first-forward allocations
     hf_rows(hf, prompts[:b], [4] * b, b, pad)
     table = []
     for workload, caps in workloads.items():
+        methods = arm_methods if workload == ARM_WORKLOAD else plain_methods
         tokens = sum(caps)
         steps_static = sum(max(caps[i:i + b]) for i in range(0, len(caps), b))
         print(f"\n== {workload}: {tokens} tokens (row lengths {min(caps)}-{max(caps)}, median "
@@ -162,22 +188,31 @@ def main() -> None:
                 outputs[name], notes[name] = rows, note
                 print(f"  {name:>17}: {seconds:7.1f} s, {rates[name][-1]:7.1f} tokens/s, +{memory[name][-1]:.0f} MiB"
                       f"{'  (' + note + ')' if note else ''}", flush=True)
-        base = outputs["hf generate b1"]  # each prompt alone: no padding, no other rows
+        # each prompt alone: no padding, no other rows (with ARM: lensprobe with ARM, one prompt at a time)
+        base = outputs["ARM one at a time" if workload == ARM_WORKLOAD else "hf generate b1"]
         for name, rows in outputs.items():
+            if workload == ARM_WORKLOAD and name == ref_name:
+                continue  # no ARM: other tokens
             assert [len(r) for r in rows] == caps, f"{name}: row lengths differ from the workload's"
             diffs = [first_difference(r, s) for r, s in zip(rows, base, strict=True)]
             same = sum(d is None for d in diffs)
             late = [d for d in diffs if d is not None]
-            print(f"  {name:>17}: {same}/{len(rows)} rows token-identical to the prompt alone (hf generate b1)"
+            alone = "lensprobe with ARM, one prompt" if workload == ARM_WORKLOAD else "hf generate b1"
+            print(f"  {name:>17}: {same}/{len(rows)} rows token-identical to the prompt alone ({alone})"
                   + (f" (the others first differ at token {', '.join(map(str, late))})" if late else ""))
         med = {name: statistics.median(v) for name, v in rates.items()}
         best = {name: max(v) for name, v in rates.items()}
         for name in methods:
             table.append((workload, name, med[name], best[name], med[name] / med[ref_name],
                           best[name] / best[ref_name], statistics.median(memory[name])))
-        ratio = med["lensprobe refill"] / med[ref_name]
-        print(f"  refill / {ref_name}: {ratio:.2f}x median, {best['lensprobe refill'] / best[ref_name]:.2f}x "
+        mine = "ARM refill" if workload == ARM_WORKLOAD else "lensprobe refill"
+        ratio = med[mine] / med[ref_name]
+        print(f"  {mine} / {ref_name}: {ratio:.2f}x median, {best[mine] / best[ref_name]:.2f}x "
               f"best (target >= {TARGETS[workload]})")
+        if workload == ARM_WORKLOAD:
+            alone = "ARM one at a time"
+            print(f"  {mine} / {alone}: {med[mine] / med[alone]:.2f}x median, {best[mine] / best[alone]:.2f}x best "
+                  f"(target >= {ARM_TARGET})")
     print(f"\n| workload | method | tokens/s (median) | tokens/s (best) | vs {ref_name} (median) "
           f"| vs {ref_name} (best) | extra memory |")
     print("|---|---|---:|---:|---:|---:|---:|")

@@ -42,6 +42,8 @@ def as_tokens(model, prompt_or_tokens, *, one_row: bool = False) -> Int[Tensor, 
         )
     if tokens.ndim == 1:
         tokens = tokens[None]
+    if tokens.ndim == 2 and tokens.shape[-1] == 0:
+        raise LensprobeError("a prompt is empty (no tokens): pass at least one token id, or a non-empty question.")
     if tokens.ndim != 2 or tokens.dtype not in (torch.long, torch.int32, torch.int64):
         raise LensprobeError(f"token ids must be an integer tensor [batch, pos], got {tuple(tokens.shape)} {tokens.dtype}.")
     if one_row and tokens.shape[0] != 1:

@@ -26,8 +26,40 @@ Hook = tuple[str, HookFn]
 
 @runtime_checkable
 class Intervention(Protocol):
-    """Protocol: an object that yields the TransformerLens forward hooks it needs."""
+    """Protocol: an object that yields the TransformerLens forward hooks it needs.
+
+    Optional capabilities, read with ``getattr`` by the generation loop and the evaluation
+    harness (no code outside an intervention's own module checks its type):
+
+    - ``batch_dependent`` (bool attribute or property): one row's result depends on the other
+      rows of its forward (statistics over the whole batch tensor). :func:`lensprobe.generate`
+      then runs static batches (never continuous batching, whose refill schedule would decide
+      which rows share a forward), and evaluations generate each problem alone.
+    - ``with_default_seed(seed)``: a copy that draws from ``seed`` when the intervention has no
+      seed of its own (``self`` when it has one); evaluations seed with their run's ``seed``.
+    - ``check_positions(length, what)``: refuse token positions a run never reaches
+      (:func:`check_positions`).
+    """
     def hooks(self, model) -> list[Hook]: ...
+
+
+def batch_dependent(interventions) -> list:
+    """The interventions whose result for a row depends on the other rows of its forward
+    (their ``batch_dependent`` capability, see :class:`Intervention`).
+
+    Example:
+        >>> batch_dependent([lp.ARM(c=0.1, percentile=95, per_row=False)])  # [ARM(...)]
+    """
+    return [i for i in interventions if getattr(i, "batch_dependent", False) is True]
+
+
+def with_default_seed(interventions, seed: int | None) -> tuple:
+    """``interventions`` with every unseeded one that draws random numbers given ``seed``
+    (their ``with_default_seed`` capability, see :class:`Intervention`); the others as they are."""
+    if seed is None:
+        return tuple(interventions)
+    return tuple(i.with_default_seed(seed) if callable(getattr(i, "with_default_seed", None)) else i
+                 for i in interventions)
 
 
 def _hooks_of(model, item) -> list[Hook]:
@@ -165,6 +197,11 @@ class StepInfo:
         prompt_lengths: ``[batch]`` prompt lengths without padding.
         steps: ``[batch]`` generation step of each row (``None`` outside the generation loop).
         rows: ``[batch]`` each row's index in the generation's trace (``None`` likewise).
+        prefill: this forward is a prompt forward (every row of it starts: its prompt
+            positions, step 0); ``False`` for a decode step (one new position per row).
+
+    A hook that acts by position and receives an activation whose ``[batch, pos]`` does not
+    match ``positions`` must raise rather than guess (lensprobe's own hooks do).
     """
 
     step: int
@@ -172,6 +209,11 @@ class StepInfo:
     prompt_lengths: Int[Tensor, " batch"]
     steps: Int[Tensor, " batch"] | None = None
     rows: Int[Tensor, " batch"] | None = None
+    prefill: bool = False
+
+    def fits(self, batch: int, count: int) -> bool:
+        """Whether ``positions`` describe an activation of ``batch`` rows and ``count`` positions."""
+        return self.positions.shape[-1] == count and self.positions.shape[0] in (1, batch)
 
 
 _CURRENT: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar("lensprobe_step", default=None)

@@ -60,10 +60,12 @@ def width(cache) -> int:
 
 
 def keep_rows(cache, rows: Tensor) -> None:
-    """Keep only ``rows`` (indices, in the order given), in place."""
-    for holder, name, _ in _parts(cache):
-        t = getattr(holder, name)
-        setattr(holder, name, t.index_select(0, rows.to(t.device)))
+    """Keep only ``rows`` (indices, in the order given), in place (all or nothing: every new
+    tensor is made before any is stored)."""
+    parts = _parts(cache)
+    kept = [getattr(h, n).index_select(0, rows.to(getattr(h, n).device)) for h, n, _ in parts]
+    for (holder, name, _), t in zip(parts, kept, strict=True):
+        setattr(holder, name, t)
 
 
 def drop_columns(cache, n: int) -> None:
@@ -79,7 +81,8 @@ def join(running, new):
     """``running``'s rows followed by ``new``'s, both left-padded with zeros to the wider width.
 
     ``running`` may be ``None`` (no rows yet): ``new`` is returned. Otherwise ``running`` is
-    changed in place and returned.
+    changed in place and returned; if making the joined tensors fails (out of memory),
+    ``running`` is left as it was.
     """
     if running is None:
         return new
@@ -88,9 +91,12 @@ def join(running, new):
         raise ValueError(f"cannot join a {type(new).__name__} of {len(theirs)} tensors to a "
                          f"{type(running).__name__} of {len(mine)}: the caches come from different models")
     w = max(width(running), width(new))
+    joined = []
     for (holder, name, axis), (other, other_name, _) in zip(mine, theirs, strict=True):
         a, b = getattr(holder, name), getattr(other, other_name)
-        setattr(holder, name, torch.cat([_pad_left(a, axis, w), _pad_left(b.to(a.device), axis, w)], dim=0))
+        joined.append(torch.cat([_pad_left(a, axis, w), _pad_left(b.to(a.device), axis, w)], dim=0))
+    for (holder, name, _), t in zip(mine, joined, strict=True):  # all or nothing: stored once all are made
+        setattr(holder, name, t)
     return running
 
 

@@ -9,6 +9,7 @@ config's.
 """
 
 import dataclasses
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,11 @@ class GenerationConfig:
             the same random numbers (common random numbers for paired comparisons).
             ``None``: torch's global generator.
         n_samples: rows per prompt; rows are ordered prompt by prompt.
-        stop_at_eos: a row stops after its end-of-sequence token (recorded as its last step).
+        stop_at_eos: a row stops after its end-of-sequence token (recorded as its last step):
+            the tokenizer's, the model's generation config's, and ``eos_token_id``'s. A model
+            without a tokenizer (token-id prompts) stops only at the ids these name.
+        eos_token_id: end-of-sequence token id(s) of this call, besides the model's (an int or
+            a tuple of ints).
         thinking: ``None``, :class:`~lensprobe.LatentFusion` or :class:`~lensprobe.Pause`.
         think_when: a rule from :mod:`lensprobe.generation.schedule`; with ``thinking`` it
             defaults to ``schedule.emitted()`` (the model emits the thinking token).
@@ -53,6 +58,7 @@ class GenerationConfig:
     seed: int | None = None
     n_samples: int = 1
     stop_at_eos: bool = True
+    eos_token_id: int | tuple[int, ...] | None = None
     thinking: LatentFusion | Pause | None = None
     think_when: Any = None
 
@@ -67,6 +73,11 @@ class GenerationConfig:
             raise LensprobeError(f"top_p must lie in (0, 1], got {self.top_p!r}.")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise LensprobeError(f"seed must be an integer or None, got {self.seed!r}.")
+        if self.eos_token_id is not None:
+            ids = self.eos_token_id if isinstance(self.eos_token_id, (list, tuple)) else (self.eos_token_id,)
+            if not ids or not all(_int(i) and i >= 0 for i in ids):
+                raise LensprobeError(f"eos_token_id must be a token id >= 0 or a tuple of them, got {self.eos_token_id!r}.")
+            object.__setattr__(self, "eos_token_id", tuple(int(i) for i in ids))
         self._check_thinking()
 
     def _check_thinking(self) -> None:
@@ -110,6 +121,11 @@ def _check_names(cls, settings: Mapping[str, Any]) -> None:
     unknown = [name for name in settings if name not in fields]
     if unknown:
         raise LensprobeError(f"unknown generation setting {unknown[0]!r}: the settings are {', '.join(fields)}.")
+
+
+def _int(value) -> bool:
+    """An integer (Python's or numpy's), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _positive_int(value) -> bool:

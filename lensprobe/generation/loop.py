@@ -48,6 +48,7 @@ Example:
     >>> trace.attention["system"].shape  # [step, layer, head]
 """
 import contextlib
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -167,9 +168,9 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
     if bad and on_error == "raise":
         raise LensprobeError(next(iter(bad.values())))
     failed = {r: bad[pi] for r, (pi, _) in enumerate(rows) if pi in bad}
-    ok = [ids for pi, (ids, _) in enumerate(items) if pi not in bad]
-    if ok:
-        check_positions(interventions, max(len(ids) for ids in ok) + cfg.max_new_tokens, "prompt + max_new_tokens")
+    reach = [len(ids) + prompt_caps[pi] for pi, (ids, _) in enumerate(items) if pi not in bad]
+    if reach:
+        check_positions(interventions, max(reach), "prompt + max_new_tokens" if caps is None else "prompt + cap")
     think_id = _thinking_id(model, cfg.thinking, track)
     sets = resolve_track(model, track, items, think_id, cfg.thinking is not None)
     if sets and batch_size is not None and batch_size < len(rows) - len(failed):
@@ -179,7 +180,7 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
             "with lp.trace_prompts."
         )
     rec_layers = check_layers(model, layers) if sets else []
-    run = Run(model, cfg, items, rows, [prompt_caps[pi] for pi, _ in rows], failed, interventions, sets, rec_layers,
+    run = Run(model, cfg, items, rows, prompt_caps, failed, interventions, sets, rec_layers,
               think_id, batch_size, refill, longest_first, on_row, keep_going=on_error == "row")
     with torch.inference_mode():
         ran = run.execute(engine, progress)
@@ -238,13 +239,13 @@ def _caps(caps, n_prompts: int, max_new_tokens: int) -> list[int]:
     """Each prompt's length cap: ``caps`` checked, or ``max_new_tokens`` for all."""
     if caps is None:
         return [max_new_tokens] * n_prompts
-    caps = list(caps)
+    caps = list(caps.tolist() if hasattr(caps, "tolist") else caps)
     if len(caps) != n_prompts:
         raise LensprobeError(f"caps has {len(caps)} entries for {n_prompts} prompts: give one per prompt.")
     for c in caps:
-        if not isinstance(c, int) or isinstance(c, bool) or not 1 <= c <= max_new_tokens:
+        if not isinstance(c, numbers.Integral) or isinstance(c, bool) or not 1 <= c <= max_new_tokens:
             raise LensprobeError(f"each cap must be an integer in 1..max_new_tokens ({max_new_tokens}), got {c!r}.")
-    return caps
+    return [int(c) for c in caps]
 
 
 def _row_problems(model, items, caps: list[int]) -> dict[int, str]:
@@ -300,7 +301,7 @@ def _trace(model, cfg: GenerationConfig, run: Run, engine_meta: dict, think_id, 
         **engine_meta, **run.describe(),
     }
     if has_caps:
-        meta["caps"] = list(run.caps)
+        meta["caps"] = list(run.prompt_caps)
     if out.errors:
         meta["errors"] = {str(r): m for r, m in sorted(out.errors.items())}
     lengths = [len(run.items[pi][0]) for pi, _ in run.rows]
@@ -318,7 +319,7 @@ def _texts(tokenizer, token_ids: Tensor, finish: list[str]) -> dict[str, list]:
     str_tokens, texts = [], []
     for r in range(token_ids.shape[0]):
         gen = [int(i) for i in token_ids[r] if i >= 0]
-        str_tokens.append(tokenizer.batch_decode([[i] for i in gen]) if gen else [])
+        str_tokens.append(tokenizer.batch_decode([[i] for i in gen]) if gen and tokenizer is not None else [])
         texts.append(row_text(tokenizer, gen, finish[r]))
     return {"str_tokens_rows": str_tokens, "texts": texts}
 

@@ -87,9 +87,10 @@ class RowOutputs:
 
 
 def row_text(tokenizer, ids: list[int], finish: str) -> str:
-    """The generated text of one row: ``ids`` decoded, a final end-of-sequence token left out."""
+    """The generated text of one row: ``ids`` decoded, a final end-of-sequence token left out
+    (``""`` for a model without a tokenizer: its rows are token ids only)."""
     body = ids[:-1] if finish == "eos" else ids
-    return tokenizer.decode(body) if body else ""
+    return tokenizer.decode(body) if body and tokenizer is not None else ""
 
 
 def row_seed(seed: int, sample: int) -> int:

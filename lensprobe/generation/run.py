@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from lensprobe.core.devices import model_device
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import StepInfo, step_context
+from lensprobe.core.hooks import StepInfo, batch_dependent, step_context
 from lensprobe.core.metrics import nonfinite_rows
 from lensprobe.generation import cacherows
 from lensprobe.generation.batch import pad_batch
@@ -89,9 +89,42 @@ class _Live:
                      torch.cat([self.n_thinking, other.n_thinking]), torch.cat([self.lengths, other.lengths]),
                      torch.cat([pad(self.mask), pad(other.mask)]))
 
-    def info(self, positions: Tensor) -> StepInfo:
+    def info(self, positions: Tensor, prefill: bool = False) -> StepInfo:
         return StepInfo(int(self.steps.max()), positions, self.lengths, steps=self.steps.to(positions.device),
-                        rows=self.rows.to(positions.device))
+                        rows=self.rows.to(positions.device), prefill=prefill)
+
+
+@dataclass
+class _Running:
+    """The running batch of continuous batching: its rows, KV cache, and each row's pending
+    input (the token chosen at its last step, whether it thinks, the logits and final hidden
+    state it was chosen from), one entry per batch row."""
+
+    live: _Live
+    cache: Any
+    choice: Tensor
+    think: Tensor
+    last: Tensor
+    hidden: Tensor | None
+
+    def joined(self, new: "_Running") -> "_Running":
+        """These rows followed by ``new``'s; the cache is joined last, so a failure changes nothing."""
+        hidden = None if self.hidden is None else torch.cat([self.hidden, new.hidden])
+        live = self.live.joined(new.live)
+        choice, think, last = (torch.cat([self.choice, new.choice]), torch.cat([self.think, new.think]),
+                               torch.cat([self.last, new.last]))
+        return _Running(live, cacherows.join(self.cache, new.cache), choice, think, last, hidden)
+
+    def kept(self, keep: Tensor) -> "_Running":
+        """Only the rows ``keep`` (batch indices); cache columns that are padding in every kept row dropped."""
+        cacherows.keep_rows(self.cache, keep)
+        live = self.live.take(keep)
+        lead = int((live.mask.sum(0) > 0).long().argmax())  # columns that are padding in every row
+        if lead:
+            cacherows.drop_columns(self.cache, lead)
+            live.mask = live.mask[:, lead:]
+        hidden = self.hidden[keep] if self.hidden is not None else None
+        return _Running(live, self.cache, self.choice[keep], self.think[keep], self.last[keep], hidden)
 
 
 class Run:
@@ -100,7 +133,7 @@ class Run:
     Args:
         items: ``(token ids, Prompt or None)`` per prompt.
         rows: ``(prompt index, sample index)`` per row, in trace order.
-        caps: each row's length cap (at most ``cfg.max_new_tokens``).
+        caps: each prompt's length cap (at most ``cfg.max_new_tokens``; its rows stop there).
         failed: rows that cannot run, with the reason (they get ``finish_reason="error"``).
         batch_size: rows live at once (``None``: every row).
         refill: continuous batching when ``batch_size`` is smaller than the rows.
@@ -114,11 +147,12 @@ class Run:
                  failed: dict[int, str], interventions: list, sets: list[TrackedSet], layers: list[int],
                  think_id: int | None, batch_size: int | None, refill: bool, longest_first: bool,
                  on_row: Callable[[FinishedRow], Any] | None, keep_going: bool) -> None:
-        self.model, self.cfg, self.items, self.rows, self.caps = model, cfg, items, rows, caps
+        self.model, self.cfg, self.items, self.rows = model, cfg, items, rows
+        self.prompt_caps = list(caps)
+        self.caps = [self.prompt_caps[pi] for pi, _ in rows]  # per row
         self.interventions, self.sets, self.layers, self.think_id = interventions, sets, layers, think_id
         self.on_row, self.keep_going = on_row, keep_going
-        tok = model.tokenizer
-        self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0))
+        self.pad_id = _pad_id(model.tokenizer)
         self.device = model_device(model)
         self.out = RowOutputs.start(len(rows), cfg.max_new_tokens)
         for r, message in failed.items():
@@ -129,7 +163,8 @@ class Run:
         if self.longest_first:  # one batch of every row keeps the trace's order (hooks may index rows)
             runnable.sort(key=lambda r: -len(items[rows[r][0]][0]))  # stable: ties keep row order
         self.order = runnable
-        self.mode = "refill" if refill and self.batch_size < len(runnable) and not sets else "static"
+        dependent = batch_dependent(interventions)
+        self.mode = "refill" if refill and self.batch_size < len(runnable) and not sets and not dependent else "static"
         self.static_rows = runnable if sets else None  # recorded attention: one batch of every row
         hidden = final_hidden_hook(model) if isinstance(cfg.thinking, LatentFusion) else None
         n_rec = len(runnable) if sets else 0
@@ -138,10 +173,13 @@ class Run:
         self.rec = StepRecorder(layers, n_rec, len(sets), int(model.cfg.n_heads), cfg.max_new_tokens, self.masks,
                                 hidden, self.device)
         self.gens: dict[int, torch.Generator | None] = {}
-        eos = _eos_ids(model) if cfg.stop_at_eos else set()
+        eos = _eos_ids(model) | set(cfg.eos_token_id or ()) if cfg.stop_at_eos else set()
         self.eos = torch.tensor(sorted(eos), dtype=torch.long, device=self.device)
         self.batches: list[int] = []  # rows per static batch, or per refill (for meta)
         self.fallback: str | None = None
+        if dependent and refill and self.batch_size < len(runnable):
+            names = ", ".join(sorted({type(i).__name__ for i in dependent}))
+            self.fallback = f"static batches ({names} depends on the batch: no continuous batching)"
 
     def _width(self, rows: list[int]) -> int:
         return max((len(self.items[self.rows[r][0]][0]) for r in rows), default=0)
@@ -180,7 +218,7 @@ class Run:
         self._start_rows(batch_rows)
         self.batches.append(n)
         positions = batch.prompt_positions()
-        publish(live.info(positions))
+        publish(live.info(positions, prefill=True))
         logits, past = engine.forward(batch.ids, batch.mask[:, :batch.width], positions.clamp(min=0), None)
         for t in range(cfg.max_new_tokens):
             last = logits[:, -1].float()
@@ -191,7 +229,7 @@ class Run:
             batch.mask[:, col] = 1
             if self.sets:
                 add_position(self.masks, self.sets, col, choice, think, batch.lengths, t, live.active)
-            self._latent(think, last)
+            self._latent(think, last, self.rec.hidden)
             self.rec.step = t + 1
             live.steps += 1
             pos = (batch.lengths + t)[:, None]
@@ -201,66 +239,82 @@ class Run:
     def _refill(self, engine: Engine, publish, bar) -> None:
         """Continuous batching (see the module docstring)."""
         queue = deque(self.order)
-        live: _Live | None = None
-        cache = logits = hidden = None
+        running: _Running | None = None
         while True:
-            joined = 0
-            while queue and (live is None or len(live) < self.batch_size):
-                r = queue.popleft()
-                solo = self._prefill(engine, publish, r)
-                if solo is None:
-                    continue
-                row_live, row_logits, row_cache, row_hidden = solo
-                if not cacherows.can_join(row_cache):
-                    self.fallback = f"static batches (a {type(row_cache).__name__} cannot take rows in and out)"
-                    self.mode = "static"
-                    queue.appendleft(r)
-                    self.gens.pop(r, None)
-                    rest = list(queue)
-                    for i in range(0, len(rest), self.batch_size):
-                        self._static(engine, publish, bar, rest[i:i + self.batch_size])
-                    return
-                cache = cacherows.join(cache, row_cache)
-                live = row_live if live is None else live.joined(row_live)
-                logits = row_logits if logits is None else torch.cat([logits, row_logits])
-                hidden = row_hidden if hidden is None else torch.cat([hidden, row_hidden])
-                joined += 1
-            if joined:
-                self.batches.append(joined)
-            if live is None:
-                return
-            self.rec.hidden = hidden
-            last = logits[:, -1].float()
-            choice, think = self._step(live, last, bar)
-            if not bool(live.active.all()):
-                keep = live.active.nonzero().flatten()
-                if keep.numel() == 0:
-                    live = cache = logits = hidden = None
-                    continue
-                cacherows.keep_rows(cache, keep)
-                live = live.take(keep)
-                choice, think, last = choice[keep], think[keep], last[keep]
-                hidden = hidden[keep] if hidden is not None else None
-                self.rec.hidden = hidden
-                lead = int((live.mask.sum(0) > 0).long().argmax())  # columns that are padding in every row
-                if lead:
-                    cacherows.drop_columns(cache, lead)
-                    live.mask = live.mask[:, lead:]
-            live.mask = torch.nn.functional.pad(live.mask, (0, 1), value=1)
-            self._latent(think, last)
-            pos = (live.lengths + live.steps.to(self.device))[:, None]
-            live.steps = live.steps + 1
-            publish(live.info(pos))
-            try:
-                logits, cache = engine.forward(choice[:, None], live.mask, pos, cache)
-            except Exception as err:  # noqa: BLE001 - sorted by row_fault
-                if not (self.keep_going and row_fault(err)):
-                    raise
-                for r in live.rows.tolist():
-                    self._fail(r, f"the decode step failed: {type(err).__name__}: {err}")
-                live = cache = logits = hidden = None
+            running = self._admit(engine, publish, bar, queue, running)
+            if running is None:
+                break
+            running = self._decode(engine, publish, bar, running)
+        if queue:  # a cache that cannot take rows in and out: the rest as static batches, once no row is live
+            self.mode = "static"
+            rest = list(queue)
+            for i in range(0, len(rest), self.batch_size):
+                self._static(engine, publish, bar, rest[i:i + self.batch_size])
+
+    def _admit(self, engine: Engine, publish, bar, queue: deque, running: "_Running | None") -> "_Running | None":
+        """Fill free slots from ``queue``: each row prefilled alone, its first token chosen, its
+        cache joined, so the next decode forward runs full. A row whose cache cannot join stops
+        the admitting (it goes back to the queue; the live rows run to their end first)."""
+        joined = 0
+        while queue and self.fallback is None and (running is None or len(running.live) < self.batch_size):
+            r = queue.popleft()
+            solo = self._prefill(engine, publish, r)
+            if solo is None:
                 continue
-            hidden = self.rec.hidden
+            row_live, logits, cache, hidden = solo
+            if not cacherows.can_join(cache):
+                self.fallback = f"static batches (a {type(cache).__name__} cannot take rows in and out)"
+                queue.appendleft(r)
+                self.gens.pop(r, None)
+                break
+            last = logits[:, -1].float()
+            choice, think = self._step(row_live, last, bar)
+            if not bool(row_live.active.any()):
+                continue  # ended at its first token
+            new = _Running(row_live, cache, choice, think, last, hidden)
+            try:
+                running = new if running is None else running.joined(new)
+            except Exception as err:  # noqa: BLE001 - sorted by row_fault
+                self._row_fault(err, [r], "joining the running batch")
+                continue
+            joined += 1
+        if joined:
+            self.batches.append(joined)
+        return running
+
+    def _decode(self, engine: Engine, publish, bar, running: _Running) -> "_Running | None":
+        """One decode forward of every live row and its next token; ended rows leave the batch."""
+        live = running.live
+        live.mask = torch.nn.functional.pad(live.mask, (0, 1), value=1)
+        self._latent(running.think, running.last, running.hidden)
+        pos = (live.lengths + live.steps.to(self.device))[:, None]
+        live.steps = live.steps + 1
+        publish(live.info(pos))
+        try:
+            logits, cache = engine.forward(running.choice[:, None], live.mask, pos, running.cache)
+        except Exception as err:  # noqa: BLE001 - sorted by row_fault
+            self._row_fault(err, live.rows.tolist(), "the decode step")
+            return None
+        last = logits[:, -1].float()
+        choice, think = self._step(live, last, bar)
+        running = _Running(live, cache, choice, think, last, self.rec.hidden)
+        if bool(live.active.all()):
+            return running
+        keep = live.active.nonzero().flatten()
+        if keep.numel() == 0:
+            return None
+        try:
+            return running.kept(keep)
+        except Exception as err:  # noqa: BLE001 - sorted by row_fault
+            self._row_fault(err, live.rows[keep.cpu()].tolist(), "taking finished rows out of the batch")
+            return None
+
+    def _row_fault(self, err: Exception, rows: list[int], what: str) -> None:
+        """``rows`` become error rows when ``err`` is a row fault and failures are rows; else re-raise."""
+        if not (self.keep_going and row_fault(err)):
+            raise err
+        for r in rows:
+            self._fail(r, f"{what} failed: {type(err).__name__}: {err}")
 
     def _prefill(self, engine: Engine, publish, r: int):
         """Row ``r``'s prompt forward, alone: ``(its _Live, logits, cache, hidden)``, or ``None``
@@ -276,13 +330,11 @@ class Run:
                      torch.tensor([n], device=self.device), mask)
         self._start_rows([r])
         self.rec.replace = None
-        publish(live.info(positions))
+        publish(live.info(positions, prefill=True))
         try:
             logits, cache = engine.forward(tokens, mask, positions, None)
         except Exception as err:  # noqa: BLE001 - sorted by row_fault
-            if not (self.keep_going and row_fault(err)):
-                raise
-            self._fail(r, f"the prompt forward failed: {type(err).__name__}: {err}")
+            self._row_fault(err, [r], "the prompt forward")
             return None
         return live, logits, cache, self.rec.hidden
 
@@ -342,12 +394,12 @@ class Run:
         live.n_thinking = live.n_thinking + think.long()
         return think
 
-    def _latent(self, think: Tensor, last: Tensor) -> None:
+    def _latent(self, think: Tensor, last: Tensor, hidden: Tensor | None) -> None:
         """The thinking inputs of the next forward, for the rows that think (by batch row)."""
         self.rec.replace = None
         if self.cfg.thinking is not None and bool(think.any()):
             idx = think.nonzero().flatten()
-            hidden = self.rec.hidden[idx] if self.rec.hidden is not None else None
+            hidden = hidden[idx] if hidden is not None else None
             vec = self.cfg.thinking.input_vectors(self.model, hidden, last[idx], self.think_id)
             if vec is not None:
                 self.rec.replace = (idx, vec)
@@ -420,7 +472,17 @@ def _cpu(values: list[int]) -> Tensor:
     return torch.tensor(values, dtype=torch.long, device="cpu")
 
 
+def _pad_id(tokenizer) -> int:
+    """The id fed as padding (its positions are masked): the tokenizer's pad or EOS token, else 0."""
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            return int(value)
+    return 0
+
+
 def _eos_ids(model) -> set[int]:
+    """End-of-sequence ids the model names: its tokenizer's and its generation config's."""
     ids = set()
     eos = getattr(model.tokenizer, "eos_token_id", None)
     if eos is not None:

@@ -199,6 +199,11 @@ def latent_fusion_vector(hidden: Float[Tensor, "batch d_model"], logits: Float[T
 def thinking_token_id(model, token: str) -> int:
     """Id of ``token`` if the vocabulary holds it as one token, else a clear error."""
     tok = model.tokenizer
+    if tok is None:
+        raise LensprobeError(
+            f"thinking tokens need a tokenizer to find {token!r}, and this model has none: attach one "
+            "(model.set_tokenizer(...)) or generate without thinking."
+        )
     ids = tok.encode(token, add_special_tokens=False)
     if len(ids) == 1 and tok.decode(ids) == token:
         return int(ids[0])

@@ -130,17 +130,21 @@ def _absolute_positions(offset: _Offset, layer: int, batch: int, count: int,
     ``[rows]`` prompt lengths when known (inside ``lp.generate``).
 
     Inside :func:`lensprobe.generate` / ``trace_generation`` the loop publishes them per row
-    (counted from each row's first prompt token, so left padding is accounted for);
-    otherwise the layer's attention pattern tells: row 0 of ``count`` queries over ``K``
-    keys is position ``K - count``.
+    (counted from each row's first prompt token, so left padding is accounted for); an
+    activation they do not describe is refused (never guessed). Outside, the layer's
+    attention pattern tells: row 0 of ``count`` queries over ``K`` keys is position ``K - count``.
     """
     first = offset.take(layer)
     info = current_step()
-    if info is not None and info.positions.shape[-1] == count and info.positions.shape[0] in (1, batch):
-        return info.positions.to(device), info.prompt_lengths
-    return torch.arange(first, first + count, device=device)[None], None
-
-
+    if info is None:
+        return torch.arange(first, first + count, device=device)[None], None
+    if not info.fits(batch, count):
+        raise LensprobeError(
+            f"head ablation at layer {layer}: this forward's hook_z has {batch} row(s) x {count} position(s) "
+            f"but the generation step describes {tuple(info.positions.shape)}, so the ablated positions cannot "
+            "be placed; run the model yourself outside lp.generate (e.g. with lp.intervene) for other inputs."
+        )
+    return info.positions.to(device), info.prompt_lengths
 
 
 def _build_hooks(model, layer_masks: dict[int, Tensor], positions: Positions | None,

@@ -26,6 +26,7 @@ from torch import Tensor
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.forward import as_prompts
 from lensprobe.core.heads import head_label, resolve_heads, resolve_positions
+from lensprobe.core.hooks import batch_dependent
 from lensprobe.core.jsonable import describe_setting, stable_repr
 from lensprobe.core.lazy import pandas
 from lensprobe.core.measures import (
@@ -39,7 +40,6 @@ from lensprobe.core.measures import (
 )
 from lensprobe.core.shards import check_shard, content_digest, model_fingerprint, run_sharded
 from lensprobe.interventions.ablation import RowHeadAblation
-from lensprobe.interventions.arm import ARM
 from lensprobe.interventions.replacement import Method, ablation_source, check_method
 
 __all__ = ["SweepResult", "ablation_sweep", "sweep_prompt"]
@@ -145,12 +145,12 @@ def _measures(metric, n: int, answers) -> list[Measure]:
 def _row_independent(interventions) -> tuple:
     """The sweep's extra interventions; refuses those whose result depends on the other batch rows."""
     interventions = tuple(interventions or ())
-    for item in interventions:
-        if isinstance(item, ARM) and not item.per_row:
-            raise LensprobeError(
-                "ARM in a sweep needs per_row=True: every batch row holds another ablation, and ARM's "
-                "statistics over the whole batch would mix them (use lp.ARM(..., per_row=True))."
-            )
+    for item in batch_dependent(interventions):
+        raise LensprobeError(
+            f"{type(item).__name__} computes over the whole batch (batch_dependent), but in a sweep every batch row "
+            "holds another ablation and its statistics would mix them: use a per-row intervention (for ARM, "
+            "per_row=True, the default)."
+        )
     return interventions
 
 
@@ -217,7 +217,8 @@ def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all
             the same in every row (built-in metrics only; the numbers are unchanged).
         interventions: attached to every run, the baseline included (e.g. ``[lp.ARM(...,
             per_row=True)]``: the sweep under ARM). Each batch row holds another ablation, so
-            an intervention whose statistics span the batch is refused: ARM needs ``per_row=True``.
+            an intervention whose statistics span the batch (``batch_dependent``, e.g. ARM with
+            ``per_row=False``) is refused.
         out: a folder where each unit's values (one prompt, one batch of heads) are saved as
             soon as they are computed: a rerun skips them, and a sharded run's processes meet
             there (it must be on a filesystem they all share). A folder of a sweep with other

@@ -186,3 +186,32 @@ def greedy_without_cache_ids(model, prompt, n: int) -> list[int]:
         with torch.inference_mode():
             ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
     return ids[len(prompt):]
+
+
+def test_a_hooked_transformer_built_from_a_config_generates_from_token_ids():
+    """``HookedTransformer(cfg)`` (no tokenizer, TransformerLens' way to build a toy model): generation and
+    traces run from token ids, greedy tokens equal an uncached argmax loop of the model itself, continuous
+    batching equals each prompt alone, EOS only where the call names one, thinking needs a tokenizer."""
+    import transformer_lens as tl
+
+    cfg = tl.HookedTransformerConfig(n_layers=2, d_model=32, n_ctx=64, d_head=8, n_heads=4, d_vocab=50,
+                                     act_fn="gelu", attn_only=False, seed=0, device="cpu")
+    model = tl.HookedTransformer(cfg)
+    assert model.tokenizer is None
+    ids = [[3, 9, 4, 7, 1], [5, 5], [8, 2, 6]]
+    out = lp.generate(model, ids, max_new_tokens=5, batch_size=2)
+    assert out.texts == ["", "", ""] and out.finish_reasons == ["length"] * 3
+    for r, p in enumerate(ids):
+        seq = list(p)
+        with torch.inference_mode():
+            for _ in range(5):
+                seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
+        assert out.generated_ids[r] == seq[len(p):], r
+        assert lp.generate(model, [p], max_new_tokens=5).generated_ids[0] == out.generated_ids[r]
+    stop = out.generated_ids[0][1]
+    named = lp.generate(model, ids[:1], max_new_tokens=5, eos_token_id=stop)
+    assert named.generated_ids[0] == out.generated_ids[0][:2] and named.finish_reasons == ["eos"]
+    trace = lp.trace_generation(model, ids[0], max_new_tokens=3)
+    assert trace.generated_ids[0] == out.generated_ids[0][:3] and trace.attention["prompt"].shape[0] == 3
+    with pytest.raises(lp.LensprobeError, match="thinking tokens need a tokenizer"):
+        lp.generate(model, ids[0], max_new_tokens=3, thinking=lp.Pause())

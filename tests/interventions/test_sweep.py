@@ -193,5 +193,6 @@ def test_a_sweep_under_arm_equals_single_runs_with_arm(tiny, prompts, share_pref
 
 
 def test_a_sweep_refuses_arm_over_the_whole_batch(tiny, prompts):
-    with pytest.raises(LensprobeError, match="ARM in a sweep needs per_row=True"):
-        ablation_sweep(tiny, prompts[0], heads=[(0, 1)], progress=False, interventions=[lp.ARM(c=0.5, percentile=95)])
+    with pytest.raises(LensprobeError, match=r"ARM computes over the whole batch .* per_row=True, the default"):
+        ablation_sweep(tiny, prompts[0], heads=[(0, 1)], progress=False,
+                       interventions=[lp.ARM(c=0.5, percentile=95, per_row=False)])
