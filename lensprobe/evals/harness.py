@@ -70,16 +70,20 @@ from lensprobe.core.jsonable import json_digest, stable_repr
 from lensprobe.core.models import model_label
 from lensprobe.core.shards import check_shard, model_fingerprint, my_units
 from lensprobe.core.shards import shard_info as shard_info  # its old home: lensprobe.evals.harness.shard_info
+from lensprobe.evals.benchmarks import resolve_benchmark
 from lensprobe.evals.data import Problem
 from lensprobe.evals.grading import check_extract
+from lensprobe.evals.protocols import get_protocol
 from lensprobe.evals.results import (
     prepare_folder,
     read_rows,
 )
 from lensprobe.evals.running import ErrorRowsWarning as ErrorRowsWarning  # lensprobe.evals exports it
 from lensprobe.evals.running import RunInfo, finished_rows, plan_rows, result_table, run_plan, tally_rows
+from lensprobe.evals.verdicts import default_grader, mark_default_grader
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.interventions.arm import ARM
+from lensprobe.interventions.arm_presets import PAPER_TABLE9, model_key
 
 DEFAULT_CONDITIONS = "w/o,w/ Mless,w/ Mful"
 FORMAT_VERSION = 1
@@ -105,6 +109,9 @@ class EvalConfig(GenerationConfig):
             ``\\boxed{...}``, default) or ``"last-number"`` (the last number, lm-eval's flexible
             extraction; :func:`~lensprobe.evals.grading.extract_last_number`). Part of the
             configuration hash only when it is not ``"boxed"``.
+        protocol: one of the authors' protocols (:data:`~lensprobe.evals.protocols.PROTOCOLS`,
+            e.g. ``"arm-math500"``), recorded in the configuration hash when set; its settings
+            are applied by :func:`evaluate` and :meth:`EvalConfig.paper` (those given win).
 
     The other fields (``do_sample``, ``temperature``, ``top_p``, ``stop_at_eos``, ``thinking``,
     ``think_when``) are :class:`~lensprobe.GenerationConfig`'s.
@@ -115,6 +122,7 @@ class EvalConfig(GenerationConfig):
     batch_size: int = 8
     prompt_format: PromptFormat = "chat"
     extract: str = "boxed"
+    protocol: str | None = None
 
     @classmethod
     def paper(cls, model, **settings) -> "EvalConfig":
@@ -126,12 +134,15 @@ class EvalConfig(GenerationConfig):
             >>> cfg.max_new_tokens, cfg.prompt_format
             (2048, 'paper')
         """
-        return cls(**{**paper_generation_settings(model), **settings, "prompt_format": "paper"})
+        return cls(**with_format_defaults(model, {**settings, "prompt_format": "paper"}))
 
     def __post_init__(self) -> None:
         if self.prompt_format not in PROMPT_FORMATS:
             raise LensprobeError(f"unknown prompt_format {self.prompt_format!r}: use one of {PROMPT_FORMATS}.")
         check_extract(self.extract)
+        if self.protocol is not None and get_protocol(self.protocol).settings["prompt_format"] != self.prompt_format:
+            raise LensprobeError(f"protocol {self.protocol!r} uses prompt_format='paper', got {self.prompt_format!r}: "
+                                 "drop prompt_format (the protocol sets it).")
         if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size <= 0:
             raise LensprobeError(f"batch_size must be a positive integer, got {self.batch_size!r}.")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -155,6 +166,8 @@ class EvalConfig(GenerationConfig):
             d.pop("prompt_format")
         if self.extract == "boxed":  # absent by default: boxed-answer folders keep their hash
             d.pop("extract")
+        if self.protocol is None:  # absent when unset: older folders keep their hash
+            d.pop("protocol")
         if not self.do_sample:
             d.pop("temperature")
             d.pop("top_p")
@@ -198,6 +211,21 @@ def paper_generation_settings(model) -> dict:
     return out
 
 
+def with_format_defaults(model, settings: dict) -> dict:
+    """``settings`` with the defaults of the ``"paper"`` format (:func:`paper_generation_settings`)
+    and of ``settings["protocol"]`` filled in; the settings given win.
+
+    Example:
+        >>> with_format_defaults(model, {"protocol": "arm-aime-pass3"})["n_samples"]
+        20
+    """
+    name = settings.get("protocol")
+    if name is None and settings.get("prompt_format") != "paper":
+        return settings
+    fixed = get_protocol(name).settings if name is not None else {}
+    return {**paper_generation_settings(model), **fixed, **settings}
+
+
 def _check_problems(problems) -> list[Problem]:
     if isinstance(problems, Problem):
         problems = [problems]
@@ -219,7 +247,7 @@ def _check_problems(problems) -> list[Problem]:
 def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str | os.PathLike | None = None,
              config: EvalConfig | None = None, model_name: str | None = None, resume: bool = True,
              progress: bool = True, rank: int | None = None, world_size: int | None = None,
-             wait_for_shards: bool = True, arm: Any = None, **settings):
+             wait_for_shards: bool = True, arm: Any = None, benchmark: str | None = None, **settings):
     """Generate and grade answers for every condition x problem (x sample), resumably.
 
     Args:
@@ -230,8 +258,9 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
         out: output folder (``config.json`` + ``results-rank*.jsonl``); ``None`` keeps rows
             in memory only (no resuming).
         config: an :class:`EvalConfig`; or pass its fields as keyword arguments
-            (``max_new_tokens=256, batch_size=4``). With ``prompt_format="paper"`` as a
-            keyword, the settings not given follow :func:`paper_generation_settings`.
+            (``max_new_tokens=256, batch_size=4``). With ``prompt_format="paper"`` or a
+            ``protocol`` (``"arm-math500"``, ``"arm-aime-pass3"``) as a keyword, the settings not
+            given follow :func:`paper_generation_settings` and the protocol.
         model_name: name recorded in rows and the configuration (default: the model's).
         resume: skip rows already in ``out``; ``False`` refuses a folder holding results.
         progress: show a progress bar (problems per second, running accuracy).
@@ -240,7 +269,11 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
         wait_for_shards: on rank 0 of a sharded run, wait for the other shards' rows and
             return the merged table.
         arm: the ARM that ``"ARM"`` and ``"<name>+ARM"`` conditions attach (e.g.
-            ``lp.ARM(c=0.1, percentile=95)``); default: the authors' preset for the model.
+            ``lp.ARM(c=0.1, percentile=95)``); default: the authors' preset for the model on
+            ``benchmark``.
+        benchmark: the problems' benchmark (``"math500"``, ``"aime2024"``, ``"aime2025"`` ...),
+            which picks the ARM preset; default: inferred from lensprobe's built-in data
+            (:func:`~lensprobe.evals.benchmarks.infer_benchmark`).
 
     Returns:
         A pandas DataFrame, one row per (condition, problem, sample), with the verdict of each
@@ -270,18 +303,18 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
     if config is not None and settings:
         raise LensprobeError("pass either config=EvalConfig(...) or keyword settings, not both.")
     if config is None:
-        if settings.get("prompt_format") == "paper":
-            settings = {**paper_generation_settings(model), **settings}
-        config = EvalConfig(**settings)
+        config = EvalConfig(**with_format_defaults(model, settings))
     problems = _check_problems(problems)
+    bench = resolve_benchmark(benchmark, problems)
     if config.max_new_tokens >= int(model.cfg.n_ctx):
         raise LensprobeError(
             f"max_new_tokens={config.max_new_tokens} leaves no room for a prompt in the model's context of "
             f"{int(model.cfg.n_ctx)} tokens: lower max_new_tokens."
         )
-    builtins = paper_conditions(prompt_format=config.prompt_format) if config.prompt_format != "chat" else None
+    system = {"system": get_protocol(config.protocol).system} if config.protocol else {}
+    builtins = paper_conditions(prompt_format=config.prompt_format, **system) if config.prompt_format != "chat" else None
     conds = resolve_conditions(conditions, builtins=builtins,
-                               arm=arm if arm is not None else (lambda: preset_arm(model)))
+                               arm=arm if arm is not None else (lambda: preset_arm(model, bench)))
     conds = [_seeded_arm(c, config.seed) for c in conds]
     rank, world_size = check_shard(rank, world_size, out)
     fingerprint = model_fingerprint(model, model_name)
@@ -300,29 +333,34 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
     plan = plan_rows(model, mine, conds, done, config)
     tally = tally_rows(done, mine, conds)
     new_rows = run_plan(model, plan, config, info, tally, out=out, progress=progress, world_size=world_size)
+    grader = default_grader({"run": run})
     if out is None:
-        return result_table(new_rows, conds, problems)
+        return mark_default_grader(result_table(new_rows, conds, problems), grader)
     expected = {(c.name, p.id, s) for c in conds for p in problems for s in range(config.n_samples)}
     if world_size > 1 and rank == 0 and wait_for_shards:
         _wait_for(out, expected)
     rows = [r for r in read_rows(out) if (r["condition"], r["problem_id"], r["sample"]) in expected]
-    return result_table(rows, conds, problems)
+    return mark_default_grader(result_table(rows, conds, problems), grader)
 
 
-def preset_arm(model) -> ARM:
-    """The authors' ARM preset for ``model``, or an error saying how to choose c and percentile.
+def preset_arm(model, benchmark: str | None = "math500") -> ARM:
+    """:meth:`ARM.preset` for ``model`` on ``benchmark``, its error saying how to pass an ARM to
+    :func:`evaluate` (a thin wrapper; ``None``: the benchmark is unknown).
 
     Example:
-        >>> preset_arm(model).c  # a Qwen2.5-Math-7B model
-        0.1
+        >>> preset_arm(model, "aime2024").c  # a Qwen2.5-Math-7B model
+        0.05
     """
-    label = model_label(model)
+    if benchmark is None and model_key(model) in PAPER_TABLE9:
+        raise LensprobeError("cannot tell which benchmark these problems are, so no ARM preset applies: pass "
+                             "benchmark='math500' / 'aime2024' / 'aime2025' ... (--benchmark), or "
+                             "arm=lp.ARM(c=0.1, percentile=95) (--arm-c, --arm-percentile).")
     try:
-        return ARM.preset(model)
-    except LensprobeError:
+        return ARM.preset(model, benchmark or "math500")
+    except LensprobeError as err:
         raise LensprobeError(
-            f"no ARM preset for model {label!r}: choose c and percentile yourself and pass them, e.g. "
-            "lp.evaluate(..., arm=lp.ARM(c=0.1, percentile=95)), or a condition "
+            f"no ARM preset for model {model_label(model)!r} ({err}) Choose c and percentile yourself and pass "
+            "them, e.g. lp.evaluate(..., arm=lp.ARM(c=0.1, percentile=95)), or a condition "
             "lp.Condition('ARM', interventions=(lp.ARM(c=..., percentile=...),))."
         ) from None
 

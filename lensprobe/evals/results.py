@@ -26,6 +26,7 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
 from lensprobe.core.locks import FileLock
 from lensprobe.evals.rows_check import check_row, warn_disagreeing_rows
+from lensprobe.evals.verdicts import PAPER_EXACT, default_grader, mark_default_grader
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -180,7 +181,7 @@ def settled_rows(rows: list[dict]) -> list[dict]:
 def rows_frame(rows: list[dict]):
     """Result rows as a DataFrame: one row per (condition, problem, sample) (:func:`settled_rows`),
     with the ``paper-exact`` column present (``None`` in rows written before it existed)."""
-    return with_verdict_column(pandas().DataFrame.from_records(settled_rows(rows)), "paper-exact")
+    return with_verdict_column(pandas().DataFrame.from_records(settled_rows(rows)), PAPER_EXACT)
 
 
 def with_verdict_column(df, column: str):
@@ -204,7 +205,9 @@ def load_results(out_dir: str | os.PathLike):
 
     Rows are sorted by condition (in the order of ``config.json``), problem id and sample;
     a row written again after an error row replaces it (:func:`settled_rows`); other
-    duplicate rows (never written by lensprobe) keep their first copy.
+    duplicate rows (never written by lensprobe) keep their first copy. The table's default
+    verdict column (``df.attrs["default_grader"]``, :mod:`lensprobe.evals.verdicts`) is
+    ``paper-exact`` for a folder evaluated in the authors' format, else ``math-verify``.
 
     Example:
         >>> df = load_results("runs/smollm2")
@@ -214,11 +217,12 @@ def load_results(out_dir: str | os.PathLike):
     cfg = read_config(out_dir)
     rows = read_rows(out_dir)
     if not rows:
-        return pd.DataFrame(columns=["condition", "problem_id", "sample"])
+        return mark_default_grader(pd.DataFrame(columns=["condition", "problem_id", "sample"]), default_grader(cfg))
     df = rows_frame(rows)
     order = {name: i for i, name in enumerate(cfg.get("conditions", {}))}
     df = df.assign(_c=df["condition"].map(order).fillna(len(order)))
-    return df.sort_values(["_c", "problem_id", "sample"], kind="stable").drop(columns="_c").reset_index(drop=True)
+    df = df.sort_values(["_c", "problem_id", "sample"], kind="stable").drop(columns="_c").reset_index(drop=True)
+    return mark_default_grader(df, default_grader(cfg))
 
 
 class RowWriter:
@@ -367,7 +371,8 @@ def load_many_results(folders) -> "pd.DataFrame":
 
     Folders of one model with different settings (``config.json`` hashes) are told apart by
     folder name (``"model (folder)"``); folders of one model with the same settings are parts
-    of one run and are merged. A row found in several folders (same model, condition, problem
+    of one run and are merged. The default verdict column is ``paper-exact`` when every folder
+    was evaluated in the authors' format, else ``math-verify``. A row found in several folders (same model, condition, problem
     and sample) is counted once, from the first folder given, with a warning.
 
     Raises:
@@ -380,11 +385,12 @@ def load_many_results(folders) -> "pd.DataFrame":
     pd = pandas()
     folders = _distinct_folders(folders)
     names = [f.name for f in folders]
-    frames = []
+    frames, defaults = [], set()
     for folder in folders:
         df = load_results(folder)
         if len(df) == 0:
             raise LensprobeError(f"{folder} holds no result rows yet.")
+        defaults.add(df.attrs.get("default_grader"))
         label = folder.name if names.count(folder.name) == 1 else str(folder)
         frames.append(df.assign(_folder=label, _hash=str(read_config(folder).get("config_hash"))))
     rows = pd.concat(frames, ignore_index=True)
@@ -403,7 +409,9 @@ def load_many_results(folders) -> "pd.DataFrame":
             f"condition, problem, sample = {first}): each is counted once, from the first folder given.",
             DuplicateRowsWarning, stacklevel=2)
         rows = rows[~dup].reset_index(drop=True)
-    return rows.drop(columns=["_folder", "_hash"])
+    # paper-exact by default only when every folder is in the authors' format
+    return mark_default_grader(rows.drop(columns=["_folder", "_hash"]),
+                               defaults.pop() if len(defaults) == 1 else "math-verify")
 
 
 class DuplicateRowsWarning(UserWarning):

@@ -27,7 +27,9 @@ from lensprobe.core.jsonable import json_digest
 from lensprobe.core.lazy import pandas
 from lensprobe.evals.data import Problem
 from lensprobe.evals.grading import GRADERS, extract_answer, grade_all, grade_paper_exact
+from lensprobe.evals.protocols import grades_prompt
 from lensprobe.evals.results import RowWriter, read_rows, results_file, rows_frame
+from lensprobe.evals.verdicts import PAPER_EXACT
 from lensprobe.generation.loop import generate
 from lensprobe.generation.rows import FinishedRow
 from lensprobe.interventions.arm import ARM
@@ -37,9 +39,6 @@ if TYPE_CHECKING:
 
 __all__ = ["PAPER_EXACT", "ROW_COLUMNS", "ErrorRowsWarning", "Item", "RunInfo", "finished_rows", "generation_calls",
            "make_row", "plan_chunk", "plan_rows", "problem_hash", "result_table", "run_plan", "tally_rows"]
-
-
-PAPER_EXACT = "paper-exact"
 
 
 def problem_hash(problem: Problem) -> str:
@@ -199,7 +198,8 @@ def run_plan(model, plan, config: EvalConfig, info: RunInfo, tally: dict, *, out
 
     def emit(it: Item, cond: Condition, ids: list[int], text: str, finish: str, error: str | None,
              seconds: float) -> None:
-        row = make_row(it, cond, ids, text, finish, seconds, info, extract=config.extract, error=error)
+        row = make_row(it, cond, ids, text, finish, seconds, info, extract=config.extract, error=error,
+                       exact_on_prompt=grades_prompt(config.protocol))
         if writer is not None:
             writer.write(row)
             writer.sync()
@@ -254,7 +254,7 @@ ROW_COLUMNS = ["condition", "problem_id", "sample", "subject", "level", "answer"
 
 
 def make_row(it: Item, cond: Condition, ids: list[int], text: str, finish: str, seconds: float, info: RunInfo,
-         extract: str = "boxed", error: str | None = None) -> dict:
+         extract: str = "boxed", error: str | None = None, exact_on_prompt: bool = True) -> dict:
     p = it.problem
     shown = (it.prompt.text, len(it.prompt)) if it.prompt is not None else (None, None)  # None: not built
     if finish in ("nonfinite", "error"):  # not an answer: no prediction, no verdict
@@ -262,7 +262,8 @@ def make_row(it: Item, cond: Condition, ids: list[int], text: str, finish: str, 
     else:
         prediction = extract_answer(text, extract)
         verdicts = grade_all(prediction, p.answer)
-        exact = grade_paper_exact(it.prompt.text + text, p.answer)
+        # the authors' verdict: on prompt + generation (MATH-500 script), or the generation alone (pass@3)
+        exact = grade_paper_exact((it.prompt.text if exact_on_prompt else "") + text, p.answer)
     return {
         "condition": cond.name, "problem_id": p.id, "sample": it.sample, "subject": p.subject,
         "level": p.level, "answer": p.answer, "prediction": prediction, **verdicts,

@@ -2,7 +2,10 @@
 
 All functions take the result table of :func:`lensprobe.evals.harness.evaluate` (or
 :func:`lensprobe.evals.results.load_results`): one row per (condition, problem, sample)
-with a boolean column per grader (``"math-verify"``, ``"paper"``, ``"paper-lenient"``).
+with a boolean column per grader (``"math-verify"``, ``"paper"``, ``"paper-lenient"``) and the
+authors' ``"paper-exact"``. Every function takes ``grader=`` as any of these columns (or a column of
+booleans you added); ``None`` counts the table's default (``paper-exact`` for folders evaluated in the
+authors' format, else ``math-verify``: :mod:`lensprobe.evals.verdicts`).
 """
 
 import math
@@ -12,7 +15,7 @@ from statistics import NormalDist
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
-from lensprobe.evals.grading import GRADERS
+from lensprobe.evals.verdicts import resolve_grader, verdict_columns
 
 _Z95 = 1.959963984540054  # standard normal quantile at 0.975
 
@@ -50,14 +53,7 @@ def wilson_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[flo
     return (lo, hi)
 
 
-def _check_grader(df, grader: str) -> None:
-    if grader not in GRADERS:
-        raise LensprobeError(f"unknown grader {grader!r}: use one of {GRADERS}.")
-    if grader not in df.columns:
-        raise LensprobeError(f"the result table has no {grader!r} column; columns: {list(df.columns)}.")
-
-
-def accuracy(df, by: str | list[str] = "condition", *, grader: str = "math-verify",
+def accuracy(df, by: str | list[str] = "condition", *, grader: str | None = None,
              confidence: float = 0.95, k: int | None = None):
     """Accuracy per group with a Wilson interval, or with ``k`` the mean pass@k over problems.
 
@@ -66,7 +62,8 @@ def accuracy(df, by: str | list[str] = "condition", *, grader: str = "math-verif
         by: column(s) to group by, e.g. ``"condition"``, ``["condition", "level"]``,
             ``["model", "condition"]``.
         grader: which verdict column to count (``"math-verify"``, ``"paper"``,
-            ``"paper-lenient"``).
+            ``"paper-lenient"``, ``"paper-exact"``, or a column of booleans you added);
+            ``None``: the table's default (:func:`~lensprobe.evals.verdicts.resolve_grader`).
         confidence: interval level (0.95 by default).
         k: ``None`` for accuracy; an int for the unbiased pass@k estimate per problem,
             ``1 - C(n - c, k) / C(n, k)`` (n samples, c correct), averaged over problems
@@ -87,7 +84,7 @@ def accuracy(df, by: str | list[str] = "condition", *, grader: str = "math-verif
     if k is not None:
         return pass_at_k_table(df, k, by, grader=grader)
     pd = pandas()
-    _check_grader(df, grader)
+    grader = resolve_grader(df, grader)
     by = [by] if isinstance(by, str) else list(by)
     missing = [c for c in by if c not in df.columns]
     if missing:
@@ -154,17 +151,20 @@ def mcnemar_exact(only_a: int, only_b: int) -> float:
     return min(1.0, 2 * tail)
 
 
-def compare(df, a: str, b: str, *, grader: str = "math-verify") -> PairedComparison:
+def compare(df, a: str, b: str, *, grader: str | None = None) -> PairedComparison:
     """Paired comparison of conditions ``a`` and ``b`` on the problems both have answered.
 
     Rows are paired by ``(problem_id, sample)`` (and ``model`` if present); pairs missing
     under either condition, or without a verdict there (a broken generation), are left out.
 
+    ``grader`` is any verdict column (``None``: the table's default, e.g. ``paper-exact`` for a
+    folder in the authors' format).
+
     Example:
-        >>> cmp = compare(rows, "w/o", "w/ Mless")
+        >>> cmp = compare(rows, "w/o", "w/ Mless", grader="paper-exact")
         >>> cmp.difference, cmp.p_value
     """
-    _check_grader(df, grader)
+    grader = resolve_grader(df, grader)
     conds = set(df["condition"])
     for name in (a, b):
         if name not in conds:
@@ -221,7 +221,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1 - Fraction(math.comb(n - c, k), math.comb(n, k)))
 
 
-def pass_at_k_table(df, k: int, by: str | list[str] = "condition", *, grader: str = "math-verify"):
+def pass_at_k_table(df, k: int, by: str | list[str] = "condition", *, grader: str | None = None):
     """Mean pass@k over problems per group: :func:`pass_at_k` per problem, then the mean.
 
     A problem is one ``problem_id`` (per ``model`` too, when the table has a ``model`` column
@@ -232,11 +232,13 @@ def pass_at_k_table(df, k: int, by: str | list[str] = "condition", *, grader: st
         df: result rows (a pandas DataFrame) with ``problem_id`` and the grader's column.
         k: samples per draw (the authors report pass@3 from 20 samples).
         by: column(s) to group by.
-        grader: which verdict column counts as correct.
+        grader: which verdict column counts as correct (``None``: the table's default).
 
     Returns:
         A DataFrame with the group columns and ``k``, ``problems``, ``samples`` (rows),
-        ``pass@{k}``, ``grader``.
+        ``pass@{k}``, ``avg`` (the mean over problems of ``c / n``: the accuracy of one sample
+        averaged over every run, as the paper's Table 1 averages five runs; see
+        :func:`avg_at_k`), ``grader``.
 
     Raises:
         LensprobeError: a problem has fewer than ``k`` samples (the message names it and its
@@ -248,7 +250,7 @@ def pass_at_k_table(df, k: int, by: str | list[str] = "condition", *, grader: st
     """
     pd = pandas()
     k = _check_k(k)
-    _check_grader(df, grader)
+    grader = resolve_grader(df, grader)
     by = [by] if isinstance(by, str) else list(by)
     missing = [c for c in by + ["problem_id"] if c not in df.columns]
     if missing:
@@ -267,13 +269,13 @@ def pass_at_k_table(df, k: int, by: str | list[str] = "condition", *, grader: st
                 f"({len(repeated)} repeated rows): each (problem, sample) must appear once; drop the duplicates "
                 f"or group by the column that tells them apart."
             )
-    columns = by + ["k", "problems", "samples", f"pass@{k}", "grader"]
+    columns = by + ["k", "problems", "samples", f"pass@{k}", "avg", "grader"]
     records = []
     for key, group in df.groupby(by, sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
         where = ", ".join(f"{col}={_plain(val)!r}" for col, val in zip(by, key, strict=True))
         per_problem = group.groupby(unit[len(by):], sort=False, dropna=False)[grader]
-        values = []
+        values, means = [], []
         for pkey, verdicts in per_problem:
             n, c = len(verdicts), int(verdicts.astype(bool).sum())
             if n < k:
@@ -283,8 +285,10 @@ def pass_at_k_table(df, k: int, by: str | list[str] = "condition", *, grader: st
                     f"Generate more samples (n_samples >= {k}) or lower k."
                 )
             values.append(pass_at_k(n, c, k))
+            means.append(c / n)
         records.append({**dict(zip(by, key, strict=True)), "k": k, "problems": len(values),
-                        "samples": len(group), f"pass@{k}": sum(values) / len(values), "grader": grader})
+                        "samples": len(group), f"pass@{k}": sum(values) / len(values),
+                        "avg": sum(means) / len(means), "grader": grader})
     return pd.DataFrame.from_records(records, columns=columns)
 
 
@@ -292,24 +296,29 @@ def conditions_in_order(rows) -> list[str]:
     return list(dict.fromkeys(rows["condition"]))
 
 
-def summary_tables(rows, *, grader: str = "math-verify", baseline: str | None = None) -> dict:
+def summary_tables(rows, *, grader: str | None = None, baseline: str | None = None) -> dict:
     """Accuracy tables and paired comparisons from result rows.
 
     Args:
         rows: result rows (from :func:`~lensprobe.evals.harness.evaluate` or
             :func:`~lensprobe.evals.results.load_results`), possibly of several models.
-        grader: grader of the per-level/per-subject tables and the figures.
+        grader: verdict column of the per-level/per-subject tables and the figures (``None``:
+            the table's default, ``paper-exact`` for folders in the authors' format).
         baseline: condition every other condition is compared with (default: the first).
 
     Returns:
-        ``{"accuracy": every grader per model x condition, "by_level": ..., "by_subject": ...,
-        "comparisons": McNemar tests vs the baseline per model and grader}`` (DataFrames).
+        ``{"accuracy": every verdict column per model x condition, "by_level": ...,
+        "by_subject": ..., "comparisons": McNemar tests vs the baseline per model and verdict
+        column}`` (DataFrames). Verdict columns without any verdict (``paper-exact`` in rows
+        written before it existed) are left out of the accuracy and comparison tables.
     """
     pd = pandas()
     if len(rows) == 0:
         raise LensprobeError("no result rows to summarise: run an evaluation first.")
+    grader = resolve_grader(rows, grader)
+    graders = list(dict.fromkeys([grader, *verdict_columns(rows)]))
     group = ["model", "condition"]
-    tables = {"accuracy": pd.concat([accuracy(rows, group, grader=g) for g in GRADERS], ignore_index=True)}
+    tables = {"accuracy": pd.concat([accuracy(rows, group, grader=g) for g in graders], ignore_index=True)}
     if rows["level"].notna().any():
         tables["by_level"] = accuracy(rows[rows["level"].notna()], group + ["level"], grader=grader)
     if rows["subject"].notna().any():
@@ -323,7 +332,56 @@ def summary_tables(rows, *, grader: str = "math-verify", baseline: str | None = 
         for other in conds:
             if other == base:
                 continue
-            for g in GRADERS:
-                records.append({"model": model, **compare(part, base, other, grader=g).to_dict()})
+            for g in graders:
+                if part[g].notna().any():
+                    records.append({"model": model, **compare(part, base, other, grader=g).to_dict()})
     tables["comparisons"] = pd.DataFrame.from_records(records)
     return tables
+
+
+def avg_at_k(df, k: int, by: str | list[str] = "condition", *, grader: str | None = None):
+    """avg@k: the accuracy of each of ``k`` runs (samples ``0 .. k-1`` of every problem), averaged,
+    as the paper's Table 1 averages five runs.
+
+    Args:
+        df: result rows with ``problem_id``, ``sample`` and the verdict column; every problem
+            needs samples ``0 .. k-1`` with a verdict.
+        k: runs to average (samples ``0 .. k-1``; more samples are left out).
+        by: column(s) to group by.
+        grader: verdict column (``None``: the table's default).
+
+    Returns:
+        A DataFrame with the group columns and ``k``, ``problems``, ``avg@{k}`` (mean of the
+        runs' accuracies), ``min``, ``max`` (the lowest and highest run), ``grader``.
+
+    Raises:
+        LensprobeError: a problem lacks one of the samples ``0 .. k-1`` or its verdict.
+
+    Example:
+        >>> avg_at_k(rows, k=5, by="condition", grader="paper-exact")   # Table 1's average of 5 runs
+    """
+    pd = pandas()
+    k = _check_k(k)
+    grader = resolve_grader(df, grader)
+    by = [by] if isinstance(by, str) else list(by)
+    missing = [c for c in by + ["problem_id", "sample"] if c not in df.columns]
+    if missing:
+        raise LensprobeError(f"avg@k needs columns {missing}: the table has columns {list(df.columns)}.")
+    runs = df[df["sample"].isin(range(k))]
+    records = []
+    for key, group in df.groupby(by, sort=False, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        part = runs.loc[runs.index.intersection(group.index)]
+        problems = group["problem_id"].nunique()
+        have = part[part[grader].notna()]
+        if len(have) != problems * k or have.groupby("problem_id")["sample"].nunique().min() != k:
+            raise LensprobeError(
+                f"avg@{k} needs samples 0-{k - 1} of every problem with a {grader!r} verdict: "
+                f"{', '.join(f'{c}={_plain(v)!r}' for c, v in zip(by, key, strict=True))} has {len(have)} of "
+                f"{problems * k}. Run n_samples >= {k} (with do_sample) or lower k."
+            )
+        per_run = have.groupby("sample")[grader].apply(lambda v: float(v.astype(bool).mean()))
+        records.append({**dict(zip(by, key, strict=True)), "k": k, "problems": problems,
+                        f"avg@{k}": float(per_run.mean()), "min": float(per_run.min()),
+                        "max": float(per_run.max()), "grader": grader})
+    return pd.DataFrame.from_records(records, columns=by + ["k", "problems", f"avg@{k}", "min", "max", "grader"])

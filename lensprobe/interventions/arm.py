@@ -47,7 +47,6 @@ Consequences worth knowing:
 """
 
 import math
-import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -58,6 +57,7 @@ from torch import Tensor
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks import Hook, current_step
 from lensprobe.core.lazy import heavy
+from lensprobe.interventions.arm_presets import ARM_PRESETS, Source, arm_preset
 
 __all__ = ["ARM", "ARM_PRESETS", "MAD_SCALE", "activation_function", "arm_redistribute", "near_zero_band"]
 
@@ -223,40 +223,6 @@ def _is_real(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-# --------------------------------------------------------------------------- presets
-
-ARM_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    "math500": {
-        "qwen2.5-math-1.5b": {"c": 0.13, "percentile": 99.5},
-        "qwen2.5-math-7b": {"c": 0.1, "percentile": 95},
-        "qwen2.5-7b-instruct": {"c": 0.1, "percentile": 99.5},
-        "gemma-3-4b-it": {"c": 0.25, "percentile": 0.85, "variant": "gemma"},
-        "gemma-3-27b-it": {"c": 0.25, "percentile": 0.85, "variant": "gemma"},
-        "llama-3.1-8b-instruct": {"c": 0.32, "percentile": 90, "p_min": 0.2},
-    },
-    "aime2024": {
-        "qwen2.5-math-1.5b": {"c": 0.13, "percentile": 99.5},
-        "qwen2.5-math-7b": {"c": 0.05, "percentile": 90},
-        "qwen2.5-7b-instruct": {"c": 0.1, "percentile": 99.5},
-        "qwen2.5-32b-instruct": {"c": 0.13, "percentile": 99.5},
-        "gemma-3-4b-it": {"c": 0.25, "percentile": 0.85, "variant": "gemma"},
-        "gemma-3-27b-it": {"c": 0.25, "percentile": 0.965, "variant": "gemma"},
-        "llama-3.1-8b-instruct": {"c": 0.32, "percentile": 90, "p_min": 0.2},
-    },
-}
-"""The authors' settings per benchmark and model (lower-case model names without the
-organisation). AIME 2024 uses the MATH-500 settings except where the authors changed them
-(Qwen2.5-Math-7B, Gemma-3-27B-it) and adds Qwen2.5-32B-Instruct."""
-
-
-def _benchmark_key(benchmark: str) -> str:
-    return re.sub(r"[-_ ]", "", str(benchmark).lower())
-
-
-def _model_key(model_name: str) -> str:
-    return str(model_name).strip().rstrip("/").split("/")[-1].lower()
-
-
 # --------------------------------------------------------------------------- the intervention
 
 
@@ -417,34 +383,34 @@ class ARM:
             raise LensprobeError(f"per_row must be True or False, got {self.per_row!r}.")
 
     @classmethod
-    def preset(cls, model_name: Any, benchmark: str = "math500", **overrides) -> "ARM":
-        """The authors' settings for ``model_name`` on ``benchmark``.
+    def preset(cls, model_name: Any, benchmark: str = "math500", *, source: Source = "code",
+               **overrides) -> "ARM":
+        """The authors' settings for ``model_name`` on ``benchmark`` (the one ARM preset function).
+
+        The values and their sources (Table 9 of the paper, or the released code) are in
+        :mod:`lensprobe.interventions.arm_presets`; :func:`~lensprobe.interventions.arm_presets.arm_preset`
+        tells where each value comes from.
 
         Args:
             model_name: a model name, with or without organisation (``"Qwen/Qwen2.5-Math-7B"``,
                 ``"qwen2.5-math-7b"``), or a loaded model (its ``cfg.model_name``).
-            benchmark: ``"math500"`` or ``"aime2024"`` (case and ``-``/``_`` ignored).
+            benchmark: ``"math500"``, ``"aime2024"``, ``"aime2025"``, ``"gpqa"``, ``"humaneval"``
+                or ``"livecodebench"`` (case and ``-``/``_`` ignored).
+            source: ``"code"`` (default: the released code where it has a value, else Table 9) or
+                ``"paper"`` (Table 9 and the paper's text); they differ in a few cells.
             **overrides: other :class:`ARM` fields (``layer``, ``seed``, ``per_row``, ...).
 
         Raises:
-            LensprobeError: an unknown benchmark, or a model without a preset.
+            LensprobeError: an unknown benchmark or model, or a cell where the authors report no
+                ARM gain ("-" in Table 9).
 
         Example:
             >>> ARM.preset("Qwen/Qwen2.5-Math-7B").c
             0.1
+            >>> ARM.preset("google/gemma-3-27b-it", "aime2024", source="paper").percentile
+            0.85
         """
-        if not isinstance(model_name, str):
-            model_name = getattr(getattr(model_name, "cfg", None), "model_name", None) or repr(model_name)
-        bench = _benchmark_key(benchmark)
-        if bench not in ARM_PRESETS:
-            raise LensprobeError(f"unknown benchmark {benchmark!r}: use one of {tuple(ARM_PRESETS)}.")
-        table = ARM_PRESETS[bench]
-        settings = table.get(_model_key(model_name))
-        if settings is None:
-            raise LensprobeError(
-                f"no ARM preset for {model_name!r} on {bench} (presets: {', '.join(sorted(table))}); "
-                "choose c and percentile yourself: pass lp.ARM(c=..., percentile=...)."
-            )
+        settings = arm_preset(model_name, benchmark, source).settings
         unknown = set(overrides) - {f.name for f in fields(cls)}
         if unknown:
             raise LensprobeError(f"unknown ARM field(s) {sorted(unknown)}: use {[f.name for f in fields(cls)]}.")

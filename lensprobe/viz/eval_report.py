@@ -12,6 +12,7 @@ from pathlib import Path
 from lensprobe.core.errors import LensprobeError
 from lensprobe.evals.results import load_many_results
 from lensprobe.evals.stats import conditions_in_order, summary_tables
+from lensprobe.evals.verdicts import resolve_grader
 from lensprobe.viz.evals import accuracy_bars, accuracy_by_level
 from lensprobe.viz.report import Section, write_report
 
@@ -22,15 +23,29 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def _beside(tables: dict, grader: str) -> dict:
+    """``(model, condition) -> math-verify accuracy row`` when ``grader`` is another column."""
+    acc = tables["accuracy"]
+    if grader == "math-verify":
+        return {}
+    other = acc[acc["grader"] == "math-verify"]
+    return {(r.model, r.condition): r for r in other.itertuples()}
+
+
 def _summary_html(tables: dict, grader: str) -> str:
     acc = tables["accuracy"]
     acc = acc[acc["grader"] == grader]
-    lines = ["<table class='data'><tr><th>model</th><th>condition</th><th>n</th><th>accuracy</th>"
-             "<th>95% interval</th></tr>"]
+    beside = _beside(tables, grader)
+    extra = "<th>math-verify</th>" if beside else ""
+    lines = [f"<table class='data'><tr><th>model</th><th>condition</th><th>n</th><th>accuracy ({html.escape(grader)})"
+             f"</th><th>95% interval</th>{extra}</tr>"]
     for r in acc.itertuples():
+        mv = beside.get((r.model, r.condition))
+        cell = f"<td>{_pct(mv.accuracy)} ({mv.correct}/{mv.n})</td>" if mv is not None else ("<td></td>" if beside
+                                                                                             else "")
         lines.append(f"<tr><td>{html.escape(str(r.model))}</td><td>{html.escape(str(r.condition))}</td>"
                      f"<td>{r.n}</td><td>{_pct(r.accuracy)} ({r.correct})</td>"
-                     f"<td>{_pct(r.low)} - {_pct(r.high)}</td></tr>")
+                     f"<td>{_pct(r.low)} - {_pct(r.high)}</td>{cell}</tr>")
     lines.append("</table>")
     cmp = tables["comparisons"]
     if len(cmp):
@@ -46,8 +61,16 @@ def _summary_html(tables: dict, grader: str) -> str:
 
 
 def results_section(rows, *, title: str = "MATH-500 accuracy per condition", intro: str = "",
-                    grader: str = "math-verify", baseline: str | None = None):
-    """A report :class:`~lensprobe.viz.report.Section` with the bars, the per-level figure and the tables."""
+                    grader: str | None = None, baseline: str | None = None):
+    """A report :class:`~lensprobe.viz.report.Section` with the bars, the per-level figure and the tables.
+
+    ``grader`` is the verdict column of the figures and the summary (``None``: the rows'
+    default, ``paper-exact`` for a folder in the authors' format, with ``math-verify`` beside it).
+
+    Example:
+        >>> section = results_section(lp.load_results("runs/paper"))   # paper-exact + math-verify
+    """
+    grader = resolve_grader(rows, grader)
     tables = summary_tables(rows, grader=grader, baseline=baseline)
     acc = tables["accuracy"]
     figures = [accuracy_bars(acc[acc["grader"] == grader], title=title)]
@@ -56,8 +79,10 @@ def results_section(rows, *, title: str = "MATH-500 accuracy per condition", int
     graders_note = (
         f"<p>Graded with <b>{html.escape(grader)}</b> (figures). Every grader is in the tables: "
         "<i>math-verify</i> (symbolic equivalence), <i>paper</i> (the MATH dataset's string "
-        "normalisation and exact match) and <i>paper-lenient</i> (also accepts a prediction that is a "
-        "substring of the answer, the meaningless-tokens paper's rule; it inflates accuracy). "
+        "normalisation and exact match), <i>paper-lenient</i> (also accepts a prediction that is a "
+        "substring of the answer) and <i>paper-exact</i> (the meaningless-tokens authors' own "
+        "<code>is_equiv</code> on prompt + generation, the metric of their tables; its substring rule "
+        "inflates accuracy). "
         "Answers are the last <code>\\boxed{...}</code> of the generated text; a generation without one "
         "is wrong. Intervals are 95% Wilson score intervals.</p>"
     )
@@ -73,7 +98,7 @@ def results_section(rows, *, title: str = "MATH-500 accuracy per condition", int
                    figures=figures, tables=tables, data=data)
 
 
-def write_eval_report(folders, out: str | os.PathLike | None = None, *, grader: str = "math-verify",
+def write_eval_report(folders, out: str | os.PathLike | None = None, *, grader: str | None = None,
                       baseline: str | None = None) -> Path:
     """Rebuild tables and figures from saved result folders and write a report.
 
@@ -81,7 +106,8 @@ def write_eval_report(folders, out: str | os.PathLike | None = None, *, grader: 
         folders: one result folder or several (e.g. one per model: the bars then compare
             models x conditions).
         out: report folder (default: ``<first folder>/report``).
-        grader: grader of the figures.
+        grader: verdict column of the figures (``None``: ``paper-exact`` when every folder was
+            evaluated in the authors' format, else ``math-verify``).
         baseline: condition the others are compared with (default: the first).
 
     Returns:

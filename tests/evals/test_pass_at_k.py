@@ -71,7 +71,10 @@ def test_table_averages_over_problems():
         assert table.set_index("condition").loc["w/ Mless", f"pass@{k}"] == 0.5
     via_accuracy = accuracy(df, "condition", k=3)
     pd.testing.assert_frame_equal(via_accuracy, pass_at_k_table(df, 3, "condition"))
-    assert list(via_accuracy.columns) == ["condition", "k", "problems", "samples", "pass@3", "grader"]
+    assert list(via_accuracy.columns) == ["condition", "k", "problems", "samples", "pass@3", "avg", "grader"]
+    # avg: each problem's share of correct samples, averaged over problems (by hand over the rows)
+    shares = [sum(v) / len(v) for v in samples.values()]
+    assert via_accuracy.set_index("condition").loc["w/o", "avg"] == pytest.approx(sum(shares) / len(shares))
     # pass@1 with equal sample counts is the plain accuracy
     even = pd.DataFrame(_rows({"a": [True, False, False, False], "b": [True, True, False, True]}))
     assert accuracy(even, k=1)["pass@1"].iloc[0] == accuracy(even)["accuracy"].iloc[0] == 0.5

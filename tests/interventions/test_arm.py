@@ -221,7 +221,7 @@ def test_presets_follow_the_authors_table():
     assert ARM.preset("google/GEMMA-3-27B-IT").percentile == 0.85
     assert ARM.preset("Qwen/Qwen2.5-32B-Instruct", "aime2024").percentile == 99.5
     assert ARM.preset("Qwen/Qwen2.5-Math-7B", seed=4, layer=1).seed == 4
-    with pytest.raises(LensprobeError, match=r"no ARM preset for 'Qwen/Qwen2.5-32B-Instruct'.*pass lp\.ARM\(c=\.\.\., percentile=\.\.\.\)"):
+    with pytest.raises(LensprobeError, match=r"authors report no ARM gain for qwen2.5-32b-instruct on math500.*lp\.ARM\(c=\.\.\., percentile=\.\.\.\)"):
         ARM.preset("Qwen/Qwen2.5-32B-Instruct")
     with pytest.raises(LensprobeError, match=r"no ARM preset for 'lensprobe-tiny-llama'.*c=\.\.\., percentile="):
         ARM.preset("lensprobe-tiny-llama")

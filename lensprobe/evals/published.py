@@ -1,0 +1,110 @@
+"""The published numbers of the papers lensprobe reproduces, as data shipped in the package.
+
+``lensprobe/evals/papers/arm-2510.01032.toml`` holds Tables 1, 2, 3a, 4, 5, 7 and 8 of the
+meaningless-tokens paper (arXiv 2510.01032 v1) as printed; Table 9 (the ARM settings) is
+:data:`~lensprobe.interventions.arm_presets.PAPER_TABLE9`. :func:`published_numbers` reads them as
+one flat table, one :class:`PublishedNumber` per cell, each naming its table, model, benchmark
+and the lensprobe condition its column corresponds to (``"w/o"``, ``"w/ Mless"``, ``"ARM"`` ...).
+
+Baselines differ between the paper's own tables (Llama-3.1-8B-Instruct on MATH-500 without
+filler: 41.8 in Table 1, 35.4 in Table 5, 43.0 in Table 2): always show the table a number
+comes from.
+"""
+
+import functools
+import sys
+from dataclasses import dataclass
+from importlib import resources
+
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.lazy import pandas
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = ["PAPERS", "PublishedNumber", "published_numbers", "published_table"]
+
+PAPERS = {"2510.01032": "arm-2510.01032.toml"}
+"""arXiv id -> the data file of its published numbers (in ``lensprobe/evals/papers``)."""
+
+
+@dataclass(frozen=True)
+class PublishedNumber:
+    """One cell of a paper's table.
+
+    Attributes:
+        arxiv: the paper's arXiv id.
+        table: the table as printed (``"1"``, ``"3a"``).
+        model: the model as the paper names it (``"Qwen2.5-Math-1.5B"``).
+        benchmark: lensprobe's benchmark key (``"math500"``, ``"aime2024"`` ...).
+        condition: the lensprobe condition of the column or row (``"w/o"``, ``"w/ Mless"``, ``"ARM"``,
+            or the paper's own label where lensprobe has no such condition).
+        value: percent as printed; ``None`` for a cell the paper leaves empty (``"-"``).
+    """
+
+    arxiv: str
+    table: str
+    model: str
+    benchmark: str
+    condition: str
+    value: float | None
+
+
+@functools.cache
+def _load(arxiv: str) -> dict:
+    if arxiv not in PAPERS:
+        raise LensprobeError(f"no published numbers for arXiv {arxiv!r}: lensprobe has {tuple(PAPERS)}.")
+    text = resources.files("lensprobe.evals").joinpath("papers", PAPERS[arxiv]).read_text(encoding="utf-8")
+    return tomllib.loads(text)
+
+
+def _cells(arxiv: str, table: str, spec: dict) -> list[PublishedNumber]:
+    out = []
+    for row in spec["rows"]:
+        label, values = row[0], row[1:]
+        if len(values) != len(spec["columns"]):
+            raise LensprobeError(f"table {table} of {arxiv}: row {label!r} has {len(values)} cells for "
+                                 f"{len(spec['columns'])} columns (a damaged data file).")
+        for col, value in zip(spec["columns"], values, strict=True):
+            cell = {"model": spec.get("model"), **col, spec["row"]: label}
+            out.append(PublishedNumber(arxiv=arxiv, table=table, model=cell["model"], benchmark=cell["benchmark"],
+                                       condition=cell.get("condition", ""),
+                                       value=None if value == "-" else float(value)))
+    return out
+
+
+def published_numbers(arxiv: str = "2510.01032") -> list[PublishedNumber]:
+    """Every published number of the paper, table by table in the paper's order.
+
+    Raises:
+        LensprobeError: a paper lensprobe has no numbers for.
+
+    Example:
+        >>> [n.value for n in published_numbers() if n.table == "1" and n.model == "Qwen2.5-Math-7B"]
+        [72.3, 74.6, 23.1, 23.3]
+    """
+    data = _load(arxiv)
+    return [cell for table, spec in data["tables"].items() for cell in _cells(arxiv, table, spec)]
+
+
+def published_table(table: str, arxiv: str = "2510.01032"):
+    """One table of published numbers as a DataFrame (columns ``table``, ``model``, ``benchmark``,
+    ``condition``, ``value``).
+
+    Raises:
+        LensprobeError: the paper has no such table in lensprobe's data.
+
+    Example:
+        >>> published_table("3a").query("benchmark == 'math500'")["value"].tolist()
+        [72.4, 75.0, 73.4, 43.0, 44.9, 45.8]
+    """
+    pd = pandas()
+    data = _load(arxiv)
+    if str(table) not in data["tables"]:
+        raise LensprobeError(f"no table {table!r} in lensprobe's data of arXiv {arxiv}: use one of "
+                             f"{tuple(data['tables'])} (Table 9 is lensprobe.interventions.arm_presets).")
+    cells = _cells(arxiv, str(table), data["tables"][str(table)])
+    return pd.DataFrame([{k: getattr(c, k) for k in ("table", "model", "benchmark", "condition", "value")}
+                         for c in cells])

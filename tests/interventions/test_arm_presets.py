@@ -1,0 +1,83 @@
+"""ARM presets per benchmark with their source: Table 9 vs the released code, "-" cells, ARM.preset."""
+
+import pytest
+
+import lensprobe as lp
+from lensprobe.core.errors import LensprobeError
+from lensprobe.interventions.arm_presets import (
+    ARM_PRESETS,
+    BENCHMARKS,
+    DISAGREEMENTS,
+    PAPER_TABLE9,
+    arm_preset,
+    benchmark_key,
+)
+
+
+def test_every_table9_cell_is_a_preset_or_a_clear_no_gain_error():
+    for model, row in PAPER_TABLE9.items():
+        for bench in BENCHMARKS:
+            if row[bench] is None:
+                with pytest.raises(LensprobeError, match=rf"authors report no ARM gain for {model} on {bench}"):
+                    arm_preset(model, bench, source="paper")
+                continue
+            p = arm_preset(model, bench, source="paper")
+            c, pct = row[bench]
+            gemma = model.startswith("gemma")
+            assert p.settings["c"] == c
+            assert p.settings["percentile"] == (pct / 100 if gemma else pct)  # Gemma: a quantile in [0, 1]
+            assert p.settings.get("variant", "default") == ("gemma" if gemma else "default")
+            assert set(p.sources.values()) <= {"paper: Table 9", "paper: Section 3 (p_min = 0.02)",
+                                               "code: modeling_gemma3.py (the Gemma-3 rule)"}
+
+
+def test_code_and_paper_differ_exactly_where_listed():
+    differ = set()
+    for bench in BENCHMARKS:
+        for model in PAPER_TABLE9:
+            got = {}
+            for source in ("paper", "code"):
+                try:
+                    got[source] = arm_preset(model, bench, source=source).settings
+                except LensprobeError:
+                    got[source] = None
+            if got["paper"] != got["code"]:
+                differ.add((bench, model))
+    listed = {(b, m) for b, m, *_ in DISAGREEMENTS if b != "every benchmark"}
+    llama = {(b, "llama-3.1-8b-instruct") for b in BENCHMARKS if PAPER_TABLE9["llama-3.1-8b-instruct"][b]}
+    assert differ == listed | llama
+    gemma27 = lp.ARM.preset("google/gemma-3-27b-it", "aime2024")  # default: the code
+    assert gemma27.percentile == 0.965
+    assert lp.ARM.preset("google/gemma-3-27b-it", "aime2024", source="paper").percentile == 0.85
+    assert arm_preset("google/gemma-3-27b-it", "aime2024").sources["percentile"] == "code: AIME2024/utils.py"
+    q7 = lp.ARM.preset("Qwen/Qwen2.5-7B-Instruct", "aime25")
+    assert (q7.c, q7.percentile) == (0.1, 99.5)
+    assert (lp.ARM.preset("Qwen/Qwen2.5-7B-Instruct", "AIME-2025", source="paper").c,) == (0.13,)
+
+
+def test_benchmarks_without_code_take_table9_with_the_code_p_min():
+    p = arm_preset("meta-llama/Llama-3.1-8B-Instruct", "gpqa-diamond")
+    assert p.settings == {"c": 0.45, "percentile": 80.0, "p_min": 0.2}
+    assert p.sources["c"] == "paper: Table 9" and p.sources["p_min"].startswith("code: modeling_llama.py")
+    assert arm_preset("meta-llama/Llama-3.1-8B-Instruct", "gpqa", source="paper").settings["p_min"] == 0.02
+    gemma = lp.ARM.preset("google/gemma-3-4b-it", "livecodebench")
+    assert (gemma.c, gemma.percentile, gemma.variant) == (0.25, 0.75, "gemma")
+
+
+def test_no_preset_where_neither_source_has_one():
+    # Qwen2.5-7B-Instruct on AIME 2024: '-' in Table 9 and None in AIME2024/utils.py
+    for source in ("paper", "code"):
+        with pytest.raises(LensprobeError, match=r"no ARM gain for qwen2.5-7b-instruct on aime2024.*'-' in Table 9"):
+            lp.ARM.preset("Qwen/Qwen2.5-7B-Instruct", "aime2024", source=source)
+    assert "qwen2.5-7b-instruct" not in ARM_PRESETS["aime2024"]
+    assert ARM_PRESETS["math500"]["qwen2.5-math-7b"] == {"c": 0.1, "percentile": 95, "p_min": 0.02}
+
+
+def test_bad_names_say_what_to_use():
+    with pytest.raises(LensprobeError, match=r"unknown benchmark 'gsm8k': use one of \('gpqa', 'math500'"):
+        benchmark_key("gsm8k")
+    with pytest.raises(LensprobeError, match=r"source must be 'paper' \(Table 9\) or 'code'"):
+        lp.ARM.preset("Qwen/Qwen2.5-Math-7B", source="table")
+    with pytest.raises(LensprobeError, match=r"no ARM preset for 'org/other-model'.*lp\.ARM\(c=\.\.\., percentile"):
+        lp.ARM.preset("org/other-model", "aime2025")
+    assert benchmark_key("MATH-500") == "math500" and benchmark_key("aime_24") == "aime2024"
