@@ -1,0 +1,195 @@
+"""Measures over given tokens: a logit difference, and metrics over a teacher-forced continuation.
+
+These complete :mod:`lensprobe.core.measures` for head studies that ask "which heads matter
+for *this* answer": the continuation (e.g. a generation's tokens) is fed after the prompt
+(teacher forcing) and the measure reads the positions that predict it. Like every measure
+they are pure functions of the logits, differentiable (attribution takes their gradient),
+and ``NaN`` when the logits they read are not finite.
+
+- :class:`LogitDiff`: ``logit[a] - logit[b]`` at the last position;
+- :class:`ContinuationLogProb`: summed log-probability of the continuation's tokens;
+- :class:`ContinuationEntropy`: mean next-token entropy over the positions that predict them.
+
+:func:`resolve_measures` turns the names the attribution and verification functions take
+into one measure per prompt.
+
+Example:
+    >>> m = ContinuationEntropy((271, 374, 220))
+    >>> values = measure_once(model, m, prompt)   # [1]: mean entropy over 3 positions
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.forward import as_tokens
+from lensprobe.core.measures import Measure, resolve_measure
+from lensprobe.core.metrics import entropy, nonfinite_rows
+
+__all__ = ["FORCED_METRICS", "Continuation", "ContinuationEntropy", "ContinuationLogProb", "LogitDiff", "resolve_measures",
+           "token_id"]
+
+FORCED_METRICS = ("entropy", "logprob", "logit_diff")
+"""Metric names :func:`resolve_measures` takes (besides a measure or a callable)."""
+
+
+def token_id(model, token: int | str) -> int:
+    """The id of one token given as an id or as text that is exactly one token.
+
+    Example:
+        >>> token_id(model, " 7")
+        1046
+    """
+    if isinstance(token, int) and not isinstance(token, bool):
+        vocab = int(model.cfg.d_vocab)
+        if not 0 <= token < vocab:
+            raise LensprobeError(f"token id {token} out of range: the vocabulary has {vocab} tokens (0-{vocab - 1}).")
+        return token
+    if isinstance(token, str):
+        ids = model.tokenizer.encode(token, add_special_tokens=False)
+        if len(ids) != 1:
+            raise LensprobeError(
+                f"{token!r} is {len(ids)} tokens, not one: pass a string that is a single token (mind the "
+                "leading space, e.g. ' 7') or its token id."
+            )
+        return int(ids[0])
+    raise LensprobeError(f"a token must be an id or a one-token string, got {type(token).__name__} {token!r}.")
+
+
+@dataclass(frozen=True)
+class LogitDiff:
+    """``logit[a] - logit[b]`` at the last position (token ids; see :func:`token_id`)."""
+    a: int
+    b: int
+    name: str = "logit difference"
+
+    def inputs(self, model, prompt) -> Tensor:
+        return as_tokens(model, prompt, one_row=True)
+
+    def recorders(self, model, prompt) -> list:
+        return []
+
+    def logits_needed(self, model, prompt) -> int:
+        return 1
+
+    def compute(self, logits: Tensor, tokens: Tensor, prompt, recorders: list) -> Tensor:
+        last = logits[:, -1].float()
+        return (last[:, self.a] - last[:, self.b]).masked_fill(nonfinite_rows(last), torch.nan)
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """Base of the continuation measures: the prompt, then ``tokens`` fed after it (teacher forcing)."""
+    tokens: tuple[int, ...]
+
+    def inputs(self, model, prompt) -> Tensor:
+        if not self.tokens:
+            raise LensprobeError("the continuation is empty: pass at least one token (e.g. a generation's tokens).")
+        head = as_tokens(model, prompt, one_row=True)
+        tail = torch.tensor([list(self.tokens)], dtype=head.dtype, device=head.device)
+        return as_tokens(model, torch.cat([head, tail], dim=1))
+
+    def recorders(self, model, prompt) -> list:
+        return []
+
+    def logits_needed(self, model, prompt) -> int:
+        return len(self.tokens) + 1
+
+    def _read(self, logits: Tensor) -> Tensor:
+        """``[batch, k, vocab]``: the logits that predict the ``k`` continuation tokens."""
+        return logits[:, -(len(self.tokens) + 1): -1].float()
+
+
+@dataclass(frozen=True)
+class ContinuationLogProb(Continuation):
+    """Summed log-probability of the continuation's tokens after the prompt (teacher forcing)."""
+    name: str = "continuation log-prob"
+
+    def compute(self, logits: Tensor, tokens: Tensor, prompt, recorders: list) -> Tensor:
+        read = self._read(logits)
+        logp = torch.log_softmax(read, dim=-1)
+        index = torch.tensor(self.tokens, device=logp.device)[None, :, None].expand(logp.shape[0], -1, 1)
+        return logp.gather(-1, index)[..., 0].sum(-1).masked_fill(nonfinite_rows(read).any(-1), torch.nan)
+
+
+@dataclass(frozen=True)
+class ContinuationEntropy(Continuation):
+    """Mean next-token entropy (nats) over the positions that predict the continuation's tokens."""
+    name: str = "continuation entropy"
+
+    def compute(self, logits: Tensor, tokens: Tensor, prompt, recorders: list) -> Tensor:
+        return entropy(self._read(logits)).mean(-1)
+
+
+def _ids(model, continuation) -> tuple[int, ...]:
+    if isinstance(continuation, str):
+        return tuple(int(i) for i in model.tokenizer.encode(continuation, add_special_tokens=False))
+    if isinstance(continuation, Tensor):
+        continuation = continuation.flatten().tolist()
+    ids = tuple(int(i) for i in continuation)
+    vocab = int(model.cfg.d_vocab)
+    if any(not 0 <= i < vocab for i in ids):
+        raise LensprobeError(f"continuation token ids must lie in 0..{vocab - 1}.")
+    return ids
+
+
+def _per_prompt(value, n: int, what: str) -> list:
+    """``value`` once per prompt: one for all, or a list of ``n``."""
+    if value is None or isinstance(value, (str, Tensor)) or (
+            isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value)):
+        return [value] * n
+    value = list(value)
+    if len(value) != n:
+        raise LensprobeError(f"got {len(value)} {what} for {n} prompts: pass one for all, or one per prompt.")
+    return value
+
+
+def resolve_measures(model, metric: Any, n: int, *, answers: str | Sequence[str] | None = None,
+                     tokens: Sequence[int | str] | None = None, continuation: Any = None) -> list[Measure]:
+    """One differentiable measure per prompt, from the names attribution and verification take.
+
+    Args:
+        model: the model (its tokenizer turns strings into ids).
+        metric: ``"entropy"`` (next-token entropy at the last prompt position, nats),
+            ``"logprob"`` (summed log-probability of ``answers`` fed after the prompt),
+            ``"logit_diff"`` (``logit[a] - logit[b]`` at the last position, ``tokens=(a, b)``),
+            a :class:`~lensprobe.core.measures.Measure`, or a callable
+            ``fn(logits [batch, pos, vocab], prompt) -> [batch]`` (row by row).
+        n: the number of prompts.
+        answers: the answer text for ``"logprob"``, one for all or one per prompt.
+        tokens: the two tokens of ``"logit_diff"`` (ids or one-token strings).
+        continuation: token ids (or text) fed after each prompt, one for all or one per prompt:
+            ``"entropy"`` is then the mean entropy over the positions that predict them,
+            ``"logprob"`` their summed log-probability (teacher forcing over a generation).
+
+    Raises:
+        LensprobeError: an unknown metric, a missing ``answers``/``tokens``, an attention
+            metric (its recorders are not differentiable), or a list of the wrong length.
+
+    Example:
+        >>> resolve_measures(model, "logit_diff", 2, tokens=(" 7", " 8"))
+        [LogitDiff(a=1046, b=1047, ...), LogitDiff(a=1046, b=1047, ...)]
+    """
+    if continuation is not None:
+        if metric not in ("entropy", "logprob"):
+            raise LensprobeError(
+                f"a continuation works with metric 'entropy' or 'logprob', not {metric!r}: for other metrics put "
+                "the continuation into the prompt's token ids and read its positions in a callable."
+            )
+        cls = ContinuationEntropy if metric == "entropy" else ContinuationLogProb
+        return [cls(_ids(model, c)) for c in _per_prompt(continuation, n, "continuations")]
+    if metric == "logit_diff":
+        if tokens is None or isinstance(tokens, str) or len(tokens) != 2:
+            raise LensprobeError("metric 'logit_diff' needs tokens=(a, b): two token ids or one-token strings.")
+        return [LogitDiff(token_id(model, tokens[0]), token_id(model, tokens[1]))] * n
+    if isinstance(metric, str) and metric.strip().lower().startswith("attention:"):
+        raise LensprobeError(
+            f"metric {metric!r} reads recorded attention, which carries no gradient: use 'entropy', 'logprob', "
+            "'logit_diff' or a callable of the logits."
+        )
+    return [resolve_measure(metric, answer=a) for a in _per_prompt(answers, n, "answers")]
+

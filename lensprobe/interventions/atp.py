@@ -1,0 +1,355 @@
+"""The attribution-patching engine for one prompt: gradients at ``hook_z``, GradDrop, the QK fix.
+
+:func:`lensprobe.attribute_heads` (in :mod:`lensprobe.interventions.attribution`) calls
+:func:`attribute_prompt` once per prompt; this module holds the passes and their hooks.
+
+A *unit* is ``(layer, heads)``: one query head, or every query head of a KV group, ablated
+together at ``blocks.{layer}.attn.hook_z`` exactly as :func:`~lensprobe.interventions.ablation.ablate_heads`
+does (same positions, same replacement values). Its ablation changes ``z`` by ``dz``
+(zero at positions that are not ablated).
+
+1. **AtP** (one forward, one backward): the metric's gradient ``g_l = dM/dz_l`` is read at a
+   zero leaf added to every layer's ``hook_z``; the estimate is ``sum(dz * g)``. No parameter
+   receives a gradient: parameters are frozen for the pass (their ``requires_grad`` flags are
+   restored afterwards, also on errors) and the gradients are taken with ``torch.autograd.grad``.
+2. **GradDrop** (Kramar et al. 2024, sec. 3.1.2): for every layer ``L'``, the gradient is
+   propagated with layer ``L'``'s residual contributions dropped: the gradient that reaches
+   ``blocks.{L'}.hook_resid_pre`` is the one at its ``hook_resid_post`` (the skip connection
+   only). One backward through the layers below ``L'`` each.
+3. **QK fix** (sec. 3.1.1, for head outputs): the unit's write into the residual stream,
+   ``dz @ W_O``, reaches every later layer's attention directly. There the attention is
+   recomputed exactly (the model's own norm, queries, keys, softmax and values, batched over
+   units) and the change of that layer's ``z`` is dotted with its gradient; this replaces the
+   linear term of the same path, ``u . (dz @ W_O)`` with ``u = J^T g`` (a local gradient
+   through that layer's attention only).
+"""
+
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.heads import Positions, hook_z_name
+from lensprobe.core.hooks import intervene
+from lensprobe.interventions.replacement import replacement_values
+
+__all__ = ["PromptAttribution", "Unit", "attribute_prompt", "combine", "frozen_parameters"]
+
+Unit = tuple[int, tuple[int, ...]]
+"""``(layer, query heads)`` ablated together."""
+
+
+@dataclass
+class PromptAttribution:
+    """The parts of one prompt's attribution, per unit (see :func:`combine`).
+
+    Attributes:
+        linear: ``[unit]`` AtP, ``sum(dz * g)``.
+        corrections: ``[unit, layer]`` QK fix, exact minus linear through each later layer's
+            attention (zeros without the QK fix).
+        dropped: ``[layer, unit]`` the AtP term with that layer's gradient dropped (GradDrop),
+            ``NaN`` where it equals ``linear`` (layers at or below the unit's) or was not computed.
+        value: the metric on the clean run.
+    """
+
+    linear: Tensor
+    corrections: Tensor
+    dropped: Tensor | None
+    value: float
+
+
+class _LocalDone(Exception):
+    """Ends a local pass once its last layer is read."""
+
+
+@contextmanager
+def frozen_parameters(model):
+    """Gradients on, every parameter's ``requires_grad`` off; both restored on exit (also on errors).
+
+    Example:
+        >>> with frozen_parameters(model):
+        ...     logits = model(tokens)   # a graph only from leaves the caller adds
+    """
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        with torch.inference_mode(False), torch.enable_grad():
+            yield model
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+# --------------------------------------------------------------------------- hooks
+
+
+@dataclass(frozen=True)
+class _ZTap:
+    """Hook at ``hook_z``: keeps ``z`` and adds a zero leaf whose gradient is ``dM/dz``."""
+    store: dict
+    layer: int
+
+    def __call__(self, z: Tensor, hook) -> Tensor:
+        leaf = torch.zeros_like(z, requires_grad=True)
+        self.store[self.layer] = (z.detach(), leaf)
+        return z + leaf
+
+
+@dataclass(frozen=True)
+class _Keep:
+    """Hook: keeps the activation itself (in the graph) under ``key``."""
+    store: dict
+    key: int
+
+    def __call__(self, x: Tensor, hook) -> None:
+        self.store[self.key] = x
+
+
+@dataclass(frozen=True)
+class _AddRows:
+    """Hook at a layer's attention input (batch 1): ``[x, x + w_1, ...]``, or one gradient leaf."""
+    writes: Callable[[], Tensor] | None
+    state: dict
+
+    def __call__(self, x: Tensor, hook) -> Tensor:
+        if self.writes is None:
+            leaf = x.detach().clone().requires_grad_(True)
+            self.state["leaf"] = leaf
+            return leaf
+        w = self.writes().to(x.dtype)
+        self.state["writes"] = w
+        return torch.cat([x, x + w], dim=0)
+
+
+@dataclass(frozen=True)
+class _ReadZ:
+    """Hook at ``hook_z`` of a local pass: reads the rows, then goes on with row 0 only (or stops)."""
+    read: Callable[[Tensor], None]
+    last: bool
+
+    def __call__(self, z: Tensor, hook) -> Tensor:
+        self.read(z)
+        if self.last:
+            raise _LocalDone
+        return z[:1].detach()
+
+
+def _first_row(x: Tensor, hook) -> Tensor:
+    """Hook at ``hook_resid_post``: back to batch 1 after a layer whose attention input had rows."""
+    return x[:1].detach()
+
+
+# --------------------------------------------------------------------------- AtP and GradDrop
+
+
+def _delta_z(z: Tensor, layer: int, positions: Positions | None, source) -> Tensor:
+    """``[pos, head, d_head]`` change of ``z`` when every head is ablated as ``ZAblationHook`` does."""
+    n = z.shape[0]
+    pos = torch.arange(n, device=z.device)[None]
+    selected = torch.ones_like(pos, dtype=torch.bool) if positions is None else positions.select(pos)
+    values = replacement_values(source, layer, pos, selected)
+    target = torch.zeros_like(z) if values is None else values.to(z.device, z.dtype).expand(1, *z.shape)[0]
+    return torch.where(selected[0].to(z.device)[:, None, None], target - z, 0.0).float()
+
+
+def _dot(dz: Tensor, g: Tensor | None, heads: tuple[int, ...]) -> float:
+    if g is None:
+        return 0.0
+    idx = list(heads)
+    return float((dz[:, idx] * g[0][:, idx].float()).sum())
+
+
+def _logits(model, tokens: Tensor, keep: int) -> Tensor:
+    if keep > 0:
+        try:
+            return model(tokens, logits_to_keep=keep)
+        except TypeError:  # a model without logits_to_keep
+            pass
+    return model(tokens)
+
+
+def _metric(measure, model, prompt, tokens: Tensor, logits: Tensor) -> Tensor:
+    value = measure.compute(logits, tokens, prompt, [])
+    if not isinstance(value, Tensor) or value.numel() != 1 or not value.requires_grad:
+        raise LensprobeError(
+            f"the metric {getattr(measure, 'name', measure)!r} must give one value per prompt computed from the "
+            "logits with torch operations (so it has a gradient); it returned "
+            f"{tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__}."
+        )
+    if not bool(torch.isfinite(value).all()):
+        raise LensprobeError(
+            f"the metric is {float(value.detach())} on this prompt (not finite): attribution needs a finite metric; "
+            "check the prompt and the model's logits."
+        )
+    return value.sum()
+
+
+def _gradients(model, tokens: Tensor, measure, prompt, units: Sequence[Unit], positions, source,
+               grad_drop: bool) -> tuple[dict, dict, Tensor, Tensor | None, float]:
+    """One forward and backward: ``dz`` per layer, ``g`` per layer, AtP per unit, GradDrop terms."""
+    n_layers = int(model.cfg.n_layers)
+    zs, pre, post = {}, {}, {}
+    hooks = [(hook_z_name(layer), _ZTap(zs, layer)) for layer in range(n_layers)]
+    if grad_drop:
+        hooks += [(f"blocks.{layer}.hook_resid_pre", _Keep(pre, layer)) for layer in range(1, n_layers)]
+        hooks += [(f"blocks.{layer}.hook_resid_post", _Keep(post, layer)) for layer in range(1, n_layers)]
+    keep = getattr(measure, "logits_needed", lambda m, p: 0)(model, prompt)
+    with frozen_parameters(model):
+        with intervene(model, *hooks):
+            logits = _logits(model, tokens, int(keep))
+        value = _metric(measure, model, prompt, tokens, logits)
+        leaves = [zs[layer][1] for layer in range(n_layers)]
+        outs = [post[layer] for layer in range(1, n_layers)] if grad_drop else []
+        grads = torch.autograd.grad(value, leaves + outs, retain_graph=grad_drop, allow_unused=True)
+        g = dict(enumerate(grads[:n_layers]))
+        dz = {layer: _delta_z(zs[layer][0][0], layer, positions, source) for layer in {u[0] for u in units}}
+        linear = torch.tensor([_dot(dz[layer], g[layer], heads) for layer, heads in units], device="cpu")
+        dropped = None
+        if grad_drop:
+            dropped = torch.full((n_layers, len(units)), float("nan"), device="cpu")
+            for drop in range(1, n_layers):
+                below = [i for i, (layer, _) in enumerate(units) if layer < drop]
+                seed = grads[n_layers + drop - 1]
+                if not below or seed is None:
+                    continue
+                gd = torch.autograd.grad(pre[drop], leaves[:drop], grad_outputs=seed, retain_graph=True,
+                                         allow_unused=True)
+                for i in below:
+                    layer, heads = units[i]
+                    dropped[drop, i] = _dot(dz[layer], gd[layer], heads)
+    return dz, g, linear, dropped, float(value.detach())
+
+
+# --------------------------------------------------------------------------- QK fix
+
+
+def _input_hook(model, layer: int) -> tuple[str, bool]:
+    """Where a layer's attention input can be given rows of its own, and whether the block must be
+    brought back to batch 1 after it (when rows are added to the whole residual stream)."""
+    name = f"blocks.{layer}.ln1.hook_in"
+    if name in model.hook_dict:
+        return name, False
+    return f"blocks.{layer}.hook_resid_pre", True
+
+
+Plan = dict[int, tuple[Callable[[], Tensor] | None, Callable[[Tensor, dict], None]]]
+"""Per layer of a local pass: the rows' writes (``None``: one gradient leaf) and the read of its ``z``."""
+
+
+def _local_pass(model, tokens: Tensor, plan: Plan) -> None:
+    """One forward in which each planned layer's attention sees its rows (see :class:`_AddRows`); every
+    other layer runs at batch 1, and the pass ends after the last planned layer."""
+    last = max(plan)
+    hooks = []
+    for layer, (writes, read) in sorted(plan.items()):
+        state: dict = {}
+        name, back = _input_hook(model, layer)
+        hooks += [(name, _AddRows(writes, state)),
+                  (hook_z_name(layer), _ReadZ(lambda z, r=read, s=state: r(z, s), layer == last))]
+        if back and layer != last:
+            hooks.append((f"blocks.{layer}.hook_resid_post", _first_row))
+    with intervene(model, *hooks):
+        try:
+            model(tokens)
+        except _LocalDone:
+            pass
+
+
+def _write(w_o: Tensor, dz: Tensor, heads: tuple[int, ...]) -> Tensor:
+    """``[pos, d_model]``: what ablating ``heads`` changes in the residual stream (``dz @ W_O``)."""
+    idx = list(heads)
+    return torch.einsum("phd,hdm->pm", dz[:, idx], w_o[idx].float())
+
+
+def _qk_corrections(model, tokens: Tensor, units: Sequence[Unit], dz: dict, g: dict,
+                    batch_size: int) -> Tensor:
+    """``[unit, layer]``: exact minus linear effect through each later layer's attention."""
+    n_layers = int(model.cfg.n_layers)
+    corr = torch.zeros(len(units), n_layers, device="cpu")
+    targets = [layer for layer in range(1, n_layers)
+               if g.get(layer) is not None and any(u[0] < layer for u in units)]
+    if not targets:
+        return corr
+    w_o = {layer: model.blocks[layer].attn.W_O.detach() for layer in {u[0] for u in units}}
+    grad_at = {layer: g[layer][0].float() for layer in targets}
+    local: dict[int, Tensor] = {}
+
+    def read_local(layer: int) -> Callable[[Tensor, dict], None]:
+        def read(z: Tensor, state: dict) -> None:
+            total = (grad_at[layer] * z[0].float()).sum()
+            local[layer] = torch.autograd.grad(total, state["leaf"])[0][0].float()
+        return read
+
+    with frozen_parameters(model):  # u = J^T g per layer: one leaf row each, one pass
+        _local_pass(model, tokens, {layer: (None, read_local(layer)) for layer in targets})
+    rows = {layer: [i for i, u in enumerate(units) if u[0] < layer] for layer in targets}
+    chunks = max((len(r) + batch_size - 1) // batch_size for r in rows.values())
+    with torch.inference_mode():
+        for c in range(chunks):
+            plan: Plan = {}
+            for layer in targets:
+                chosen = rows[layer][c * batch_size:(c + 1) * batch_size]
+                if chosen:
+                    plan[layer] = _exact_rows(layer, chosen, units, dz, w_o, grad_at[layer], local, corr)
+            _local_pass(model, tokens, plan)
+    return corr
+
+
+def _exact_rows(layer: int, chosen: list[int], units: Sequence[Unit], dz: dict, w_o: dict, grad: Tensor,
+                local: dict, corr: Tensor) -> tuple[Callable[[], Tensor], Callable[[Tensor, dict], None]]:
+    """One layer of one chunk: the chosen units' writes as rows, and the read that fills ``corr``."""
+    def writes() -> Tensor:
+        return torch.stack([_write(w_o[units[i][0]], dz[units[i][0]], units[i][1]) for i in chosen])
+
+    def read(z: Tensor, state: dict) -> None:
+        z = z.float()
+        exact = (grad * (z[1:] - z[:1])).flatten(1).sum(1)
+        linear = (state["writes"].float() * local[layer]).flatten(1).sum(1)
+        corr[chosen, layer] = (exact - linear).cpu()
+
+    return writes, read
+
+
+# --------------------------------------------------------------------------- one prompt
+
+
+def attribute_prompt(model, tokens: Tensor, measure, prompt, units: Sequence[Unit], positions: Positions | None,
+                     source, *, qk_fix: bool, grad_drop: bool, batch_size: int) -> PromptAttribution:
+    """AtP for every unit on one prompt, with the QK fix's corrections and GradDrop's terms when asked.
+
+    ``tokens`` are ``measure.inputs(model, prompt)``; ``positions`` and ``source`` are the
+    ablation's resolved positions and replacement values (as a sweep uses them).
+    """
+    dz, g, linear, dropped, value = _gradients(model, tokens, measure, prompt, units, positions, source, grad_drop)
+    corr = _qk_corrections(model, tokens, units, dz, g, batch_size) if qk_fix else \
+        torch.zeros(len(units), int(model.cfg.n_layers), device="cpu")
+    return PromptAttribution(linear, corr, dropped, value)
+
+
+def combine(part: PromptAttribution, units: Sequence[Unit], n_layers: int) -> tuple[Tensor, Tensor]:
+    """``(estimate, score)`` per unit: the signed estimate (AtP plus the QK fix's corrections) and the
+    magnitude that ranks units (GradDrop's when computed, else ``|estimate|``).
+
+    GradDrop (Kramar et al. 2024, eq. for AtP+GD): ``score = sum_L' |c_L'| / (n_layers - 1)``
+    where ``c_L'`` is the estimate with layer ``L'``'s gradient dropped: the estimate itself for
+    ``L'`` below the unit's layer, 0 at the unit's own layer (its only way out is dropped), and
+    above it the AtP term with the dropped gradient plus the QK corrections of the layers other
+    than ``L'``. (Those corrections keep the undropped gradient: approximate where a
+    correction's layer lies between the unit and ``L'``.)
+    """
+    estimate = part.linear + part.corrections.sum(1)
+    if part.dropped is None or n_layers < 2:
+        return estimate, estimate.abs()
+    score = torch.zeros(len(units), device="cpu")
+    for i, (layer, _) in enumerate(units):
+        for drop in range(n_layers):
+            if drop < layer:
+                score[i] += estimate[i].abs()
+            elif drop > layer:
+                rest = part.corrections[i].sum() - part.corrections[i, drop]
+                score[i] += (part.dropped[drop, i] + rest).abs()
+    return estimate, score / (n_layers - 1)

@@ -1,0 +1,236 @@
+"""Attribution of a metric to every attention head in a few passes: AtP and AtP*.
+
+Attribution patching (AtP; Nanda 2022) estimates the change of a metric when a head is
+ablated, ``M(ablated) - M(clean)``, to first order: ``sum((z_ablated - z) * dM/dz)`` at the
+head's ``hook_z`` slice, for every head from one forward and one backward pass. AtP*
+(Kramar, Lieberum, Shah, Nanda 2024, arXiv 2403.00745) fixes its two failure modes: the QK
+fix recomputes the attention softmax exactly where the head's write changes later queries
+and keys (a saturated softmax has a vanishing gradient), and GradDrop guards against
+cancellation between direct and indirect paths. The paper recommends verifying the top
+candidates by exact ablation: :func:`~lensprobe.interventions.verify.verify_attribution`.
+
+The ablation is :func:`~lensprobe.interventions.ablation.ablate_heads`' (same hook, same
+positions, same zero/mean/resample values), so every estimate has an exact counterpart in
+:func:`~lensprobe.interventions.sweep.ablation_sweep`.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.forced import resolve_measures
+from lensprobe.core.forward import as_prompts
+from lensprobe.core.heads import head_label, kv_group_heads, resolve_heads, resolve_positions
+from lensprobe.core.lazy import pandas
+from lensprobe.interventions.atp import Unit, attribute_prompt, combine
+from lensprobe.interventions.replacement import METHODS, ablation_source, check_method
+
+__all__ = ["Attribution", "AttributionMethod", "attribute_heads", "attribution_sources", "unit_label"]
+
+AttributionMethod = Literal["atp", "atp*"]
+UNITS = ("head", "kv")
+
+
+def unit_label(unit: Unit, kind: str, n_kv_per_group: int = 1) -> str:
+    """``"L0H3"`` for a head, ``"L0KV1"`` for a KV group."""
+    layer, heads = unit
+    return head_label(layer, heads[0]) if kind == "head" else f"L{layer}KV{heads[0] // n_kv_per_group}"
+
+
+@dataclass
+class Attribution:
+    """Estimated metric change from ablating each head (or KV group), per prompt.
+
+    Attributes:
+        units: ``(layer, heads)`` per column: one query head, or the heads of a KV group.
+        estimates: ``[prompt, unit]`` signed estimate of ``M(ablated) - M(clean)``.
+        scores: ``[prompt, unit]`` the magnitude that ranks units: ``|estimate|`` for AtP,
+            GradDrop's for AtP*.
+        values: ``[prompt]`` the metric on the clean prompts.
+        method, metric, unit: how it was computed (``unit``: ``"head"`` or ``"kv"``).
+        n_layers, n_heads, group_size: the model's shape (``group_size`` query heads per KV head).
+        settings: the ablation and metric settings, for :func:`~lensprobe.interventions.verify.verify_attribution`.
+    """
+
+    units: list[Unit]
+    estimates: Float[Tensor, "prompt unit"]
+    scores: Float[Tensor, "prompt unit"]
+    values: Float[Tensor, " prompt"]
+    method: str
+    metric: str
+    unit: str
+    n_layers: int
+    n_heads: int
+    group_size: int = 1
+    settings: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def labels(self) -> list[str]:
+        """``"L0H3"`` (or ``"L0KV1"``) per unit."""
+        return [unit_label(u, self.unit, self.group_size) for u in self.units]
+
+    @property
+    def table(self):
+        """One row per unit: ``layer``, ``head`` (``kv_head`` for groups), ``head_label``, ``estimate``
+        (mean over prompts), ``spread`` (standard deviation over prompts), ``score``, ``n_prompts``."""
+        column = "head" if self.unit == "head" else "kv_head"
+        est, score = self.estimates, self.scores
+        spread = est.std(0, unbiased=False)
+        rows = [{"layer": layer, column: heads[0] if self.unit == "head" else heads[0] // self.group_size,
+                 "head_label": label, "estimate": float(est[:, i].mean()), "spread": float(spread[i]),
+                 "score": float(score[:, i].mean()), "n_prompts": int(est.shape[0])}
+                for i, ((layer, heads), label) in enumerate(zip(self.units, self.labels, strict=True))]
+        return pandas().DataFrame(rows, columns=["layer", column, "head_label", "estimate", "spread", "score",
+                                                 "n_prompts"])
+
+    def grid(self) -> Float[Tensor, "layer head"]:
+        """Mean estimate as a ``[layer, head]`` tensor (``[layer, kv_head]`` for groups; NaN where not estimated)."""
+        width = self.n_heads if self.unit == "head" else self.n_heads // self.group_size
+        out = torch.full((self.n_layers, width), float("nan"), device="cpu")
+        for (layer, heads), value in zip(self.units, self.estimates.mean(0).tolist(), strict=True):
+            out[layer, heads[0] if self.unit == "head" else heads[0] // self.group_size] = value
+        return out
+
+    def top(self, k: int = 10):
+        """The ``k`` units with the largest score (the candidates to verify), as a table."""
+        t = self.table
+        return t.reindex(t["score"].sort_values(ascending=False, kind="stable").index).head(k).reset_index(drop=True)
+
+    def to_csv(self, path: str | Path) -> Path:
+        """Write :attr:`table` as CSV; returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.table.to_csv(path, index=False)
+        return path
+
+
+def _units(model, heads, unit: str) -> list[Unit]:
+    if unit not in UNITS:
+        raise LensprobeError(f"unit must be one of {UNITS}, got {unit!r}.")
+    pairs = sorted(resolve_heads(model, heads))
+    if not pairs:
+        raise LensprobeError("no heads to attribute: pass heads='all' or a list of heads.")
+    if unit == "head":
+        return [(layer, (head,)) for layer, head in pairs]
+    n_heads = int(model.cfg.n_heads)
+    size = n_heads // int(getattr(model.cfg, "n_key_value_heads", None) or n_heads)
+    groups = sorted({(layer, head // size) for layer, head in pairs})
+    return [(layer, tuple(h for _, h in kv_group_heads(model, layer, g))) for layer, g in groups]
+
+
+def attribution_sources(model, n: int, ablation: Any, reference: Any, per_position: bool,
+                        layers: Sequence[int]) -> tuple[str, list]:
+    """``(method, one replacement source per prompt)`` from the ``ablation`` argument.
+
+    ``ablation`` is ``"zero"``, ``"mean"``, ``"resample"`` (``reference`` as in
+    :func:`~lensprobe.interventions.ablation.ablate_heads`), or a list of corrupted prompts,
+    one per prompt: each prompt's heads are then resampled from its own corrupted prompt.
+    """
+    if isinstance(ablation, str):
+        check_method(ablation, reference)
+        source = ablation_source(model, ablation, reference, layers, per_position)
+        return ablation, [source] * n
+    if reference is not None:
+        raise LensprobeError("corrupted prompts are the reference already: pass them as ablation=[...] alone.")
+    corrupted = as_prompts(model, ablation, build_strings=True)
+    if len(corrupted) != n:
+        raise LensprobeError(
+            f"got {len(corrupted)} corrupted prompts for {n} prompts: pass one corrupted prompt per prompt, or "
+            f"ablation in {METHODS}."
+        )
+    return "resample", [ablation_source(model, "resample", c, layers) for c in corrupted]
+
+
+def attribute_heads(model, prompts, metric: Any = "entropy", *, method: AttributionMethod = "atp",
+                    ablation: Any = "zero", reference: Any = None, per_position: bool = False,
+                    positions: Any = None, heads: Any = "all", unit: str = "head",
+                    answers: str | Sequence[str] | None = None, tokens: Sequence[int | str] | None = None,
+                    continuation: Any = None, batch_size: int = 32) -> Attribution:
+    """Estimate, for every head at once, how a metric changes when that head is ablated.
+
+    The ablation is :func:`~lensprobe.interventions.ablation.ablate_heads`' (``hook_z``,
+    per query head, the same positions and replacement values), so
+    :func:`~lensprobe.interventions.sweep.ablation_sweep` measures exactly what this estimates.
+
+    **What is exact and what is approximate.** ``"atp"`` is the first-order Taylor term:
+    exact when the metric is linear in the head outputs (e.g. a logit difference of a model
+    whose heads feed the unembedding directly), approximate wherever a nonlinearity lies
+    between the head and the metric (norms, MLPs, later attention, the softmax of the metric).
+    ``"atp*"`` adds, following Kramar et al. 2024: the **QK fix**: for every later layer, the
+    attention is recomputed exactly (norm, queries, keys, softmax, values) on its input plus
+    the head's direct write ``dz @ W_O``, and only what follows that layer's attention output
+    is linearised (so for a layer-0 head of a two-layer attention-only model with a linear
+    metric the estimate is exact); paths through MLPs and the interaction of several layers'
+    changes stay linear. **GradDrop**: the ranking ``score`` averages, over layers ``L'``, the
+    magnitude of the estimate with layer ``L'``'s gradient dropped (``sum / (n_layers - 1)``),
+    so a head whose direct and indirect effects cancel on these prompts still ranks high; it
+    is a magnitude, not a signed effect. Verify candidates with
+    :func:`~lensprobe.interventions.verify.verify_attribution`.
+
+    Cost per prompt (forward-pass equivalents): AtP about 3 (forward, backward); AtP* adds
+    about ``n_layers / 2`` backward passes (GradDrop), one pass, and for every later layer one
+    attention computation per unit below it (QK fix), in chunks of ``batch_size`` units.
+    Memory: one prompt at a time; gradients only at ``hook_z`` (parameters are frozen during the
+    passes and receive no gradient), activations of one forward kept for its backward.
+
+    Args:
+        model: a TransformerLens model (TransformerBridge or HookedTransformer).
+        prompts: a :class:`~lensprobe.core.prompts.Prompt`, a question string, token ids, or a list.
+        metric: ``"entropy"`` (next-token entropy at the last position, nats), ``"logprob"``
+            (log-probability of ``answers`` fed after the prompt), ``"logit_diff"`` (``tokens=(a, b)``),
+            or a callable ``fn(logits [batch, pos, vocab], prompt) -> [batch]`` of torch operations
+            (see :func:`~lensprobe.core.forced.resolve_measures`).
+        method: ``"atp"`` or ``"atp*"``.
+        ablation: ``"zero"``, ``"mean"``, ``"resample"`` (with ``reference``), or corrupted prompts
+            (one per prompt, each resampled from its own).
+        reference, per_position, positions: as in :func:`~lensprobe.interventions.ablation.ablate_heads`
+            (segment names are resolved per prompt).
+        heads: heads to attribute (``"all"`` or any head spec).
+        unit: ``"head"`` (one row per query head) or ``"kv"`` (one per KV group, its heads ablated together).
+        answers, tokens, continuation: the metric's answer text, logit-difference tokens, or a
+            teacher-forced continuation (token ids, e.g. a generation's) per prompt.
+        batch_size: units per batched attention computation of the QK fix.
+
+    Returns:
+        An :class:`Attribution`; ``.table`` has ``layer``, ``head``, ``head_label``, ``estimate``,
+        ``spread``, ``score``.
+
+    Raises:
+        LensprobeError: a bad method, unit, metric, ablation or head spec; a non-finite metric.
+
+    Example:
+        >>> att = lp.attribute_heads(model, prompts, "entropy", method="atp*")
+        >>> att.top(5)[["head_label", "estimate", "score"]]
+    """
+    if method not in ("atp", "atp*"):
+        raise LensprobeError(f"method must be 'atp' or 'atp*', got {method!r}.")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise LensprobeError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    units = _units(model, heads, unit)
+    items = as_prompts(model, prompts, build_strings=True)
+    measures = resolve_measures(model, metric, len(items), answers=answers, tokens=tokens, continuation=continuation)
+    kind, sources = attribution_sources(model, len(items), ablation, reference, per_position, [u[0] for u in units])
+    star = method == "atp*"
+    n_layers = int(model.cfg.n_layers)
+    estimates, scores, values = [], [], []
+    for prompt, measure, source in zip(items, measures, sources, strict=True):
+        pos = resolve_positions(positions, prompt if hasattr(prompt, "positions") else None)
+        part = attribute_prompt(model, measure.inputs(model, prompt), measure, prompt, units, pos, source,
+                                qk_fix=star, grad_drop=star, batch_size=batch_size)
+        est, score = combine(part, units, n_layers)
+        estimates.append(est)
+        scores.append(score)
+        values.append(part.value)
+    n_heads = int(model.cfg.n_heads)
+    settings = {"ablation": ablation, "method": kind, "reference": reference, "per_position": per_position,
+                "positions": positions, "answers": answers, "tokens": tokens, "continuation": continuation,
+                "metric": metric, "sources": sources}
+    return Attribution(units, torch.stack(estimates), torch.stack(scores), torch.tensor(values, device="cpu"),
+                       method, getattr(measures[0], "name", str(metric)), unit, n_layers, n_heads,
+                       n_heads // int(getattr(model.cfg, "n_key_value_heads", None) or n_heads), settings)
