@@ -9,6 +9,7 @@ config's.
 """
 
 import dataclasses
+import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,7 +19,10 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.generation.schedule import check_rule, emitted
 from lensprobe.generation.thinking import LatentFusion, Pause
 
-__all__ = ["GenerationConfig", "generation_config"]
+__all__ = ["MIN_TEMPERATURE", "GenerationConfig", "generation_config"]
+
+MIN_TEMPERATURE = 1e-3
+"""The lowest sampling temperature: logits divided by less overflow float32 (inf/nan probabilities)."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,13 @@ class GenerationConfig:
             must fit the model's context.
         do_sample: sample instead of greedy decoding (greedy is ``argmax`` of the logits).
         temperature, top_p: sampling settings (ignored when greedy).
+        top_k: with sampling, keep only the ``top_k`` most probable tokens (``0``: no cut;
+            ``transformers`` 4.x applied 50 when a generation config left it unset).
+        min_p: with sampling, drop tokens less probable than ``min_p`` times the most probable
+            (``None``: no cut).
+        repetition_penalty: divide the logits of tokens already in the row (prompt and
+            generated) by it when positive, multiply when negative; greedy too (``1``: off).
+            The order and semantics are ``transformers``' (:mod:`lensprobe.generation.sampling`).
         seed: with sampling, each row draws from its own generator seeded with ``(seed, j)``,
             ``j`` its sample index: results are reproducible, a prompt gives the same samples
             alone or in a batch, and sample ``j`` of every prompt (and of every condition) uses
@@ -55,6 +66,9 @@ class GenerationConfig:
     do_sample: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
     seed: int | None = None
     n_samples: int = 1
     stop_at_eos: bool = True
@@ -67,10 +81,19 @@ class GenerationConfig:
             raise LensprobeError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}.")
         if not _positive_int(self.n_samples):
             raise LensprobeError(f"n_samples must be an integer >= 1, got {self.n_samples!r}.")
-        if not isinstance(self.temperature, (int, float)) or not self.temperature > 0:
-            raise LensprobeError(f"temperature must be > 0, got {self.temperature!r}.")
+        if not isinstance(self.temperature, (int, float)) or not MIN_TEMPERATURE <= self.temperature < math.inf:
+            raise LensprobeError(f"temperature must be a finite number >= {MIN_TEMPERATURE:g}, got {self.temperature!r} "
+                                 "(below it the scaled logits overflow; for greedy decoding use do_sample=False).")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise LensprobeError(f"top_p must lie in (0, 1], got {self.top_p!r}.")
+        if not _int(self.top_k) or self.top_k < 0:
+            raise LensprobeError(f"top_k must be an integer >= 0 (0: no top-k cut), got {self.top_k!r}.")
+        object.__setattr__(self, "top_k", int(self.top_k))
+        if self.min_p is not None and (not isinstance(self.min_p, (int, float)) or not 0 <= self.min_p <= 1):
+            raise LensprobeError(f"min_p must lie in [0, 1] or be None, got {self.min_p!r}.")
+        if (not isinstance(self.repetition_penalty, (int, float)) or isinstance(self.repetition_penalty, bool)
+                or not 0 < self.repetition_penalty < float("inf")):
+            raise LensprobeError(f"repetition_penalty must be a finite number > 0 (1: off), got {self.repetition_penalty!r}.")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise LensprobeError(f"seed must be an integer or None, got {self.seed!r}.")
         if self.eos_token_id is not None:

@@ -293,6 +293,7 @@ def _trace(model, cfg: GenerationConfig, run: Run, engine_meta: dict, think_id, 
     meta = {
         "model": getattr(model.cfg, "model_name", None), "max_new_tokens": cfg.max_new_tokens,
         "do_sample": cfg.do_sample, "temperature": float(cfg.temperature), "top_p": float(cfg.top_p),
+        "top_k": cfg.top_k, "min_p": cfg.min_p, "repetition_penalty": float(cfg.repetition_penalty),
         "seed": cfg.seed, "stop_at_eos": cfg.stop_at_eos, "n_samples": cfg.n_samples,
         "thinking": _describe(cfg.thinking), "thinking_token_id": think_id if cfg.thinking is not None else None,
         "think_when": _describe(cfg.think_when), "track": _describe(track),

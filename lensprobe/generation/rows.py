@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from lensprobe.generation.config import GenerationConfig
-from lensprobe.generation.thinking import nucleus_probs
+from lensprobe.generation.sampling import penalised_scores, sampling_probs
 
 __all__ = ["FinishedRow", "RowOutputs", "choose", "row_generator", "row_seed", "row_text"]
 
@@ -108,11 +108,15 @@ def row_generator(cfg: GenerationConfig, sample: int, device) -> torch.Generator
     return g
 
 
-def choose(logits: Tensor, cfg: GenerationConfig, gens: list[torch.Generator | None] | None) -> Tensor:
-    """The next token of each row: greedy ``argmax``, or a draw from each row's generator."""
+def choose(logits: Tensor, cfg: GenerationConfig, gens: list[torch.Generator | None] | None,
+           seen: Tensor | None = None) -> Tensor:
+    """The next token of each row: greedy ``argmax``, or a draw from each row's generator, of the
+    scores ``transformers`` would build (:mod:`lensprobe.generation.sampling`; ``seen``: ``[row,
+    d_vocab]`` the tokens already in each row, for the repetition penalty)."""
+    scores = penalised_scores(logits, seen, cfg.repetition_penalty)
     if not cfg.do_sample:
-        return logits.argmax(-1)
-    probs = nucleus_probs(logits, top_p=cfg.top_p, temperature=cfg.temperature)
+        return scores.argmax(-1)
+    probs = sampling_probs(scores, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p)
     if gens is None or any(g is None for g in gens):
         return torch.multinomial(probs, 1)[:, 0]
     return torch.stack([torch.multinomial(probs[r], 1, generator=g)[0] for r, g in enumerate(gens)])

@@ -355,7 +355,8 @@ class Run:
         logp = torch.log_softmax(last, dim=-1)
         probs = logp.exp()
         ent = -torch.where(probs > 0, probs * logp, 0.0).sum(-1)  # as lp.entropy, one softmax
-        choice = choose(last, cfg, [self.gens[r] for r in live.rows.tolist()])
+        seen = self._seen(live, last.shape[-1]) if cfg.repetition_penalty != 1.0 else None
+        choice = choose(last, cfg, [self.gens[r] for r in live.rows.tolist()], seen)
         think = torch.zeros_like(live.active)
         if cfg.thinking is not None:
             think = self._think(live, last, ent, choice)
@@ -376,6 +377,16 @@ class Run:
         at_cap = (live.steps >= live.caps - 1).to(self.device) & live.active
         self._end(live, at_cap, "length")
         return choice, think
+
+    def _seen(self, live: _Live, vocab: int) -> Tensor:
+        """``[row, d_vocab]``: the tokens each live row holds so far (prompt and generated), for the
+        repetition penalty."""
+        seen = torch.zeros((len(live), vocab), dtype=torch.bool, device="cpu")
+        for b, (r, t) in enumerate(zip(live.rows.tolist(), live.steps.tolist(), strict=True)):
+            ids = torch.tensor(self.items[self.rows[r][0]][0], dtype=torch.long)
+            made = self.out.token_ids[r, :t]
+            seen[b, torch.cat([ids, made[made >= 0]]).clamp(max=vocab - 1)] = True
+        return seen.to(self.device)
 
     def _think(self, live: _Live, last: Tensor, ent: Tensor, choice: Tensor) -> Tensor:
         """Which live rows take a thinking step: the schedule asked once per group of rows at one step."""

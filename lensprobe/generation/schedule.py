@@ -186,8 +186,8 @@ def entropy_above(threshold: float) -> Rule:
     Example:
         >>> lp.schedule.entropy_above(2.5)
     """
-    if not isinstance(threshold, (int, float)) or threshold < 0:
-        raise LensprobeError(f"entropy threshold must be a number >= 0 (nats), got {threshold!r}.")
+    if not isinstance(threshold, (int, float)) or not 0 <= threshold < float("inf"):  # NaN would never fire
+        raise LensprobeError(f"entropy threshold must be a finite number >= 0 (nats), got {threshold!r}.")
     return EntropyAbove(float(threshold))
 
 

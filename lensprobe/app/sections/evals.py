@@ -48,7 +48,7 @@ def _arithmetic_conditions(model) -> tuple[str, str]:
     except LensprobeError:
         return names, ("ARM is left out: the authors published no ARM preset for this model, and a setting "
                        "chosen here would be a guess.")
-    return names + ",ARM,w/ Mless+ARM", "ARM uses the authors' preset for this model (one problem at a time)."
+    return names + ",ARM,w/ Mless+ARM", "ARM uses the authors' preset for this model (per-row statistics, batched)."
 
 
 def build_arithmetic_section(model, *, quick: bool = False):
