@@ -31,9 +31,12 @@ chat-format folders keep their configuration hash).
 
 **ARM.** ``"ARM"`` and ``"<name>+ARM"`` attach the paper's ARM module
 (:class:`~lensprobe.ARM`): ``evaluate(arm=...)``, or else the authors' preset for the model.
-An ARM without a seed is given the run's ``seed``, so the same seed gives the same rows.
-Conditions with ARM are generated one problem at a time (the authors' batch size): ARM's
-statistics cover the whole batch, so batching would make a row depend on its neighbours.
+An ARM without a seed is given the run's ``seed`` (any intervention with the
+``with_default_seed`` capability is), so the same seed gives the same rows. ARM computes its
+statistics per row (the authors' one-problem-at-a-time semantics, batched), so ARM conditions
+run with continuous batching like the others and each row equals its run alone; an
+intervention that declares itself ``batch_dependent`` (e.g. ``lp.ARM(per_row=False)``) is
+generated one problem at a time instead.
 
 **Verdicts.** Every row holds the three graders of :data:`~lensprobe.evals.grading.GRADERS` on
 the extracted answer, and ``"paper-exact"``: the authors' own verdict,
@@ -60,12 +63,12 @@ from typing import Any
 
 from lensprobe.core.conditions import (
     PROMPT_FORMATS,
-    Condition,
     PromptFormat,
     paper_conditions,
     resolve_conditions,
 )
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.hooks import with_default_seed
 from lensprobe.core.jsonable import json_digest, stable_repr
 from lensprobe.core.models import model_label
 from lensprobe.core.shards import check_shard, model_fingerprint, my_units
@@ -171,20 +174,31 @@ class EvalConfig(GenerationConfig):
         if not self.do_sample:
             d.pop("temperature")
             d.pop("top_p")
-        for name in ("thinking", "think_when"):  # absent when unset: older folders keep their hash
+            d.pop("top_k")
+            d.pop("min_p")
+        for name, neutral in (("top_k", 0), ("min_p", None), ("repetition_penalty", 1.0)):
+            if name in d and d[name] == neutral:  # absent when neutral: older folders keep their hash
+                d.pop(name)
+        for name in ("thinking", "think_when", "eos_token_id"):  # absent when unset: older folders keep their hash
             value = d.pop(name)
             if value is not None:
                 d[name] = stable_repr(value)
         return d
 
 
+TRANSFORMERS4_TOP_K = 50
+"""``transformers`` 4.x's ``top_k`` when a generation config leaves it unset (the authors' version)."""
+
+
 def paper_generation_settings(model) -> dict:
     """How the authors generate: ``max_new_tokens=2048`` and the model's own generation config.
 
-    ``do_sample`` comes from ``model.original_model.generation_config`` (greedy when there is
-    none); with sampling, so do ``temperature`` and ``top_p`` when it sets them. lensprobe's
-    generation has no ``top_k`` or ``repetition_penalty``: a generation config that sets them
-    to anything but their neutral value gets a warning.
+    Every setting of ``model.original_model.generation_config`` that changes the next-token
+    distribution is taken (greedy when there is none): ``do_sample``, ``repetition_penalty``
+    (greedy too) and, with sampling, ``temperature``, ``top_p``, ``top_k`` and ``min_p``. The
+    authors ran ``transformers`` 4.x, whose ``generate`` applies ``top_k=50`` when the
+    generation config leaves ``top_k`` unset: so does this (an explicit ``0`` or ``None`` in
+    a config read by 4.x would also have meant 50 for ``None``; only ``0`` turns it off).
 
     Example:
         >>> paper_generation_settings(model)
@@ -195,19 +209,16 @@ def paper_generation_settings(model) -> dict:
     if gen is None:
         return out
     out["do_sample"] = bool(getattr(gen, "do_sample", False))
+    penalty = getattr(gen, "repetition_penalty", None)
+    if penalty not in (None, 1.0):
+        out["repetition_penalty"] = float(penalty)
     if out["do_sample"]:
-        for name in ("temperature", "top_p"):
+        for name in ("temperature", "top_p", "min_p"):
             value = getattr(gen, name, None)
             if value is not None:
                 out[name] = float(value)
         top_k = getattr(gen, "top_k", None)
-        if top_k not in (None, 0):
-            warnings.warn(f"the model's generation config sets top_k={top_k}; lensprobe samples from the "
-                          "full top-p distribution (no top-k cut).", stacklevel=3)
-    penalty = getattr(gen, "repetition_penalty", None)
-    if penalty not in (None, 1.0):
-        warnings.warn(f"the model's generation config sets repetition_penalty={penalty}; lensprobe's "
-                      "generation does not apply it.", stacklevel=3)
+        out["top_k"] = TRANSFORMERS4_TOP_K if top_k is None else int(top_k)
     return out
 
 
@@ -315,7 +326,7 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
     builtins = paper_conditions(prompt_format=config.prompt_format, **system) if config.prompt_format != "chat" else None
     conds = resolve_conditions(conditions, builtins=builtins,
                                arm=arm if arm is not None else (lambda: preset_arm(model, bench)))
-    conds = [_seeded_arm(c, config.seed) for c in conds]
+    conds = [dataclasses.replace(c, interventions=with_default_seed(c.interventions, config.seed)) for c in conds]
     rank, world_size = check_shard(rank, world_size, out)
     fingerprint = model_fingerprint(model, model_name)
     run = {"format": FORMAT_VERSION, "model": fingerprint, "generation": config.hashed()}
@@ -363,15 +374,6 @@ def preset_arm(model, benchmark: str | None = "math500") -> ARM:
             "them, e.g. lp.evaluate(..., arm=lp.ARM(c=0.1, percentile=95)), or a condition "
             "lp.Condition('ARM', interventions=(lp.ARM(c=..., percentile=...),))."
         ) from None
-
-
-def _seeded_arm(cond: Condition, seed: int) -> Condition:
-    """``cond`` with every unseeded ARM given ``seed`` (rows are then reproducible)."""
-    if not any(isinstance(i, ARM) and i.seed is None for i in cond.interventions):
-        return cond
-    inter = tuple(dataclasses.replace(i, seed=seed) if isinstance(i, ARM) and i.seed is None else i
-                  for i in cond.interventions)
-    return dataclasses.replace(cond, interventions=inter)
 
 
 def _wait_for(out: Path, expected: set[tuple], poll: float = 0.5, stall_timeout: float = 3600.0) -> None:

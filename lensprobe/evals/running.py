@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from lensprobe.core.conditions import Condition, bind_interventions
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import check_positions, resolve_hooks
+from lensprobe.core.hooks import batch_dependent, check_positions, resolve_hooks
 from lensprobe.core.jsonable import json_digest
 from lensprobe.core.lazy import pandas
 from lensprobe.evals.data import Problem
@@ -32,7 +32,6 @@ from lensprobe.evals.results import RowWriter, read_rows, results_file, rows_fra
 from lensprobe.evals.verdicts import PAPER_EXACT
 from lensprobe.generation.loop import generate
 from lensprobe.generation.rows import FinishedRow
-from lensprobe.interventions.arm import ARM
 
 if TYPE_CHECKING:
     from lensprobe.evals.harness import EvalConfig
@@ -60,13 +59,14 @@ def generation_calls(items: list[Item], cond: Condition, config: EvalConfig):
     """Split one condition's pending items into generation calls: ``(items, interventions, batch size)``.
 
     Items whose interventions change when bound to their prompt are generated alone, and so
-    is every item of a condition with ARM (its statistics cover the whole batch); with
+    is every item of a condition with a batch-dependent intervention (its ``batch_dependent``
+    capability, e.g. ``lp.ARM(per_row=False)``: statistics over the whole batch); with
     sampling, alone means with the problem's other samples. The other items go in one call,
     run with continuous batching (``config.batch_size`` rows live at once); a call of items
     generated alone runs its rows as one batch (batch size ``None``) whatever ``batch_size``.
     """
     shared: list[Item] = []
-    alone = _has_arm(cond)
+    alone = bool(batch_dependent(cond.interventions))
     if alone and config.do_sample:
         groups: dict[str, list[Item]] = {}
         for it in items:
@@ -82,10 +82,6 @@ def generation_calls(items: list[Item], cond: Condition, config: EvalConfig):
             shared.append(it)
     if shared:  # one call: batch_size rows live at once, finished rows refilled (continuous batching)
         yield shared, cond.interventions, config.batch_size
-
-
-def _has_arm(cond: Condition) -> bool:
-    return any(isinstance(i, ARM) for i in cond.interventions)
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,13 @@ shape), and the moved entries use theirs.
 Consequences worth knowing:
 
 - ``p_min = p_max = 0`` still moves exactly one entry (the ``max(1, ...)`` rule).
-- The statistics are over the whole tensor, batch and positions together, as in the
-  authors' code: a row's result depends on the other rows of its batch (left padding
-  included). Under a KV cache, a decode step's tensor is one position, so the statistics
-  of each step are those of that single position (the prompt forward sees all prompt
-  positions at once). ``per_row=True`` on :class:`ARM` computes them per batch row instead
-  (row = first dimension).
+- :func:`arm_redistribute` computes its statistics over the whole tensor it is given, as the
+  authors' code does on a batch of one. :class:`ARM` gives it one batch row at a time by
+  default (``per_row=True``, padding left out), which is the authors' one-problem-at-a-time
+  semantics, batched; ``per_row=False`` passes the whole batch (a row's result then depends
+  on its neighbours). Under a KV cache, a decode step's tensor is one position, so the
+  statistics of each step are those of that single position (the prompt forward sees all
+  prompt positions at once).
 - Statistics are computed in float32; the result has the input's dtype. The input is never
   modified.
 - Without ``generator`` (or ``seed``) the draws come from torch's global generator, as in
@@ -47,7 +48,8 @@ Consequences worth knowing:
 """
 
 import math
-from dataclasses import dataclass, field, fields
+import warnings
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 import torch
@@ -59,7 +61,7 @@ from lensprobe.core.hooks import Hook, current_step
 from lensprobe.core.lazy import heavy
 from lensprobe.interventions.arm_presets import ARM_PRESETS, Source, arm_preset
 
-__all__ = ["ARM", "ARM_PRESETS", "MAD_SCALE", "activation_function", "arm_redistribute", "near_zero_band"]
+__all__ = ["ARM", "ARM_PRESETS", "MAD_SCALE", "BatchDependenceWarning", "activation_function", "arm_redistribute", "near_zero_band"]
 
 Mode = Literal["replace", "add"]
 Variant = Literal["default", "gemma"]
@@ -241,18 +243,35 @@ class _GateUp:
         self.up = up
 
 
+class BatchDependenceWarning(UserWarning):
+    """An intervention computed statistics over several rows of one forward (ARM with ``per_row=False``)."""
+
+
 class _Draws:
     """Generators for one attachment: one shared, or one per batch row (``per_row``), each
     seeded with ``seed`` on first use on the activations' device."""
-    __slots__ = ("seed", "shared", "rows")
+    __slots__ = ("seed", "shared", "rows", "warned")
 
     def __init__(self, seed: int | None) -> None:
         self.seed = seed
+        self.warned = False
         self.shared: torch.Generator | None = None
         self.rows: dict[int, torch.Generator] = {}
 
     def _new(self, device) -> torch.Generator:
         return torch.Generator(device=device).manual_seed(self.seed)
+
+    def warn_batch(self, layer: int, rows: int) -> None:
+        """Warn (once per attachment) that whole-batch statistics mix ``rows`` rows."""
+        if self.warned:
+            return
+        self.warned = True
+        warnings.warn(
+            f"ARM at layer {layer} with per_row=False computes its statistics over a forward of {rows} rows, "
+            "so each row's result depends on the others (and on the batch schedule); use per_row=True (the "
+            "default: the authors' one-problem-at-a-time statistics, batched) unless this is what you want.",
+            BatchDependenceWarning, stacklevel=3,
+        )
 
     def get(self, device, row: int | None = None, restart: bool = False) -> torch.Generator | None:
         """The generator for ``row`` (``None``: the shared one); ``restart`` seeds the row's anew."""
@@ -292,21 +311,41 @@ class _ARMHook:
                 "their gated product (or another hook edited one of them first); ARM cannot rebuild "
                 "act_fn(gate_proj(x)) here."
             )
-        a = self.arm
-        rule = dict(c=a.c, percentile=a.percentile, p_min=a.p_min, p_max=a.p_max, k=a.k,
-                    mode=a.mode, variant=a.variant)
-        if a.per_row and act.dim() >= 1:
-            info = current_step()  # inside lp.generate: batch row b is generation row info.rows[b]
-            # a row's draws restart at its prompt forward (step 0), as in a run of that row alone
-            inside = info is not None and info.rows is not None and len(info.rows) == act.shape[0]
-            keys = info.rows.tolist() if inside else range(act.shape[0])
-            fresh = (info.steps == 0).tolist() if inside and info.steps is not None else [False] * act.shape[0]
-            rows = [arm_redistribute(act[b], generator=self.draws.get(act.device, k, restart), **rule)
-                    for b, (k, restart) in enumerate(zip(keys, fresh, strict=True))]
-            edited = torch.stack(rows)
-        else:
-            edited = arm_redistribute(act, generator=self.draws.get(act.device), **rule)
-        return edited * up
+        if self.arm.per_row and act.dim() >= 2:
+            return self._per_row(act) * up
+        if act.dim() >= 1 and act.shape[0] > 1:
+            self.draws.warn_batch(self.arm.layer, act.shape[0])
+        return arm_redistribute(act, generator=self.draws.get(act.device), **self.arm.rule()) * up
+
+    def _per_row(self, act: Tensor) -> Tensor:
+        """Each batch row edited by its own statistics over its own positions (padding left out).
+
+        Inside :func:`lensprobe.generate`, batch row ``b`` is generation row ``info.rows[b]``:
+        its generator is that row's, restarted at the row's prompt forward, so the row draws
+        what it draws alone whatever shares its forward."""
+        info = current_step()
+        batch = act.shape[0]
+        if info is not None and not info.fits(batch, act.shape[1]):
+            raise LensprobeError(
+                f"ARM at layer {self.arm.layer}: this forward's MLP input has {batch} row(s) x {act.shape[1]} "
+                f"position(s) but the generation step describes {tuple(info.positions.shape)}; per-row "
+                "statistics cannot tell the rows' positions apart."
+            )
+        inside = info is not None and info.rows is not None and len(info.rows) == batch
+        keys = info.rows.tolist() if inside else list(range(batch))
+        restart = inside and info.prefill
+        out = act.clone()
+        for b, key in enumerate(keys):
+            gen = self.draws.get(act.device, key, restart)
+            if info is None:
+                out[b] = arm_redistribute(act[b], generator=gen, **self.arm.rule())
+                continue
+            real = (info.positions[b if info.positions.shape[0] > 1 else 0] >= 0).to(act.device)
+            if bool(real.all()):
+                out[b] = arm_redistribute(act[b], generator=gen, **self.arm.rule())
+            elif bool(real.any()):  # a left-padded row of a static batch: its prompt positions only
+                out[b, real] = arm_redistribute(act[b, real], generator=gen, **self.arm.rule())
+        return out
 
 
 @dataclass(frozen=True)
@@ -321,11 +360,14 @@ class ARM:
     ``hook_post`` (the input of ``down_proj``). Entries ARM does not move give exactly the
     unedited product.
 
-    The statistics cover the whole tensor the hook sees, as in the authors' code: every batch
-    row and position of one forward (left-padding positions of a padded batch included). In
-    a KV-cached generation the prompt forward sees all prompt positions and each decode step
-    sees one position per row, so later steps are edited by the statistics of a single
-    position. ``p_min = p_max = 0`` still moves one entry per forward.
+    The statistics are per batch row by default (``per_row=True``): each row's over its own
+    positions of one forward, padding left out. The authors run one problem at a time, so
+    their statistics (over the whole tensor of a batch of one) are exactly one row's: this is
+    their semantics, batched, and a row gets the same result in any batch, under continuous
+    batching, in any refill order. In a KV-cached generation the prompt forward sees all
+    prompt positions and each decode step sees one position per row, so later steps are
+    edited by the statistics of a single position. ``p_min = p_max = 0`` still moves one
+    entry per forward (per row).
 
     Args:
         layer: 0-based layer (the authors edit layer 0 only).
@@ -337,12 +379,19 @@ class ARM:
             ``lp.intervene`` block or ``lp.generate`` call) and advances through the
             forwards of that attachment, so the same seed gives the same draws and each
             generation with a fresh attachment is reproducible.
-        per_row: compute the statistics per batch row (first dimension) rather than over the
-            whole batch, so a row's result does not depend on the other rows. With a seed,
-            each row draws from its own generator seeded with ``seed`` (identical rows get
-            identical draws). Inside :func:`lensprobe.generate` a row's generator follows the
-            generation's row (``lp.current_step().rows``), so under continuous batching each
-            row gets exactly the draws it would get alone.
+        per_row: ``True`` (default): statistics per batch row (first dimension), over that
+            row's positions only (left padding of a static batch left out, as
+            ``lp.current_step().positions`` marks it), so a row's result never depends on the
+            other rows. With a seed, each row draws from its own generator seeded with
+            ``seed`` (identical rows get identical draws); inside :func:`lensprobe.generate` a
+            row's generator follows the generation's row (``lp.current_step().rows``) and
+            restarts at the row's prompt forward (``prefill``), so with a seed each
+            (prompt, sample) row draws exactly what it draws alone under any ``batch_size``,
+            refill order and engine. ``False``: the authors' code literally, statistics over
+            the whole tensor (batch rows and padding included); the intervention is then
+            ``batch_dependent`` (:func:`lensprobe.generate` runs static batches, evaluations run
+            each problem alone) and it warns once (:class:`BatchDependenceWarning`) when a
+            forward holds more than one row.
 
     Raises:
         LensprobeError: a bad setting (at construction); a layer out of range, a model
@@ -365,7 +414,7 @@ class ARM:
     mode: Mode = "replace"
     variant: Variant = "default"
     seed: int | None = None
-    per_row: bool = False
+    per_row: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.layer, int) or isinstance(self.layer, bool) or self.layer < 0:
@@ -415,6 +464,20 @@ class ARM:
         if unknown:
             raise LensprobeError(f"unknown ARM field(s) {sorted(unknown)}: use {[f.name for f in fields(cls)]}.")
         return cls(**{**settings, **overrides})
+
+    @property
+    def batch_dependent(self) -> bool:
+        """Whether a row's result depends on the other rows of its forward (``per_row=False``)."""
+        return not self.per_row
+
+    def with_default_seed(self, seed: int) -> "ARM":
+        """This ARM drawing from ``seed`` when it has no seed of its own (else itself)."""
+        return self if self.seed is not None else replace(self, seed=seed)
+
+    def rule(self) -> dict[str, Any]:
+        """The rule's settings as :func:`arm_redistribute` keywords."""
+        return dict(c=self.c, percentile=self.percentile, p_min=self.p_min, p_max=self.p_max, k=self.k,
+                    mode=self.mode, variant=self.variant)
 
     def hooks(self, model) -> list[Hook]:
         n_layers = int(model.cfg.n_layers)

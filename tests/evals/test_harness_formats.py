@@ -76,16 +76,21 @@ def fake_model(**gen):
 
 def test_paper_generation_settings_follow_the_models_generation_config(tiny):
     assert paper_generation_settings(tiny) == {"max_new_tokens": 2048, "do_sample": False}
+    # an unset top_k is transformers 4.x's default, 50 (the authors' version)
     sampled = fake_model(do_sample=True, temperature=0.7, top_p=0.8, top_k=None, repetition_penalty=1.0)
     assert paper_generation_settings(sampled) == {"max_new_tokens": 2048, "do_sample": True, "temperature": 0.7,
-                                                  "top_p": 0.8}
+                                                  "top_p": 0.8, "top_k": 50}
     greedy = fake_model(do_sample=False, temperature=0.7, top_p=0.8)
     assert paper_generation_settings(greedy) == {"max_new_tokens": 2048, "do_sample": False}
     assert paper_generation_settings(SimpleNamespace()) == {"max_new_tokens": 2048, "do_sample": False}
-    with pytest.warns(UserWarning, match="top_k=20; lensprobe samples from the full top-p distribution"):
-        paper_generation_settings(fake_model(do_sample=True, temperature=0.7, top_p=0.8, top_k=20))
-    with pytest.warns(UserWarning, match="repetition_penalty=1.05; lensprobe's generation does not apply it"):
-        paper_generation_settings(fake_model(do_sample=False, repetition_penalty=1.05))
+    qwen = fake_model(do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05)  # Qwen2.5 Instruct
+    assert paper_generation_settings(qwen) == {"max_new_tokens": 2048, "do_sample": True, "temperature": 0.7,
+                                               "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
+    assert paper_generation_settings(fake_model(do_sample=False, repetition_penalty=1.05)) == {
+        "max_new_tokens": 2048, "do_sample": False, "repetition_penalty": 1.05}
+    assert paper_generation_settings(fake_model(do_sample=True, top_k=0, min_p=0.05)) == {
+        "max_new_tokens": 2048, "do_sample": True, "top_k": 0, "min_p": 0.05}
+    assert EvalConfig.paper(qwen, max_new_tokens=8).hashed()["repetition_penalty"] == 1.05
     # settings given win over the model's
     cfg = EvalConfig.paper(sampled, temperature=0.5, batch_size=2)
     assert (cfg.do_sample, cfg.temperature, cfg.top_p, cfg.batch_size) == (True, 0.5, 0.8, 2)

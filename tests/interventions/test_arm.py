@@ -11,7 +11,7 @@ import torch
 import lensprobe as lp
 from lensprobe.core.errors import LensprobeError
 from lensprobe.interventions import ARM, arm_redistribute
-from lensprobe.interventions.arm import activation_function
+from lensprobe.interventions.arm import BatchDependenceWarning, activation_function
 
 # |a| sorted: 0.0004 (i=6), 0.001 (i=1), 0.002 (i=3), 0.3, 0.5, 1.0, 1.2, 2.0.
 # median(|a|) (lower middle of 8) = 0.3; deviations |.|-0.3 sorted: 0, 0.2, 0.298, 0.299,
@@ -201,8 +201,9 @@ def test_per_row_statistics_do_not_depend_on_the_batch(tiny):
         _, alone = capture(tiny, batch[b:b + 1], ARM(c=0.2, percentile=95, seed=0, per_row=True))
         torch.testing.assert_close(together[b:b + 1], alone, rtol=0, atol=1e-5)
     # Over the whole tensor (the authors' rule) a row's result depends on its batch.
-    _, pooled = capture(tiny, batch, ARM(c=0.2, percentile=95, seed=0))
-    _, alone = capture(tiny, batch[:1], ARM(c=0.2, percentile=95, seed=0))
+    with pytest.warns(BatchDependenceWarning, match="over a forward of 2 rows"):
+        _, pooled = capture(tiny, batch, ARM(c=0.2, percentile=95, seed=0, per_row=False))
+    _, alone = capture(tiny, batch[:1], ARM(c=0.2, percentile=95, seed=0, per_row=False))
     assert (pooled[:1] - alone).abs().max() > 1e-4
 
 
