@@ -22,6 +22,7 @@ from lensprobe import evals
 from lensprobe.core.conditions import PROMPT_FORMATS, Condition, paper_conditions, with_arm
 from lensprobe.core.devices import default_device, hub_reachable
 from lensprobe.core.errors import LensprobeError, ModelLoadError
+from lensprobe.core.forced import ContinuationEntropy, ContinuationLogProb, LogitDiff
 from lensprobe.core.forward import attention_patterns, forward
 from lensprobe.core.hooks import AttentionRecorder, Intervention, intervene
 from lensprobe.core.measures import AnswerLogProb, AttentionTo, Entropy, measure_once
@@ -68,9 +69,11 @@ from lensprobe.generation.trace import GenerationTrace, load_trace, trace_summar
 from lensprobe.generation.traceset import trace_prompts
 from lensprobe.interventions.ablation import HeadAblation, ablate_heads, ablate_kv_group
 from lensprobe.interventions.arm import ARM, arm_redistribute
+from lensprobe.interventions.attribution import Attribution, attribute_heads
 from lensprobe.interventions.patching import PatchResult, patch
 from lensprobe.interventions.replacement import HeadMeans, head_means
 from lensprobe.interventions.sweep import SweepResult, ablation_sweep
+from lensprobe.interventions.verify import Verification, verify_attribution
 from lensprobe.studies.filler import (
     FillerSetup,
     ascii_grid,
@@ -126,6 +129,9 @@ __all__ = [
     "Entropy",
     "AnswerLogProb",
     "AttentionTo",
+    "LogitDiff",
+    "ContinuationEntropy",
+    "ContinuationLogProb",
     "measure_once",
     # interventions
     "ARM",
@@ -139,6 +145,10 @@ __all__ = [
     "PatchResult",
     "ablation_sweep",
     "SweepResult",
+    "attribute_heads",
+    "Attribution",
+    "verify_attribution",
+    "Verification",
     # generation
     "generate",
     "trace_generation",
