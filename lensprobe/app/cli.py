@@ -22,6 +22,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from lensprobe.app.checks import check_common
 from lensprobe.app.commands.attention import add_attention
 from lensprobe.app.commands.demo import add_demo
 from lensprobe.app.commands.evals import add_eval, add_eval_report
@@ -69,7 +70,8 @@ def write_error_log(command: str, text: str) -> Path:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"lensprobe-error-{stamp}-{os.getpid()}.log"
-            path.write_text(f"lensprobe {__version__}: {command}\n\n{text}", encoding="utf-8")
+            # errors="replace": a command or traceback holding undecodable bytes still makes a whole log
+            path.write_text(f"lensprobe {__version__}: {command}\n\n{text}", encoding="utf-8", errors="replace")
             return path
         except OSError:
             continue
@@ -105,6 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     debug = bool(getattr(args, "debug", False))
     try:
+        check_common(args)  # text, --device, --system: before any model loads
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         hint = getattr(args, "interrupted", None)

@@ -24,13 +24,19 @@ MODEL_HELP = ("model path (.gguf or HF folder) or hub name; default: the embedde
 
 
 def int_list(text: str) -> list[int]:
-    """Parse ``"0,1,7"`` (or ``"3"``) into ints, for ``--layers``/``--heads``."""
-    try:
-        values = [int(v) for v in text.replace(" ", "").split(",") if v != ""]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 0,1,7, got {text!r}") from None
+    """Parse ``"0,1,7"`` (or ``"3"``) into distinct whole numbers >= 0, for ``--layers``/``--heads``/``--levels``."""
+    parts = [v for v in text.replace(" ", "").split(",") if v != ""]
+    if not all(v.isascii() and v.isdigit() for v in parts):
+        bad = next((v for v in parts if v.lstrip("-").isascii() and v.lstrip("-").isdigit()), None)
+        if bad is not None:
+            raise argparse.ArgumentTypeError(f"{bad} is negative: layers and heads are counted from 0")
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 0,1,7, got {text!r}")
+    values = [int(v) for v in parts]
     if not values:
         raise argparse.ArgumentTypeError("expected at least one integer, e.g. 0")
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"{twice[0]} is given twice in {text!r}: name each once")
     return values
 
 
@@ -75,14 +81,15 @@ def add_model_argument(parser: argparse.ArgumentParser) -> None:
 
 def add_system_arguments(parser: argparse.ArgumentParser) -> None:
     """``--system`` (default: the paper's MATH prompt) and ``--no-system``."""
-    parser.add_argument("--system", default=MATH_SYSTEM_PROMPT,
-                        help="system prompt (default: the paper's MATH prompt)")
+    parser.add_argument("--system", default=None, help="system prompt (default: the paper's MATH prompt)")
     parser.add_argument("--no-system", action="store_true", help="no system prompt")
 
 
 def system_of(args) -> str | None:
     """The system prompt the ``--system``/``--no-system`` arguments ask for."""
-    return None if args.no_system else args.system
+    if args.no_system:
+        return None
+    return MATH_SYSTEM_PROMPT if args.system is None else args.system
 
 
 def load_cli_model(args: argparse.Namespace, *, progress: bool = True):

@@ -38,6 +38,38 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
+def check_device(device: "str | torch.device") -> torch.device:
+    """``device`` as a torch device, checked: a device name torch knows, and one this machine has.
+
+    Raises:
+        LensprobeError: an unknown name (``"bogus"``), CUDA or MPS asked for where there is none,
+            or a GPU index beyond the GPUs visible.
+
+    Example:
+        >>> check_device("cpu")
+        device(type='cpu')
+    """
+    try:
+        dev = device if isinstance(device, torch.device) else torch.device(str(device).strip())
+    except (RuntimeError, ValueError):
+        raise LensprobeError(f"device {str(device)!r} is not a torch device: use cpu, cuda, cuda:1 or mps.") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise LensprobeError(f"device {str(device)!r}: torch sees no CUDA GPU here (is it a CPU-only build of "
+                                 "torch, or CUDA_VISIBLE_DEVICES empty?): use cpu, or leave the device out.")
+        if dev.index is not None and dev.index >= count:
+            raise LensprobeError(f"device {str(device)!r}: only {count} CUDA GPU(s) are visible (cuda:0-"
+                                 f"cuda:{count - 1}).")
+    if dev.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise LensprobeError(f"device {str(device)!r}: Apple's MPS is not available here: use cpu.")
+    if dev.type not in ("cpu", "cuda", "mps", "meta", "xpu"):
+        raise LensprobeError(f"device {str(device)!r}: lensprobe runs on cpu, cuda or mps.")
+    return dev
+
+
 def resolve_dtype(dtype: "torch.dtype | str | None") -> torch.dtype:
     """A torch floating dtype from a dtype or its name (``"bf16"``, ``"float16"``, ...); ``None`` is float32.
 

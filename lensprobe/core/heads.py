@@ -27,9 +27,9 @@ __all__ = ["Positions", "head_label", "hook_z_name", "is_int", "is_segment_spec"
            "parse_kv_groups",
            "resolve_heads", "resolve_positions"]
 
-_HEAD_RE = re.compile(r"^L(\d+|\*)H(\d+)$", re.IGNORECASE)
-_ALL_LAYERS_RE = re.compile(r"^H(\d+)$", re.IGNORECASE)
-_KV_RE = re.compile(r"^L(\d+)(?:KV|G)(\d+)$", re.IGNORECASE)
+_HEAD_RE = re.compile(r"^L(\d+|\*)H(\d+)$", re.IGNORECASE | re.ASCII)  # ASCII: 'L٣H1' is not layer 3
+_ALL_LAYERS_RE = re.compile(r"^H(\d+)$", re.IGNORECASE | re.ASCII)
+_KV_RE = re.compile(r"^L(\d+)(?:KV|G)(\d+)$", re.IGNORECASE | re.ASCII)
 _HEAD_FORMS = (
     "write 'L{layer}H{head}' (0-based: 'L0H13' is the paper's layer 1, head 14), 'H13' for "
     "head 13 in every layer, a (layer, head) pair, (None, head) for every layer, or 'all'"

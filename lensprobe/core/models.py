@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from lensprobe.core.devices import default_device, place, resolve_dtype
+from lensprobe.core.devices import check_device, default_device, place, resolve_dtype
 from lensprobe.core.errors import LensprobeError, ModelLoadError
 from lensprobe.core.jsonable import digest
 from lensprobe.core.lazy import heavy
@@ -323,13 +323,13 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
     """
     if name is not None and not isinstance(name, (str, os.PathLike)):
         if is_hooked_model(name):
-            return place(name, None if device is None else torch.device(device),
+            return place(name, None if device is None else check_device(device),
                          None if dtype is None else resolve_dtype(dtype))
         raise LensprobeError(
             f"load_model() got a {type(name).__name__}; pass None (embedded default), a path, "
             "a hub name, or a TransformerLens model with hook points."
         )
-    device = default_device() if device is None else torch.device(device)
+    device = default_device() if device is None else check_device(device)
     dtype = resolve_dtype(dtype)
     if name is None:
         return _bridge_from_folder(converted_gguf_folder(embedded_gguf_path()), device, dtype)
@@ -453,7 +453,10 @@ def check_heads(model, heads) -> list[int]:
                 f"head indices must be integers, got {head!r}: model has {total} query heads per layer "
                 f"(0-{total - 1})."
             )
-        if not 0 <= head < total:
+        if head < 0:
+            raise LensprobeError(f"head {head} is negative: heads are counted from 0 (model has {total} query heads "
+                                 f"per layer, 0-{total - 1}).")
+        if head >= total:
             raise LensprobeError(
                 f"head {head} out of range: model has {total} query heads per layer "
                 f"(0-{total - 1}). lensprobe counts heads from 0; papers count from 1 (a paper's "

@@ -23,7 +23,6 @@ boundary (e.g. SmolLM2 merges the system prompt's final ``"."`` with the filler'
 ``Prompt.straddling``.
 """
 
-import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -32,6 +31,8 @@ from jaxtyping import Int
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.randomtext import random_sentence_text
+from lensprobe.core.text import check_text
 
 MATH_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
 """lensprobe's system prompt for MATH-style questions in the chat template.
@@ -62,24 +63,6 @@ FILLER_SEP = "\n"
 Pieces = list[tuple[str, str]]
 """Named pieces of prompt text, in order: ``[(segment name, text), ...]``."""
 
-# Common English words for the random-sentence control (short, frequent, one or two tokens).
-_WORDS = (
-    "the of and to in is was for on are with as his they be at one have this from or had by "
-    "word but what some we can out other were all there when up use your how said an each she "
-    "which do their time if will way about many then them write would like so these her long "
-    "make thing see him two has look more day could go come did number sound no most people my "
-    "over know water than call first who may down side been now find any new work part take "
-    "get place made live where after back little only round man year came show every good me "
-    "give our under name very through just form sentence great think say help low line differ "
-    "turn cause much mean before move right boy old too same tell does set three want air well "
-    "also play small end put home read hand port large spell add even land here must big high "
-    "such follow act why ask men change went light kind off need house picture try us again "
-    "animal point mother world near build self earth father head stand own page should country "
-    "found answer school grow study still learn plant cover food sun four between state keep "
-    "eye never last let thought city tree cross farm hard start might story saw far sea draw "
-    "left late run while press close night real life few north open seem together next white "
-    "children begin got walk example ease paper group always music those both mark often letter"
-).split()
 
 
 @dataclass(frozen=True)
@@ -111,8 +94,7 @@ class Filler:
     @classmethod
     def text(cls, s: str) -> "Filler":
         """Any text as filler, e.g. a sentence of your own."""
-        if not isinstance(s, str) or not s.strip():
-            raise LensprobeError("filler text is empty: pass a non-empty string.")
+        check_text(s, "filler text")
         return cls("text", s)
 
     @classmethod
@@ -141,37 +123,6 @@ def _repeat(item: str, count: int, sep: str) -> str:
     if not item:
         raise LensprobeError("filler symbol/word is empty: pass a non-empty string.")
     return sep.join([item] * count)
-
-
-def _n_tokens(tokenizer, text: str) -> int:
-    """Number of tokens of ``text`` (no special tokens added)."""
-    return len(tokenizer.encode(text, add_special_tokens=False))
-
-
-def random_sentence_text(tokenizer, n_tokens: int, seed: int = 0) -> str:
-    """A sentence of random common words that is exactly ``n_tokens`` tokens long.
-
-    Words are added in random order while the count stays at or under ``n_tokens``; the
-    last gap is filled with one-token words. Deterministic for a given seed and tokenizer.
-    """
-    rng = random.Random(seed)
-    words: list[str] = []
-    count = 0
-    tries = 0
-    while count < n_tokens and tries < 50 * n_tokens + 100:
-        tries += 1
-        cand = rng.choice(_WORDS)
-        trial = " ".join(words + [cand])
-        c = _n_tokens(tokenizer, trial)
-        if c <= n_tokens:
-            words.append(cand)
-            count = c
-    if count != n_tokens:
-        raise LensprobeError(
-            f"could not build a random sentence of exactly {n_tokens} tokens with this "
-            "tokenizer; pass Filler.text(...) with your own sentence instead."
-        )
-    return " ".join(words)
 
 
 @dataclass(frozen=True)
@@ -330,8 +281,9 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
         True
     """
     tokenizer = getattr(model, "tokenizer", model)
-    if not isinstance(question, str) or not question.strip():
-        raise LensprobeError("question is empty: pass the question text.")
+    check_text(question, "question")
+    if system is not None:
+        check_text(system, "system prompt", empty=True)
     if template is None:
         template = "chat" if chat else "plain"
     if template not in TEMPLATES:
@@ -354,6 +306,10 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
         raise LensprobeError(
             f"filler must be a lensprobe Filler (e.g. Filler.meaningless()), got {type(filler).__name__}."
         )
+    n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
+    if filler is not None and filler.kind == "random_sentence" and n_ctx is not None and filler.n_tokens > n_ctx:
+        raise LensprobeError(f"a random sentence of {filler.n_tokens} tokens is longer than the model's context of "
+                             f"{n_ctx}: use a smaller filler count.")  # before drawing it
     fill = filler.resolve(tokenizer) if filler is not None else None
     if template == "raw":
         return _assemble_raw(tokenizer, raw_pieces(system, fill, question, placement, joiner), model,

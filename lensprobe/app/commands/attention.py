@@ -5,6 +5,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from lensprobe.app.checks import MAX_TOKENS, out_folder, text, whole
 from lensprobe.app.common import (
     add_model_argument,
     add_system_arguments,
@@ -36,18 +37,18 @@ def add_attention(subparsers) -> None:
                     "figures, a circuitsvis view, and the numbers as CSV/JSON. Layers and heads are "
                     "0-based (TransformerLens); papers count from 1.")
     add_model_argument(p)
-    p.add_argument("--question", required=True, help="the question text")
+    p.add_argument("--question", required=True, type=text, help="the question text")
     p.add_argument("--filler", default="w/ Mless", type=filler_condition(FILLER_CHOICES), metavar="CONDITION",
                    help="filler condition compared with no filler: 'w/ Mless' ('/' x 55; the default), 'w/ Mful' "
                         "('he' x 55), 'random sentence', or 'w/o' (no filler only); also meaningless, meaningful, "
                         "random, none")
-    p.add_argument("--count", type=int, default=55, help="filler repetitions (default 55)")
+    p.add_argument("--count", type=whole(1, MAX_TOKENS), default=55, help="filler repetitions (default 55)")
     add_system_arguments(p)
     p.add_argument("--placement", default="between", choices=PLACEMENTS, help="where the filler goes")
     p.add_argument("--layers", type=layer_list, default=[0], help="0-based layers, e.g. 0 or 0,5,29 or all")
     p.add_argument("--heads", type=int_list, default=None, help="0-based heads, e.g. 0,1,7 (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random sentence")
-    p.add_argument("--out", type=Path, default=Path("lensprobe-attention"), help="output folder")
+    p.add_argument("--out", type=out_folder, default=Path("lensprobe-attention"), help="output folder")
     p.set_defaults(func=run_attention)
 
 

@@ -12,6 +12,14 @@ Examples:
 from dataclasses import replace
 from pathlib import Path
 
+from lensprobe.app.checks import (
+    MAX_TOKENS,
+    out_folder,
+    positive_int,
+    probability,
+    temperature,
+    whole,
+)
 from lensprobe.app.common import (
     TEST_MODEL,
     add_model_argument,
@@ -22,6 +30,7 @@ from lensprobe.app.common import (
 )
 from lensprobe.core.conditions import paper_conditions, resolve_conditions
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.heads import parse_heads
 from lensprobe.core.models import model_label
 from lensprobe.core.shards import bind_local_gpu
 from lensprobe.evals.arithmetic import arithmetic_problems
@@ -71,21 +80,21 @@ def add_eval(subparsers) -> None:
                    help="also run every condition with these heads zero-ablated, e.g. L0H3,L1H2 (0-based)")
     p.add_argument("--subjects", type=str_list, default=None, help="keep these subjects, e.g. Algebra,Geometry")
     p.add_argument("--levels", type=int_list, default=None, help="keep these levels, e.g. 1,2")
-    p.add_argument("--limit", type=int, default=None, help="at most this many problems")
+    p.add_argument("--limit", type=positive_int, default=None, help="at most this many problems")
     p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle problems with this seed before --limit")
-    p.add_argument("--max-new-tokens", type=int, default=None,
+    p.add_argument("--max-new-tokens", type=whole(1, MAX_TOKENS), default=None,
                    help="generated tokens per answer (default 512; 2048 with --prompt-format paper)")
-    p.add_argument("--batch-size", type=int, default=8,
+    p.add_argument("--batch-size", type=positive_int, default=8,
                    help="rows generated at once; a finished row's slot takes the next prompt at once "
                         "(continuous batching; default 8)")
     p.add_argument("--sample", action="store_true", default=None,
                    help="sample instead of greedy decoding (paper format: default from the model's generation config)")
-    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold (default 1.0)")
-    p.add_argument("--n-samples", type=int, default=1, help="answers per problem (with --sample)")
+    p.add_argument("--temperature", type=temperature, default=None, help="sampling temperature (default 1.0)")
+    p.add_argument("--top-p", type=probability, default=None, help="nucleus sampling threshold (default 1.0)")
+    p.add_argument("--n-samples", type=positive_int, default=1, help="answers per problem (with --sample)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--grader", default="math-verify", choices=GRADERS, help="grader of the summary and figures")
-    p.add_argument("--out", type=Path, default=Path("lensprobe-eval"), help="output folder (default lensprobe-eval)")
+    p.add_argument("--out", type=out_folder, default=Path("lensprobe-eval"), help="output folder (default lensprobe-eval)")
     p.add_argument("--no-resume", action="store_true", help="refuse a folder that already holds results")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_eval, interrupted="every finished row is saved in --out; rerun the same command "
@@ -99,7 +108,7 @@ def add_eval_report(subparsers) -> None:
         description="Read one or more `lensprobe eval` output folders (several: one per model) and write "
                     "the accuracy tables (CSV), paired comparisons and figures as an HTML report.")
     p.add_argument("dirs", nargs="+", type=Path, help="result folder(s)")
-    p.add_argument("--out", type=Path, default=None, help="report folder (default: DIR/report)")
+    p.add_argument("--out", type=out_folder, default=None, help="report folder (default: DIR/report)")
     p.add_argument("--grader", default="math-verify", choices=GRADERS, help="grader of the figures")
     p.add_argument("--baseline", default=None, help="condition compared with the others (default: the first)")
     p.set_defaults(func=run_eval_report)
@@ -122,6 +131,21 @@ def conditions_from_args(args, model=None) -> list:
         conds = conds + [replace(c, name=f"{c.name} [ablate {args.ablate_heads}]",
                                  interventions=c.interventions + (ablation,)) for c in conds]
     return conds
+
+
+def check_eval_args(args) -> None:
+    """What ``eval`` can check without the model: ARM settings, conditions, ablated heads, and the
+    generation settings (all of them in the chat format; the paper format's come from the model)."""
+    arm = arm_from_args(args)
+    if arm is None:  # the model's preset, once it is loaded: any ARM stands in for it here
+        arm = ARM(c=0.1, percentile=90)
+    fmt = getattr(args, "prompt_format", "chat")
+    resolve_conditions(args.conditions, builtins=paper_conditions(prompt_format=fmt) if fmt != "chat" else None,
+                       arm=arm)
+    if args.ablate_heads:
+        parse_heads(args.ablate_heads)
+    if fmt == "chat":
+        eval_config_from_args(args, None)
 
 
 def arm_from_args(args):
@@ -169,7 +193,7 @@ def problems_from_args(args) -> list:
 def run_eval(args) -> int:
     check_out_dir(args.out, "eval")  # before the data and the model load
     problems = problems_from_args(args)
-    arm_from_args(args)  # a half-given ARM fails before the model loads
+    check_eval_args(args)  # conditions, heads and settings fail before the model loads
     if shard_info()[1] > 1:
         bind_local_gpu()  # one GPU per process under torchrun / accelerate launch
     model = load_cli_model(args)

@@ -1,8 +1,8 @@
 """``lensprobe ablate`` and ``lensprobe sweep``: head ablation on one question, and every head one at a time."""
 
 import json
-from pathlib import Path
 
+from lensprobe.app.checks import out_folder, positive_int, text, top_k
 from lensprobe.app.common import (
     add_model_argument,
     add_system_arguments,
@@ -14,8 +14,9 @@ from lensprobe.app.common import (
 )
 from lensprobe.app.sections.filler import demo_question
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.heads import head_label, resolve_heads
+from lensprobe.core.heads import head_label, parse_heads, resolve_heads
 from lensprobe.core.jsonable import to_jsonable
+from lensprobe.core.measures import resolve_measure
 from lensprobe.core.models import model_label
 from lensprobe.core.prompts import prompt_json
 from lensprobe.core.shards import bind_local_gpu, shard_info
@@ -39,7 +40,7 @@ def add_prompt_arguments(p) -> None:
     p.add_argument("--method", default="zero", choices=("zero", "mean", "resample"), help="ablation method")
     p.add_argument("--reference", action="append", default=None, metavar="TEXT",
                    help="a reference question for --method mean (repeat for several) or resample (once)")
-    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument("--out", type=out_folder, required=True, help="output folder")
 
 
 def prompt_of(model, args, question: str):
@@ -69,17 +70,22 @@ def add_ablate(subparsers) -> None:
                     "head, its average attention per token position. Heads are 0-based: L0H13 is the papers' "
                     "layer 1, head 14.")
     p.add_argument("--heads", required=True, help="heads, e.g. L0H3,L1H2 or H13 (head 13 in every layer)")
-    p.add_argument("--question", required=True, help="the question text")
+    p.add_argument("--question", required=True, type=text, help="the question text")
     p.add_argument("--positions", default=None,
                    help="restrict the ablation to a prompt segment (e.g. question) or positions (e.g. 3,4,5)")
-    p.add_argument("--top-k", type=int, default=10, help="tokens to list (default 10)")
+    p.add_argument("--top-k", type=top_k, default=10, help="tokens to list (default 10, at most 10,000)")
     add_prompt_arguments(p)
     p.set_defaults(func=run_ablate_command)
 
 
 def run_ablate_command(args) -> int:
     check_out_dir(args.out, "ablate")  # before the model loads
+    parse_heads(args.heads)
     model = load_cli_model(args)
+    vocab = int(model.cfg.d_vocab)
+    if args.top_k > vocab:
+        raise LensprobeError(f"--top-k {args.top_k} is more tokens than the model's vocabulary of {vocab}: give "
+                             f"--top-k {vocab} or less.")
     prompt = prompt_of(model, args, args.question)
     positions = args.positions
     if positions is not None and all(part.strip().isdigit() for part in positions.split(",")):
@@ -128,18 +134,21 @@ def add_sweep(subparsers) -> None:
                     "meet in --out/shards, and a rerun resumes.")
     p.add_argument("--metric", default="entropy",
                    help="entropy | logprob (needs --answer) | attention:<segment>, e.g. attention:system")
-    p.add_argument("--question", action="append", default=None, metavar="TEXT",
+    p.add_argument("--question", action="append", default=None, metavar="TEXT", type=text,
                    help="a question (repeat for several; default: a level-1 MATH-500 problem)")
     p.add_argument("--answer", action="append", default=None, metavar="TEXT",
                    help="the answer for --metric logprob (one, or one per --question)")
     p.add_argument("--heads", default="all", help="heads to sweep (default all), e.g. L0H0,L0H1 or H3")
-    p.add_argument("--batch-size", type=int, default=32, help="heads per forward pass (default 32)")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="heads per forward pass (default 32)")
     add_prompt_arguments(p)
     p.set_defaults(func=run_sweep_command)
 
 
 def run_sweep_command(args) -> int:
     check_out_dir(args.out, "sweep")  # before the model loads
+    parse_heads(args.heads)
+    for answer in args.answer or [None]:
+        resolve_measure(args.metric, answer=answer)
     rank, world = shard_info()  # under torchrun / accelerate launch: this process's share of the sweep
     shards = args.out / "shards" if world > 1 else None
     if shards is not None:

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+from lensprobe.app.checks import MAX_TOKENS, out_folder, positive_int, positive_number, text, whole
 from lensprobe.app.common import (
     add_model_argument,
     add_system_arguments,
@@ -39,22 +40,22 @@ def add_mechanism(subparsers) -> None:
                     "(w/o, w/ Mless, and w/o + ARM) with the share near zero. Tables as CSV, figures as HTML. "
                     "Layers and heads are 0-based (TransformerLens); papers count from 1.")
     add_model_argument(p)
-    p.add_argument("--question", required=True, help="the question text")
-    p.add_argument("--layer", type=int, default=0, help="0-based layer (default 0, as in the paper)")
+    p.add_argument("--question", required=True, type=text, help="the question text")
+    p.add_argument("--layer", type=whole(0), default=0, help="0-based layer (default 0, as in the paper)")
     p.add_argument("--heads", type=int_list, default=None, help="0-based heads, e.g. 0,1,7 (default: all)")
-    p.add_argument("--count", type=int, default=55, help="filler repetitions (default 55)")
+    p.add_argument("--count", type=whole(1, MAX_TOKENS), default=55, help="filler repetitions (default 55)")
     add_system_arguments(p)
     p.add_argument("--where", default="act_fn(gate)", choices=WHERE,
                    help="activation measured: act_fn(gate_proj(x)) (what ARM edits; the default) or hook_post "
                         "(act_fn(gate) * up)")
-    p.add_argument("--c", type=float, default=None,
+    p.add_argument("--c", type=positive_number, default=None,
                    help="scale of the near-zero band eps = 1.4826 * MAD(|a|) * c, from the w/o run (default: the "
                         "ARM preset's c, else 0.1)")
-    p.add_argument("--eps", type=float, default=None, help="half-width of the near-zero band (overrides --c)")
-    p.add_argument("--bins", type=int, default=80, help="histogram bins (default 80)")
+    p.add_argument("--eps", type=positive_number, default=None, help="half-width of the near-zero band (overrides --c)")
+    p.add_argument("--bins", type=positive_int, default=80, help="histogram bins (default 80)")
     p.add_argument("--no-arm", action="store_true", help="leave out the w/o + ARM condition")
     p.add_argument("--seed", type=int, default=0, help="seed of ARM's draws")
-    p.add_argument("--out", type=Path, default=Path("lensprobe-mechanism"), help="output folder")
+    p.add_argument("--out", type=out_folder, default=Path("lensprobe-mechanism"), help="output folder")
     p.set_defaults(func=run_mechanism)
 
 

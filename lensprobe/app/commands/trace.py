@@ -4,6 +4,16 @@ import re
 from functools import partial
 from pathlib import Path
 
+from lensprobe.app.checks import (
+    MAX_TOKENS,
+    finite_number,
+    out_folder,
+    positive_int,
+    probability,
+    temperature,
+    text,
+    whole,
+)
 from lensprobe.app.common import (
     add_model_argument,
     add_system_arguments,
@@ -18,6 +28,7 @@ from lensprobe.core.jsonable import describe_setting
 from lensprobe.core.models import model_label
 from lensprobe.core.prompts import build_prompt
 from lensprobe.core.shards import bind_local_gpu, content_digest, model_fingerprint, shard_info
+from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.schedule import parse_schedule
 from lensprobe.generation.thinking import THINKING_TOKEN, add_thinking_token
 from lensprobe.generation.trace import trace_summary
@@ -44,28 +55,28 @@ def add_trace(subparsers) -> None:
                     "position. Layers and heads are 0-based. Under `torchrun --nproc-per-node N -m lensprobe "
                     "trace ...` each process traces its share of the settings; they meet in --out/shards.")
     add_model_argument(p)
-    p.add_argument("--question", required=True, help="the question text")
+    p.add_argument("--question", required=True, type=text, help="the question text")
     add_system_arguments(p)
-    p.add_argument("--max-new-tokens", type=int, default=400, help="generation steps (default 400)")
+    p.add_argument("--max-new-tokens", type=whole(1, MAX_TOKENS), default=400, help="generation steps (default 400)")
     p.add_argument("--think", default="fusion",
                    help=f"thinking setting(s), comma-separated, from {','.join(THINKING_SETTINGS)} (default fusion)")
     p.add_argument("--schedule", default="every:8",
                    help="when to think: every:N, first:K, at:S1,S2, entropy:NATS, emitted (the model emits the "
                         "token), joined with '+' (default every:8)")
-    p.add_argument("--alpha", type=float, default=0.6, help="LatentFusion alpha for --think fusion (default 0.6)")
-    p.add_argument("--fusion-top-p", type=float, default=0.9, help="top-p of the latent mixture (default 0.9)")
+    p.add_argument("--alpha", type=finite_number, default=0.6, help="LatentFusion alpha for --think fusion (default 0.6)")
+    p.add_argument("--fusion-top-p", type=probability, default=0.9, help="top-p of the latent mixture (default 0.9)")
     p.add_argument("--token", default=THINKING_TOKEN, help="the thinking token (added if missing)")
     p.add_argument("--track", default="system,question",
                    help="extra tracked sets, comma-separated: segment names, 'prompt', 'generated', or one-token "
                         "strings (default system,question)")
-    p.add_argument("--samples", type=int, default=1, help="samples per setting (needs --sample for variety)")
+    p.add_argument("--samples", type=positive_int, default=1, help="samples per setting (needs --sample for variety)")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--temperature", type=temperature, default=1.0)
+    p.add_argument("--top-p", type=probability, default=1.0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--smooth", type=int, default=1, help="moving-average window of the figure, in steps")
+    p.add_argument("--smooth", type=positive_int, default=1, help="moving-average window of the figure, in steps")
     p.add_argument("--format", default="parquet", choices=("parquet", "json"), help="trace file format")
-    p.add_argument("--out", type=Path, default=Path("lensprobe-trace"), help="output folder")
+    p.add_argument("--out", type=out_folder, default=Path("lensprobe-trace"), help="output folder")
     p.set_defaults(func=run_trace)
 
 
@@ -86,6 +97,8 @@ def run_trace(args) -> int:
     if not settings:
         raise LensprobeError(f"--think needs at least one of {', '.join(THINKING_SETTINGS)}.")
     rule = parse_schedule(args.schedule)
+    GenerationConfig(args.max_new_tokens, do_sample=args.sample, temperature=args.temperature, top_p=args.top_p,
+                     n_samples=args.samples)  # sampling settings checked before the model loads
     track = {s.strip(): s.strip() for s in args.track.split(",") if s.strip()}
     rank, world = shard_info()  # under torchrun / accelerate launch: this process's share of the settings
     if world > 1:

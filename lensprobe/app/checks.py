@@ -1,0 +1,133 @@
+"""Checks on command-line values that run before any model loads: argparse types for numbers,
+text and folders, and each command's checks of values that need parsing (conditions, metrics,
+schedules, devices, sampling settings). A bad value is one line and exit code 2 with the fix.
+
+Every check here needs no model; what depends on the model (a layer beyond its depth, a prompt
+beyond its context) is checked right after it loads, before any work.
+"""
+
+import argparse
+import math
+from pathlib import Path
+
+from lensprobe.core.devices import check_device
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.text import surrogate_at
+from lensprobe.generation.config import MIN_TEMPERATURE
+
+__all__ = ["MAX_TOKENS", "check_common", "check_text_arguments", "finite_number", "out_folder", "positive_int",
+           "positive_number", "probability", "temperature", "text", "top_k", "whole"]
+
+MAX_TOKENS = 10_000_000
+"""No model's context holds more tokens: a larger ``--max-new-tokens`` or ``--count`` is a typo."""
+
+
+def whole(low: int = 1, high: int | None = None):
+    """An argparse type: a whole number in ``[low, high]`` (ASCII digits only: ``'٣'`` is refused)."""
+    def parse(value: str) -> int:
+        stripped = value.strip()
+        try:
+            if not stripped.isascii():
+                raise ValueError
+            number = int(stripped)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+        if number < low or (high is not None and number > high):
+            bound = f"between {low} and {high:,}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"expected a whole number {bound}, got {value}")
+        return number
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+positive_int = whole(1)
+"""A whole number >= 1 (``--batch-size``, ``--bins``, ``--smooth``, ...)."""
+
+top_k = whole(1, 10_000)
+"""``--top-k``: tokens to list (at most 10,000; also checked against the vocabulary)."""
+
+
+def finite_number(value: str) -> float:
+    """An argparse type: a finite number (``nan`` and ``inf`` are refused)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {value}")
+    return number
+
+
+def positive_number(value: str) -> float:
+    """An argparse type: a finite number > 0 (``--eps``, ``--c``, ``--alpha``)."""
+    number = finite_number(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
+    return number
+
+
+def probability(value: str) -> float:
+    """An argparse type: a number in (0, 1] (``--top-p``)."""
+    number = finite_number(value)
+    if not 0 < number <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value}")
+    return number
+
+
+def temperature(value: str) -> float:
+    """An argparse type: a finite sampling temperature >= :data:`~lensprobe.generation.config.MIN_TEMPERATURE`."""
+    number = finite_number(value)
+    if number < MIN_TEMPERATURE:
+        raise argparse.ArgumentTypeError(
+            f"expected a temperature >= {MIN_TEMPERATURE:g}, got {value} (below it sampling overflows; for greedy "
+            "decoding leave out --sample)")
+    return number
+
+
+def text(value: str) -> str:
+    """An argparse type: text that is not empty or only spaces (``--question``)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("expected text, got an empty string")
+    return value
+
+
+def out_folder(value: str) -> Path:
+    """An argparse type: a folder path, not empty (``--out ""`` would write into the current folder)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("expected a folder path, got an empty string (use --out . for the current "
+                                         "folder)")
+    return Path(value)
+
+
+def check_text_arguments(args: argparse.Namespace) -> None:
+    """Refuse any argument holding bytes that are not UTF-8 (they reach Python as lone surrogates).
+
+    Raises:
+        LensprobeError: names the argument and where the bad bytes are.
+    """
+    for dest, value in vars(args).items():
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if not isinstance(item, (str, Path)):
+                continue
+            at = surrogate_at(str(item))
+            if at is not None:
+                name = dest if dest == "dirs" else "--" + dest.replace("_", "-")
+                raise LensprobeError(f"{name} holds bytes that are not UTF-8 text (at character {at}: "
+                                     f"{str(item).encode('utf-8', 'surrogateescape')[at:at + 4]!r}): pass it as "
+                                     "UTF-8 (rename a file or folder with such a name).")
+
+
+def check_common(args: argparse.Namespace) -> None:
+    """The checks every command shares, before its model loads: text arguments, ``--device``,
+    and ``--system`` given with ``--no-system``.
+
+    Raises:
+        LensprobeError: the first bad value.
+    """
+    check_text_arguments(args)
+    if getattr(args, "device", None) is not None:
+        check_device(args.device)
+    if getattr(args, "no_system", False) and getattr(args, "system", None) is not None:
+        raise LensprobeError("--no-system and --system were both given: drop one (--no-system runs without a "
+                             "system prompt).")

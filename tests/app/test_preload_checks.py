@@ -1,0 +1,114 @@
+"""Every command-line value is checked before the model loads: each bad value below exits with code 2,
+one line that names the argument, and no model loaded. One row per (command, flag): a new flag gets
+its row here."""
+
+import shlex
+
+import pytest
+
+from lensprobe.app import common
+from lensprobe.app.cli import main, write_error_log
+
+BASE = {
+    "attention": "attention --model tiny --question 'What is 2+3?' --out out",
+    "eval": "eval --model tiny --problems arithmetic --limit 2 --out out",
+    "eval-report": "eval-report runs/a",
+    "trace": "trace --model tiny --question 'What is 2+3?' --out out",
+    "ablate": "ablate --model tiny --heads L0H1 --question 'What is 2+3?' --out out",
+    "sweep": "sweep --model tiny --out out",
+    "mechanism": "mechanism --model tiny --question 'What is 2+3?' --out out",
+    "demo": "demo --model tiny --quick --out out",
+}
+
+BAD = "\udcff"  # what the byte 0xff of a command line becomes in Python
+
+# (command, extra arguments with {} for the bad value, bad values, a fragment of the line printed)
+TABLE = [
+    ("eval", "--max-new-tokens {}", ["0", "-5", "1000000000000", "x"], "--max-new-tokens"),
+    ("eval", "--batch-size {}", ["0", "-1"], "--batch-size"),
+    ("eval", "--n-samples {}", ["0"], "--n-samples"),
+    ("eval", "--n-samples {}", ["2"], "n_samples=2 with greedy decoding"),
+    ("eval", "--conditions {}", ["bogus", "''", "w/o,w/o", "ARM+bogus"], "condition"),
+    ("eval", "--sample --temperature {}", ["0", "-1", "nan", "inf", "1e-40"], "--temperature"),
+    ("eval", "--sample --top-p {}", ["0", "1.5", "nan"], "--top-p"),
+    ("eval", "--limit {}", ["0"], "--limit"),
+    ("eval", "--arm-c {} --arm-percentile 90", ["-1", "nan"], "c must be a non-negative number"),
+    ("eval", "--arm-c 0.1 --arm-percentile {}", ["900", "-1"], "percentile must be in [0, 100]"),
+    ("eval", "--ablate-heads {}", ["L٣H1", "L0Hx"], "is not a head label"),
+    ("eval", "--out {}", ["''"], "--out: expected a folder path"),
+    ("eval", "--device {}", ["bogus", "cuda", "cuda:3"], "device"),
+    ("attention", "--question {}", ["''", "'   '"], "--question: expected text"),
+    ("attention", "--question {}", [f"'What {BAD} is 2+3?'"], "--question holds bytes that are not UTF-8"),
+    ("attention", "--system {}", [f"'You {BAD}'"], "--system holds bytes that are not UTF-8"),
+    ("attention", "--out {}", [f"'out{BAD}'"], "--out holds bytes that are not UTF-8"),
+    ("attention", "--heads {}", ["1,1", "=-1", "٣"], "--heads"),
+    ("attention", "--layers {}", ["0,0", "-1"], "--layers"),
+    ("attention", "--count {}", ["0", "100000000000"], "--count"),
+    ("attention", "--no-system --system {}", ["SYS"], "--no-system and --system were both given"),
+    ("attention", "--device {}", ["bogus"], "device 'bogus' is not a torch device"),
+    ("trace", "--smooth {}", ["0"], "--smooth"),
+    ("trace", "--schedule {}", ["entropy:nan", "entropy:-1", "bogus:3"], "schedule"),
+    ("trace", "--sample --temperature {}", ["inf", "1e-40"], "--temperature"),
+    ("trace", "--top-p {}", ["1.5"], "--top-p"),
+    ("trace", "--samples {}", ["0"], "--samples"),
+    ("trace", "--max-new-tokens {}", ["0"], "--max-new-tokens"),
+    ("trace", "--think {}", ["bogus"], "bogus"),
+    ("ablate", "--top-k {}", ["0", "1000000"], "--top-k"),
+    ("ablate", "--heads {}", ["L٣H1", "L0Hx"], "is not a head label"),
+    ("sweep", "--metric {}", ["bogus", "logprob"], "metric"),
+    ("sweep", "--batch-size {}", ["0"], "--batch-size"),
+    ("sweep", "--heads {}", ["H٣"], "is not a head label"),
+    ("mechanism", "--bins {}", ["0"], "--bins"),
+    ("mechanism", "--eps {}", ["-1", "0", "nan"], "--eps"),
+    ("mechanism", "--c {}", ["inf"], "--c"),
+    ("mechanism", "--layer {}", ["-1"], "--layer"),
+    ("eval-report", "--out {}", ["''"], "--out: expected a folder path"),
+    ("demo", "--device {}", ["cuda"], "no CUDA GPU"),
+]
+
+CASES = [(cmd, extra.format(value), fragment) for cmd, extra, values, fragment in TABLE for value in values]
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch, tmp_path):
+    """Fail any attempt of the CLI to load a model (``load_cli_model`` calls these two)."""
+    loaded = []
+
+    def refuse(*args, **kwargs):
+        loaded.append(args)
+        raise AssertionError("the CLI loaded a model")
+
+    monkeypatch.setattr(common, "load_model", refuse)
+    monkeypatch.setattr(common, "tiny_model", refuse)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    (tmp_path / "runs" / "a" / "config.json").write_text('{"config_hash": "h", "run": {}, "conditions": {}}')
+    return loaded
+
+
+@pytest.mark.parametrize("command,extra,fragment", CASES, ids=[f"{c} {e}" for c, e, _ in CASES])
+def test_a_bad_value_is_one_line_exit_2_before_the_model_loads(command, extra, fragment, no_model_loads, capsys):
+    argv = shlex.split(f"{BASE[command]} {extra}".replace(" =", "="))
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.count("\n") == 1 and err.startswith("lensprobe"), err
+    assert fragment in err, err
+    assert no_model_loads == []
+
+
+def test_the_table_has_a_row_for_every_command():
+    assert {c for c, *_ in TABLE} == set(BASE)
+
+
+def test_a_good_command_does_reach_the_model_load(no_model_loads, capsys):
+    """The fixture sees loads: without a bad value the command gets as far as loading (and fails there)."""
+    assert main(shlex.split(BASE["attention"])) == 1
+    assert len(no_model_loads) == 1 and "the CLI loaded a model" in capsys.readouterr().err
+
+
+def test_the_error_log_is_written_whole_in_utf8_even_with_undecodable_bytes(tmp_path, monkeypatch):
+    monkeypatch.setenv("LENSPROBE_CACHE", str(tmp_path))
+    path = write_error_log(f"lensprobe attention --question 'a{BAD}'", f"Traceback (most recent call last):\n  'b{BAD}'\n")
+    text = path.read_bytes().decode("utf-8")  # valid UTF-8, never empty
+    assert "lensprobe attention --question 'a?'" in text and "Traceback (most recent call last)" in text
