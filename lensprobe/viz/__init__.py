@@ -11,6 +11,7 @@ result folders) and plotting libraries; never a study or the app.
 """
 
 from lensprobe.viz.ablation import head_attention_figure, next_token_figure, patch_figure, sweep_heatmap
+from lensprobe.viz.attribution import attribution_heatmap, attribution_scatter
 from lensprobe.viz.attention import (
     attention_received_figure,
     attention_view_html,
@@ -35,6 +36,8 @@ __all__ = [
     "affine_fit_figure",
     "attention_received_figure",
     "attention_view_html",
+    "attribution_heatmap",
+    "attribution_scatter",
     "condition_change_figure",
     "filler_vs_random_figure",
     "generation_trace_figure",

@@ -1,0 +1,94 @@
+"""Figures of head attribution: a layer x head heatmap of estimates, and estimate vs exact effect.
+
+They take an :class:`~lensprobe.interventions.attribution.Attribution` and a
+:class:`~lensprobe.interventions.verify.Verification` (or their tables) and draw them; nothing
+is computed here. Heads are 0-based, TransformerLens-style ("L0H13" is the papers' "layer 1,
+head 14").
+"""
+
+import plotly.graph_objects as go
+
+from lensprobe.viz.style import ABLATED_COLOR, CLEAN_COLOR, INDEX_NOTE
+
+__all__ = ["attribution_heatmap", "attribution_scatter"]
+
+
+def attribution_heatmap(attribution, *, title: str | None = None, zmax: float | None = None):
+    """Layer x head heatmap of an attribution's estimates (mean over prompts).
+
+    Args:
+        attribution: an :class:`~lensprobe.interventions.attribution.Attribution`.
+        title: figure title (default names the method and metric).
+        zmax: colour scale limit (symmetric around 0; default: the largest |estimate|).
+
+    Returns:
+        A plotly ``Figure``; red = the metric is estimated to rise when the head is ablated,
+        blue = to fall; blank cells were not estimated. Columns are KV groups for ``unit="kv"``.
+
+    Example:
+        >>> fig = attribution_heatmap(lp.attribute_heads(model, prompts, "entropy", method="atp*"))
+    """
+    grid = attribution.grid()
+    values = grid.tolist()
+    finite = grid[grid == grid]
+    lim = zmax if zmax is not None else (float(finite.abs().max()) if finite.numel() else 1.0) or 1.0
+    kv = attribution.unit == "kv"
+    text = [[f"L{lay}{'KV' if kv else 'H'}{h}" for h in range(grid.shape[1])] for lay in range(grid.shape[0])]
+    method = {"atp": "AtP", "atp*": "AtP*"}.get(attribution.method, attribution.method)
+    fig = go.Figure(go.Heatmap(
+        z=values, x=list(range(grid.shape[1])), y=list(range(grid.shape[0])), text=text, zmin=-lim, zmax=lim,
+        zmid=0.0, colorscale="RdBu_r", colorbar=dict(title=dict(text=f"est. Δ {attribution.metric}")),
+        hovertemplate="%{text}<br>estimated Δ = %{z:.4g}<extra></extra>"))
+    head_title = title or f"{method} estimate of the change in {attribution.metric} when ablating each " + (
+        "KV group" if kv else "head")
+    fig.update_layout(
+        title=dict(text=f"{head_title}<br><sup>{INDEX_NOTE}; mean over {attribution.estimates.shape[0]} "
+                        "prompt(s); verify the top candidates by exact ablation</sup>"),
+        xaxis=dict(title_text="KV group (0-based)" if kv else "head (0-based)", dtick=1),
+        yaxis=dict(title_text="layer (0-based)", autorange="reversed"), template="plotly_white",
+        height=max(360, 120 + 18 * grid.shape[0]), width=max(480, 220 + 40 * grid.shape[1]),
+        margin=dict(t=100, l=80, r=30, b=60),
+    )
+    return fig
+
+
+def attribution_scatter(verification, *, title: str | None = None):
+    """Estimated vs exact change for every verified head, with the line estimate = exact.
+
+    Args:
+        verification: a :class:`~lensprobe.interventions.verify.Verification` (or its ``table``
+            with ``head_label``, ``estimate``, ``exact``, ``chosen``).
+        title: figure title.
+
+    Returns:
+        A plotly ``Figure``: top candidates and sampled heads in two colours; points off the
+        diagonal are where the attribution is wrong.
+
+    Example:
+        >>> fig = attribution_scatter(lp.verify_attribution(model, prompts, "entropy", att, top=20))
+    """
+    table = getattr(verification, "table", verification)
+    fig = go.Figure()
+    for chosen, color, name in (("top", ABLATED_COLOR, "top candidates"), ("sample", CLEAN_COLOR, "random sample")):
+        rows = table[table["chosen"] == chosen]
+        if len(rows):
+            fig.add_trace(go.Scatter(
+                x=rows["exact"].tolist(), y=rows["estimate"].tolist(), mode="markers", name=name,
+                text=rows["head_label"].tolist(), marker=dict(color=color, size=8),
+                hovertemplate="%{text}<br>exact %{x:.4g}<br>estimate %{y:.4g}<extra></extra>"))
+    both = table["exact"].tolist() + table["estimate"].tolist()
+    lo, hi = (min(both), max(both)) if both else (0.0, 1.0)
+    fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="estimate = exact",
+                             line=dict(color="gray", dash="dash"), hoverinfo="skip"))
+    stats = ""
+    if hasattr(verification, "spearman"):
+        stats = (f"Spearman {verification.spearman:.3f}, top-{verification.top} recall {verification.recall:.2f}; ")
+    method = getattr(verification, "method", "attribution")
+    fig.update_layout(
+        title=dict(text=f"{title or f'{method} estimate vs exact ablation'}<br><sup>{stats}{INDEX_NOTE}; "
+                        "mean over prompts</sup>"),
+        xaxis_title=f"exact Δ {getattr(verification, 'metric', 'metric')} (ablated - clean)",
+        yaxis_title="estimated Δ", template="plotly_white", height=480, width=620,
+        margin=dict(t=100, l=80, r=30, b=60),
+    )
+    return fig
