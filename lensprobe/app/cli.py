@@ -24,17 +24,19 @@ from pathlib import Path
 
 from lensprobe.app.checks import check_common
 from lensprobe.app.commands.attention import add_attention
+from lensprobe.app.commands.attribution import add_attribute
 from lensprobe.app.commands.demo import add_demo
 from lensprobe.app.commands.evals import add_eval, add_eval_report
 from lensprobe.app.commands.heads import add_ablate, add_sweep
 from lensprobe.app.commands.mechanism import add_mechanism
+from lensprobe.app.commands.reproduce import add_reproduce
 from lensprobe.app.commands.trace import add_trace
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models import cache_dir
 from lensprobe.core.version import __version__
 
 SUBCOMMANDS: list[Callable] = [add_attention, add_demo, add_eval, add_eval_report, add_trace, add_ablate, add_sweep,
-                               add_mechanism]
+                               add_attribute, add_mechanism, add_reproduce]
 """Functions that register one subcommand each; add yours here."""
 
 

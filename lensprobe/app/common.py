@@ -109,6 +109,7 @@ OUTPUT_KINDS: dict[str, tuple[str, ...]] = {
     "attention": ("attention_received.json",),
     "ablate": ("ablation.json",),
     "sweep": ("sweep.json",),
+    "attribution": ("attribution.json",),
     "trace": ("summary.csv", "texts.csv"),
     "mechanism": ("mechanism.json",),
     "eval": ("config.json",),
