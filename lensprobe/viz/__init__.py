@@ -11,7 +11,6 @@ result folders) and plotting libraries; never a study or the app.
 """
 
 from lensprobe.viz.ablation import head_attention_figure, next_token_figure, patch_figure, sweep_heatmap
-from lensprobe.viz.attribution import attribution_heatmap, attribution_scatter
 from lensprobe.viz.attention import (
     attention_received_figure,
     attention_view_html,
@@ -19,6 +18,7 @@ from lensprobe.viz.attention import (
     filler_vs_random_figure,
     token_class_figure,
 )
+from lensprobe.viz.attribution import attribution_heatmap, attribution_scatter
 from lensprobe.viz.eval_report import results_section, write_eval_report
 from lensprobe.viz.evals import accuracy_bars, accuracy_by_level
 from lensprobe.viz.mechanism import activation_histogram_figure, affine_fit_figure
