@@ -248,6 +248,12 @@ def _check_problems(problems) -> list[Problem]:
         raise LensprobeError(
             f"problems must be lensprobe Problems (from lp.load_math500), got {type(bad[0]).__name__}."
         )
+    for p in problems:  # before anything is generated: an answer that is not text fails at grading
+        if not isinstance(p.id, str) or not isinstance(p.problem, str) or not p.problem.strip():
+            raise LensprobeError(f"problem {p.id!r}: its id must be a string and its problem non-empty text.")
+        if not isinstance(p.answer, str) or not p.answer.strip():
+            raise LensprobeError(f"problem {p.id!r}: its answer must be non-empty text, got "
+                                 f"{type(p.answer).__name__} {p.answer!r}: e.g. Problem(..., answer=str(value)).")
     ids = [p.id for p in problems]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)

@@ -9,12 +9,14 @@ authors' format, else ``math-verify``: :mod:`lensprobe.evals.verdicts`).
 """
 
 import math
+import numbers
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from statistics import NormalDist
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
+from lensprobe.evals.rows_check import check_verdict_column
 from lensprobe.evals.verdicts import resolve_grader, verdict_columns
 
 _Z95 = 1.959963984540054  # standard normal quantile at 0.975
@@ -39,6 +41,9 @@ def wilson_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[flo
         >>> round(lo, 3), round(hi, 3)
         (0.49, 0.943)
     """
+    for name, value in (("correct", correct), ("n", n)):
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise LensprobeError(f"wilson_interval needs whole-number counts, got {name}={value!r}.")
     if n < 0 or correct < 0 or correct > n:
         raise LensprobeError(f"need 0 <= correct <= n, got correct={correct}, n={n}.")
     if n == 0:
@@ -85,6 +90,7 @@ def accuracy(df, by: str | list[str] = "condition", *, grader: str | None = None
         return pass_at_k_table(df, k, by, grader=grader)
     pd = pandas()
     grader = resolve_grader(df, grader)
+    check_verdict_column(df, grader)  # 'False', 0, 0.5 are refused, never counted
     by = [by] if isinstance(by, str) else list(by)
     missing = [c for c in by if c not in df.columns]
     if missing:
@@ -165,6 +171,7 @@ def compare(df, a: str, b: str, *, grader: str | None = None) -> PairedCompariso
         >>> cmp.difference, cmp.p_value
     """
     grader = resolve_grader(df, grader)
+    check_verdict_column(df, grader)  # 'False', 0, 0.5 are refused, never counted
     conds = set(df["condition"])
     for name in (a, b):
         if name not in conds:
@@ -251,6 +258,7 @@ def pass_at_k_table(df, k: int, by: str | list[str] = "condition", *, grader: st
     pd = pandas()
     k = _check_k(k)
     grader = resolve_grader(df, grader)
+    check_verdict_column(df, grader)  # 'False', 0, 0.5 are refused, never counted
     by = [by] if isinstance(by, str) else list(by)
     missing = [c for c in by + ["problem_id"] if c not in df.columns]
     if missing:
@@ -363,6 +371,7 @@ def avg_at_k(df, k: int, by: str | list[str] = "condition", *, grader: str | Non
     pd = pandas()
     k = _check_k(k)
     grader = resolve_grader(df, grader)
+    check_verdict_column(df, grader)  # 'False', 0, 0.5 are refused, never counted
     by = [by] if isinstance(by, str) else list(by)
     missing = [c for c in by + ["problem_id", "sample"] if c not in df.columns]
     if missing:

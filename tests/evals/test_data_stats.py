@@ -256,7 +256,8 @@ def test_partial_last_line_is_ignored_and_repaired(tmp_path):
 
 def test_damaged_middle_line_is_an_error(tmp_path):
     prepare_folder(tmp_path, {"x": 1}, "h1", {})
-    (tmp_path / "results-rank0.jsonl").write_text('{"a": 1}\nnot json\n{"a": 2}\n', encoding="utf-8")
+    row = '{"condition": "c", "problem_id": "p1", "sample": 0}'
+    (tmp_path / "results-rank0.jsonl").write_text(f"{row}\nnot json\n{row}\n", encoding="utf-8")
     with pytest.raises(lp.LensprobeError, match="line 2 is not valid JSON"):
         read_rows(tmp_path)
 

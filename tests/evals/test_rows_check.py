@@ -149,3 +149,27 @@ def test_rows_math_verify_timed_out_on_are_left_out_and_counted_in_the_summary(c
     assert lp.evals.accuracy(load_results(copy))["n"].tolist() == [2]
     assert main(["eval-report", str(copy)]) == 0
     assert "1 row(s) have no math-verify verdict: it timed out grading them" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", ["False", "0", -1, 0.5])
+def test_accuracy_and_compare_refuse_verdicts_of_the_wrong_type(value):
+    rows = pd.DataFrame({"condition": ["a", "a", "b", "b"], "problem_id": ["p", "q", "p", "q"], "sample": 0,
+                         "math-verify": [False, value, False, False]})
+    with pytest.raises(lp.LensprobeError, match="verdicts must be True, False or None"):
+        lp.evals.accuracy(rows, grader="math-verify")
+    with pytest.raises(lp.LensprobeError, match="verdicts must be True, False or None"):
+        lp.evals.compare(rows, "a", "b", grader="math-verify")
+
+
+@pytest.mark.parametrize("counts", [(math.nan, 4), (1, 4.0), (True, 4)])
+def test_wilson_interval_refuses_counts_that_are_not_whole_numbers(counts):
+    with pytest.raises(lp.LensprobeError, match="wilson_interval needs whole-number counts"):
+        lp.evals.wilson_interval(*counts)
+
+
+@pytest.mark.parametrize("answer", [None, 7, "  "])
+def test_evaluate_refuses_an_answer_that_is_not_text_before_generating(tiny, answer, monkeypatch):
+    monkeypatch.setattr(lp.evals.harness, "run_plan", lambda *a, **k: pytest.fail("generation started"))
+    bad = [*PROBLEMS[:1], Problem(id="q9", problem="What is 1+1?", answer=answer)]
+    with pytest.raises(lp.LensprobeError, match=r"problem 'q9': its answer must be non-empty text"):
+        lp.evaluate(tiny, bad, "w/o", config=CONFIG, progress=False)
