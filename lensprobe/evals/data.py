@@ -124,8 +124,9 @@ def _problem_from_row(row, where: str, line_no: int, fields: _Fields = _MATH500_
         raise LensprobeError(f"{loc}: expected a JSON object, got {type(row).__name__}.")
     for key in (fields.problem, fields.answer):
         if key not in row or _is_missing(row[key]):
+            has = f"its {key!r} is {row[key]!r}" if key in row else f"the row has no {key!r} field"
             raise LensprobeError(
-                f"{loc}: the row has no {key!r} field (fields: {sorted(row)}). "
+                f"{loc}: {has} (fields: {sorted(row)}). "
                 f"Every row needs {fields.problem!r} and {fields.answer!r}; rename your fields or fix the row."
             )
     problem, answer = row[fields.problem], row[fields.answer]
@@ -225,10 +226,19 @@ def _file_format(path: Path, file_format: str | None) -> str:
     return found
 
 
+def _check_problem_file(path: Path) -> None:
+    """A problem file must be a regular file (a folder or ``/dev/null`` is named as what it is)."""
+    if path.is_dir():
+        raise LensprobeError(f"problem file {path} is a folder: pass a .jsonl, .json or .parquet file.")
+    if path.exists() and not path.is_file():
+        raise LensprobeError(f"problem file {path} is not a regular file (a device or a pipe): pass a .jsonl file.")
+    if not path.exists():
+        raise LensprobeError(f"problem file not found: {path}. Check the path.")
+
+
 def _read_rows(path: Path, file_format: str) -> tuple[list[tuple[int, object]], str]:
     """The file's rows as ``(line number or row index, row)``, and the unit that number counts."""
-    if not path.is_file():
-        raise LensprobeError(f"problem file not found: {path}. Check the path.")
+    _check_problem_file(path)
     if file_format == "parquet":
         return _parquet_rows(path), "row"
     if path.suffix.lower() == ".json":
@@ -253,8 +263,7 @@ def read_jsonl_problems(path: str | os.PathLike) -> list[Problem]:
         'test/precalculus/807.json'
     """
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise LensprobeError(f"problem file not found: {path}. Check the path.")
+    _check_problem_file(path)
     problems = [_problem_from_row(row, str(path), line_no) for line_no, row in _jsonl_rows(path)]
     if not problems:
         raise LensprobeError(f"{path} holds no problems: expected one JSON object per line.")

@@ -6,10 +6,11 @@ import shlex
 
 import pytest
 
+import lensprobe as lp
 from lensprobe.app import common
 from lensprobe.app.cli import main, write_error_log
 
-BASE = {
+BASE = {  # eval: --problems math500 (the default) when --data is in the row
     "attention": "attention --model tiny --question 'What is 2+3?' --out out",
     "eval": "eval --model tiny --problems arithmetic --limit 2 --out out",
     "eval-report": "eval-report runs/a",
@@ -36,6 +37,8 @@ TABLE = [
     ("eval", "--arm-c 0.1 --arm-percentile {}", ["900", "-1"], "percentile must be in [0, 100]"),
     ("eval", "--ablate-heads {}", ["L٣H1", "L0Hx"], "is not a head label"),
     ("eval", "--out {}", ["''"], "--out: expected a folder path"),
+    ("eval", "--data {}", ["runs"], "problem file runs is a folder"),
+    ("eval", "--data {}", ["/dev/null"], "problem file /dev/null is not a regular file"),
     ("eval", "--device {}", ["bogus", "cuda", "cuda:3"], "device"),
     ("attention", "--question {}", ["''", "'   '"], "--question: expected text"),
     ("attention", "--question {}", [f"'What {BAD} is 2+3?'"], "--question holds bytes that are not UTF-8"),
@@ -89,6 +92,8 @@ def no_model_loads(monkeypatch, tmp_path):
 @pytest.mark.parametrize("command,extra,fragment", CASES, ids=[f"{c} {e}" for c, e, _ in CASES])
 def test_a_bad_value_is_one_line_exit_2_before_the_model_loads(command, extra, fragment, no_model_loads, capsys):
     argv = shlex.split(f"{BASE[command]} {extra}".replace(" =", "="))
+    if "--data" in argv:
+        argv.remove("--problems"), argv.remove("arithmetic")
     rc = main(argv)
     err = capsys.readouterr().err
     assert rc == 2, err
@@ -112,3 +117,10 @@ def test_the_error_log_is_written_whole_in_utf8_even_with_undecodable_bytes(tmp_
     path = write_error_log(f"lensprobe attention --question 'a{BAD}'", f"Traceback (most recent call last):\n  'b{BAD}'\n")
     text = path.read_bytes().decode("utf-8")  # valid UTF-8, never empty
     assert "lensprobe attention --question 'a?'" in text and "Traceback (most recent call last)" in text
+
+
+def test_a_null_answer_is_named_as_null_not_as_missing(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"problem": "What is 2+3?", "answer": null}\n', encoding="utf-8")
+    with pytest.raises(lp.LensprobeError, match=r"line 1: its 'answer' is None \(fields: \['answer', 'problem'\]\)"):
+        lp.evals.load_problems(path)

@@ -153,7 +153,7 @@ def test_row_errors_name_the_row(tmp_path):
         load_problems(path)
     pq_path = tmp_path / "x.parquet"
     pq.write_table(pa.table({"problem": ["a?", "b?"], "answer": ["1", None]}), pq_path)
-    with pytest.raises(lp.LensprobeError, match=r"row 1: the row has no 'answer' field"):
+    with pytest.raises(lp.LensprobeError, match=r"row 1: its 'answer' is None"):
         load_problems(pq_path)
     ids = _write_jsonl(tmp_path / "ids.jsonl", [{"problem": "a?", "answer": "1", "k": "same"},
                                                 {"problem": "b?", "answer": "2", "k": "same"}])
