@@ -69,9 +69,10 @@ lint: install
 bench: install
 	$(BIN)/python benchmarks/attention_overhead.py
 
-# The HTML API reference, from the docstrings (pdoc), into build/docs/; fails on a broken cross-reference.
+# The docs site (mkdocs-material; the API reference from the docstrings by mkdocstrings) into build/docs/.
+# Strict: a broken link, cross-reference or missing page fails the build. Offline (no web fonts).
 docs: install
-	$(BIN)/python .ci/docs.py --out build/docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/docs
 
 clean:
 	rm -rf $(VENV) $(TL3_VENV) $(REPORT) .pytest_cache
