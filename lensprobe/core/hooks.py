@@ -181,8 +181,9 @@ class AttentionRecorder:
 
 # --------------------------------------------------------------------------- step context
 @dataclass(frozen=True)
-class StepInfo:
-    """The forward pass currently running inside :func:`lensprobe.generate`.
+class StepContext:
+    """Where the forward pass running inside :func:`lensprobe.generate` is: the one way a hook
+    learns it (read it with :func:`current_step`).
 
     The activations' ``batch`` axis holds the rows this forward runs. With continuous
     batching (``lp.generate(..., batch_size=B)``) those are the live rows, which may be at
@@ -199,9 +200,12 @@ class StepInfo:
         rows: ``[batch]`` each row's index in the generation's trace (``None`` likewise).
         prefill: this forward is a prompt forward (every row of it starts: its prompt
             positions, step 0); ``False`` for a decode step (one new position per row).
+        inputs: latent thinking inputs of this forward, ``(batch rows, [n, d_model] vectors)``
+            put in at those rows' newest input embedding (``hook_embed``), or ``None``.
 
-    A hook that acts by position and receives an activation whose ``[batch, pos]`` does not
-    match ``positions`` must raise rather than guess (lensprobe's own hooks do).
+    Contract: a hook that acts by position and receives an activation whose ``[batch, pos]``
+    does not match ``positions`` (:meth:`fits`) must raise rather than guess; lensprobe's own
+    hooks do.
     """
 
     step: int
@@ -210,34 +214,39 @@ class StepInfo:
     steps: Int[Tensor, " batch"] | None = None
     rows: Int[Tensor, " batch"] | None = None
     prefill: bool = False
+    inputs: tuple[Tensor, Tensor] | None = None
 
     def fits(self, batch: int, count: int) -> bool:
         """Whether ``positions`` describe an activation of ``batch`` rows and ``count`` positions."""
         return self.positions.shape[-1] == count and self.positions.shape[0] in (1, batch)
 
 
-_CURRENT: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar("lensprobe_step", default=None)
+StepInfo = StepContext
+"""The former name of :class:`StepContext` (kept for code that imports it)."""
+
+_CURRENT: contextvars.ContextVar[StepContext | None] = contextvars.ContextVar("lensprobe_step", default=None)
 
 
-def current_step() -> StepInfo | None:
-    """The :class:`StepInfo` of the forward pass :func:`lensprobe.generate` is running, else ``None``.
+def current_step() -> StepContext | None:
+    """The :class:`StepContext` of the forward pass :func:`lensprobe.generate` is running, else ``None``.
 
-    Hooks use it to map the ``pos`` axis of an activation to absolute positions, e.g. to
-    act on prompt positions only.
+    Hooks use it to map the ``pos`` axis of an activation to absolute positions (e.g. to act
+    on prompt positions only), to tell prompt forwards from decode steps, and to find which
+    generation row each batch row is.
 
     Example:
         >>> def hook(z, hook):
-        ...     info = lp.current_step()
-        ...     keep = info.positions < 10 if info else ...
+        ...     ctx = lp.current_step()
+        ...     keep = ctx.positions < 10 if ctx else ...
     """
     return _CURRENT.get()
 
 
 @contextlib.contextmanager
-def step_context() -> Iterator[Callable[[StepInfo], None]]:
-    """While open, ``publish(info)`` makes ``info`` what :func:`current_step` returns.
+def step_context() -> Iterator[Callable[[StepContext], None]]:
+    """While open, ``publish(ctx)`` makes ``ctx`` what :func:`current_step` returns.
 
-    The generation loop publishes each forward's :class:`StepInfo` through it; on exit
+    The generation loop publishes each forward's :class:`StepContext` through it; on exit
     (also after an exception) :func:`current_step` returns what it returned before.
     """
     token = _CURRENT.set(None)

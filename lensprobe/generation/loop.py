@@ -57,7 +57,7 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.forward import as_prompts, as_tokens
-from lensprobe.core.hooks import StepInfo, check_positions, current_step
+from lensprobe.core.hooks import StepContext, StepInfo, check_positions, current_step
 from lensprobe.core.jsonable import describe_setting
 from lensprobe.core.models import check_layers
 from lensprobe.core.prompts import Prompt
@@ -70,7 +70,7 @@ from lensprobe.generation.thinking import LatentFusion, Pause, thinking_token_id
 from lensprobe.generation.trace import GenerationTrace
 from lensprobe.generation.tracking import SPECIAL_SETS, TrackSpec, resolve_track
 
-__all__ = ["SPECIAL_SETS", "FinishedRow", "StepInfo", "current_step", "generate", "trace_generation"]
+__all__ = ["SPECIAL_SETS", "FinishedRow", "StepContext", "StepInfo", "current_step", "generate", "trace_generation"]
 
 
 # ----- the public functions ---------------------------------------------------------------

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import Hook, pattern_hook_name
+from lensprobe.core.hooks import Hook, current_step, pattern_hook_name
 from lensprobe.core.kinds import is_hooked_transformer
 from lensprobe.generation.engines.threads import one_thread
 
@@ -55,7 +55,6 @@ class StepRecorder:
         attn: ``[step, layer, row, head, set]`` (NaN where a row had ended), or ``None``.
         step: the step the hooks write to (set by the loop).
         hidden: ``[row, d_model]`` final hidden state of the newest position.
-        replace: ``(row index, vectors)`` to put in at the newest position's input embedding.
     """
 
     def __init__(self, layers: list[int], n_rows: int, n_sets: int, n_heads: int, max_steps: int,
@@ -68,7 +67,6 @@ class StepRecorder:
         self.want_hidden = want_hidden
         self.latent = want_hidden is not None  # only latent thinking replaces input embeddings
         self.hidden: Tensor | None = None
-        self.replace: tuple[Tensor, Tensor] | None = None
 
     def hooks(self, model) -> list[Hook]:
         """The hooks to attach: ``hook_embed`` (latent inputs), attention patterns, final hidden state."""
@@ -96,9 +94,11 @@ class StepRecorder:
         self.hidden = x[:, -1].detach().clone()
 
     def _embed_hook(self, x: Tensor, hook):
-        if self.replace is None:
+        """Latent thinking inputs: the step context's ``inputs`` at the newest position."""
+        ctx = current_step()
+        if ctx is None or ctx.inputs is None:
             return None
-        rows, vectors = self.replace
+        rows, vectors = ctx.inputs
         x = x.clone()
         x[rows, -1] = vectors.to(x.dtype)
         return x

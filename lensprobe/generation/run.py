@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from lensprobe.core.devices import model_device
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import StepInfo, batch_dependent, step_context
+from lensprobe.core.hooks import StepContext, batch_dependent, step_context
 from lensprobe.core.metrics import nonfinite_rows
 from lensprobe.generation import cacherows
 from lensprobe.generation.batch import pad_batch
@@ -89,9 +89,10 @@ class _Live:
                      torch.cat([self.n_thinking, other.n_thinking]), torch.cat([self.lengths, other.lengths]),
                      torch.cat([pad(self.mask), pad(other.mask)]))
 
-    def info(self, positions: Tensor, prefill: bool = False) -> StepInfo:
-        return StepInfo(int(self.steps.max()), positions, self.lengths, steps=self.steps.to(positions.device),
-                        rows=self.rows.to(positions.device), prefill=prefill)
+    def info(self, positions: Tensor, prefill: bool = False, inputs: tuple[Tensor, Tensor] | None = None
+             ) -> StepContext:
+        return StepContext(int(self.steps.max()), positions, self.lengths, steps=self.steps.to(positions.device),
+                           rows=self.rows.to(positions.device), prefill=prefill, inputs=inputs)
 
 
 @dataclass
@@ -203,7 +204,6 @@ class Run:
                         for i in range(0, len(self.order), self.batch_size):
                             self._static(engine, publish, bar, self.order[i:i + self.batch_size])
         finally:
-            self.rec.replace = None
             _close_bar(bar, self.out.token_ids, started)
         return engine
 
@@ -229,11 +229,11 @@ class Run:
             batch.mask[:, col] = 1
             if self.sets:
                 add_position(self.masks, self.sets, col, choice, think, batch.lengths, t, live.active)
-            self._latent(think, last, self.rec.hidden)
+            inputs = self._latent(think, last, self.rec.hidden)
             self.rec.step = t + 1
             live.steps += 1
             pos = (batch.lengths + t)[:, None]
-            publish(live.info(pos))
+            publish(live.info(pos, inputs=inputs))
             logits, past = engine.forward(choice[:, None], batch.mask[:, : col + 1], pos, past)
 
     def _refill(self, engine: Engine, publish, bar) -> None:
@@ -286,10 +286,10 @@ class Run:
         """One decode forward of every live row and its next token; ended rows leave the batch."""
         live = running.live
         live.mask = torch.nn.functional.pad(live.mask, (0, 1), value=1)
-        self._latent(running.think, running.last, running.hidden)
+        inputs = self._latent(running.think, running.last, running.hidden)
         pos = (live.lengths + live.steps.to(self.device))[:, None]
         live.steps = live.steps + 1
-        publish(live.info(pos))
+        publish(live.info(pos, inputs=inputs))
         try:
             logits, cache = engine.forward(running.choice[:, None], live.mask, pos, running.cache)
         except Exception as err:  # noqa: BLE001 - sorted by row_fault
@@ -329,7 +329,6 @@ class Run:
                      torch.zeros(1, dtype=torch.long, device=self.device),
                      torch.tensor([n], device=self.device), mask)
         self._start_rows([r])
-        self.rec.replace = None
         publish(live.info(positions, prefill=True))
         try:
             logits, cache = engine.forward(tokens, mask, positions, None)
@@ -405,15 +404,15 @@ class Run:
         live.n_thinking = live.n_thinking + think.long()
         return think
 
-    def _latent(self, think: Tensor, last: Tensor, hidden: Tensor | None) -> None:
-        """The thinking inputs of the next forward, for the rows that think (by batch row)."""
-        self.rec.replace = None
-        if self.cfg.thinking is not None and bool(think.any()):
-            idx = think.nonzero().flatten()
-            hidden = hidden[idx] if hidden is not None else None
-            vec = self.cfg.thinking.input_vectors(self.model, hidden, last[idx], self.think_id)
-            if vec is not None:
-                self.rec.replace = (idx, vec)
+    def _latent(self, think: Tensor, last: Tensor, hidden: Tensor | None) -> tuple[Tensor, Tensor] | None:
+        """The thinking inputs of the next forward, ``(batch rows, vectors)`` for the rows that
+        think (published in its step context), or ``None``."""
+        if self.cfg.thinking is None or not bool(think.any()):
+            return None
+        idx = think.nonzero().flatten()
+        hidden = hidden[idx] if hidden is not None else None
+        vec = self.cfg.thinking.input_vectors(self.model, hidden, last[idx], self.think_id)
+        return None if vec is None else (idx, vec)
 
     def _end(self, live: _Live, ended: Tensor, reason: str) -> None:
         if not bool(ended.any()):

@@ -242,3 +242,25 @@ def test_a_model_without_a_tokenizer_generates_from_token_ids(no_tokenizer, tiny
 def test_bad_eos_ids_are_refused(bad):
     with pytest.raises(lp.LensprobeError, match="eos_token_id"):
         lp.GenerationConfig(max_new_tokens=3, eos_token_id=bad)
+
+
+def test_latent_inputs_reach_the_embedding_through_the_step_context():
+    """Thinking steps publish their latent vectors as ``inputs`` of the step context, and the input
+    embedding of those rows' newest position holds exactly them (no other channel)."""
+    m = tiny_model(seed=0)
+    lp.add_thinking_token(m, "<thinking>")
+    prompts = [lp.build_prompt(m, t) for t in TEXTS[:3]]
+    seen = []
+
+    def after_embed(x, hook):
+        ctx = lp.current_step()
+        if ctx.inputs is not None:
+            rows, vectors = ctx.inputs
+            seen.append((ctx.rows[rows].tolist(), torch.equal(x[rows, -1], vectors.to(x.dtype))))
+
+    out = lp.generate(m, prompts, max_new_tokens=6, stop_at_eos=False, batch_size=2, engine="bridge",
+                      thinking=lp.LatentFusion(), think_when=lp.schedule.every(2),
+                      interventions=[("hook_embed", after_embed)])
+    assert seen and all(same for _, same in seen)
+    thinking_steps = int(out.thinking_rows.sum())
+    assert sum(len(rows) for rows, _ in seen) == thinking_steps - int(out.thinking_rows[:, -1].sum())
