@@ -1,0 +1,304 @@
+"""Hostile but realistic input, counted by family: what lensprobe does with each case.
+
+Each case is run in this process (the CLI through ``lensprobe.app.cli.main``, on ``--model tiny``)
+and classified:
+
+- handled: the right answer, or a refusal (``LensprobeError``; CLI: exit 2, one line, and for
+  command-line values no model loaded);
+- silent wrong: a wrong number or a value accepted that should have been refused;
+- traceback: any other exception (CLI: exit 1, "unexpected error");
+- hang: not finished within 60 s (SIGALRM);
+- lost: result rows missing after the case.
+
+Usage: ``python benchmarks/hostile_inputs.py`` prints the table as Markdown (the README's
+reliability section) and every case that is not handled.
+"""
+
+import contextlib
+import io
+import json
+import math
+import shlex
+import signal
+import sys
+import tempfile
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+
+import lensprobe as lp
+from lensprobe.app import common
+from lensprobe.app.cli import main, write_error_log
+from lensprobe.core.testing import tiny_model
+from lensprobe.evals import Problem
+from lensprobe.evals.results import load_results, results_file
+
+BAD = "\udcff"
+LOADS: list[int] = []
+_real_load = common.load_model
+
+
+def counting_load(*args, **kwargs):
+    LOADS.append(1)
+    return _real_load(*args, **kwargs)
+
+
+common.load_model = counting_load
+
+
+class Hang(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise Hang
+
+
+def cli(argv: str, *, preload: bool = True) -> str:
+    """Classify one command: exit 2 in one line (before any model load when ``preload``) is handled."""
+    LOADS.clear()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(shlex.split(argv))
+    text = err.getvalue().split("\r")[-1]
+    if rc == 1:
+        return "traceback"
+    if rc == 0:
+        return "silent wrong"
+    if text.count("\n") != 1 or (preload and LOADS):
+        return "silent wrong"  # refused, but late or in several lines
+    return "handled"
+
+
+def refuses(fn) -> str:
+    try:
+        fn()
+    except lp.LensprobeError:
+        return "handled"
+    except Hang:
+        raise
+    except Exception:  # noqa: BLE001
+        return "traceback"
+    return "silent wrong"
+
+
+def equals(fn, want) -> str:
+    try:
+        got = fn()
+    except Hang:
+        raise
+    except Exception:  # noqa: BLE001
+        return "traceback"
+    return "handled" if got == want else "silent wrong"
+
+
+def rows_cases(tiny, work: Path) -> list[tuple[str, object]]:
+    probs = [Problem(id=f"q{i}", problem=f"What is {i}+{i}?", answer=str(2 * i)) for i in range(3)]
+    base = work / "base"
+    lp.evaluate(tiny, probs, "w/o", out=base, max_new_tokens=2, model_name="tiny", progress=False)
+    cases = []
+
+    def edited(name, change):
+        out = work / name
+        out.mkdir()
+        (out / "config.json").write_bytes((base / "config.json").read_bytes())
+        lines = results_file(base, 0).read_text(encoding="utf-8").splitlines()
+        results_file(out, 0).write_text("\n".join(change(lines)) + "\n", encoding="utf-8")
+        return out
+
+    def field(key, value):
+        return lambda lines: [json.dumps({**json.loads(lines[0]), key: value}), *lines[1:]]
+
+    for key, value in [("math-verify", "false"), ("math-verify", "False"), ("math-verify", "0"), ("math-verify", -1),
+                       ("math-verify", 0.5), ("paper", 1), ("sample", "0"), ("sample", -1), ("sample", True),
+                       ("sample", 1.0), ("problem_id", 3), ("condition", None), ("finish", 5), ("prediction", 42)]:
+        out = edited(f"f{len(cases)}", field(key, value))
+        cases.append((f"row {key}={value!r}", lambda out=out: refuses(lambda: load_results(out))))
+    for text in ("null", "[1,2,3]", "{}", '"row"', "7", json.dumps({"condition": "w/o", "sample": 0})):
+        out = edited(f"n{len(cases)}", lambda lines, text=text: [lines[0], text, *lines[2:]])
+        cases.append((f"line {text}", lambda out=out: cli(f"eval-report {out}")))
+    out = edited("nan", lambda lines: [json.dumps({**json.loads(lines[0]), "math-verify": math.nan}), *lines[1:]])
+    cases.append(("NaN verdict left out of n", lambda: equals(lambda: int(lp.evals.accuracy(load_results(out))["n"][0]),
+                                                               2)))
+    cases.append(("NaN verdict retried on resume", lambda: equals(lambda: int(lp.evaluate(
+        tiny, probs, "w/o", out=out, max_new_tokens=2, model_name="tiny", progress=False)["math-verify"].notna().sum()),
+        3)))
+
+    def disagree(lines):
+        first = json.loads(lines[0])
+        return [*lines, json.dumps({**first, "math-verify": not first["math-verify"]})]
+
+    out2 = edited("dup", disagree)
+
+    def warned():
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            load_results(out2)
+        return any("line 1 and" in str(w.message) and "line 4" in str(w.message) for w in seen)
+
+    cases.append(("disagreeing duplicate rows named", lambda: equals(warned, True)))
+    for value in ("False", "0", -1, 0.5):
+        df = pd.DataFrame({"condition": ["a", "b"], "problem_id": ["p", "p"], "sample": 0,
+                           "math-verify": [value, False]})
+        cases.append((f"accuracy on {value!r}", lambda df=df: refuses(lambda: lp.evals.accuracy(df,
+                                                                                               grader="math-verify"))))
+        cases.append((f"compare on {value!r}", lambda df=df: refuses(lambda: lp.evals.compare(df, "a", "b",
+                                                                                             grader="math-verify"))))
+    cases.append(("resume keeps every row", lambda: equals(lambda: len(lp.evaluate(
+        tiny, probs, "w/o", out=base, max_new_tokens=2, model_name="tiny", progress=False)), 3)))
+    return cases
+
+
+def text_cases(tiny, work: Path) -> list[tuple[str, object]]:
+    q = "--model tiny --question 'What is 2+3?'"
+    cases = [(f"attention {a}", lambda a=a: cli(f"attention {q} --out {work}/t {a}")) for a in
+             (f"--question 'What {BAD} is 2+3?'", f"--system 'S{BAD}'", f"--out '{work}/o{BAD}'")]
+    cases += [(f"trace --question {BAD}", lambda: cli(f"trace --model tiny --question 'a{BAD}' --out {work}/t2")),
+              (f"eval --data {BAD}", lambda: cli(f"eval --model tiny --data 'p{BAD}.jsonl' --out {work}/e")),
+              (f"eval-report folder {BAD}", lambda: cli(f"eval-report '{work}/r{BAD}'")),
+              (f"sweep --question {BAD}", lambda: cli(f"sweep --model tiny --question 'x{BAD}' --out {work}/s"))]
+    for question in ("what \ud800 is", 123, None, "", b"bytes"):
+        cases.append((f"build_prompt({question!r})", lambda question=question: refuses(
+            lambda: lp.build_prompt(tiny, question))))
+    cases.append(("build_prompt system surrogate", lambda: refuses(lambda: lp.build_prompt(tiny, "q", system=f"s{BAD}"))))
+    cases.append(("Filler.text surrogate", lambda: refuses(lambda: lp.Filler.text(f"a{BAD}"))))
+
+    def log_whole():
+        path = write_error_log(f"lensprobe x {BAD}", f"Traceback {BAD}")
+        return path.stat().st_size > 0 and path.read_bytes().decode("utf-8").startswith("lensprobe")
+
+    cases.append(("error log with surrogates", lambda: equals(log_whole, True)))
+    return cases
+
+
+def size_cases(tiny, work: Path) -> list[tuple[str, object]]:
+    q = "--model tiny --question 'What is 2+3?'"
+    return [
+        ("Filler.random_sentence(10**6) in build_prompt", lambda: refuses(
+            lambda: lp.build_prompt(tiny, "q", filler=lp.Filler.random_sentence(10**6)))),
+        ("random sentence of 200k tokens", lambda: equals(lambda: len(tiny.tokenizer.encode(
+            lp.core.prompts.random_sentence_text(tiny.tokenizer, 200_000), add_special_tokens=False)), 200_000)),
+        ("--filler random --count 1000000", lambda: cli(f"attention {q} --filler random --count 1000000 --out {work}/a",
+                                                          preload=False)),
+        ("--count 10**11", lambda: cli(f"attention {q} --count 100000000000 --out {work}/a")),
+        ("question of 1 MB", lambda: refuses(lambda: lp.build_prompt(tiny, "x " * 500_000))),
+        ("grade identical 1 MB", lambda: equals(lambda: lp.grade("x+" * 500_000 + "1", "x+" * 500_000 + "1"), True)),
+        ("grade 1+...+1 (1000 terms)", lambda: equals(lambda: lp.grade("+".join(["1"] * 1000), "1000"), True)),
+        ("grade slow input, timeout 1", lambda: equals(lambda: lp.grade("(10^{6})!", "1", timeout=1), None)),
+        ("eval --max-new-tokens 10**12", lambda: cli(f"eval --model tiny --max-new-tokens 1000000000000 --out {work}/e")),
+    ]
+
+
+PRELOAD = [  # (command, bad values): each must exit 2 in one line before any model loads
+    ("eval --model tiny --problems arithmetic --limit 2 --out {w}/e --max-new-tokens {}", ["0", "-5", "x"]),
+    ("eval --model tiny --problems arithmetic --limit 2 --out {w}/e --batch-size {}", ["0", "-1"]),
+    ("eval --model tiny --problems arithmetic --limit 2 --out {w}/e --n-samples {}", ["0", "2"]),
+    ("eval --model tiny --problems arithmetic --limit 2 --out {w}/e --conditions {}", ["bogus", "''", "w/o,w/o"]),
+    ("eval --model tiny --problems arithmetic --limit 2 --out {w}/e --sample --temperature {}",
+     ["0", "-1", "nan", "inf", "1e-40"]),
+    ("eval --model tiny --problems arithmetic --limit 2 --out {w}/e --sample --top-p {}", ["0", "1.5"]),
+    ("eval --model tiny --problems arithmetic --limit {} --out {w}/e", ["0"]),
+    ("eval --model tiny --data {} --out {w}/e", ["{w}", "/dev/null"]),
+    ("eval --model tiny --problems arithmetic --out {w}/e --device {}", ["bogus", "cuda", "cuda:7"]),
+    ("eval --model tiny --problems arithmetic --out {w}/e --ablate-heads {}", ["L٣H1", "L0Hx"]),
+    ("eval --model tiny --problems arithmetic --out {}", ["''"]),
+    ("attention --model tiny --question {} --out {w}/a", ["''", "'  '"]),
+    ("attention --model tiny --question q --out {w}/a --heads {}", ["1,1", "=-1", "٣"]),
+    ("attention --model tiny --question q --out {w}/a --layers {}", ["0,0", "-1"]),
+    ("attention --model tiny --question q --out {w}/a --count {}", ["0", "-3"]),
+    ("attention --model tiny --question q --out {w}/a --no-system --system {}", ["SYS"]),
+    ("sweep --model tiny --out {w}/s --metric {}", ["bogus", "logprob", "attention:"]),
+    ("sweep --model tiny --out {w}/s --batch-size {}", ["0"]),
+    ("mechanism --model tiny --question q --out {w}/m --bins {}", ["0"]),
+    ("mechanism --model tiny --question q --out {w}/m --eps {}", ["-1", "nan"]),
+    ("mechanism --model tiny --question q --out {w}/m --layer {}", ["-1"]),
+    ("trace --model tiny --question q --out {w}/t --smooth {}", ["0"]),
+    ("trace --model tiny --question q --out {w}/t --schedule {}", ["entropy:nan", "every:0"]),
+    ("trace --model tiny --question q --out {w}/t --sample --temperature {}", ["inf"]),
+    ("ablate --model tiny --question q --heads L0H1 --out {w}/b --top-k {}", ["0", "1000000"]),
+    ("ablate --model tiny --question q --out {w}/b --heads {}", ["L٣H1"]),
+    ("demo --model tiny --quick --device {} --out {w}/d", ["cuda"]),
+]
+
+
+def preload_cases(tiny, work: Path) -> list[tuple[str, object]]:
+    cases = []
+    for template, values in PRELOAD:
+        for v in values:
+            argv = template.replace("{w}", str(work)).replace("{}", v.replace("{w}", str(work))).replace(" =", "=")
+            cases.append((argv.split(" --out")[0][:70] + " " + v, lambda argv=argv: cli(argv)))
+    return cases
+
+
+def library_cases(tiny, work: Path) -> list[tuple[str, object]]:
+    return [
+        ("wilson_interval(nan, 4)", lambda: refuses(lambda: lp.evals.wilson_interval(math.nan, 4))),
+        ("GenerationConfig temperature=1e-40", lambda: refuses(lambda: lp.GenerationConfig(4, do_sample=True,
+                                                                                          temperature=1e-40))),
+        ("GenerationConfig temperature=inf", lambda: refuses(lambda: lp.GenerationConfig(4, temperature=math.inf))),
+        ("schedule entropy_above(nan)", lambda: refuses(lambda: lp.schedule.entropy_above(math.nan))),
+        ("parse_heads('L٣H1')", lambda: refuses(lambda: lp.ablate_heads("L٣H1").resolve(tiny))),
+        ("load_model(device='bogus')", lambda: refuses(lambda: lp.load_model(tiny, device="bogus"))),
+        ("evaluate answer None", lambda: refuses(lambda: lp.evaluate(tiny, [Problem("a", "q?", None)], "w/o",
+                                                                     max_new_tokens=2, progress=False))),
+        ("evaluate answer 7", lambda: refuses(lambda: lp.evaluate(tiny, [Problem("a", "q?", 7)], "w/o",
+                                                                  max_new_tokens=2, progress=False))),
+        ("grade(3, '3')", lambda: refuses(lambda: lp.grade(3, "3"))),
+        ("grade timeout=0", lambda: refuses(lambda: lp.grade("1", "1", timeout=0))),
+        ("check_heads -1 message", lambda: equals(lambda: _message(lambda: lp.core.models.check_heads(tiny, [-1])),
+                                                  True)),
+        ("ablate_heads([]) ablates nothing (documented)", lambda: equals(lambda: lp.ablate_heads([]).resolve(tiny), [])),
+    ]
+
+
+def _message(fn) -> bool:
+    try:
+        fn()
+    except lp.LensprobeError as err:
+        return "negative" in str(err) and "is head -2" not in str(err)
+    return False
+
+
+FAMILIES = {"result rows": rows_cases, "non-UTF-8 text": text_cases, "sizes and hangs": size_cases,
+            "CLI values before the model": preload_cases, "library values": library_cases}
+
+
+def main_() -> int:
+    tiny = tiny_model(seed=0)
+    table, failures = {}, []
+    signal.signal(signal.SIGALRM, _alarm)
+    with tempfile.TemporaryDirectory() as tmp:
+        for family, make in FAMILIES.items():
+            work = Path(tmp) / family.replace(" ", "-")
+            work.mkdir()
+            counts = Counter()
+            for name, case in make(tiny, work):
+                signal.alarm(60)
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        outcome = case()
+                except Hang:
+                    outcome = "hang"
+                finally:
+                    signal.alarm(0)
+                counts[outcome] += 1
+                if outcome != "handled":
+                    failures.append((family, name, outcome))
+            table[family] = counts
+    cols = ["handled", "silent wrong", "traceback", "hang", "lost"]
+    print("| family | tried | " + " | ".join(cols) + " |")
+    print("|---|" + "---|" * (len(cols) + 1))
+    for family, c in table.items():
+        print(f"| {family} | {sum(c.values())} | " + " | ".join(str(c[k]) for k in cols) + " |")
+    total = sum(table.values(), Counter())
+    print(f"| all | {sum(total.values())} | " + " | ".join(str(total[k]) for k in cols) + " |")
+    for family, name, outcome in failures:
+        print(f"not handled: {family}: {name}: {outcome}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_())
