@@ -384,6 +384,13 @@ def check_03(cwd: Path, nb) -> None:
     assert table.loc[[0, 1, 2]].notna().all().all() and table.loc[3:].isna().all().all()
     long = pd.read_csv(cwd / "sweep" / "entropy_sweep_long.csv")
     assert len(long) == 27 and (long["change"] != 0).any()
+    attribution = pd.read_csv(cwd / "attribution.csv")
+    assert len(attribution) == 270 and attribution["estimate"].abs().gt(0).any()
+    verified = pd.read_csv(cwd / "verification.csv")  # exact = the sweep's change where both cover a head
+    assert list(verified["chosen"]) == ["top"] * 10 + ["sample"] * 5
+    swept = verified[verified["layer"] <= 2]
+    for row in swept.itertuples():
+        assert abs(row.exact - table.loc[row.layer, str(row.head)]) < 1e-4
     patched = pd.read_csv(cwd / "patching.csv")
     system = patched[patched["segment"] == "system"]
     assert len(system) == 3 and (system["change"].abs() < 1e-5).all(), "the system prompt precedes the filler"
