@@ -76,3 +76,31 @@ def assert_rows_equal_solo(out, model, prompts, caps, **kw):
         if pi not in alone:
             alone[pi] = solo(model, prompts[pi], caps[pi], **kw)
         assert_same_row(out, r, alone[pi], j)
+
+
+def hf_head_gradients(hf, tokens, metric, reference=None):
+    """By hand on plain transformers: each layer's o_proj input ``z`` (heads concatenated), the
+    metric's gradient there (torch.autograd), and ``z`` on a reference prompt."""
+    n_layers = hf.config.num_hidden_layers
+    leaves, runs = {}, [{}]
+
+    def tap(layer):
+        def pre(module, args):
+            leaf = torch.zeros_like(args[0], requires_grad=True)
+            leaves[layer], runs[-1][layer] = leaf, args[0].detach()
+            return (args[0] + leaf,)
+        return pre
+
+    handles = [hf.model.layers[i].self_attn.o_proj.register_forward_pre_hook(tap(i)) for i in range(n_layers)]
+    try:
+        with torch.enable_grad():
+            value = metric(hf(tokens).logits[0])
+            grads = torch.autograd.grad(value, [leaves[i] for i in range(n_layers)])
+        if reference is not None:
+            runs.append({})
+            with torch.no_grad():
+                hf(reference)
+    finally:
+        for h in handles:
+            h.remove()
+    return runs[0], grads, runs[1] if reference is not None else None

@@ -3,7 +3,7 @@ against exact ablation where the estimate must be exact, and for leaving no hook
 
 import pytest
 import torch
-from oracles import hook_snapshot
+from oracles import hf_head_gradients, hook_snapshot
 from transformer_lens.model_bridge import TransformerBridge
 
 import lensprobe as lp
@@ -37,34 +37,6 @@ def attention_only(n_layers: int, *, n_kv_heads: int | None = None, scale: float
 
 
 TOKENS = torch.tensor([[1, 5, 7, 3, 9, 11, 2, 4, 8, 6]])
-
-
-def hf_head_gradients(hf, tokens, metric, reference=None):
-    """By hand on plain transformers: each layer's o_proj input ``z`` (heads concatenated), the
-    metric's gradient there (torch.autograd), and ``z`` on a reference prompt."""
-    n_layers = hf.config.num_hidden_layers
-    leaves, runs = {}, [{}]
-
-    def tap(layer):
-        def pre(module, args):
-            leaf = torch.zeros_like(args[0], requires_grad=True)
-            leaves[layer], runs[-1][layer] = leaf, args[0].detach()
-            return (args[0] + leaf,)
-        return pre
-
-    handles = [hf.model.layers[i].self_attn.o_proj.register_forward_pre_hook(tap(i)) for i in range(n_layers)]
-    try:
-        with torch.enable_grad():
-            value = metric(hf(tokens).logits[0])
-            grads = torch.autograd.grad(value, [leaves[i] for i in range(n_layers)])
-        if reference is not None:
-            runs.append({})
-            with torch.no_grad():
-                hf(reference)
-    finally:
-        for h in handles:
-            h.remove()
-    return runs[0], grads, runs[1] if reference is not None else None
 
 
 def by_hand_entropy(logits):
@@ -225,3 +197,29 @@ def test_corrupted_prompts_resample_each_prompt_from_its_own(tiny, prompts):
         alone = attribute_heads(tiny, p, "entropy", ablation="resample", reference=ref, positions=first)
         torch.testing.assert_close(pair.estimates[i], alone.estimates[0])
     assert not torch.equal(pair.estimates[0], pair.estimates[1])
+
+
+def test_atp_on_the_embedded_model_equals_autograd(smol, smol_hf):
+    """SmolLM2 (30 layers, 9 query heads over 3 KV heads): AtP of the entropy equals autograd on the plain
+    transformers model; AtP* leaves the last layer's heads at AtP (no later attention to fix)."""
+    p = lp.build_prompt(smol, "What is 12+7?", system=None)
+    att = attribute_heads(smol, p, "entropy")
+    zs, grads, _ = hf_head_gradients(smol_hf, p.tokens, by_hand_entropy)
+    n, d = smol.cfg.n_heads, smol.cfg.d_head
+    want = torch.stack([(-zs[layer][0] * grads[layer][0]).reshape(-1, n, d).sum((0, 2))
+                        for layer in range(smol.cfg.n_layers)]).double()
+    assert torch.linalg.norm(att.grid().double() - want) <= 1e-4 * torch.linalg.norm(want)
+    star = attribute_heads(smol, p, "entropy", method="atp*", heads="L29H0,L29H4,L0H0")
+    torch.testing.assert_close(star.grid()[29, [0, 4]], att.grid()[29, [0, 4]])
+    assert float(star.grid()[0, 0]) != pytest.approx(float(att.grid()[0, 0]), rel=1e-6)
+
+
+def test_the_residual_stream_path_of_the_qk_fix_gives_the_same_numbers(tiny, prompts, monkeypatch):
+    """Models without a hook at the attention input (HookedTransformer) add the QK fix's rows to the
+    whole residual stream and go back to one row after the layer: the same numbers."""
+    want = attribute_heads(tiny, prompts[0], "entropy", method="atp*")
+    monkeypatch.setattr("lensprobe.interventions.atp._input_hook",
+                        lambda model, layer: (f"blocks.{layer}.hook_resid_pre", True))
+    got = attribute_heads(tiny, prompts[0], "entropy", method="atp*", batch_size=3)
+    torch.testing.assert_close(got.estimates, want.estimates, rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(got.scores, want.scores, rtol=1e-5, atol=1e-9)
