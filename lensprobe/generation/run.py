@@ -33,7 +33,6 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,12 +41,13 @@ from tqdm.auto import tqdm
 
 from lensprobe.core.devices import model_device
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import StepContext, batch_dependent, step_context
+from lensprobe.core.hooks import batch_dependent, step_context
 from lensprobe.core.metrics import nonfinite_rows
 from lensprobe.generation import cacherows
 from lensprobe.generation.batch import pad_batch
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.engines import Engine, choose_engine
+from lensprobe.generation.live import Live, Running
 from lensprobe.generation.recording import StepRecorder, final_hidden_hook
 from lensprobe.generation.rows import FinishedRow, RowOutputs, choose, row_generator, row_text
 from lensprobe.generation.schedule import StepState
@@ -55,77 +55,6 @@ from lensprobe.generation.thinking import LatentFusion
 from lensprobe.generation.tracking import TrackedSet, add_position, set_masks
 
 __all__ = ["Run", "row_fault"]
-
-
-@dataclass
-class _Live:
-    """The rows of the running batch (one entry per batch row, on the model's device unless noted)."""
-
-    rows: Tensor  # [S] row index in the trace (CPU)
-    steps: Tensor  # [S] each row's current step (CPU)
-    caps: Tensor  # [S] each row's length cap (CPU)
-    active: Tensor  # [S] bool: still generating
-    n_thinking: Tensor  # [S] thinking steps so far
-    lengths: Tensor  # [S] prompt lengths
-    mask: Tensor  # [S, W] attention mask over the cache's columns
-
-    def __len__(self) -> int:
-        return int(self.rows.shape[0])
-
-    def take(self, keep: Tensor) -> "_Live":
-        k = keep.to(self.active.device)
-        kc = keep.cpu()
-        return _Live(self.rows[kc], self.steps[kc], self.caps[kc], self.active[k], self.n_thinking[k],
-                     self.lengths[k], self.mask[k])
-
-    def joined(self, other: "_Live") -> "_Live":
-        w = max(self.mask.shape[1], other.mask.shape[1])
-
-        def pad(m: Tensor) -> Tensor:
-            return torch.nn.functional.pad(m, (w - m.shape[1], 0))
-
-        return _Live(torch.cat([self.rows, other.rows]), torch.cat([self.steps, other.steps]),
-                     torch.cat([self.caps, other.caps]), torch.cat([self.active, other.active]),
-                     torch.cat([self.n_thinking, other.n_thinking]), torch.cat([self.lengths, other.lengths]),
-                     torch.cat([pad(self.mask), pad(other.mask)]))
-
-    def info(self, positions: Tensor, prefill: bool = False, inputs: tuple[Tensor, Tensor] | None = None
-             ) -> StepContext:
-        return StepContext(int(self.steps.max()), positions, self.lengths, steps=self.steps.to(positions.device),
-                           rows=self.rows.to(positions.device), prefill=prefill, inputs=inputs)
-
-
-@dataclass
-class _Running:
-    """The running batch of continuous batching: its rows, KV cache, and each row's pending
-    input (the token chosen at its last step, whether it thinks, the logits and final hidden
-    state it was chosen from), one entry per batch row."""
-
-    live: _Live
-    cache: Any
-    choice: Tensor
-    think: Tensor
-    last: Tensor
-    hidden: Tensor | None
-
-    def joined(self, new: "_Running") -> "_Running":
-        """These rows followed by ``new``'s; the cache is joined last, so a failure changes nothing."""
-        hidden = None if self.hidden is None else torch.cat([self.hidden, new.hidden])
-        live = self.live.joined(new.live)
-        choice, think, last = (torch.cat([self.choice, new.choice]), torch.cat([self.think, new.think]),
-                               torch.cat([self.last, new.last]))
-        return _Running(live, cacherows.join(self.cache, new.cache), choice, think, last, hidden)
-
-    def kept(self, keep: Tensor) -> "_Running":
-        """Only the rows ``keep`` (batch indices); cache columns that are padding in every kept row dropped."""
-        cacherows.keep_rows(self.cache, keep)
-        live = self.live.take(keep)
-        lead = int((live.mask.sum(0) > 0).long().argmax())  # columns that are padding in every row
-        if lead:
-            cacherows.drop_columns(self.cache, lead)
-            live.mask = live.mask[:, lead:]
-        hidden = self.hidden[keep] if self.hidden is not None else None
-        return _Running(live, self.cache, self.choice[keep], self.think[keep], self.last[keep], hidden)
 
 
 class Run:
@@ -212,7 +141,7 @@ class Run:
         cfg = self.cfg
         batch = pad_batch(self.items, [self.rows[r] for r in batch_rows], cfg.max_new_tokens, self.pad_id, self.device)
         n = len(batch_rows)
-        live = _Live(_cpu(batch_rows), _cpu([0] * n), _cpu([self.caps[r] for r in batch_rows]),
+        live = Live(_cpu(batch_rows), _cpu([0] * n), _cpu([self.caps[r] for r in batch_rows]),
                      torch.ones(n, dtype=torch.bool, device=self.device),
                      torch.zeros(n, dtype=torch.long, device=self.device), batch.lengths, batch.mask)
         self._start_rows(batch_rows)
@@ -239,7 +168,7 @@ class Run:
     def _refill(self, engine: Engine, publish, bar) -> None:
         """Continuous batching (see the module docstring)."""
         queue = deque(self.order)
-        running: _Running | None = None
+        running: Running | None = None
         while True:
             running = self._admit(engine, publish, bar, queue, running)
             if running is None:
@@ -251,7 +180,7 @@ class Run:
             for i in range(0, len(rest), self.batch_size):
                 self._static(engine, publish, bar, rest[i:i + self.batch_size])
 
-    def _admit(self, engine: Engine, publish, bar, queue: deque, running: "_Running | None") -> "_Running | None":
+    def _admit(self, engine: Engine, publish, bar, queue: deque, running: "Running | None") -> "Running | None":
         """Fill free slots from ``queue``: each row prefilled alone, its first token chosen, its
         cache joined, so the next decode forward runs full. A row whose cache cannot join stops
         the admitting (it goes back to the queue; the live rows run to their end first)."""
@@ -271,7 +200,7 @@ class Run:
             choice, think = self._step(row_live, last, bar)
             if not bool(row_live.active.any()):
                 continue  # ended at its first token
-            new = _Running(row_live, cache, choice, think, last, hidden)
+            new = Running(row_live, cache, choice, think, last, hidden)
             try:
                 running = new if running is None else running.joined(new)
             except Exception as err:  # noqa: BLE001 - sorted by row_fault
@@ -282,7 +211,7 @@ class Run:
             self.batches.append(joined)
         return running
 
-    def _decode(self, engine: Engine, publish, bar, running: _Running) -> "_Running | None":
+    def _decode(self, engine: Engine, publish, bar, running: Running) -> "Running | None":
         """One decode forward of every live row and its next token; ended rows leave the batch."""
         live = running.live
         live.mask = torch.nn.functional.pad(live.mask, (0, 1), value=1)
@@ -297,7 +226,7 @@ class Run:
             return None
         last = logits[:, -1].float()
         choice, think = self._step(live, last, bar)
-        running = _Running(live, cache, choice, think, last, self.rec.hidden)
+        running = Running(live, cache, choice, think, last, self.rec.hidden)
         if bool(live.active.all()):
             return running
         keep = live.active.nonzero().flatten()
@@ -317,14 +246,14 @@ class Run:
             self._fail(r, f"{what} failed: {type(err).__name__}: {err}")
 
     def _prefill(self, engine: Engine, publish, r: int):
-        """Row ``r``'s prompt forward, alone: ``(its _Live, logits, cache, hidden)``, or ``None``
+        """Row ``r``'s prompt forward, alone: ``(its Live, logits, cache, hidden)``, or ``None``
         when it failed and failures become error rows."""
         ids = self.items[self.rows[r][0]][0]
         n = len(ids)
         tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
         mask = torch.ones((1, n), dtype=torch.long, device=self.device)
         positions = torch.arange(n, device=self.device)[None]
-        live = _Live(_cpu([r]), _cpu([0]), _cpu([self.caps[r]]),
+        live = Live(_cpu([r]), _cpu([0]), _cpu([self.caps[r]]),
                      torch.ones(1, dtype=torch.bool, device=self.device),
                      torch.zeros(1, dtype=torch.long, device=self.device),
                      torch.tensor([n], device=self.device), mask)
@@ -342,7 +271,7 @@ class Run:
         for r in rows:
             self.gens[r] = row_generator(self.cfg, self.rows[r][1], self.device)
 
-    def _step(self, live: _Live, last: Tensor, bar) -> tuple[Tensor, Tensor]:
+    def _step(self, live: Live, last: Tensor, bar) -> tuple[Tensor, Tensor]:
         """Choose each live row's token from its logits, record it, end rows (EOS, cap, non-finite)."""
         cfg = self.cfg
         broken = nonfinite_rows(last)  # NaN/+inf or all -inf: no distribution (as lp.entropy)
@@ -377,7 +306,7 @@ class Run:
         self._end(live, at_cap, "length")
         return choice, think
 
-    def _seen(self, live: _Live, vocab: int) -> Tensor:
+    def _seen(self, live: Live, vocab: int) -> Tensor:
         """``[row, d_vocab]``: the tokens each live row holds so far (prompt and generated), for the
         repetition penalty."""
         seen = torch.zeros((len(live), vocab), dtype=torch.bool, device="cpu")
@@ -387,7 +316,7 @@ class Run:
             seen[b, torch.cat([ids, made[made >= 0]]).clamp(max=vocab - 1)] = True
         return seen.to(self.device)
 
-    def _think(self, live: _Live, last: Tensor, ent: Tensor, choice: Tensor) -> Tensor:
+    def _think(self, live: Live, last: Tensor, ent: Tensor, choice: Tensor) -> Tensor:
         """Which live rows take a thinking step: the schedule asked once per group of rows at one step."""
         think = torch.zeros_like(live.active)
         steps = live.steps.to(self.device)
@@ -414,7 +343,7 @@ class Run:
         vec = self.cfg.thinking.input_vectors(self.model, hidden, last[idx], self.think_id)
         return None if vec is None else (idx, vec)
 
-    def _end(self, live: _Live, ended: Tensor, reason: str) -> None:
+    def _end(self, live: Live, ended: Tensor, reason: str) -> None:
         if not bool(ended.any()):
             return
         for i in ended.nonzero().flatten().tolist():
@@ -423,7 +352,7 @@ class Run:
             self._report(r)
         live.active = live.active & ~ended
 
-    def _end_nonfinite(self, live: _Live, broken: Tensor) -> None:
+    def _end_nonfinite(self, live: Live, broken: Tensor) -> None:
         """End the live rows whose logits are not finite (``finish_reason="nonfinite"``), with one
         warning; their token is -1 and their entropy NaN from this step on."""
         which = [int(live.rows[i]) for i in broken.nonzero().flatten().tolist()]
