@@ -195,6 +195,10 @@ __all__ = [
     "extract_boxed",
     "extract_last_number",
     "grade",
+    # reproducing the papers (imported on first use: they draw figures)
+    "reproduce",
+    "list_recipes",
+    "load_recipe",
     # subpackages (lensprobe.viz is imported on first use)
     "evals",
     "viz",
@@ -204,10 +208,15 @@ __all__ = [
 ]
 
 _LAZY_SUBMODULES = ("viz",)
+_LAZY_FUNCTIONS = {"reproduce": "lensprobe.app.reproduce", "list_recipes": "lensprobe.app.recipe",
+                   "load_recipe": "lensprobe.app.recipe"}
 
 
 def __getattr__(name: str):
-    """``lp.viz``: imported on first use (plotting stays out of ``import lensprobe``)."""
+    """``lp.viz`` and ``lp.reproduce`` (with ``lp.list_recipes``, ``lp.load_recipe``): imported on
+    first use (plotting stays out of ``import lensprobe``)."""
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"lensprobe.{name}")
+    if name in _LAZY_FUNCTIONS:
+        return getattr(importlib.import_module(_LAZY_FUNCTIONS[name]), name)
     raise AttributeError(f"module 'lensprobe' has no attribute {name!r}")

@@ -114,6 +114,7 @@ OUTPUT_KINDS: dict[str, tuple[str, ...]] = {
     "mechanism": ("mechanism.json",),
     "eval": ("config.json",),
     "report": ("report.json",),
+    "reproduce": ("table.md", "figure.md"),
 }
 """Kind of output -> files that mark a folder as holding it (``report``: ``demo`` and ``eval-report``)."""
 

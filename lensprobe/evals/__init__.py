@@ -13,7 +13,10 @@
   sharding under ``accelerate launch``).
 - :mod:`~lensprobe.evals.results`: result folders, :func:`load_results`.
 - :mod:`~lensprobe.evals.stats`: :func:`accuracy` with Wilson intervals (``k=`` for the mean
-  unbiased pass@k over problems), :func:`compare` (exact McNemar test), :func:`pass_at_k`.
+  unbiased pass@k over problems), :func:`compare` (exact McNemar test), :func:`pass_at_k`,
+  :func:`avg_at_k`; any verdict column (:data:`VERDICT_COLUMNS`, ``paper-exact`` included).
+- :mod:`~lensprobe.evals.protocols`: the authors' protocols by name (:data:`PROTOCOLS`).
+- :mod:`~lensprobe.evals.published`: the papers' published numbers (:func:`published_numbers`).
 - :func:`~lensprobe.evals.stats.summary_tables`: accuracy tables and paired comparisons.
 
 Example:
@@ -36,6 +39,7 @@ from lensprobe.core.conditions import (
     resolve_conditions,
 )
 from lensprobe.evals.arithmetic import arithmetic_problems
+from lensprobe.evals.benchmarks import infer_benchmark
 from lensprobe.evals.data import Problem, load_math500, load_problems, math500_path, read_jsonl_problems
 from lensprobe.evals.grading import (
     EXTRACT_METHODS,
@@ -47,21 +51,35 @@ from lensprobe.evals.grading import (
     normalize_answer,
 )
 from lensprobe.evals.harness import ErrorRowsWarning, EvalConfig, evaluate, shard_info
+from lensprobe.evals.protocols import PROTOCOLS, Protocol, get_protocol
+from lensprobe.evals.published import PublishedNumber, published_numbers, published_table
 from lensprobe.evals.results import load_results, read_config
 from lensprobe.evals.stats import (
     PairedComparison,
     accuracy,
+    avg_at_k,
     compare,
     mcnemar_exact,
     pass_at_k,
     pass_at_k_table,
     wilson_interval,
 )
+from lensprobe.evals.verdicts import PAPER_EXACT, VERDICT_COLUMNS
 
 __all__ = [
     "BUILTIN_CONDITIONS",
     "EXTRACT_METHODS",
     "GRADERS",
+    "PAPER_EXACT",
+    "PROTOCOLS",
+    "VERDICT_COLUMNS",
+    "Protocol",
+    "PublishedNumber",
+    "avg_at_k",
+    "get_protocol",
+    "infer_benchmark",
+    "published_numbers",
+    "published_table",
     "Condition",
     "ErrorRowsWarning",
     "EvalConfig",

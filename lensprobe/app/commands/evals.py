@@ -20,6 +20,7 @@ from lensprobe.app.checks import (
     temperature,
     whole,
 )
+from lensprobe.app.commands.armargs import add_arm_arguments, add_benchmark_arguments, arm_from_args
 from lensprobe.app.common import (
     TEST_MODEL,
     add_model_argument,
@@ -34,11 +35,21 @@ from lensprobe.core.heads import parse_heads
 from lensprobe.core.models import model_label
 from lensprobe.core.shards import bind_local_gpu
 from lensprobe.evals.arithmetic import arithmetic_problems
+from lensprobe.evals.benchmarks import resolve_benchmark
 from lensprobe.evals.data import load_math500
-from lensprobe.evals.grading import EXTRACT_METHODS, GRADERS
-from lensprobe.evals.harness import DEFAULT_CONDITIONS, EvalConfig, evaluate, preset_arm, shard_info
+from lensprobe.evals.grading import EXTRACT_METHODS
+from lensprobe.evals.harness import (
+    DEFAULT_CONDITIONS,
+    EvalConfig,
+    evaluate,
+    preset_arm,
+    shard_info,
+    with_format_defaults,
+)
+from lensprobe.evals.protocols import get_protocol
 from lensprobe.evals.results import load_results
-from lensprobe.evals.stats import summary_tables
+from lensprobe.evals.stats import pass_at_k_table, summary_tables
+from lensprobe.evals.verdicts import VERDICT_COLUMNS, resolve_grader
 from lensprobe.interventions.ablation import ablate_heads
 from lensprobe.interventions.arm import ARM
 from lensprobe.viz.eval_report import write_eval_report
@@ -71,10 +82,8 @@ def add_eval(subparsers) -> None:
                    help="chat: the model's chat template (default); paper: the authors' raw string (no chat "
                         "template, their system prompt + filler + problem as one string), with max 2048 new tokens "
                         "and the model's own sampling settings unless given")
-    p.add_argument("--arm-c", type=float, default=None,
-                   help="c of the ARM module attached by 'ARM' / '<name>+ARM' conditions (default: the authors' "
-                        "preset for the model); give --arm-percentile too")
-    p.add_argument("--arm-percentile", type=float, default=None, help="percentile of the ARM module (0-100)")
+    add_arm_arguments(p)
+    add_benchmark_arguments(p)
     p.add_argument("--system", default=None, help="replace the system prompt of every condition")
     p.add_argument("--ablate-heads", default=None, metavar="HEADS",
                    help="also run every condition with these heads zero-ablated, e.g. L0H3,L1H2 (0-based)")
@@ -91,9 +100,12 @@ def add_eval(subparsers) -> None:
                    help="sample instead of greedy decoding (paper format: default from the model's generation config)")
     p.add_argument("--temperature", type=temperature, default=None, help="sampling temperature (default 1.0)")
     p.add_argument("--top-p", type=probability, default=None, help="nucleus sampling threshold (default 1.0)")
-    p.add_argument("--n-samples", type=positive_int, default=1, help="answers per problem (with --sample)")
+    p.add_argument("--n-samples", type=positive_int, default=None,
+                   help="answers per problem (with --sample; default 1, 20 under --protocol arm-aime-pass3)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--grader", default="math-verify", choices=GRADERS, help="grader of the summary and figures")
+    p.add_argument("--grader", default=None, choices=VERDICT_COLUMNS,
+                   help="verdict column of the summary and figures (default: paper-exact for --prompt-format paper "
+                        "or a --protocol, with math-verify beside it; else math-verify)")
     p.add_argument("--out", type=out_folder, default=Path("lensprobe-eval"), help="output folder (default lensprobe-eval)")
     p.add_argument("--no-resume", action="store_true", help="refuse a folder that already holds results")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -109,20 +121,29 @@ def add_eval_report(subparsers) -> None:
                     "the accuracy tables (CSV), paired comparisons and figures as an HTML report.")
     p.add_argument("dirs", nargs="+", type=Path, help="result folder(s)")
     p.add_argument("--out", type=out_folder, default=None, help="report folder (default: DIR/report)")
-    p.add_argument("--grader", default="math-verify", choices=GRADERS, help="grader of the figures")
+    p.add_argument("--grader", default=None, choices=VERDICT_COLUMNS,
+                   help="verdict column of the figures (default: paper-exact for folders in the authors' format)")
     p.add_argument("--baseline", default=None, help="condition compared with the others (default: the first)")
     p.set_defaults(func=run_eval_report)
 
 
-def conditions_from_args(args, model=None) -> list:
-    """The conditions of ``--conditions`` in ``--prompt-format``, with ``--arm-c``/``--arm-percentile``,
-    ``--system`` and ``--ablate-heads`` applied (ARM conditions without ``--arm-*`` use the
-    preset of ``model``)."""
+def _builtins(args):
+    """The built-in conditions in ``--prompt-format`` (a ``--protocol``: the paper format with its prompt)."""
+    protocol = getattr(args, "protocol", None)
+    if protocol is not None:
+        return paper_conditions(prompt_format="paper", system=get_protocol(protocol).system)
     fmt = getattr(args, "prompt_format", "chat")
-    builtins = paper_conditions(prompt_format=fmt) if fmt != "chat" else None
-    arm = arm_from_args(args)
+    return paper_conditions(prompt_format=fmt) if fmt != "chat" else None
+
+
+def conditions_from_args(args, model=None, benchmark: str | None = None) -> list:
+    """The conditions of ``--conditions`` in ``--prompt-format`` (or ``--protocol``), with ``--arm-*``,
+    ``--system`` and ``--ablate-heads`` applied (ARM conditions start from the preset of ``model``
+    on ``benchmark``)."""
+    builtins = _builtins(args)
+    arm = arm_from_args(args, model, benchmark)
     if arm is None and model is not None:
-        arm = lambda: preset_arm(model)  # noqa: E731
+        arm = lambda: preset_arm(model, benchmark)  # noqa: E731
     conds = resolve_conditions(args.conditions, builtins=builtins, arm=arm)
     if args.system is not None:
         conds = [replace(c, system=args.system or None) for c in conds]
@@ -148,23 +169,14 @@ def check_eval_args(args) -> None:
         eval_config_from_args(args, None)
 
 
-def arm_from_args(args):
-    """``lp.ARM(c=--arm-c, percentile=--arm-percentile)``, or ``None`` when neither is given."""
-    c, pct = getattr(args, "arm_c", None), getattr(args, "arm_percentile", None)
-    if c is None and pct is None:
-        return None
-    if c is None or pct is None:
-        raise LensprobeError("give both --arm-c and --arm-percentile (or neither, for the model's preset).")
-    return ARM(c=c, percentile=pct)
-
-
 def eval_config_from_args(args, model) -> EvalConfig:
     """The run's settings: the options given, the rest from the prompt format's defaults."""
     given = {"max_new_tokens": args.max_new_tokens, "do_sample": args.sample, "temperature": args.temperature,
-             "top_p": args.top_p}
+             "top_p": args.top_p, "n_samples": args.n_samples}
     given = {k: v for k, v in given.items() if v is not None}
-    fixed = {"batch_size": args.batch_size, "n_samples": args.n_samples, "seed": args.seed,
-             "extract": getattr(args, "extract", "boxed")}
+    fixed = {"batch_size": args.batch_size, "seed": args.seed, "extract": getattr(args, "extract", "boxed")}
+    if getattr(args, "protocol", None) is not None:  # the protocol's settings, then the model's generation config
+        return EvalConfig(**with_format_defaults(model, {**given, **fixed, "protocol": args.protocol}))
     if args.prompt_format == "paper":
         return EvalConfig.paper(model, **given, **fixed)
     return EvalConfig(**given, **fixed)
@@ -193,12 +205,13 @@ def problems_from_args(args) -> list:
 def run_eval(args) -> int:
     check_out_dir(args.out, "eval")  # before the data and the model load
     problems = problems_from_args(args)
+    args.benchmark = resolve_benchmark(args.benchmark, problems)  # picks the ARM preset
     check_eval_args(args)  # conditions, heads and settings fail before the model loads
     if shard_info()[1] > 1:
         bind_local_gpu()  # one GPU per process under torchrun / accelerate launch
     model = load_cli_model(args)
     config = eval_config_from_args(args, model)
-    conds = conditions_from_args(args, model)
+    conds = conditions_from_args(args, model, args.benchmark)
     name = TEST_MODEL if args.model == TEST_MODEL else model_label(model)
     rows = evaluate(model, problems, conds, out=args.out, config=config, model_name=name,
                     resume=not args.no_resume, progress=not args.no_progress)
@@ -211,13 +224,18 @@ def run_eval(args) -> int:
     return 0
 
 
-def _summary_text(rows, grader: str) -> str:
+def _summary_text(rows, grader: str | None) -> str:
+    grader = resolve_grader(rows, grader)
     tables = summary_tables(rows, grader=grader)
     acc = tables["accuracy"]
-    lines = [f"accuracy ({grader} grader, 95% Wilson interval):"]
+    beside = {r.condition: r for r in acc[acc["grader"] == "math-verify"].itertuples()} if grader != "math-verify" \
+        else {}
+    lines = [f"accuracy ({grader} grader, 95% Wilson interval{'; math-verify beside' if beside else ''}):"]
     for r in acc[acc["grader"] == grader].itertuples():
+        mv = beside.get(r.condition)
         lines.append(f"  {r.condition:<24} {100 * r.accuracy:5.1f}%  [{100 * r.low:5.1f}, {100 * r.high:5.1f}]"
-                     f"  ({r.correct}/{r.n})")
+                     f"  ({r.correct}/{r.n})" + (f"   math-verify {100 * mv.accuracy:5.1f}%" if mv else ""))
+    lines += _samples_lines(rows, grader)
     cmp = tables["comparisons"]
     for r in cmp[cmp["grader"] == grader].itertuples() if len(cmp) else []:
         lines.append(f"  {r.b} vs {r.a}: {100 * r.difference:+.1f} points, McNemar exact p = {r.p_value:.3g} "
@@ -234,6 +252,18 @@ def _summary_text(rows, grader: str) -> str:
         lines.append(f"{timed_out} row(s) have no math-verify verdict: it timed out grading them (left out of its "
                      "accuracy; the other graders' verdicts stand)")
     return "\n".join(lines)
+
+
+def _samples_lines(rows, grader: str) -> list[str]:
+    """pass@k (k = 3, or the fewest samples a problem has) and avg over the samples, when problems
+    have several samples."""
+    graded = rows[rows[grader].notna()]
+    if "sample" not in graded.columns or len(graded) == 0 or graded["sample"].max() < 1:
+        return []
+    k = min(3, int(graded.groupby(["condition", "problem_id"]).size().min()))
+    table = pass_at_k_table(graded, k, "condition", grader=grader)
+    return [f"  {r['condition']:<24} pass@{k} {100 * r[f'pass@{k}']:5.1f}%  avg {100 * r['avg']:5.1f}%  "
+            f"({r['problems']} problems, {r['samples']} samples)" for r in table.to_dict("records")]
 
 
 def run_eval_report(args) -> int:

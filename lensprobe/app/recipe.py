@@ -1,0 +1,173 @@
+"""Study recipes: what ``lensprobe reproduce`` runs, as TOML data files (shipped ones and your own).
+
+A recipe names the paper and table (or figure) it reproduces, the models the authors used, and
+either an evaluation (``kind = "table"``: benchmarks x conditions under a protocol, compared with
+the published numbers of ``table``) or a study (``kind = "figure"``: one of
+:data:`~lensprobe.app.reproduce_figures.FIGURES`). The shipped recipes are in
+``lensprobe/app/recipes/``; :func:`list_recipes` lists them and :func:`load_recipe` reads one by
+name or from a file path. Fields (every one checked when read)::
+
+    name = "arm-table1"                 # defaults to the file name
+    title = "Table 1: w/o vs w/ Mless"
+    kind = "table"                      # or "figure"
+    arxiv = "2510.01032"
+    table = "1"                         # the published table compared with (kind = "table")
+    figure = "token-class-attention"    # the study drawn (kind = "figure")
+    protocol = "arm-math500"            # lp.evals.protocols.PROTOCOLS
+    benchmarks = ["math500", "aime2024"]
+    conditions = ["w/o", "w/ Mless"]    # built-in names, "ARM", or names defined below
+    models = ["Qwen/Qwen2.5-Math-1.5B"] # the authors' models (the docs' GPU commands)
+    runs = 5                            # runs the paper averages (information)
+    notes = "..."                       # shown in the table's Markdown and the report
+    [define."w/ Mless ?"]               # a condition: a built-in one with other filler settings
+    base = "w/ Mless"
+    symbol = "?"                        # also: count, word, placement
+"""
+
+import os
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.prompts import PLACEMENTS
+from lensprobe.evals.protocols import PROTOCOLS
+from lensprobe.interventions.arm_presets import benchmark_key
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = ["KINDS", "Recipe", "list_recipes", "load_recipe"]
+
+KINDS = ("table", "figure")
+_FIELDS = {"name", "title", "kind", "arxiv", "table", "figure", "protocol", "benchmarks", "conditions", "models",
+           "runs", "notes", "define"}
+_DEFINE_FIELDS = {"base", "symbol", "count", "word", "placement"}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One study recipe (see the module docs for the fields).
+
+    Example:
+        >>> r = load_recipe("arm-table1")
+        >>> r.benchmarks, r.conditions
+        (('math500', 'aime2024'), ('w/o', 'w/ Mless'))
+    """
+
+    name: str
+    title: str
+    kind: str
+    arxiv: str = "2510.01032"
+    table: str | None = None
+    figure: str | None = None
+    protocol: str | None = None
+    benchmarks: tuple[str, ...] = ()
+    conditions: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
+    runs: int = 1
+    notes: str = ""
+    define: dict[str, dict[str, Any]] = field(default_factory=dict)
+    source: str = ""
+
+
+def _shipped() -> dict[str, Any]:
+    folder = resources.files("lensprobe.app").joinpath("recipes")
+    return {f.name[:-5]: f for f in folder.iterdir() if f.name.endswith(".toml")}
+
+
+def list_recipes() -> list[Recipe]:
+    """The recipes shipped with lensprobe, sorted by name.
+
+    Example:
+        >>> [r.name for r in list_recipes()][:2]
+        ['arm-fig-filler-per-head', 'arm-fig-filler-vs-random']
+    """
+    return [load_recipe(name) for name in sorted(_shipped())]
+
+
+def load_recipe(name_or_path: str | os.PathLike) -> Recipe:
+    """A shipped recipe by name, or a recipe file (a path ending in ``.toml``).
+
+    Raises:
+        LensprobeError: an unknown name, a file that is missing or not valid TOML, or a field
+            that is unknown or wrong (the message names it and says what is allowed).
+
+    Example:
+        >>> load_recipe("arm-table5").define["w/ Mless ?"]["symbol"]
+        '?'
+        >>> load_recipe("my-recipes/table1-math-only.toml")
+    """
+    text_name = str(name_or_path)
+    shipped = _shipped()
+    if text_name in shipped:
+        text, where, default = shipped[text_name].read_text(encoding="utf-8"), f"recipe {text_name!r}", text_name
+    elif text_name.endswith(".toml"):
+        path = Path(text_name).expanduser()
+        if not path.is_file():
+            raise LensprobeError(f"recipe file {path} does not exist: give a .toml file or one of {sorted(shipped)}.")
+        text, where, default = path.read_text(encoding="utf-8"), str(path), path.stem
+    else:
+        raise LensprobeError(f"unknown recipe {text_name!r}: use one of {sorted(shipped)} (lensprobe reproduce "
+                             "--list) or a path to your own .toml recipe.")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise LensprobeError(f"{where} is not valid TOML ({err}): fix the file.") from None
+    return _recipe(data, where, default)
+
+
+def _recipe(data: dict, where: str, default_name: str) -> Recipe:
+    unknown = sorted(set(data) - _FIELDS)
+    if unknown:
+        raise LensprobeError(f"{where}: unknown field(s) {unknown}; a recipe has {sorted(_FIELDS)}.")
+    kind = data.get("kind", "table")
+    if kind not in KINDS:
+        raise LensprobeError(f"{where}: kind must be one of {KINDS}, got {kind!r}.")
+    protocol = data.get("protocol")
+    if protocol is not None and protocol not in PROTOCOLS:
+        raise LensprobeError(f"{where}: unknown protocol {protocol!r}; use one of {tuple(PROTOCOLS)}.")
+    lists = {}
+    for key in ("benchmarks", "conditions", "models"):
+        value = data.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise LensprobeError(f"{where}: {key} must be a list of strings, got {value!r}.")
+        lists[key] = tuple(value)
+    try:
+        benchmarks = tuple(benchmark_key(b) for b in lists["benchmarks"])
+    except LensprobeError as err:
+        raise LensprobeError(f"{where}: {err}") from None
+    if kind == "table" and (not data.get("table") or not benchmarks or not lists["conditions"]):
+        raise LensprobeError(f"{where}: a table recipe needs table, benchmarks and conditions.")
+    if kind == "figure" and not data.get("figure"):
+        raise LensprobeError(f"{where}: a figure recipe needs figure (the study it draws).")
+    runs = data.get("runs", 1)
+    if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
+        raise LensprobeError(f"{where}: runs must be a positive integer, got {runs!r}.")
+    return Recipe(name=str(data.get("name", default_name)), title=str(data.get("title", default_name)), kind=kind,
+                  arxiv=str(data.get("arxiv", "2510.01032")), table=_opt(data.get("table")),
+                  figure=_opt(data.get("figure")), protocol=protocol, benchmarks=benchmarks,
+                  conditions=lists["conditions"], models=lists["models"], runs=runs,
+                  notes=str(data.get("notes", "")), define=_defines(data.get("define", {}), where), source=where)
+
+
+def _opt(value) -> str | None:
+    return None if value is None else str(value)
+
+
+def _defines(define: Any, where: str) -> dict[str, dict[str, Any]]:
+    if not isinstance(define, dict):
+        raise LensprobeError(f"{where}: define must be a table of conditions, got {define!r}.")
+    for name, spec in define.items():
+        if not isinstance(spec, dict) or "base" not in spec:
+            raise LensprobeError(f"{where}: define.{name!r} needs base (a built-in condition such as 'w/ Mless').")
+        unknown = sorted(set(spec) - _DEFINE_FIELDS)
+        if unknown:
+            raise LensprobeError(f"{where}: define.{name!r} has unknown field(s) {unknown}; use {sorted(_DEFINE_FIELDS)}.")
+        if spec.get("placement", "between") not in PLACEMENTS:
+            raise LensprobeError(f"{where}: define.{name!r}: placement must be one of {PLACEMENTS}.")
+    return dict(define)

@@ -1,0 +1,93 @@
+"""The studies a figure recipe can draw (``figure = "..."`` in a recipe), built on the report sections.
+
+Each entry of :data:`FIGURES` takes ``(model, quick)`` and returns report sections; ``quick`` uses
+short inputs (a smoke run). The papers publish no numbers for these figures: a recipe run shows the
+figure on the model given, to be compared with the paper's by eye.
+"""
+
+from collections.abc import Callable
+
+from lensprobe.app.sections import thinking as thinking_section
+from lensprobe.app.sections.filler import (
+    HEADS_PER_LAYER,
+    attention_section,
+    demo_question,
+    filler_vs_random_section,
+    token_class_section,
+)
+from lensprobe.app.sections.heads import head_attention_section
+from lensprobe.core.errors import LensprobeError
+from lensprobe.studies.filler import FillerSetup, attention_received, heads_by_change
+from lensprobe.viz.report import Section
+
+__all__ = ["FIGURES", "figure_sections"]
+
+
+def _top_heads(model, question: str, setup: FillerSetup, layers: list[int]):
+    res = attention_received(model, question, layers=layers, setup=setup)
+    top = heads_by_change(res, k=HEADS_PER_LAYER).sort_values(["layer", "change"], ascending=[True, False],
+                                                              kind="stable")
+    return res, [(int(a), int(b)) for a, b in zip(top["layer"], top["head"], strict=True)]
+
+
+def _layers(model, quick: bool) -> list[int]:
+    n = int(model.cfg.n_layers)
+    return [0] if quick else sorted({0, 1, n // 2, n - 1})
+
+
+def filler_per_head(model, quick: bool) -> list[Section]:
+    """Attention per position with vs without the Mless filler at the heads it changes most."""
+    question, source = demo_question(quick)
+    layers = _layers(model, quick)
+    res, pairs = _top_heads(model, question, FillerSetup(), layers)
+    return [attention_section(model, res, pairs, source, layers)]
+
+
+def filler_vs_random(model, quick: bool) -> list[Section]:
+    """The Mless filler vs a random sentence of the same length at the layer-0 head it changes most."""
+    question, _ = demo_question(quick)
+    setup = FillerSetup()
+    _, pairs = _top_heads(model, question, setup, [0])
+    return [filler_vs_random_section(model, question, setup, *pairs[0])]
+
+
+def token_classes(model, quick: bool) -> list[Section]:
+    """Attention per token class per layer on an ASCII grid, with vs without filler."""
+    return [token_class_section(model, FillerSetup(), quick)]
+
+
+def head_attention(model, quick: bool) -> list[Section]:
+    """Average attention on one head per position under None / Mless / Mful, and over a longer sequence."""
+    question, _ = demo_question(quick)
+    setup = FillerSetup(conditions=("w/o", "w/ Mless", "w/ Mful"))
+    _, pairs = _top_heads(model, question, setup, [0])
+    return [head_attention_section(model, question, setup, pairs[0], quick)]
+
+
+def thinking_traces(model, quick: bool) -> list[Section]:
+    """Entropy and attention onto <thinking> per generation step: latent fusion vs pause vs none."""
+    return [thinking_section.build_demo_section(model, quick=quick)]
+
+
+FIGURES: dict[str, Callable[..., list[Section]]] = {
+    "filler-attention-per-head": filler_per_head,
+    "filler-vs-random": filler_vs_random,
+    "token-class-attention": token_classes,
+    "head-attention-by-condition": head_attention,
+    "thinking-traces": thinking_traces,
+}
+"""Figure name -> ``(model, quick) -> sections``."""
+
+
+def figure_sections(name: str, model, *, quick: bool = False) -> list[Section]:
+    """The sections of figure ``name`` on ``model``.
+
+    Raises:
+        LensprobeError: an unknown figure name.
+
+    Example:
+        >>> sections = figure_sections("token-class-attention", model, quick=True)
+    """
+    if name not in FIGURES:
+        raise LensprobeError(f"unknown figure {name!r}: a figure recipe draws one of {tuple(FIGURES)}.")
+    return FIGURES[name](model, quick)
