@@ -1,229 +1,41 @@
-r"""ARM, the activation redistribution module of the meaningless-tokens paper (arXiv 2510.01032).
+r"""ARM, the activation redistribution module of the meaningless-tokens paper (arXiv 2510.01032),
+as an intervention.
 
 The paper explains the gain from filler tokens by a redistribution of layer-0 MLP
 activations away from zero, and reproduces it without filler by editing those activations
 directly. ARM works on ``a = act_fn(gate_proj(x))``, the gated MLP's activation before it is
-multiplied by ``up_proj(x)``, so the MLP computes ``down_proj(ARM(a) * up_proj(x))``.
+multiplied by ``up_proj(x)``, so the MLP computes ``down_proj(ARM(a) * up_proj(x))``. The rule
+itself, step by step, is :func:`~lensprobe.interventions.arm_rule.arm_redistribute`
+(:mod:`lensprobe.interventions.arm_rule`); the authors' settings per model and benchmark are
+:mod:`lensprobe.interventions.arm_presets`.
 
-The rule (the authors' released code, ``variant="default"``), on the whole tensor passed in:
-
-1. ``eps = 1.4826 * MAD(|a|) * c``, where ``MAD = median(| |a| - median(|a|) |)`` (clamped at
-   ``1e-12``); medians are ``torch.median``'s (the lower middle value for an even count).
-2. ``fraction = clamp(k * mean(|a| < eps), p_min, p_max)``; ``n = max(1, round(fraction * a.numel()))``
-   (Python's ``round``: halves go to the even integer).
-3. The ``n`` entries with the smallest ``|a|`` (``torch.topk(largest=False)`` on the flattened
-   ``|a|``, so ties are broken as topk breaks them) move to ``sign * u * target`` with
-   ``u ~ U(0, 1)``: one ``torch.rand`` draw per moved entry, in topk's order (smallest
-   ``|a|`` first). ``sign`` is the entry's sign, 0 counting as positive. ``target`` is the
-   ``percentile``-th percentile of all entries of ``a`` (linear interpolation, as
-   ``numpy.percentile``) for positive entries, and ``|min a|`` over the negative entries
-   for negative ones (0 when there are none).
-4. Every other entry is returned unchanged, bit for bit.
-
-``mode="add"`` adds the shift to the original value instead (``a + sign * u * target``): the
-paper's text says the values are "added", its code replaces them; the default follows the
-code.
-
-``variant="gemma"`` is the authors' Gemma-3 rule: ``fraction = c`` directly (``p_min``,
-``p_max`` and ``k`` are unused); the entries with ``|a| <= quantile(|a|, c)`` move (a
-threshold, so ties at the threshold all move); ``target`` for positive entries is
-``quantile(|a|, percentile)`` of the *absolute* values with ``percentile`` in ``[0, 1]``
-(a value above 1 is divided by 100); one ``u`` is drawn for every entry of the tensor (its
-shape), and the moved entries use theirs.
-
-Consequences worth knowing:
-
-- ``p_min = p_max = 0`` still moves exactly one entry (the ``max(1, ...)`` rule).
-- :func:`arm_redistribute` computes its statistics over the whole tensor it is given, as the
-  authors' code does on a batch of one. :class:`ARM` gives it one batch row at a time by
-  default (``per_row=True``, padding left out), which is the authors' one-problem-at-a-time
-  semantics, batched; ``per_row=False`` passes the whole batch (a row's result then depends
-  on its neighbours). Under a KV cache, a decode step's tensor is one position, so the
-  statistics of each step are those of that single position (the prompt forward sees all
-  prompt positions at once).
-- Statistics are computed in float32; the result has the input's dtype. The input is never
-  modified.
-- Without ``generator`` (or ``seed``) the draws come from torch's global generator, as in
-  the authors' code, so two runs differ.
+:class:`ARM` gives the rule one batch row at a time by default (``per_row=True``, padding left
+out): the authors' one-problem-at-a-time semantics, batched. ``per_row=False`` passes the whole
+batch, as the authors' code does on a batch of one; a row's result then depends on its
+neighbours, and the intervention declares itself ``batch_dependent``.
 """
 
-import math
 import warnings
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from jaxtyping import Float
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks import Hook, current_step
 from lensprobe.core.lazy import heavy
 from lensprobe.interventions.arm_presets import ARM_PRESETS, Source, arm_preset
+from lensprobe.interventions.arm_rule import (
+    MAD_SCALE,
+    Mode,
+    Variant,
+    arm_redistribute,
+    check_rule,
+    near_zero_band,
+)
 
 __all__ = ["ARM", "ARM_PRESETS", "MAD_SCALE", "BatchDependenceWarning", "activation_function", "arm_redistribute", "near_zero_band"]
-
-Mode = Literal["replace", "add"]
-Variant = Literal["default", "gemma"]
-_MODES = ("replace", "add")
-_VARIANTS = ("default", "gemma")
-MAD_SCALE = 1.4826
-"""Scale that makes the median absolute deviation a standard deviation for normal data."""
-
-
-# --------------------------------------------------------------------------- the rule
-
-
-def arm_redistribute(activations: Float[Tensor, "..."], *, c: float, percentile: float,
-                     p_min: float = 0.02, p_max: float = 0.25, k: float = 1, mode: Mode = "replace",
-                     variant: Variant = "default",
-                     generator: torch.Generator | None = None) -> Float[Tensor, "..."]:
-    r"""Move the near-zero entries of ``activations`` away from zero (the paper's ARM rule).
-
-    See the module docstring for the rule step by step. Statistics are over the whole
-    tensor (every batch row and position together).
-
-    Args:
-        activations: ``act_fn(gate_proj(x))`` of a gated MLP, any shape (usually
-            ``[batch, pos, d_mlp]``). Not modified.
-        c: scale of the near-zero band ``eps = 1.4826 * MAD(|a|) * c`` (``variant="gemma"``:
-            the fraction of entries to move, in ``[0, 1]``).
-        percentile: percentile of ``a`` (0-100) that bounds the new positive values
-            (``variant="gemma"``: quantile of ``|a|`` in ``[0, 1]``; above 1 it is divided by 100).
-        p_min, p_max: bounds of the moved fraction (at least one entry always moves).
-        k: multiplier of the near-zero share before clamping.
-        mode: ``"replace"`` (the authors' code) or ``"add"`` (the paper's text).
-        variant: ``"default"`` or ``"gemma"`` (the authors' Gemma-3 rule).
-        generator: source of the uniform draws (``None``: torch's global generator). It must
-            live on the activations' device.
-
-    Returns:
-        A new tensor of the input's shape and dtype.
-
-    Raises:
-        LensprobeError: a bad argument or an empty tensor.
-
-    Example:
-        >>> a = torch.tensor([[-0.3, 0.001, 2.0, -0.002, 0.5, 1.2, 0.0004, -1.0]])
-        >>> out = arm_redistribute(a, c=0.1, percentile=95, generator=torch.Generator().manual_seed(0))
-        >>> int((out != a).sum())  # round(0.25 * 8) = 2 entries moved
-        2
-    """
-    _check_rule(c, percentile, p_min, p_max, k, mode, variant)
-    if not isinstance(activations, Tensor) or not activations.is_floating_point():
-        raise LensprobeError(
-            f"activations must be a floating-point tensor, got {type(activations).__name__}"
-            f"{'' if not isinstance(activations, Tensor) else ' of dtype ' + str(activations.dtype)}."
-        )
-    if activations.numel() == 0:
-        raise LensprobeError("activations is empty: ARM needs at least one entry.")
-    if generator is not None and generator.device != activations.device and not (
-            generator.device.type == activations.device.type == "cpu"):
-        raise LensprobeError(
-            f"the generator is on {generator.device} but the activations are on "
-            f"{activations.device}: create it with torch.Generator(device=activations.device)."
-        )
-    if variant == "gemma":
-        return _redistribute_gemma(activations, c, percentile, mode, generator)
-    return _redistribute_default(activations, c, percentile, p_min, p_max, k, mode, generator)
-
-
-def near_zero_band(flat: Float[Tensor, " n"], c: float) -> Tensor:
-    """ARM's near-zero band ``eps = 1.4826 * MAD(|a|) * c`` of a flat float32 tensor (a 0-d tensor).
-
-    ``MAD = median(| |a| - median(|a|) |)``, clamped at ``1e-12``; ``torch.median`` takes the
-    lower middle value for an even count.
-    """
-    magnitude = flat.abs()
-    mad = (magnitude - magnitude.median()).abs().median().clamp_min(1e-12)
-    return MAD_SCALE * mad * c
-
-
-def _redistribute_default(a: Tensor, c: float, percentile: float, p_min: float, p_max: float,
-                          k: float, mode: str, generator) -> Tensor:
-    flat = a.detach().reshape(-1).to(torch.float32)
-    magnitude = flat.abs()
-    eps = near_zero_band(flat, c)
-    near_zero = (magnitude < eps).to(torch.float32).mean()
-    fraction = float(torch.clamp(k * near_zero, min=p_min, max=p_max))
-    total = flat.numel()
-    n = min(total, max(1, int(round(fraction * total))))
-    _, idx = torch.topk(magnitude, n, largest=False)
-    pos_target = _quantile(flat, percentile / 100.0)
-    negative = flat[flat < 0]
-    neg_target = negative.min().abs() if negative.numel() else flat.new_zeros(())
-    chosen = flat[idx]
-    signs = torch.where(chosen < 0, -1.0, 1.0).to(torch.float32)
-    u = torch.rand(n, generator=generator, device=flat.device, dtype=torch.float32)
-    shift = signs * u * torch.where(signs > 0, pos_target, neg_target)
-    new = shift if mode == "replace" else chosen + shift
-    out = a.detach().reshape(-1).clone()
-    out[idx] = new.to(a.dtype)
-    return out.view_as(a)
-
-
-def _redistribute_gemma(a: Tensor, c: float, percentile: float, mode: str, generator) -> Tensor:
-    flat = a.detach().reshape(-1).to(torch.float32)
-    magnitude = flat.abs()
-    tau = _quantile(magnitude, min(max(float(c), 0.0), 1.0))
-    mask = magnitude <= tau
-    q = percentile / 100.0 if percentile > 1 else percentile
-    pos_target = _quantile(magnitude, q)
-    negative = flat[flat < 0]
-    neg_target = negative.min().abs() if negative.numel() else flat.new_zeros(())
-    signs = torch.where(flat < 0, -1.0, 1.0).to(torch.float32)
-    u = torch.rand(tuple(a.shape), generator=generator, device=flat.device, dtype=torch.float32).reshape(-1)
-    shift = signs * u * torch.where(signs > 0, pos_target, neg_target)
-    new = shift if mode == "replace" else flat + shift
-    out = torch.where(mask, new.to(a.dtype), a.detach().reshape(-1))
-    return out.view_as(a)
-
-
-def _quantile(values: Tensor, q: float) -> Tensor:
-    """``q``-quantile of a 1-D tensor with linear interpolation (``numpy.percentile``'s
-    default), by selection, so it works on tensors of any size (``torch.quantile`` refuses
-    more than 16 million entries)."""
-    n = values.numel()
-    position = q * (n - 1)
-    lo = int(math.floor(position))
-    hi = min(lo + 1, n - 1)
-    low = values.kthvalue(lo + 1).values
-    if hi == lo or position == lo:
-        return low
-    high = values.kthvalue(hi + 1).values
-    return low + (high - low) * (position - lo)
-
-
-def _check_rule(c, percentile, p_min, p_max, k, mode, variant) -> None:
-    if variant not in _VARIANTS:
-        raise LensprobeError(f"variant must be one of {_VARIANTS}, got {variant!r}.")
-    if mode not in _MODES:
-        raise LensprobeError(f"mode must be 'replace' (the authors' code) or 'add' (the paper's text), got {mode!r}.")
-    if not _is_real(c) or c < 0:
-        raise LensprobeError(f"c must be a non-negative number, got {c!r} (the presets use 0.05-0.32).")
-    if variant == "gemma" and c > 1:
-        raise LensprobeError(
-            f"with variant='gemma', c is the fraction of entries to move and must be in [0, 1], got {c!r}."
-        )
-    if not _is_real(percentile):
-        raise LensprobeError(f"percentile must be a number, got {percentile!r}.")
-    if not 0 <= percentile <= 100:
-        raise LensprobeError(
-            f"percentile must be in [0, 100] (e.g. 99.5), got {percentile!r}." if variant == "default" else
-            f"with variant='gemma', percentile is a quantile in [0, 1] (or a percent in (1, 100]), got {percentile!r}."
-        )
-    for name, value in (("p_min", p_min), ("p_max", p_max)):
-        if not _is_real(value) or not 0 <= value <= 1:
-            raise LensprobeError(f"{name} must be a fraction in [0, 1], got {value!r}.")
-    if p_min > p_max:
-        raise LensprobeError(f"p_min ({p_min!r}) must not exceed p_max ({p_max!r}): swap them.")
-    if not _is_real(k) or k < 0:
-        raise LensprobeError(f"k must be a non-negative number, got {k!r} (the authors use 1).")
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
 
 # --------------------------------------------------------------------------- the intervention
 
@@ -425,7 +237,7 @@ class ARM:
                 f"ARM needs {missing}: pass lp.ARM(c=..., percentile=...) or use "
                 "lp.ARM.preset(model_name) for the authors' values."
             )
-        _check_rule(self.c, self.percentile, self.p_min, self.p_max, self.k, self.mode, self.variant)
+        check_rule(self.c, self.percentile, self.p_min, self.p_max, self.k, self.mode, self.variant)
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise LensprobeError(f"seed must be an int or None, got {self.seed!r}.")
         if not isinstance(self.per_row, bool):
