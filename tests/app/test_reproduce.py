@@ -4,7 +4,6 @@
 import fnmatch
 import json
 import re
-import tomllib
 from pathlib import Path
 
 import pandas as pd
@@ -13,8 +12,9 @@ import pytest
 import lensprobe as lp
 from lensprobe.app.cli import main
 from lensprobe.app.reproduce_figures import FIGURES
+from lensprobe.app.sections.evals import build_math500_section
 from lensprobe.evals.grading import grade_paper_exact
-from lensprobe.evals.published import published_numbers
+from lensprobe.evals.published import published_numbers, tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,3 +121,10 @@ def test_figure_recipe_writes_the_study(tmp_path, tiny):
     assert "without numbers" in (tmp_path / "f" / "figure.md").read_text()
     csvs = list((tmp_path / "f" / "report").rglob("*.csv"))
     assert csvs and set(pd.read_csv(csvs[0]).columns) >= {"layer"}
+
+
+def test_the_demo_report_links_every_recipe(tiny):
+    intro = build_math500_section(tiny, quick=True).intro
+    for r in lp.list_recipes():
+        assert f"<code>lensprobe reproduce {r.name}</code>" in intro, r.name
+    assert "docs/reproducing.md" in intro

@@ -3,6 +3,7 @@ the answer) and level-1 MATH-500 problems (graded on ``\\boxed{}``), under w/o, 
 
 import html
 
+from lensprobe.app.recipe import list_recipes
 from lensprobe.core.conditions import resolve_conditions
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models import model_label
@@ -133,10 +134,24 @@ def build_math500_section(model, *, quick: bool = False):
         "wrong. What such a model can do is arithmetic of a step or two, which the section above "
         "measures.</p>"
     )
-    section = results_section(rows, title=title, intro=intro)
+    section = results_section(rows, title=title, intro=intro + recipes_html())
     sample = rows[["condition", "problem_id", "answer", "prediction", "math-verify", "finish", "generation"]]
     section.tables["answers"] = sample
     return section
+
+
+def recipes_html() -> str:
+    """A paragraph listing the shipped recipes (``lensprobe reproduce``) with their commands."""
+    items = "".join(
+        f"<li><code>lensprobe reproduce {html.escape(r.name)}</code>: {html.escape(r.title)}</li>"
+        for r in list_recipes())
+    return (
+        "<p><b>Reproducing the papers' tables and figures.</b> Each is a recipe shipped with lensprobe; "
+        "<code>lensprobe reproduce RECIPE --model M [--limit N] --out DIR</code> runs one and writes its table "
+        "(CSV, Markdown, report page) with the published numbers beside this run's "
+        "(<code>lensprobe reproduce --list</code>; docs: <i>Reproducing the papers</i>, "
+        f"<code>docs/reproducing.md</code>):</p><ul>{items}</ul>"
+    )
 
 
 DEMO_PROBLEMS = 10
