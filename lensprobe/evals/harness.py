@@ -57,25 +57,23 @@ import dataclasses
 import os
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lensprobe.core.conditions import (
-    PROMPT_FORMATS,
-    PromptFormat,
     paper_conditions,
     resolve_conditions,
 )
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks import with_default_seed
-from lensprobe.core.jsonable import json_digest, stable_repr
+from lensprobe.core.jsonable import json_digest
 from lensprobe.core.models import model_label
 from lensprobe.core.shards import check_shard, model_fingerprint, my_units
 from lensprobe.core.shards import shard_info as shard_info  # its old home: lensprobe.evals.harness.shard_info
 from lensprobe.evals.benchmarks import resolve_benchmark
+from lensprobe.evals.config import EvalConfig, with_format_defaults
+from lensprobe.evals.config import paper_generation_settings as paper_generation_settings  # its old home
 from lensprobe.evals.data import Problem
-from lensprobe.evals.grading import check_extract
 from lensprobe.evals.protocols import get_protocol
 from lensprobe.evals.results import (
     prepare_folder,
@@ -84,159 +82,11 @@ from lensprobe.evals.results import (
 from lensprobe.evals.running import ErrorRowsWarning as ErrorRowsWarning  # lensprobe.evals exports it
 from lensprobe.evals.running import RunInfo, finished_rows, plan_rows, result_table, run_plan, tally_rows
 from lensprobe.evals.verdicts import default_grader, mark_default_grader
-from lensprobe.generation.config import GenerationConfig
 from lensprobe.interventions.arm import ARM
 from lensprobe.interventions.arm_presets import PAPER_TABLE9, model_key
 
 DEFAULT_CONDITIONS = "w/o,w/ Mless,w/ Mful"
 FORMAT_VERSION = 1
-PAPER_MAX_NEW_TOKENS = 2048
-
-
-@dataclass(frozen=True)
-class EvalConfig(GenerationConfig):
-    """Generation settings of an evaluation run: a :class:`~lensprobe.GenerationConfig` plus a batch size.
-
-    Attributes:
-        max_new_tokens: generated tokens per answer at most (default 512).
-        batch_size: prompts generated together (left-padded); does not change greedy results
-            and is not part of the configuration hash.
-        seed: base seed of sampling (default 0; used only with ``do_sample=True``).
-        n_samples: answers per problem (needs ``do_sample=True`` when > 1; for pass@k).
-        prompt_format: ``"chat"`` or ``"paper"``: how the built-in conditions build their
-            prompts (see the module docs). Part of the configuration hash only when it is not
-            ``"chat"``. The generation defaults of the paper format are applied by
-            :func:`evaluate` when settings are passed as keywords, or by
-            :meth:`EvalConfig.paper`.
-        extract: how the answer is read from the generated text: ``"boxed"`` (the last
-            ``\\boxed{...}``, default) or ``"last-number"`` (the last number, lm-eval's flexible
-            extraction; :func:`~lensprobe.evals.grading.extract_last_number`). Part of the
-            configuration hash only when it is not ``"boxed"``.
-        protocol: one of the authors' protocols (:data:`~lensprobe.evals.protocols.PROTOCOLS`,
-            e.g. ``"arm-math500"``), recorded in the configuration hash when set; its settings
-            are applied by :func:`evaluate` and :meth:`EvalConfig.paper` (those given win).
-
-    The other fields (``do_sample``, ``temperature``, ``top_p``, ``stop_at_eos``, ``thinking``,
-    ``think_when``) are :class:`~lensprobe.GenerationConfig`'s.
-    """
-
-    max_new_tokens: int = 512
-    seed: int = 0
-    batch_size: int = 8
-    prompt_format: PromptFormat = "chat"
-    extract: str = "boxed"
-    protocol: str | None = None
-
-    @classmethod
-    def paper(cls, model, **settings) -> "EvalConfig":
-        """The authors' generation settings for ``model`` with ``prompt_format="paper"``;
-        ``settings`` given here win (see :func:`paper_generation_settings`).
-
-        Example:
-            >>> cfg = EvalConfig.paper(model, batch_size=4)
-            >>> cfg.max_new_tokens, cfg.prompt_format
-            (2048, 'paper')
-        """
-        return cls(**with_format_defaults(model, {**settings, "prompt_format": "paper"}))
-
-    def __post_init__(self) -> None:
-        if self.prompt_format not in PROMPT_FORMATS:
-            raise LensprobeError(f"unknown prompt_format {self.prompt_format!r}: use one of {PROMPT_FORMATS}.")
-        check_extract(self.extract)
-        if self.protocol is not None and get_protocol(self.protocol).settings["prompt_format"] != self.prompt_format:
-            raise LensprobeError(f"protocol {self.protocol!r} uses prompt_format='paper', got {self.prompt_format!r}: "
-                                 "drop prompt_format (the protocol sets it).")
-        if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size <= 0:
-            raise LensprobeError(f"batch_size must be a positive integer, got {self.batch_size!r}.")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise LensprobeError(f"seed must be an integer, got {self.seed!r}.")
-        super().__post_init__()
-        if self.n_samples > 1 and not self.do_sample:
-            raise LensprobeError(
-                f"n_samples={self.n_samples} with greedy decoding gives {self.n_samples} identical "
-                "answers: set do_sample=True (e.g. --sample) or n_samples=1."
-            )
-
-    def generation(self) -> GenerationConfig:
-        """The settings :func:`lensprobe.generate` runs with (the seed only when sampling)."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(GenerationConfig)}
-        return GenerationConfig(**{**fields, "seed": self.seed if self.do_sample else None})
-
-    def hashed(self) -> dict:
-        """The settings that change results (everything but ``batch_size``)."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "batch_size"}
-        if self.prompt_format == "chat":  # absent by default: chat-format folders keep their hash
-            d.pop("prompt_format")
-        if self.extract == "boxed":  # absent by default: boxed-answer folders keep their hash
-            d.pop("extract")
-        if self.protocol is None:  # absent when unset: older folders keep their hash
-            d.pop("protocol")
-        if not self.do_sample:
-            d.pop("temperature")
-            d.pop("top_p")
-            d.pop("top_k")
-            d.pop("min_p")
-        for name, neutral in (("top_k", 0), ("min_p", None), ("repetition_penalty", 1.0)):
-            if name in d and d[name] == neutral:  # absent when neutral: older folders keep their hash
-                d.pop(name)
-        for name in ("thinking", "think_when", "eos_token_id"):  # absent when unset: older folders keep their hash
-            value = d.pop(name)
-            if value is not None:
-                d[name] = stable_repr(value)
-        return d
-
-
-TRANSFORMERS4_TOP_K = 50
-"""``transformers`` 4.x's ``top_k`` when a generation config leaves it unset (the authors' version)."""
-
-
-def paper_generation_settings(model) -> dict:
-    """How the authors generate: ``max_new_tokens=2048`` and the model's own generation config.
-
-    Every setting of ``model.original_model.generation_config`` that changes the next-token
-    distribution is taken (greedy when there is none): ``do_sample``, ``repetition_penalty``
-    (greedy too) and, with sampling, ``temperature``, ``top_p``, ``top_k`` and ``min_p``. The
-    authors ran ``transformers`` 4.x, whose ``generate`` applies ``top_k=50`` when the
-    generation config leaves ``top_k`` unset: so does this (an explicit ``0`` or ``None`` in
-    a config read by 4.x would also have meant 50 for ``None``; only ``0`` turns it off).
-
-    Example:
-        >>> paper_generation_settings(model)
-        {'max_new_tokens': 2048, 'do_sample': False}
-    """
-    out: dict[str, Any] = {"max_new_tokens": PAPER_MAX_NEW_TOKENS, "do_sample": False}
-    gen = getattr(getattr(model, "original_model", None), "generation_config", None)
-    if gen is None:
-        return out
-    out["do_sample"] = bool(getattr(gen, "do_sample", False))
-    penalty = getattr(gen, "repetition_penalty", None)
-    if penalty not in (None, 1.0):
-        out["repetition_penalty"] = float(penalty)
-    if out["do_sample"]:
-        for name in ("temperature", "top_p", "min_p"):
-            value = getattr(gen, name, None)
-            if value is not None:
-                out[name] = float(value)
-        top_k = getattr(gen, "top_k", None)
-        out["top_k"] = TRANSFORMERS4_TOP_K if top_k is None else int(top_k)
-    return out
-
-
-def with_format_defaults(model, settings: dict) -> dict:
-    """``settings`` with the defaults of the ``"paper"`` format (:func:`paper_generation_settings`)
-    and of ``settings["protocol"]`` filled in; the settings given win.
-
-    Example:
-        >>> with_format_defaults(model, {"protocol": "arm-aime-pass3"})["n_samples"]
-        20
-    """
-    name = settings.get("protocol")
-    if name is None and settings.get("prompt_format") != "paper":
-        return settings
-    fixed = get_protocol(name).settings if name is not None else {}
-    return {**paper_generation_settings(model), **fixed, **settings}
-
-
 def _check_problems(problems) -> list[Problem]:
     if isinstance(problems, Problem):
         problems = [problems]

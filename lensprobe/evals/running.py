@@ -16,7 +16,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -25,6 +25,7 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks import batch_dependent, check_positions, resolve_hooks
 from lensprobe.core.jsonable import json_digest
 from lensprobe.core.lazy import pandas
+from lensprobe.evals.config import EvalConfig
 from lensprobe.evals.data import Problem
 from lensprobe.evals.grading import GRADERS, extract_answer, grade_all, grade_paper_exact
 from lensprobe.evals.protocols import grades_prompt
@@ -32,9 +33,6 @@ from lensprobe.evals.results import RowWriter, read_rows, results_file, rows_fra
 from lensprobe.evals.verdicts import PAPER_EXACT
 from lensprobe.generation.loop import generate
 from lensprobe.generation.rows import FinishedRow
-
-if TYPE_CHECKING:
-    from lensprobe.evals.harness import EvalConfig
 
 __all__ = ["PAPER_EXACT", "ROW_COLUMNS", "ErrorRowsWarning", "Item", "RunInfo", "finished_rows", "generation_calls",
            "make_row", "plan_chunk", "plan_rows", "problem_hash", "result_table", "run_plan", "tally_rows"]
@@ -292,7 +290,8 @@ def _generate(model, batch: list[Item], interventions: tuple, cond: Condition, c
     the batch are drawn and the items' own samples picked out. ``emit`` gets the wall time
     since the previous row finished (the rows' times add up to the call's).
     """
-    prompts, first = [], {}
+    prompts: list[Any] = []
+    first: dict[str, int] = {}
     for it in batch:
         if it.problem.id not in first:
             first[it.problem.id] = len(prompts)

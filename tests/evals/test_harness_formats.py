@@ -9,8 +9,8 @@ import lensprobe as lp
 from lensprobe.core.conditions import paper_conditions
 from lensprobe.core.prompts import PAPER_SYSTEM_PROMPT
 from lensprobe.evals import Problem, load_results
+from lensprobe.evals.config import EvalConfig, paper_generation_settings
 from lensprobe.evals.grading import grade_paper_exact
-from lensprobe.evals.harness import EvalConfig, paper_generation_settings
 from lensprobe.evals.results import read_rows, results_file
 from lensprobe.evals.running import ROW_COLUMNS
 from lensprobe.interventions.arm import ARM
