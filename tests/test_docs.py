@@ -68,3 +68,73 @@ def test_the_checker_finds_a_broken_reference():
     assert _resolves("generate", lensprobe, None) and _resolves("lensprobe.generation.loop.generate", lensprobe, None)
     assert not _resolves("generate_everything", lensprobe, None)
     assert not _resolves("lensprobe.generation.loop.nothing", lensprobe, None)
+
+
+# --------------------------------------------------------------------------- the docs' code blocks
+# README.md, CONTRIBUTING.md and docs/*.md: every ``python`` block runs as a test (Sybil, root conftest.py).
+# Blocks fenced ``python notest`` only illustrate (a GPU, the hub, a long run); they are not collected.
+# Their number is recorded here, so adding or removing one is a visible decision.
+ILLUSTRATIVE_BLOCKS = 7
+
+
+def _root_conftest():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "conftest.py"
+    spec = importlib.util.spec_from_file_location("lensprobe_root_conftest", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_illustrative_blocks_are_counted_and_every_other_python_block_is_collected(capsys):
+    conf = _root_conftest()
+    pages = conf.doc_pages()
+    names = {p.name for p in pages}
+    assert {"README.md", "CONTRIBUTING.md", "getting-started.md", "heads.md", "evaluations.md"} <= names
+    infos = [(page.name, info) for page in pages for info, _ in conf.fences(page) if info.startswith("python")]
+    illustrative = [page for page, info in infos if info == "python notest"]
+    tested = [page for page, info in infos if info == "python"]
+    odd = [(page, info) for page, info in infos if info not in ("python", "python notest")]
+    assert not odd, f"python blocks with an info string Sybil would neither run nor count: {odd}"
+    with capsys.disabled():
+        print(f"\ndocs: {len(tested)} python blocks run as tests, {len(illustrative)} illustrative "
+              f"(python notest) in {sorted(set(illustrative))}")
+    assert len(illustrative) == ILLUSTRATIVE_BLOCKS, (
+        f"{len(illustrative)} python notest blocks, {ILLUSTRATIVE_BLOCKS} recorded: update ILLUSTRATIVE_BLOCKS")
+    assert len(tested) >= 40
+
+
+def test_the_readme_fits_on_a_few_screens_and_links_to_guides_that_exist():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    assert len(readme) <= 12_000
+    links = re.findall(r"\]\(((?:docs/|CONTRIBUTING|tutorials/)[^)#]+)", readme)
+    assert "docs/meaningless-tokens.md" in links and "CONTRIBUTING.md" in links
+    missing = [link for link in links if not (root / link).is_file()]
+    assert not missing
+
+
+# --------------------------------------------------------------------------- the site's cross-references
+def test_the_site_turns_roles_into_references_to_where_objects_are_defined():
+    import sys
+    from pathlib import Path
+
+    import griffe
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "_hooks"))
+    try:
+        import griffe_roles
+    finally:
+        sys.path.pop(0)
+    pkg = griffe.load("lensprobe", resolve_aliases=False)
+    hooks = pkg["core.hooks"]
+    text = "See :func:`~lensprobe.generate`, :class:`StepContext` and :func:`nowhere_at_all`."
+    assert griffe_roles.rewrite(text, hooks, pkg) == (
+        "See [`generate()`][lensprobe.generation.loop.generate], "
+        "[`StepContext`][lensprobe.core.hooks.StepContext] and "
+        "[`nowhere_at_all()`][nowhere_at_all].")  # names nothing: autorefs reports it, the strict build fails

@@ -12,7 +12,7 @@ import pytest
 from lensprobe.app import cli
 from lensprobe.app.cli import main
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "cli.md"  # the bad-input table lives there
 BEGIN, END = "<!-- bad-input table (tests/app/test_bad_input.py) -->", "<!-- end of bad-input table -->"
 
 # (what is wrong, the command as typed in a folder prepared by `prepare`, a fragment of the one line printed)
@@ -118,7 +118,7 @@ def test_readme_table_shows_these_cases(workdir, capsys):
     text = README.read_text(encoding="utf-8")
     found = re.search(re.escape(BEGIN) + r"\n(.*?)\n" + re.escape(END), text, re.S)
     assert found and found.group(1) == table, (
-        f"README.md's bad-input table is out of date; put this between {BEGIN} and {END}:\n{table}")
+        f"docs/cli.md's bad-input table is out of date; put this between {BEGIN} and {END}:\n{table}")
 
 
 def test_an_unexpected_error_is_one_line_with_a_log_of_its_traceback(workdir, capsys, monkeypatch):

@@ -1,0 +1,54 @@
+"""mkdocs hook: the figures the guides embed, drawn by the build on the embedded SmolLM2 model.
+
+Each figure is computed here from the embedded model (offline, about a minute on two CPU cores) with the
+same public calls the guides show, and written as an HTML page under ``figures/`` next to one shared
+``plotly.min.js`` (from the installed plotly package, so the pages work offline). The guides embed them
+with ``<iframe src="../figures/NAME.html">``; ``tests/test_docs.py`` checks that every embedded figure
+was written by the build. The figures are never committed, so they cannot go stale.
+"""
+
+import plotly.offline
+from mkdocs.structure.files import File
+
+QUESTION = "What is 12+7?"
+
+
+def _figures() -> dict:
+    import torch
+
+    import lensprobe as lp
+
+    torch.manual_seed(0)
+    model = lp.load_model()
+    figs = {}
+    res = lp.attention_received(model, QUESTION, layers=[0])
+    figs["attention_received"] = lp.viz.attention_received_figure(res, [(0, 3)])
+
+    p0 = lp.build_prompt(model, QUESTION, system=lp.MATH_SYSTEM_PROMPT)
+    p1 = lp.build_prompt(model, QUESTION, system=lp.MATH_SYSTEM_PROMPT, filler=lp.Filler.meaningless())
+    stats = lp.activation_stats(model, {"w/o": p0, "w/ Mless": p1, "w/o + ARM": p0},
+                                interventions={"w/o + ARM": [lp.ARM(c=0.1, percentile=95, seed=0)]})
+    figs["activation_histogram"] = lp.viz.activation_histogram_figure(stats)
+
+    sweep = lp.ablation_sweep(model, [p0], "entropy", progress=False)
+    figs["sweep"] = lp.viz.sweep_heatmap(sweep)
+
+    thinking = lp.with_thinking_token(model)
+    pt = lp.build_prompt(thinking, QUESTION, system=lp.MATH_SYSTEM_PROMPT)
+    traces = lp.compare_thinking(thinking, [pt], ["fusion", "pause"], max_new_tokens=32,
+                                 think_when=lp.schedule.every(4), n_samples=3, do_sample=True, seed=0)
+    figs["thinking_trace"] = lp.viz.generation_trace_figure(lp.trace_summary(traces, band="std"))
+
+    grid = lp.ascii_grid()
+    g0, g1 = lp.build_prompt(model, grid), lp.build_prompt(model, grid, filler=lp.Filler.meaningless())
+    table = lp.token_class_attention({"w/o filler": (model, g0), "w/ Mless": (model, g1)}, layers=[0, 16, 20, 27])
+    figs["token_classes"] = lp.viz.token_class_figure(table)
+    return figs
+
+
+def on_files(files, config, **kwargs):
+    files.append(File.generated(config, "figures/plotly.min.js", content=plotly.offline.get_plotlyjs()))
+    for name, fig in _figures().items():
+        html = fig.to_html(include_plotlyjs="directory", full_html=True)
+        files.append(File.generated(config, f"figures/{name}.html", content=html))
+    return files
