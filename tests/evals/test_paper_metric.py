@@ -112,8 +112,11 @@ def test_arm_options_start_from_the_preset():
     paper = arm_from_args(args(model="google/gemma-3-27b-it", benchmark="aime2024", arm_c=0.3, arm_source="paper"))
     assert paper.percentile == 0.85
     assert arm_from_args(args(model="x/tiny", arm_c=0.1, arm_percentile=90.0, arm_p_min=0.1)).p_min == 0.1
-    with pytest.raises(lp.LensprobeError, match=r"no ARM preset to start from.*give both --arm-c and --arm-percentile"):
+    with pytest.raises(lp.LensprobeError, match=r"^no ARM preset for 'tiny' to start from: give both --arm-c and "
+                                                r"--arm-percentile\.$"):
         arm_from_args(args(model="x/tiny", arm_c=0.1))
+    with pytest.raises(lp.LensprobeError, match=r"pass --benchmark\): give both"):
+        arm_from_args(args(arm_c=0.1, benchmark=None))
     with pytest.raises(lp.LensprobeError, match=r"no ARM gain for qwen2.5-7b-instruct on aime2024.*give both"):
         arm_from_args(args(model="Qwen/Qwen2.5-7B-Instruct", benchmark="aime2024", arm_c=0.1))
 

@@ -10,7 +10,7 @@ import argparse
 from lensprobe.core.errors import LensprobeError
 from lensprobe.evals.protocols import PROTOCOLS
 from lensprobe.interventions.arm import ARM
-from lensprobe.interventions.arm_presets import BENCHMARKS, arm_preset, benchmark_key
+from lensprobe.interventions.arm_presets import BENCHMARKS, PAPER_TABLE9, arm_preset, benchmark_key, model_key
 
 __all__ = ["ARM_FLAGS", "add_arm_arguments", "add_benchmark_arguments", "arm_from_args", "benchmark_arg"]
 
@@ -73,13 +73,19 @@ def arm_from_args(args, model=None, benchmark: str | None = None):
     name = model if model is not None else getattr(args, "model", None)
     benchmark = benchmark if benchmark is not None else getattr(args, "benchmark", None)
     base: dict = {}
-    why = "no model name" if name is None else f"no benchmark (pass --benchmark) for {name!r}"
-    if name is not None and benchmark is not None:
+    if name is None:
+        why = "no ARM preset to start from"
+    elif model_key(name) not in PAPER_TABLE9:
+        why = f"no ARM preset for {model_key(name)!r} to start from"
+    elif benchmark is None:
+        why = f"no benchmark to take {model_key(name)}'s ARM preset from (pass --benchmark)"
+    else:
+        why = f"the authors report no ARM gain for {model_key(name)} on {benchmark}, so there is no preset to start from"
         try:
             base = arm_preset(name, benchmark, getattr(args, "arm_source", "code")).settings
-        except LensprobeError as err:
-            why = str(err).rstrip(".")
+        except LensprobeError:
+            base = {}
     settings = {**base, **given}
     if "c" not in settings or "percentile" not in settings:
-        raise LensprobeError(f"no ARM preset to start from ({why}): give both --arm-c and --arm-percentile.")
+        raise LensprobeError(f"{why}: give both --arm-c and --arm-percentile.")
     return ARM(**settings)
