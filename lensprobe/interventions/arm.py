@@ -31,6 +31,7 @@ from lensprobe.interventions.arm_rule import (
     Mode,
     Variant,
     arm_redistribute,
+    arm_redistribute_rows,
     check_rule,
     near_zero_band,
 )
@@ -146,9 +147,13 @@ class _ARMHook:
         inside = info is not None and info.rows is not None and len(info.rows) == batch
         keys = info.rows.tolist() if inside else list(range(batch))
         restart = inside and info.prefill
+        gens = [self.draws.get(act.device, key, restart) for key in keys]
+        whole = info is None or bool((info.positions >= 0).all())
+        if whole and self.arm.variant == "default":  # every row's statistics at once
+            rule = {k: v for k, v in self.arm.rule().items() if k != "variant"}
+            return arm_redistribute_rows(act.reshape(batch, -1), gens, **rule).view_as(act)
         out = act.clone()
-        for b, key in enumerate(keys):
-            gen = self.draws.get(act.device, key, restart)
+        for b, gen in enumerate(gens):
             if info is None:
                 out[b] = arm_redistribute(act[b], generator=gen, **self.arm.rule())
                 continue

@@ -281,3 +281,25 @@ def test_activation_function_falls_back_to_the_config_name():
     torch.testing.assert_close(silu(x), torch.nn.functional.silu(x))
     with pytest.raises(LensprobeError, match=r"cannot find the activation function of layer 0's MLP.*'swoosh'"):
         activation_function(types.SimpleNamespace(cfg=types.SimpleNamespace(act_fn="swoosh")), 0)
+
+
+@pytest.mark.parametrize("mode", ["replace", "add"])
+def test_rows_at_once_equal_one_call_per_row_bit_for_bit(mode):
+    """arm_redistribute_rows (every row's statistics at once, what per-row ARM runs at each decode
+    step) gives each row exactly what arm_redistribute gives it alone: values and draws."""
+    from lensprobe.interventions.arm_rule import arm_redistribute_rows
+
+    g = torch.Generator().manual_seed(11)
+    rows = torch.randn(6, 97, generator=g)
+    rows[1, :40] = 0.0  # ties at zero
+    rows[2] = rows[2].abs()  # no negative entry
+    rows[3, ::3] = rows[3, 1]  # repeated values
+    rows[4] *= 1e-3
+    for c, pct, p_min, p_max, k in [(0.1, 95, 0.02, 0.25, 1), (0.5, 99.5, 0.0, 1.0, 2), (0.0, 0, 0.0, 0.0, 1)]:
+        rule = dict(c=c, percentile=pct, p_min=p_min, p_max=p_max, k=k, mode=mode)
+        together = arm_redistribute_rows(rows, [torch.Generator().manual_seed(b) for b in range(6)], **rule)
+        for b in range(6):
+            alone = arm_redistribute(rows[b], generator=torch.Generator().manual_seed(b), **rule)
+            assert torch.equal(together[b], alone), (rule, b)
+    with pytest.raises(LensprobeError, match="one generator per row"):
+        arm_redistribute_rows(rows, [None], c=0.1, percentile=95)
