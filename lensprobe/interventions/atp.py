@@ -274,6 +274,8 @@ def _qk_corrections(model, tokens: Tensor, units: Sequence[Unit], dz: dict, g: d
                if g.get(layer) is not None and any(u[0] < layer for u in units)]
     if not targets:
         return corr
+    if [u[0] for u in units] != sorted(u[0] for u in units):
+        raise LensprobeError("internal: attribution units must be in layer order.")
     w_o = {layer: model.blocks[layer].attn.W_O.detach() for layer in {u[0] for u in units}}
     grad_at = {layer: g[layer][0].float() for layer in targets}
     local: dict[int, Tensor] = {}
@@ -286,32 +288,29 @@ def _qk_corrections(model, tokens: Tensor, units: Sequence[Unit], dz: dict, g: d
 
     with frozen_parameters(model):  # u = J^T g per layer: one leaf row each, one pass
         _local_pass(model, tokens, {layer: (None, read_local(layer)) for layer in targets})
-    rows = {layer: [i for i, u in enumerate(units) if u[0] < layer] for layer in targets}
-    chunks = max((len(r) + batch_size - 1) // batch_size for r in rows.values())
+    below = {layer: sum(1 for u in units if u[0] < layer) for layer in targets}  # units are in layer order
     with torch.inference_mode():
-        for c in range(chunks):
-            plan: Plan = {}
-            for layer in targets:
-                chosen = rows[layer][c * batch_size:(c + 1) * batch_size]
-                if chosen:
-                    plan[layer] = _exact_rows(layer, chosen, units, dz, w_o, grad_at[layer], local, corr)
+        for start in range(0, max(below.values()), batch_size):
+            chunk = list(range(start, min(start + batch_size, max(below.values()))))
+            writes = torch.stack([_write(w_o[units[i][0]], dz[units[i][0]], units[i][1]) for i in chunk])
+            plan: Plan = {layer: _exact_rows(layer, chunk[: below[layer] - start], writes, grad_at[layer], local, corr)
+                          for layer in targets if below[layer] > start}
             _local_pass(model, tokens, plan)
     return corr
 
 
-def _exact_rows(layer: int, chosen: list[int], units: Sequence[Unit], dz: dict, w_o: dict, grad: Tensor,
-                local: dict, corr: Tensor) -> tuple[Callable[[], Tensor], Callable[[Tensor, dict], None]]:
+def _exact_rows(layer: int, chosen: list[int], writes: Tensor, grad: Tensor, local: dict,
+                corr: Tensor) -> tuple[Callable[[], Tensor], Callable[[Tensor, dict], None]]:
     """One layer of one chunk: the chosen units' writes as rows, and the read that fills ``corr``."""
-    def writes() -> Tensor:
-        return torch.stack([_write(w_o[units[i][0]], dz[units[i][0]], units[i][1]) for i in chosen])
+    mine = writes[: len(chosen)]
 
     def read(z: Tensor, state: dict) -> None:
         z = z.float()
         exact = (grad * (z[1:] - z[:1])).flatten(1).sum(1)
-        linear = (state["writes"].float() * local[layer]).flatten(1).sum(1)
+        linear = (mine * local[layer]).flatten(1).sum(1)
         corr[chosen, layer] = (exact - linear).cpu()
 
-    return writes, read
+    return (lambda: mine), read
 
 
 # --------------------------------------------------------------------------- one prompt
