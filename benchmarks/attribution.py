@@ -46,21 +46,37 @@ def misses(att, exact, labels, k=20):
             for i in truth if i not in picked]
 
 
-def cost_model(n_layers: int, n_heads: int, batch: int = 32) -> dict[str, float]:
-    """Forward-pass equivalents per prompt (a backward counts 2, one layer 1/n_layers).
+def cost_model(n_layers: int, n_heads: int, qkv_share: float, batch: int = 32) -> dict[str, float]:
+    """Forward-pass equivalents per prompt (a backward counts 2, one layer 1/n_layers of a forward).
 
-    exact: the sweep runs each head's layers from its own on (prefix shared), in batches;
-    atp: forward + backward; atp*: + GradDrop (a backward through the layers below each layer)
-    + the QK fix (one batch-1 pass per chunk, plus every unit's attention (~1/3 of a layer) at
-    every later layer).
+    exact: the sweep runs each head's layers from its own on (the prefix shared), in batches;
+    atp: forward + backward; atp*: + GradDrop (for every layer, a backward through the layers
+    below it) + the QK fix (a leaf pass, one batch-1 pass per chunk of units, and every unit's
+    norm + query/key/value projections at every later layer: ``qkv_share`` of a layer's weights;
+    the pos x pos attention scores are left out).
     """
-    heads_layers = n_heads * sum(n_layers - layer for layer in range(n_layers))  # layer-forwards per head row
-    exact = heads_layers / n_layers
+    exact = n_heads * sum(n_layers - layer for layer in range(n_layers)) / n_layers
     graddrop = 2 * sum(range(n_layers)) / n_layers
-    units_rows = n_heads * sum(range(n_layers))  # unit rows over all later layers
     chunks = -(-n_heads * (n_layers - 1) // batch)
-    qk = 1 + chunks + units_rows / 3 / n_layers
+    qk = 1 + chunks + qkv_share * n_heads * sum(range(n_layers)) / n_layers
     return {"exact": exact, "atp": 3.0, "atp*": 3.0 + graddrop + qk}
+
+
+def qkv_share(d_model: int, d_mlp: int, n_heads: int, n_kv: int, d_head: int) -> float:
+    """Share of a layer's weights in the query, key and value projections (gated MLP, bias-free)."""
+    qkv = d_model * d_head * (n_heads + 2 * n_kv)
+    return qkv / (qkv + d_model * n_heads * d_head + 3 * d_model * d_mlp)
+
+
+def print_cost_model(t_exact: float | None = None, t_star: float | None = None) -> None:
+    smol = cost_model(30, 9, qkv_share(576, 1536, 9, 3, 64))
+    qwen = cost_model(28, 28, qkv_share(3584, 18944, 28, 4, 128))
+    measured = f" (measured {t_exact / t_star:.2f}x)" if t_exact and t_star else ""
+    print("\ncost model, forward-pass equivalents per prompt (exact / AtP / AtP*):")
+    print(f"  SmolLM2-135M (30 x 9 heads): {smol['exact']:.0f} / {smol['atp']:.0f} / {smol['atp*']:.0f} "
+          f"-> AtP {smol['exact'] / smol['atp']:.0f}x, AtP* {smol['exact'] / smol['atp*']:.1f}x faster than exact{measured}")
+    print(f"  Qwen2.5-Math-7B (28 x 28 heads): {qwen['exact']:.0f} / {qwen['atp']:.0f} / {qwen['atp*']:.0f} "
+          f"-> AtP {qwen['exact'] / qwen['atp']:.0f}x, AtP* {qwen['exact'] / qwen['atp*']:.1f}x")
 
 
 def main() -> None:
@@ -68,7 +84,11 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--cost-model-only", action="store_true", help="print the cost model and stop")
     args = ap.parse_args()
+    if args.cost_model_only:
+        print_cost_model()
+        return
     torch.set_num_threads(args.threads)
     model = lp.load_model()
     problems = lp.load_math500(limit=args.prompts, seed=0)
@@ -103,14 +123,7 @@ def main() -> None:
     worst = torch.argsort(by_layer, descending=True)[:3].tolist()
     print("\nlayers where AtP's error is largest (mean |estimate - exact|): "
           + ", ".join(f"L{lay} {float(by_layer[lay]):.4f}" for lay in worst))
-    here = cost_model(int(model.cfg.n_layers), int(model.cfg.n_heads), args.batch_size)
-    qwen = cost_model(28, 28, args.batch_size)
-    print("\ncost model, forward-pass equivalents per prompt (exact / AtP / AtP*):")
-    print(f"  this model (30 x 9): {here['exact']:.0f} / {here['atp']:.0f} / {here['atp*']:.0f} "
-          f"-> AtP* {here['exact'] / here['atp*']:.1f}x faster than exact (measured {t_exact / t_star:.2f}x)")
-    print(f"  28 x 28 heads (Qwen2.5-Math-7B): {qwen['exact']:.0f} / {qwen['atp']:.0f} / {qwen['atp*']:.0f} "
-          f"-> AtP* {qwen['exact'] / qwen['atp*']:.1f}x, AtP {qwen['exact'] / qwen['atp']:.0f}x")
-
+    print_cost_model(t_exact, t_star)
 
 if __name__ == "__main__":
     main()
