@@ -32,6 +32,7 @@ TITLES = (  # every registered section, in report order
     "Average attention on head L0H",
     "next-token change",
     "Activation patching: layer 0 from the Mless run into the plain run",
+    "Head attribution (AtP*) verified by exact ablation",
     "Latent thinking tokens: entropy and attention onto <thinking> per generation step",
     "Arithmetic evaluation (last-number grading)",
     EVAL_TITLE,
