@@ -7,6 +7,8 @@ with ``<iframe src="../figures/NAME.html">``; ``tests/test_docs.py`` checks that
 was written by the build. The figures are never committed, so they cannot go stale.
 """
 
+import warnings
+
 import plotly.offline
 from mkdocs.structure.files import File
 
@@ -37,7 +39,10 @@ def _figures() -> dict:
     pt = lp.build_prompt(thinking, QUESTION, system=lp.MATH_SYSTEM_PROMPT)
     traces = lp.compare_thinking(thinking, [pt], ["fusion", "pause"], max_new_tokens=32,
                                  think_when=lp.schedule.every(4), n_samples=3, do_sample=True, seed=0)
-    figs["thinking_trace"] = lp.viz.generation_trace_figure(lp.trace_summary(traces, band="std"))
+    with warnings.catch_warnings():  # steps before the first thinking position have no attention onto it (NaN)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        summary = lp.trace_summary(traces, band="std")
+    figs["thinking_trace"] = lp.viz.generation_trace_figure(summary)
 
     grid = lp.ascii_grid()
     g0, g1 = lp.build_prompt(model, grid), lp.build_prompt(model, grid, filler=lp.Filler.meaningless())
