@@ -172,5 +172,6 @@ def test_sweep_under_arm_per_row(hooked, hooked_hf, hooked_prompts):
     finally:
         handle.remove()
     assert res.changes.abs().min() > 1e-3
-    with pytest.raises(lp.LensprobeError, match="per_row=True"):
-        lp.ablation_sweep(hooked, p, "entropy", heads="L1H0", interventions=[lp.ARM(**rule)], progress=False)
+    with pytest.raises(lp.LensprobeError, match="per_row=True, the default"):
+        lp.ablation_sweep(hooked, p, "entropy", heads="L1H0", interventions=[lp.ARM(**rule, per_row=False)],
+                          progress=False)
