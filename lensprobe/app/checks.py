@@ -15,8 +15,8 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.text import surrogate_at
 from lensprobe.generation.config import MIN_TEMPERATURE
 
-__all__ = ["MAX_TOKENS", "check_common", "check_text_arguments", "finite_number", "out_folder", "positive_int",
-           "positive_number", "probability", "temperature", "text", "top_k", "whole"]
+__all__ = ["MAX_TOKENS", "check_common", "check_text_arguments", "finite_number", "head_list", "out_folder",
+           "positive_int", "positive_number", "probability", "temperature", "text", "top_k", "whole"]
 
 MAX_TOKENS = 10_000_000
 """No model's context holds more tokens: a larger ``--max-new-tokens`` or ``--count`` is a typo."""
@@ -89,6 +89,14 @@ def text(value: str) -> str:
     """An argparse type: text that is not empty or only spaces (``--question``)."""
     if not value.strip():
         raise argparse.ArgumentTypeError("expected text, got an empty string")
+    return value
+
+
+def head_list(value: str) -> str:
+    """An argparse type: a head list with at least one label (``--heads ""`` would ablate nothing)."""
+    if not value.replace(",", "").strip():
+        raise argparse.ArgumentTypeError(f"expected at least one head, e.g. L0H1, got {value!r} (an empty list "
+                                         "would ablate nothing; to run without ablation leave the flag out)")
     return value
 
 

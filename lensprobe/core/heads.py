@@ -67,7 +67,7 @@ def parse_heads(heads: Any) -> tuple[tuple[int | None, int | None], ...]:
         ((0, 13), (2, 1), (None, 4))
     """
     if heads is None:
-        raise LensprobeError(f"no heads given: {_HEAD_FORMS}; pass [] to ablate nothing.")
+        raise LensprobeError(f"no heads given: {_HEAD_FORMS}; pass at least one head, e.g. 'L0H1'.")
     if isinstance(heads, str):
         parts = [p.strip() for p in heads.split(",") if p.strip()]
         if not parts:

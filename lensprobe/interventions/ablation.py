@@ -296,7 +296,8 @@ def ablate_heads(heads: Any, *, method: Method = "zero", positions: Any = None, 
     Args:
         heads: ``[(layer, head), ...]``, labels ``"L0H13"`` (0-based; the paper's layer 1
             head 14), ``"H13"`` (head 13 in every layer), a comma-separated string of labels,
-            or ``"all"``. ``[]`` ablates nothing.
+            or ``"all"``. An empty selection (``[]``, ``""``) is refused: to run without
+            ablation pass no intervention.
         method: ``"zero"`` sets the head's output to 0; ``"mean"`` to its mean over
             ``reference`` prompts; ``"resample"`` to its output on the ``reference`` prompt
             (same absolute positions).
@@ -312,8 +313,8 @@ def ablate_heads(heads: Any, *, method: Method = "zero", positions: Any = None, 
         prompt: the prompt that segment names in ``positions`` refer to.
 
     Raises:
-        LensprobeError: malformed labels (``"L0X3"``), unknown method, ``mean``/``resample``
-            without a reference. Heads out of range and duplicates are reported when the
+        LensprobeError: no heads, malformed labels (``"L0X3"``), unknown method,
+            ``mean``/``resample`` without a reference. Heads out of range and duplicates are reported when the
             ablation is attached to a model (before any forward runs).
 
     Example:
@@ -322,7 +323,8 @@ def ablate_heads(heads: Any, *, method: Method = "zero", positions: Any = None, 
         >>> abl = lp.ablate_heads("H4", positions="question", prompt=prompt)
     """
     check_method(method, reference)
-    selectors = parse_heads(heads) if not (isinstance(heads, (list, tuple)) and len(heads) == 0) else ()
+    _refuse_empty(heads, "head, e.g. 'L0H1'")
+    selectors = parse_heads(heads)
     if positions is not None and prompt is not None:
         positions = resolve_positions(positions, prompt)
     elif positions is not None and not is_segment_spec(positions):
@@ -347,6 +349,7 @@ def ablate_kv_group(groups: Any, *, method: Method = "zero", positions: Any = No
         ...     logits = model(prompt.tokens)
     """
     check_method(method, reference)
+    _refuse_empty(groups, "KV group, e.g. 'L0KV1'")
     parsed = parse_kv_groups(groups)
     if len(set(parsed)) != len(parsed):
         dup = next(g for g in parsed if parsed.count(g) > 1)
@@ -356,6 +359,15 @@ def ablate_kv_group(groups: Any, *, method: Method = "zero", positions: Any = No
     elif positions is not None and not is_segment_spec(positions):
         positions = resolve_positions(positions)
     return HeadAblation((), method, positions, reference, per_position, kv_groups=tuple(parsed))
+
+
+def _refuse_empty(selection: Any, what: str) -> None:
+    """An empty selection would silently ablate nothing: refuse it with the fix."""
+    empty = (isinstance(selection, str) and not selection.replace(",", "").strip()) or (
+        isinstance(selection, (list, tuple)) and len(selection) == 0)
+    if empty:
+        raise LensprobeError(f"no {what.split(',')[0]} to ablate in {selection!r}: pass at least one {what}; to "
+                             "run without ablation pass no intervention.")
 
 
 # --------------------------------------------------------------------------- position checks

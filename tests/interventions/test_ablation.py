@@ -119,12 +119,22 @@ def test_no_heads_changes_nothing(tiny, tiny_hf, prompts):
     everything = bridge_logits(tiny, tokens, ablate_heads("all"))
     want = hf_logits(tiny_hf, tokens, {layer: lambda x: x.zero_() for layer in range(tiny.cfg.n_layers)})
     assert (everything - want).abs().max() <= 1e-5 and (everything - clean).abs().max() > 1e-2
-    assert torch.equal(bridge_logits(tiny, tokens, ablate_heads([])), clean)
+    no_ablation: list = []  # running without ablation is passing no intervention (ablate_heads([]) is refused)
+    assert torch.equal(bridge_logits(tiny, tokens, *no_ablation), clean)
     # positions past the prompt would select nothing in a forward over the prompt: refused
     with pytest.raises(LensprobeError, match=rf"positions {tokens.shape[1] + 5} lie outside the prompt"):
         bridge_logits(tiny, tokens, ablate_heads("all", positions=[tokens.shape[1] + 5]))
     # and nothing is left attached afterwards
     assert torch.equal(bridge_logits(tiny, tokens), clean)
+
+
+@pytest.mark.parametrize("build,empty", [(ablate_heads, []), (ablate_heads, ()), (ablate_heads, ""), (ablate_heads, " , "),
+                                         (ablate_kv_group, []), (ablate_kv_group, "")])
+def test_an_empty_head_list_is_refused_with_the_fix(build, empty):
+    """An empty selection used to ablate nothing silently; now it names the fix."""
+    with pytest.raises(LensprobeError, match=r"pass at least one (head, e\.g\. 'L0H1'|KV group, e\.g\. 'L0KV1'); to run "
+                       r"without ablation pass no intervention"):
+        build(empty)
 
 
 def test_mean_ablation_by_hand(tiny, tiny_hf, prompts):
@@ -323,6 +333,7 @@ def test_malformed_label_message_names_the_label():
         ablate_heads("L0X3")
 
 
+@pytest.mark.unchecked
 def test_method_errors():
     with pytest.raises(LensprobeError, match="mean.*reference"):
         ablate_heads("L0H1", method="mean")

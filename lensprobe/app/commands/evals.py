@@ -14,6 +14,7 @@ from pathlib import Path
 
 from lensprobe.app.checks import (
     MAX_TOKENS,
+    head_list,
     out_folder,
     positive_int,
     probability,
@@ -85,7 +86,7 @@ def add_eval(subparsers) -> None:
     add_arm_arguments(p)
     add_benchmark_arguments(p)
     p.add_argument("--system", default=None, help="replace the system prompt of every condition")
-    p.add_argument("--ablate-heads", default=None, metavar="HEADS",
+    p.add_argument("--ablate-heads", default=None, metavar="HEADS", type=head_list,
                    help="also run every condition with these heads zero-ablated, e.g. L0H3,L1H2 (0-based)")
     p.add_argument("--subjects", type=str_list, default=None, help="keep these subjects, e.g. Algebra,Geometry")
     p.add_argument("--levels", type=int_list, default=None, help="keep these levels, e.g. 1,2")

@@ -2,7 +2,7 @@
 
 import json
 
-from lensprobe.app.checks import out_folder, positive_int, text, top_k
+from lensprobe.app.checks import head_list, out_folder, positive_int, text, top_k
 from lensprobe.app.common import (
     add_model_argument,
     add_system_arguments,
@@ -69,7 +69,7 @@ def add_ablate(subparsers) -> None:
                     "write the next-token entropy and logit change (JSON/CSV, a bar chart) and, per ablated "
                     "head, its average attention per token position. Heads are 0-based: L0H13 is the papers' "
                     "layer 1, head 14.")
-    p.add_argument("--heads", required=True, help="heads, e.g. L0H3,L1H2 or H13 (head 13 in every layer)")
+    p.add_argument("--heads", required=True, type=head_list, help="heads, e.g. L0H3,L1H2 or H13 (head 13 in every layer)")
     p.add_argument("--question", required=True, type=text, help="the question text")
     p.add_argument("--positions", default=None,
                    help="restrict the ablation to a prompt segment (e.g. question) or positions (e.g. 3,4,5)")
@@ -138,7 +138,7 @@ def add_sweep(subparsers) -> None:
                    help="a question (repeat for several; default: a level-1 MATH-500 problem)")
     p.add_argument("--answer", action="append", default=None, metavar="TEXT",
                    help="the answer for --metric logprob (one, or one per --question)")
-    p.add_argument("--heads", default="all", help="heads to sweep (default all), e.g. L0H0,L0H1 or H3")
+    p.add_argument("--heads", default="all", type=head_list, help="heads to sweep (default all), e.g. L0H0,L0H1 or H3")
     p.add_argument("--batch-size", type=positive_int, default=32, help="heads per forward pass (default 32)")
     add_prompt_arguments(p)
     p.set_defaults(func=run_sweep_command)
