@@ -149,8 +149,10 @@ class Condition:
     def prompt_builder(self, model) -> Callable[[str], Prompt]:
         """A function ``question -> Prompt`` for this model (fillers resolved once)."""
         if self.build is not None:
+            custom = self.build
+
             def build_custom(question: str) -> Prompt:
-                prompt = self.build(model, question)
+                prompt = custom(model, question)
                 if not isinstance(prompt, Prompt):
                     raise LensprobeError(
                         f"condition {self.name!r}: build() returned {type(prompt).__name__}; it must "
@@ -362,7 +364,8 @@ def resolve_conditions(spec: Any, *, builtins: dict[str, Condition] | None = Non
     else:
         raise LensprobeError(f"conditions must be names, Conditions or callables, got {spec!r}.")
     if arm is not None and not hasattr(arm, "hooks") and callable(arm):
-        make, made = arm, []
+        make = arm
+        made: list[Any] = []
 
         def arm() -> Any:  # the factory runs at most once
             if not made:

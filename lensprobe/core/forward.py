@@ -117,7 +117,7 @@ def _stop_pass(pattern: Tensor, hook) -> None:
 
 
 def attention_patterns(model, prompt_or_tokens, layers: int | list[int] | None = None,
-                       *interventions) -> dict[int, Float[Tensor, "head query_pos key_pos"]]:
+                       *interventions) -> dict[int, Float[Tensor, "*batch head query_pos key_pos"]]:
     """Attention patterns of the requested layers, and only those.
 
     Only the requested ``blocks.{l}.attn.hook_pattern`` activations are kept (never a

@@ -27,12 +27,15 @@ import os
 import socket
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from lensprobe.core.errors import LensprobeError
 
 try:  # POSIX: the lock file is also flock-ed while held
-    import fcntl
+    import fcntl as _fcntl
+
+    fcntl: ModuleType | None = _fcntl
 except ImportError:  # pragma: no cover - not on POSIX: the pid in the file decides
     fcntl = None
 

@@ -40,7 +40,11 @@ from lensprobe.core.models import check_layers
 @runtime_checkable
 class Measure(Protocol):
     """One value per batch row from a forward pass over (copies of) one prompt."""
-    name: str
+
+    @property
+    def name(self) -> str:
+        """The measure's label in tables (a read-only attribute: frozen dataclasses satisfy it)."""
+        ...
 
     def inputs(self, model, prompt) -> Int[Tensor, "1 pos"]: ...
 

@@ -228,7 +228,7 @@ def nonfinite_rows(logits: Float[Tensor, "... d_vocab"]) -> Tensor:
     return torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1) | torch.isneginf(logits).all(-1)
 
 
-def entropy(logits: Float[Tensor, "... d_vocab"]) -> Float[Tensor, "..."]:
+def entropy(logits: Float[Tensor, "... d_vocab"] | Sequence[float]) -> Float[Tensor, "..."]:
     """Entropy ``-sum p ln p`` of the next-token distribution, in nats.
 
     Args:

@@ -395,7 +395,7 @@ def _indices(values, what: str) -> list:
     values = list(values)
     if not values:
         raise LensprobeError(f"no {what}s given: pass at least one {what} index, or None for all.")
-    out = []
+    out: list = []
     for v in values:
         if isinstance(v, bool):
             out.append(v)  # rejected by the range check below with the model's range

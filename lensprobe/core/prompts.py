@@ -344,7 +344,7 @@ def raw_pieces(system: str | None, fill: str | None, question: str, placement: P
     order.append("question")
     if placement == "after_question" and fill is not None:
         order.append("filler")
-    text = {"system": system, "filler": fill, "question": question}
+    text = {"question": question} | ({"system": system} if system else {}) | ({} if fill is None else {"filler": fill})
     pieces: Pieces = []
     for i, name in enumerate(order):
         if i and joiner:

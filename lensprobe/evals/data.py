@@ -473,10 +473,12 @@ def load_problems(path: str | os.PathLike, *, problem_field: str = "problem", an
     """
     path = Path(path).expanduser()
     fmt = _file_format(path, file_format)
-    rows, unit = _read_rows(path, fmt)
-    bad = next(((n, row) for n, row in rows if not isinstance(row, dict)), None)
-    if bad is not None:
-        raise LensprobeError(f"{path} {unit} {bad[0]}: expected a JSON object, got {type(bad[1]).__name__}.")
+    read, unit = _read_rows(path, fmt)
+    rows: list[tuple[int, dict]] = []
+    for n, row in read:
+        if not isinstance(row, dict):
+            raise LensprobeError(f"{path} {unit} {n}: expected a JSON object, got {type(row).__name__}.")
+        rows.append((n, row))
     if not rows:
         raise LensprobeError(f"{path} holds no problems: expected one row per problem.")
     columns = list(dict.fromkeys(key for _, row in rows for key in row))

@@ -56,7 +56,7 @@ def is_verdict(value: Any) -> bool:
     return value is None or isinstance(value, (bool, np.bool_))
 
 
-def check_row(row: Any, path: Path, line_no: int) -> dict:
+def check_row(row: Any, path: str | Path, line_no: int) -> dict:
     """A result row read from ``path`` line ``line_no``, checked (a ``NaN`` verdict makes it an error row).
 
     Args:

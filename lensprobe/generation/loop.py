@@ -49,8 +49,8 @@ Example:
 """
 import contextlib
 import numbers
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal, SupportsIndex
 
 import torch
 from torch import Tensor
@@ -78,7 +78,7 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
              track: Mapping[str, TrackSpec] | Sequence[TrackSpec] | None = None,
              layers: Sequence[int] | int | None = None, progress: bool | str = False,
              engine: EngineName = "auto", batch_size: int | None = None, refill: bool = True,
-             longest_first: bool = True, caps: Sequence[int] | None = None,
+             longest_first: bool = True, caps: Iterable[SupportsIndex] | None = None,
              on_row: Callable[[FinishedRow], Any] | None = None,
              on_error: Literal["raise", "row"] = "raise", **settings) -> GenerationTrace:
     """Generate from one or several prompts with a KV cache; record entropy (and attention if asked).
@@ -243,7 +243,7 @@ def _caps(caps, n_prompts: int, max_new_tokens: int) -> list[int]:
     if len(caps) != n_prompts:
         raise LensprobeError(f"caps has {len(caps)} entries for {n_prompts} prompts: give one per prompt.")
     for c in caps:
-        if not isinstance(c, numbers.Integral) or isinstance(c, bool) or not 1 <= c <= max_new_tokens:
+        if not isinstance(c, numbers.Integral) or isinstance(c, bool) or not 1 <= int(c) <= max_new_tokens:
             raise LensprobeError(f"each cap must be an integer in 1..max_new_tokens ({max_new_tokens}), got {c!r}.")
     return [int(c) for c in caps]
 

@@ -242,15 +242,16 @@ class HeadAblation:
     def _source(self, model, layers: list[int]):
         if self.method == "zero" or not layers:
             return None
+        cache: weakref.WeakKeyDictionary = vars(self)["_cache"]  # set in __post_init__ (not a field)
         try:
-            cached = self._cache.get(model)
+            cached = cache.get(model)
         except TypeError:
             cached = None
         if cached is not None and all(_has_layer(cached, layer) for layer in layers):
             return cached
         source = replacement_source(model, self.method, self.reference, layers, self.per_position)
         try:
-            self._cache[model] = source
+            cache[model] = source
         except TypeError:
             pass
         return source
@@ -276,7 +277,7 @@ def _describe_reference(ref) -> str:
     items = ref if isinstance(ref, (list, tuple)) and not all(is_int(t) for t in ref) else [ref]
     texts = []
     for item in items:
-        tokens = getattr(item, "tokens", item)
+        tokens: Any = getattr(item, "tokens", item)
         ids = tokens.flatten().tolist() if isinstance(tokens, Tensor) else list(tokens)
         texts.append(",".join(str(int(i)) for i in ids) + ";")
     return f"{len(items)} prompt{'s' if len(items) != 1 else ''}, sha256 {digest(*texts, length=12)}"

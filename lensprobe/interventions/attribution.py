@@ -17,7 +17,7 @@ positions, same zero/mean/resample values), so every estimate has an exact count
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from jaxtyping import Float
@@ -29,7 +29,7 @@ from lensprobe.core.forward import as_prompts
 from lensprobe.core.heads import head_label, kv_group_heads, resolve_heads, resolve_positions
 from lensprobe.core.lazy import pandas
 from lensprobe.interventions.atp import Unit, attribute_prompt, combine
-from lensprobe.interventions.replacement import METHODS, ablation_source, check_method
+from lensprobe.interventions.replacement import METHODS, Method, ablation_source, check_method
 
 __all__ = ["Attribution", "AttributionMethod", "attribute_heads", "attribution_sources", "unit_label"]
 
@@ -133,8 +133,8 @@ def attribution_sources(model, n: int, ablation: Any, reference: Any, per_positi
     one per prompt: each prompt's heads are then resampled from its own corrupted prompt.
     """
     if isinstance(ablation, str):
-        check_method(ablation, reference)
-        source = ablation_source(model, ablation, reference, layers, per_position)
+        check_method(ablation, reference)  # one of METHODS from here on
+        source = ablation_source(model, cast(Method, ablation), reference, layers, per_position)
         return ablation, [source] * n
     if reference is not None:
         raise LensprobeError("corrupted prompts are the reference already: pass them as ablation=[...] alone.")

@@ -51,8 +51,10 @@ class HeadMeans:
         return _take_positions(v, pos, selected, what="per-position mean reference")
 
 
-def _take_positions(v: Tensor, pos: Tensor, selected: Tensor, *, what: str) -> Tensor:
+def _take_positions(v: Tensor, pos: Tensor | None, selected: Tensor, *, what: str) -> Tensor:
     """``v[pos]`` (``[rows, count, ...]``) with a clear error when a selected position is past ``v``."""
+    if pos is None:  # a position-independent hook (no offset) never reads per-position values
+        raise LensprobeError(f"the {what} is per position but this hook does not know its absolute positions.")
     n = v.shape[0]
     pos = pos.to(v.device)
     chosen = pos[selected.to(v.device) & (pos >= 0)]

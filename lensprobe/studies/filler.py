@@ -214,6 +214,17 @@ class AttentionReceived:
         """Half-open ``(start, end)`` token span of the filler in ``condition``'s prompt."""
         return self.prompts[self.condition_name(condition)].segments.get("filler")
 
+    def filled_span(self, condition: str) -> tuple[int, int]:
+        """:meth:`filler_span` of a condition that has a filler (``"w/ Mless"``, ``"random sentence"``).
+
+        Raises:
+            LensprobeError: ``condition``'s prompt has no filler segment.
+        """
+        span = self.filler_span(condition)
+        if span is None:
+            raise LensprobeError(f"condition {condition!r} has no filler span: pick a condition with a filler.")
+        return span
+
     def prompts_json(self) -> dict[str, Any]:
         """The prompts as JSON-able dicts (text, tokens, segments), for the report."""
         return {c: prompt_json(p) for c, p in self.prompts.items()}
@@ -389,7 +400,7 @@ def filler_vs_random(models, question: str, *, layer: int = 0, head: int = 0,
         t = res.table.drop(columns=["aligned_pos"])
         t.insert(0, "model", label)
         frames.append(t)
-        spans[label] = res.filler_span("w/ Mless")
+        spans[label] = res.filled_span("w/ Mless")
         prompts[label] = res.prompts
     return FillerVsRandom(table=pandas().concat(frames, ignore_index=True), spans=spans, prompts=prompts,
                           layer=layer, head=head)

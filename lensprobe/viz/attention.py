@@ -79,9 +79,9 @@ def attention_received_figure(result, pairs: Sequence[tuple[int, int]] | None = 
     fig.update_xaxes(title_text="position in the prompt without filler", row=len(pairs), col=1)
     if shade:
         fig.update_xaxes(title_text=f"position in the {condition_label(shade)} prompt", row=len(pairs), col=2)
-    head = title or "Average attention received per token position, with vs without filler"
+    heading = title or "Average attention received per token position, with vs without filler"
     fig.update_layout(
-        **header(f"{head}<br><sup>{INDEX_NOTE}; mean over later queries i &gt; j</sup>", height, "condition: "),
+        **header(f"{heading}<br><sup>{INDEX_NOTE}; mean over later queries i &gt; j</sup>", height, "condition: "),
         height=height, template="plotly_white", hovermode="closest",
         margin=dict(t=120, l=90, r=30, b=60),
     )
@@ -223,7 +223,9 @@ def token_class_figure(table, *, title: str | None = None):
     fig = go.Figure()
     for i, cls in enumerate(unique(t["token_class"])):
         rows = t[t["token_class"] == cls].set_index(["layer_label", "group"])
-        xs, ys, ns = [[], []], [], []
+        xs: list[list] = [[], []]
+        ys: list[float] = []
+        ns: list[int] = []
         for layer in layers:
             for g in groups:
                 if (layer, g) in rows.index:

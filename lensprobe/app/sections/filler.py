@@ -91,7 +91,7 @@ def attention_section(model, res: AttentionReceived, pairs: list[tuple[int, int]
     shown = res.table[[(int(a), int(b)) in chosen
                        for a, b in zip(res.table["layer"], res.table["head"], strict=True)]]
     spans = {c: res.filler_span(c) for c in res.conditions}
-    mless_span = res.filler_span("w/ Mless")
+    mless_span = res.filled_span("w/ Mless")
     q_text = res.question if len(res.question) <= 600 else res.question[:600] + " ..."
     labels = ", ".join(condition_label(c) for c in res.conditions)
     return Section(
@@ -176,7 +176,7 @@ def attention_view_section(model, res: AttentionReceived) -> Section:
     """Every head of layer 0 on the Mless prompt, as an interactive circuitsvis view."""
     name = html.escape(model_label(model))
     view_prompt = res.prompts["w/ Mless"]
-    mless_span = res.filler_span("w/ Mless")
+    mless_span = res.filled_span("w/ Mless")
     view = attention_view_pattern(model, view_prompt, 0)
     return Section(
         title="Layer 0 attention, interactive (Mless prompt)",
