@@ -20,6 +20,7 @@ from lensprobe.core.conditions import (
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.jsonable import stable_repr
 from lensprobe.evals.grading import check_extract
+from lensprobe.evals.mathverify import GRADE_TIMEOUT, check_timeout
 from lensprobe.evals.protocols import get_protocol
 from lensprobe.generation.config import GenerationConfig
 
@@ -51,6 +52,10 @@ class EvalConfig(GenerationConfig):
         protocol: one of the authors' protocols (:data:`~lensprobe.evals.protocols.PROTOCOLS`,
             e.g. ``"arm-math500"``), recorded in the configuration hash when set; its settings
             are applied by :func:`evaluate` and :meth:`EvalConfig.paper` (those given win).
+        grade_timeout: whole seconds math-verify may spend on each step of grading an answer
+            (default :data:`~lensprobe.evals.mathverify.GRADE_TIMEOUT`; ``None``: no limit); a
+            timeout is no verdict (``None``). Part of the configuration hash only when it is
+            not the default.
 
     The other fields (``do_sample``, ``temperature``, ``top_p``, ``stop_at_eos``, ``thinking``,
     ``think_when``) are :class:`~lensprobe.GenerationConfig`'s.
@@ -62,6 +67,7 @@ class EvalConfig(GenerationConfig):
     prompt_format: PromptFormat = "chat"
     extract: str = "boxed"
     protocol: str | None = None
+    grade_timeout: int | None = GRADE_TIMEOUT
 
     @classmethod
     def paper(cls, model, **settings) -> "EvalConfig":
@@ -79,6 +85,7 @@ class EvalConfig(GenerationConfig):
         if self.prompt_format not in PROMPT_FORMATS:
             raise LensprobeError(f"unknown prompt_format {self.prompt_format!r}: use one of {PROMPT_FORMATS}.")
         check_extract(self.extract)
+        check_timeout(self.grade_timeout)
         if self.protocol is not None and get_protocol(self.protocol).settings["prompt_format"] != self.prompt_format:
             raise LensprobeError(f"protocol {self.protocol!r} uses prompt_format='paper', got {self.prompt_format!r}: "
                                  "drop prompt_format (the protocol sets it).")
@@ -107,6 +114,8 @@ class EvalConfig(GenerationConfig):
             d.pop("extract")
         if self.protocol is None:  # absent when unset: older folders keep their hash
             d.pop("protocol")
+        if self.grade_timeout == GRADE_TIMEOUT:  # absent by default: older folders keep their hash
+            d.pop("grade_timeout")
         if not self.do_sample:
             d.pop("temperature")
             d.pop("top_p")

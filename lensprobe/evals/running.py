@@ -28,6 +28,7 @@ from lensprobe.core.lazy import pandas
 from lensprobe.evals.config import EvalConfig
 from lensprobe.evals.data import Problem
 from lensprobe.evals.grading import GRADERS, extract_answer, grade_all, grade_paper_exact
+from lensprobe.evals.mathverify import GRADE_TIMEOUT
 from lensprobe.evals.protocols import grades_prompt
 from lensprobe.evals.results import RowWriter, read_rows, results_file, rows_frame
 from lensprobe.evals.verdicts import PAPER_EXACT
@@ -193,7 +194,7 @@ def run_plan(model, plan, config: EvalConfig, info: RunInfo, tally: dict, *, out
     def emit(it: Item, cond: Condition, ids: list[int], text: str, finish: str, error: str | None,
              seconds: float) -> None:
         row = make_row(it, cond, ids, text, finish, seconds, info, extract=config.extract, error=error,
-                       exact_on_prompt=grades_prompt(config.protocol))
+                       exact_on_prompt=grades_prompt(config.protocol), grade_timeout=config.grade_timeout)
         if writer is not None:
             writer.write(row)
             writer.sync()
@@ -248,14 +249,15 @@ ROW_COLUMNS = ["condition", "problem_id", "sample", "subject", "level", "answer"
 
 
 def make_row(it: Item, cond: Condition, ids: list[int], text: str, finish: str, seconds: float, info: RunInfo,
-         extract: str = "boxed", error: str | None = None, exact_on_prompt: bool = True) -> dict:
+         extract: str = "boxed", error: str | None = None, exact_on_prompt: bool = True,
+         grade_timeout: int | None = GRADE_TIMEOUT) -> dict:
     p = it.problem
     shown = (it.prompt.text, len(it.prompt)) if it.prompt is not None else (None, None)  # None: not built
     if finish in ("nonfinite", "error"):  # not an answer: no prediction, no verdict
         prediction, verdicts, exact = None, dict.fromkeys(GRADERS), None
     else:
         prediction = extract_answer(text, extract)
-        verdicts = grade_all(prediction, p.answer)
+        verdicts = grade_all(prediction, p.answer, timeout=grade_timeout)
         # the authors' verdict: on prompt + generation (MATH-500 script), or the generation alone (pass@3)
         exact = grade_paper_exact((it.prompt.text if exact_on_prompt else "") + text, p.answer)
     return {

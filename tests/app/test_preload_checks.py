@@ -33,6 +33,7 @@ TABLE = [
     ("eval", "--sample --temperature {}", ["0", "-1", "nan", "inf", "1e-40"], "--temperature"),
     ("eval", "--sample --top-p {}", ["0", "1.5", "nan"], "--top-p"),
     ("eval", "--limit {}", ["0"], "--limit"),
+    ("eval", "--grade-timeout {}", ["0", "-1", "1.5", "x", "100000"], "--grade-timeout"),
     ("eval", "--arm-c {} --arm-percentile 90", ["-1", "nan"], "c must be a non-negative number"),
     ("eval", "--arm-c 0.1 --arm-percentile {}", ["900", "-1"], "percentile must be in [0, 100]"),
     ("eval", "--ablate-heads {}", ["L٣H1", "L0Hx"], "is not a head label"),

@@ -42,12 +42,14 @@ def test_grade_all_keeps_the_timeout_and_the_string_graders_their_verdicts():
     assert verdicts == {"math-verify": None, "paper": False, "paper-lenient": False}
 
 
+@pytest.mark.unchecked
 @pytest.mark.parametrize("timeout", [0, -1, 0.5, True, "5"])
 def test_a_bad_timeout_is_refused(timeout):
     with pytest.raises(lp.LensprobeError, match="timeout must be a whole number of seconds >= 1"):
         lp.grade("1", "1", timeout=timeout)
 
 
+@pytest.mark.unchecked
 @pytest.mark.parametrize("prediction", [3, 3.0, ["3"]])
 def test_a_prediction_that_is_not_text_is_refused(prediction):
     with pytest.raises(lp.LensprobeError, match="the prediction must be a string or None"):
@@ -57,3 +59,47 @@ def test_a_prediction_that_is_not_text_is_refused(prediction):
 def test_excerpt_cuts_and_says_the_length():
     assert excerpt("short") == "'short'"
     assert excerpt("a" * 100, 10) == "'aaaaaaaaaa' ... (100 characters)"
+
+
+def test_the_grade_timeout_is_a_setting_of_the_run_hashed_only_when_not_the_default():
+    from lensprobe.evals.mathverify import GRADE_TIMEOUT
+
+    assert lp.evals.EvalConfig().grade_timeout == GRADE_TIMEOUT
+    assert "grade_timeout" not in lp.evals.EvalConfig().hashed()  # older folders keep their hash
+    assert lp.evals.EvalConfig(grade_timeout=GRADE_TIMEOUT).hashed() == lp.evals.EvalConfig().hashed()
+    assert lp.evals.EvalConfig(grade_timeout=30).hashed()["grade_timeout"] == 30
+    assert lp.evals.EvalConfig(grade_timeout=None).hashed()["grade_timeout"] is None  # no limit
+    with pytest.raises(lp.LensprobeError, match="timeout must be a whole number of seconds >= 1"):
+        lp.evals.EvalConfig(grade_timeout=0)
+
+
+def test_evaluate_grades_with_the_runs_timeout(tiny, monkeypatch):
+    from lensprobe.evals import running
+
+    seen = []
+
+    def spy(prediction, answer, *, timeout):
+        seen.append(timeout)
+        return dict.fromkeys(grading.GRADERS, False)
+
+    monkeypatch.setattr(running, "grade_all", spy)
+    problem = lp.evals.Problem(id="q0", problem="What is 1+1?", answer="2")
+    lp.evaluate(tiny, [problem], "w/o", max_new_tokens=2, grade_timeout=17, progress=False)
+    assert seen == [17]
+
+
+def test_the_eval_command_passes_grade_timeout_to_grading_and_records_it(tmp_path, monkeypatch):
+    import json
+
+    from lensprobe.app.cli import main
+    from lensprobe.evals import running
+
+    seen = []
+    real = running.grade_all
+    monkeypatch.setattr(running, "grade_all", lambda p, a, *, timeout: seen.append(timeout) or real(p, a, timeout=timeout))
+    out = tmp_path / "run"
+    argv = ["eval", "--model", "tiny", "--problems", "arithmetic", "--limit", "1", "--conditions", "w/o",
+            "--max-new-tokens", "2", "--grade-timeout", "9", "--no-progress", "--out", str(out)]
+    assert main(argv) == 0
+    assert seen and set(seen) == {9}
+    assert json.loads((out / "config.json").read_text())["run"]["generation"]["grade_timeout"] == 9

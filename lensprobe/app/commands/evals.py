@@ -104,6 +104,9 @@ def add_eval(subparsers) -> None:
     p.add_argument("--n-samples", type=positive_int, default=None,
                    help="answers per problem (with --sample; default 1, 20 under --protocol arm-aime-pass3)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--grade-timeout", type=whole(1, 86_400), default=None, metavar="SECONDS",
+                   help="seconds math-verify may spend on each step of grading an answer (default 5); a timeout "
+                        "is no verdict, counted and reported")
     p.add_argument("--grader", default=None, choices=VERDICT_COLUMNS,
                    help="verdict column of the summary and figures (default: paper-exact for --prompt-format paper "
                         "or a --protocol, with math-verify beside it; else math-verify)")
@@ -176,6 +179,8 @@ def eval_config_from_args(args, model) -> EvalConfig:
              "top_p": args.top_p, "n_samples": args.n_samples}
     given = {k: v for k, v in given.items() if v is not None}
     fixed = {"batch_size": args.batch_size, "seed": args.seed, "extract": getattr(args, "extract", "boxed")}
+    if getattr(args, "grade_timeout", None) is not None:
+        fixed["grade_timeout"] = args.grade_timeout
     if getattr(args, "protocol", None) is not None:  # the protocol's settings, then the model's generation config
         return EvalConfig(**with_format_defaults(model, {**given, **fixed, "protocol": args.protocol}))
     if args.prompt_format == "paper":
