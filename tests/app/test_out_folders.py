@@ -19,9 +19,10 @@ MINIMAL_ARGS = {
     "trace": ["--question", "x"],
     "ablate": ["--heads", "L0H1", "--question", "x"],
     "sweep": [],
+    "attribute": [],
     "mechanism": ["--question", "x"],
 }
-COMMAND_MODULES = ["attention", "demo", "evals", "heads", "mechanism", "trace"]
+COMMAND_MODULES = ["attention", "attribution", "demo", "evals", "heads", "mechanism", "trace"]
 
 
 def commands_with_out() -> set[str]:
