@@ -96,3 +96,17 @@ def test_the_site_needs_no_network(built):
     fetched = [str(p.relative_to(out)) for p in out.rglob("*.html")
                if re.search(r'(src|href)="https?://(fonts\.googleapis|fonts\.gstatic|cdn\.)', p.read_text(encoding="utf-8"))]
     assert not fetched
+
+
+def test_every_guide_heading_reaches_its_page(built):
+    """A fence the Markdown extensions misread (e.g. ``python notest``) would swallow the rest of a page."""
+    _, out = built
+    short = []
+    for page in (ROOT / "docs").glob("*.md"):
+        text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)
+        headings = len(re.findall(r"^## ", text, re.M))
+        name = "" if page.stem == "index" else page.stem
+        rendered = (out / name / "index.html").read_text(encoding="utf-8")
+        if len(re.findall(r"<h2 id=", rendered)) < headings:
+            short.append(page.name)
+    assert not short
