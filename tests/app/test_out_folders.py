@@ -21,8 +21,9 @@ MINIMAL_ARGS = {
     "sweep": [],
     "attribute": [],
     "mechanism": ["--question", "x"],
+    "reproduce": ["arm-table1"],
 }
-COMMAND_MODULES = ["attention", "attribution", "demo", "evals", "heads", "mechanism", "trace"]
+COMMAND_MODULES = ["attention", "attribution", "demo", "evals", "heads", "mechanism", "reproduce", "trace"]
 
 
 def commands_with_out() -> set[str]:

@@ -103,7 +103,7 @@ def test_bad_recipes_and_arguments_fail_before_the_model_loads(tmp_path, capsys)
         (["reproduce", str(bad)], r"unknown field\(s\) \['model'\]"),
         (["reproduce", "arm-table1", "--data", "aime2025=x.jsonl"], r"x.jsonl does not exist"),
         (["reproduce", "arm-table1", "--data", "gsm8k"], r"--data takes BENCHMARK=FILE"),
-        (["reproduce", "arm-table1", "--limit", "0"], r"--limit must be a positive integer"),
+        (["reproduce", "arm-table1", "--limit", "0"], r"argument --limit: expected a whole number >= 1, got 0"),
         (["reproduce", "arm-table2", "--arm-c", "0.1"], r"give both --arm-c and --arm-percentile"),
         (["reproduce"], r"name a recipe"),
     ]

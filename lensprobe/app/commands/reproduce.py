@@ -9,6 +9,7 @@ Examples:
 
 from pathlib import Path
 
+from lensprobe.app.checks import MAX_TOKENS, check_common, out_folder, positive_int, whole
 from lensprobe.app.commands.armargs import add_arm_arguments, arm_from_args
 from lensprobe.app.common import add_model_argument, check_out_dir, load_cli_model
 from lensprobe.app.recipe import list_recipes, load_recipe
@@ -28,16 +29,16 @@ def add_reproduce(subparsers) -> None:
     p.add_argument("recipe", nargs="?", default=None, help="recipe name or .toml file")
     p.add_argument("--list", action="store_true", help="list the shipped recipes and exit")
     add_model_argument(p)
-    p.add_argument("--limit", type=int, default=None, help="at most this many problems per benchmark")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="generated tokens per answer (default: the "
-                   "protocol's, 2048 for arm-math500)")
-    p.add_argument("--batch-size", type=int, default=8, help="rows generated at once (continuous batching)")
+    p.add_argument("--limit", type=positive_int, default=None, help="at most this many problems per benchmark")
+    p.add_argument("--max-new-tokens", type=whole(1, MAX_TOKENS), default=None,
+                   help="generated tokens per answer (default: the protocol's, 2048 for arm-math500)")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="rows generated at once (continuous batching)")
     p.add_argument("--data", action="append", default=[], metavar="BENCHMARK=FILE",
                    help="problem file of a benchmark lensprobe does not ship, e.g. aime2024=aime_2022_2024.jsonl "
                         "(repeatable); benchmarks without data are skipped with a note")
     p.add_argument("--quick", action="store_true", help="figure recipes: short inputs (a smoke run)")
     add_arm_arguments(p)
-    p.add_argument("--out", type=Path, default=None, help="output folder (default: reproduce-<recipe>)")
+    p.add_argument("--out", type=out_folder, default=None, help="output folder (default: reproduce-<recipe>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run_reproduce, interrupted="evaluation rows are saved in OUT/runs; rerun the same command "
                                                    "to resume")
@@ -69,13 +70,8 @@ def run_reproduce(args) -> int:
         return 0
     if args.recipe is None:
         raise LensprobeError("name a recipe (lensprobe reproduce --list shows them) or give a .toml file.")
-    recipe = load_recipe(args.recipe)  # every argument is checked before the model loads
-    if args.limit is not None and args.limit < 1:
-        raise LensprobeError(f"--limit must be a positive integer, got {args.limit}.")
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        raise LensprobeError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}.")
-    if args.batch_size < 1:
-        raise LensprobeError(f"--batch-size must be a positive integer, got {args.batch_size}.")
+    check_common(args)  # every argument is checked before the model loads
+    recipe = load_recipe(args.recipe)
     data = data_from_args(args.data)
     out = args.out if args.out is not None else Path(f"reproduce-{recipe.name}")
     check_out_dir(out, "reproduce")
