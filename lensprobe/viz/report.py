@@ -14,10 +14,11 @@ Example:
 """
 
 import datetime as _dt
+import functools
 import html
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ from plotly.offline import get_plotlyjs
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.jsonable import to_jsonable
+from lensprobe.core.shards import atomic_file
 from lensprobe.core.version import __version__
 
 if TYPE_CHECKING:
@@ -118,6 +120,25 @@ def _remove_previous(out: Path) -> None:
             folder.rmdir()
 
 
+def _write_file(path: Path, write: Callable[[Path], object]) -> None:
+    """Write one report file atomically (``write`` fills a temporary file, then fsync and rename): a
+    full disk leaves no empty or partial file, and the error names the file."""
+    try:
+        with atomic_file(path) as tmp:
+            write(tmp)
+    except OSError as err:
+        raise LensprobeError(f"could not write the report file {path}: {err.strerror or err}; free space on its "
+                             "disk (or write the report to another folder) and rerun.") from err
+
+
+def _write_text(path: Path, text: str) -> None:
+    _write_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def _write_csv(df, path: Path) -> None:
+    df.to_csv(path, index=False)
+
+
 def _unique_slugs(sections: Sequence[Section]) -> list[str]:
     """One file-system-safe slug per section, numbered where titles repeat."""
     slugs: list[str] = []
@@ -139,14 +160,14 @@ def _write_numbers(out: Path, sec: Section, slug: str) -> list[str]:
         (out / slug).mkdir(exist_ok=True)
     for name, df in sec.tables.items():
         rel = f"{slug}/{slugify(name)}.csv"
-        df.to_csv(out / rel, index=False)
+        _write_file(out / rel, functools.partial(_write_csv, df))
         files.append(rel)
     for name, value in sec.data.items():
         rel = f"{slug}/{slugify(name)}.json"
         text = json.dumps(to_jsonable(value), separators=(",", ":"), allow_nan=False)
         if len(text) < 200_000:  # small files indented for reading, large ones compact
             text = json.dumps(json.loads(text), indent=1)
-        (out / rel).write_text(text, encoding="utf-8")
+        _write_text(out / rel, text)
         files.append(rel)
     return files
 
@@ -218,7 +239,7 @@ def write_report(out_dir: str | Path, sections: Sequence[Section] | Section, *, 
     facts.update(meta or {})
     toc = "".join(f'<li><a href="#{s}">{html.escape(sec.title)}</a></li>' for sec, s in zip(sections, slugs, strict=True))
     index = out / "index.html"
-    index.write_text(_page(title, facts, toc, "".join(body)), encoding="utf-8")
-    (out / "report.json").write_text(
-        json.dumps({"title": title, "meta": to_jsonable(facts), "sections": manifest}, indent=1), encoding="utf-8")
+    _write_text(index, _page(title, facts, toc, "".join(body)))
+    _write_text(out / "report.json",
+                json.dumps({"title": title, "meta": to_jsonable(facts), "sections": manifest}, indent=1))
     return index
