@@ -301,6 +301,7 @@ class RowWriter:
         """
         if self._failed:
             raise LensprobeError(f"{self.path} had a write error earlier: rerun the command to resume.")
+        self._check_still_there()
         data = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
         view = memoryview(data)
         try:
@@ -313,6 +314,20 @@ class RowWriter:
             raise self._fail(err, "writing to") from err
         self._size += len(data)
         self.written += 1
+
+    def _check_still_there(self) -> None:
+        """Refuse to append to a file whose folder (or the file itself) was deleted: the rows would be lost."""
+        try:
+            here, ours = os.stat(self.path), os.fstat(self._fd)
+            gone = (here.st_dev, here.st_ino) != (ours.st_dev, ours.st_ino)
+        except OSError:
+            gone = True
+        if gone:
+            self._failed = True
+            what = (f"the output folder {self.path.parent}" if not self.path.parent.is_dir()
+                    else f"the results file {self.path}")
+            raise LensprobeError(f"{what} was deleted during the run: the {self.written} row(s) written so far are "
+                                 "lost with it. Rerun the command to start again (keep the folder until it ends).")
 
     def sync(self) -> None:
         """Make every written row durable (``fsync``).

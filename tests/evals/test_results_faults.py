@@ -4,12 +4,13 @@ keeps every row it reports as saved; several folders in one report never count a
 import errno
 import os
 import re
+import shutil
 
 import pytest
 
 import lensprobe as lp
 from lensprobe.app.cli import main
-from lensprobe.evals import Problem
+from lensprobe.evals import Problem, running
 from lensprobe.evals.results import (
     DuplicateRowsWarning,
     RowWriter,
@@ -91,6 +92,39 @@ def test_a_writer_refuses_to_go_on_after_a_failed_write(tmp_path, monkeypatch):
         writer.write({"a": 2})
     writer.close()
     assert read_rows(tmp_path) == []
+
+
+FOLDER_GONE = r"the output folder {} was deleted during the run: the \d+ row\(s\) written so far are lost with it"
+
+
+def test_a_writer_notices_its_folder_deleted_at_the_next_row(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    writer = RowWriter(folder / "results-rank0.jsonl")
+    writer.write({"a": 1})
+    writer.sync()
+    shutil.rmtree(folder)
+    with pytest.raises(lp.LensprobeError, match=FOLDER_GONE.format(re.escape(str(folder))) + r"\. Rerun the command"):
+        writer.write({"a": 2})
+    writer.close()
+    assert not folder.exists()  # nothing written into a new folder of the same name
+
+
+def test_an_evaluation_stops_at_the_first_row_after_its_folder_is_deleted(tiny, tmp_path, monkeypatch):
+    made = []
+
+    def make_row(*args, **kwargs):  # the folder disappears once the first row is written
+        if len(made) == 1:
+            shutil.rmtree(out)
+        made.append(args[0].problem.id)
+        return real_make_row(*args, **kwargs)
+
+    real_make_row, out = running.make_row, tmp_path / "run"
+    monkeypatch.setattr(running, "make_row", make_row)
+    config = lp.EvalConfig(max_new_tokens=3, batch_size=1)
+    with pytest.raises(lp.LensprobeError, match=FOLDER_GONE.format(re.escape(str(out)))):
+        lp.evaluate(tiny, PROBLEMS, "w/o", out=out, config=config, model_name="tiny", progress=False)
+    assert len(made) == 2  # noticed at the next row, not after every generation
 
 
 def write_folder(out, model: str, verdicts: dict[str, list[bool]], config_hash: str = "h1"):
