@@ -243,7 +243,7 @@ def current_step() -> StepContext | None:
 
 
 @contextlib.contextmanager
-def step_context() -> Iterator[Callable[[StepContext], None]]:
+def step_context() -> Iterator[Callable[[StepContext], object]]:
     """While open, ``publish(ctx)`` makes ``ctx`` what :func:`current_step` returns.
 
     The generation loop publishes each forward's :class:`StepContext` through it; on exit

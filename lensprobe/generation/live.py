@@ -2,7 +2,7 @@
 and each row's pending input (:class:`~lensprobe.generation.run.Run` steps them)."""
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -66,7 +66,8 @@ class Running:
 
     def joined(self, new: "Running") -> "Running":
         """These rows followed by ``new``'s; the cache is joined last, so a failure changes nothing."""
-        hidden = None if self.hidden is None else torch.cat([self.hidden, new.hidden])
+        # rows of one run: both hold hidden states or neither does
+        hidden = None if self.hidden is None else torch.cat([self.hidden, cast(Tensor, new.hidden)])
         live = self.live.joined(new.live)
         choice, think, last = (torch.cat([self.choice, new.choice]), torch.cat([self.think, new.think]),
                                torch.cat([self.last, new.last]))

@@ -70,7 +70,7 @@ class StepRecorder:
 
     def hooks(self, model) -> list[Hook]:
         """The hooks to attach: ``hook_embed`` (latent inputs), attention patterns, final hidden state."""
-        hooks = [("hook_embed", self._embed_hook)] if self.latent else []
+        hooks: list[Hook] = [("hook_embed", self._embed_hook)] if self.latent else []
         if self.attn is not None:
             hooks += [(pattern_hook_name(layer), self._pattern_hook(i)) for i, layer in enumerate(self.layers)]
         if self.want_hidden:
@@ -85,6 +85,7 @@ class StepRecorder:
     def _pattern_hook(self, index: int):
         def record(pattern: Tensor, hook) -> None:
             last = pattern[:, :, -1, :]  # newest query: [row, head, key]
+            assert self.masks is not None and self.attn is not None  # hooks() attaches this only then
             with one_thread():  # one tiny matmul: waking more threads costs more than it
                 torch.matmul(last.float(), self.masks[:, : last.shape[-1]], out=self.attn[self.step, index])
 

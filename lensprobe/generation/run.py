@@ -33,7 +33,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -103,7 +103,7 @@ class Run:
         self.rec = StepRecorder(layers, n_rec, len(sets), int(model.cfg.n_heads), cfg.max_new_tokens, self.masks,
                                 hidden, self.device)
         self.gens: dict[int, torch.Generator | None] = {}
-        eos = _eos_ids(model) | set(cfg.eos_token_id or ()) if cfg.stop_at_eos else set()
+        eos = _eos_ids(model) | set(cast(tuple, cfg.eos_token_id) or ()) if cfg.stop_at_eos else set()  # a tuple
         self.eos = torch.tensor(sorted(eos), dtype=torch.long, device=self.device)
         self.batches: list[int] = []  # rows per static batch, or per refill (for meta)
         self.fallback: str | None = None
@@ -156,7 +156,7 @@ class Run:
                 break
             col = batch.width + t
             batch.mask[:, col] = 1
-            if self.sets:
+            if self.sets and self.masks is not None:  # masks exist exactly when sets do
                 add_position(self.masks, self.sets, col, choice, think, batch.lengths, t, live.active)
             inputs = self._latent(think, last, self.rec.hidden)
             self.rec.step = t + 1
@@ -288,7 +288,7 @@ class Run:
         think = torch.zeros_like(live.active)
         if cfg.thinking is not None:
             think = self._think(live, last, ent, choice)
-            choice = torch.where(think, torch.full_like(choice, self.think_id), choice)
+            choice = torch.where(think, torch.full_like(choice, cast(int, self.think_id)), choice)
         choice = torch.where(live.active, choice, torch.full_like(choice, self.pad_id))
         on = live.active.cpu()
         idx = on.nonzero().flatten()
@@ -326,7 +326,7 @@ class Run:
             if idx.numel() < len(live):
                 parts = [x[idx] for x in parts]
             state = StepState(step=t, logits=parts[0], entropy=parts[1], tokens=parts[2],
-                              thinking_token_id=self.think_id, n_thinking=parts[3])
+                              thinking_token_id=cast(int, self.think_id), n_thinking=parts[3])
             think[idx] = torch.as_tensor(self.cfg.think_when(state), dtype=torch.bool,
                                          device=self.device).expand(idx.numel())
         think &= live.active
@@ -339,8 +339,8 @@ class Run:
         if self.cfg.thinking is None or not bool(think.any()):
             return None
         idx = think.nonzero().flatten()
-        hidden = hidden[idx] if hidden is not None else None
-        vec = self.cfg.thinking.input_vectors(self.model, hidden, last[idx], self.think_id)
+        hidden = cast(Tensor, hidden[idx] if hidden is not None else None)  # None only for Pause (unread)
+        vec = self.cfg.thinking.input_vectors(self.model, hidden, last[idx], cast(int, self.think_id))
         return None if vec is None else (idx, vec)
 
     def _end(self, live: Live, ended: Tensor, reason: str) -> None:

@@ -114,6 +114,8 @@ def set_masks(items: list[tuple[list[int], Prompt | None]], sets: list[TrackedSe
             if ts.prompt:
                 member = [True] * len(seq)
             elif ts.segment is not None:
+                if prompt is None:  # resolve_track takes a segment only when every prompt has it
+                    raise LensprobeError(f"tracked segment {ts.segment!r} needs Prompts: prompt {pi} is token ids.")
                 start, end = prompt.segments[ts.segment]
                 member = [start <= i < end for i in range(len(seq))]
             if ts.token_ids:

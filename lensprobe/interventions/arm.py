@@ -71,8 +71,9 @@ class _Draws:
         self.shared: torch.Generator | None = None
         self.rows: dict[int, torch.Generator] = {}
 
-    def _new(self, device) -> torch.Generator:
-        return torch.Generator(device=device).manual_seed(self.seed)
+    @staticmethod
+    def _new(device, seed: int) -> torch.Generator:
+        return torch.Generator(device=device).manual_seed(seed)
 
     def warn_batch(self, layer: int, rows: int) -> None:
         """Warn (once per attachment) that whole-batch statistics mix ``rows`` rows."""
@@ -88,14 +89,15 @@ class _Draws:
 
     def get(self, device, row: int | None = None, restart: bool = False) -> torch.Generator | None:
         """The generator for ``row`` (``None``: the shared one); ``restart`` seeds the row's anew."""
-        if self.seed is None:
+        seed = self.seed
+        if seed is None:
             return None
         if row is None:
             if self.shared is None:
-                self.shared = self._new(device)
+                self.shared = self._new(device, seed)
             return self.shared
         if row not in self.rows or restart:
-            self.rows[row] = self._new(device)
+            self.rows[row] = self._new(device, seed)
         return self.rows[row]
 
 
@@ -144,9 +146,9 @@ class _ARMHook:
                 f"position(s) but the generation step describes {tuple(info.positions.shape)}; per-row "
                 "statistics cannot tell the rows' positions apart."
             )
-        inside = info is not None and info.rows is not None and len(info.rows) == batch
-        keys = info.rows.tolist() if inside else list(range(batch))
-        restart = inside and info.prefill
+        rows = info.rows if info is not None and info.rows is not None and len(info.rows) == batch else None
+        keys = rows.tolist() if rows is not None else list(range(batch))
+        restart = rows is not None and info is not None and info.prefill
         gens = [self.draws.get(act.device, key, restart) for key in keys]
         whole = info is None or bool((info.positions >= 0).all())
         if whole and self.arm.variant == "default":  # every row's statistics at once

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.heads import Positions, hook_z_name
-from lensprobe.core.hooks import intervene
+from lensprobe.core.hooks import Hook, intervene
 from lensprobe.interventions.replacement import replacement_values
 
 __all__ = ["PromptAttribution", "Unit", "attribute_prompt", "combine", "frozen_parameters"]
@@ -190,8 +190,10 @@ def _gradients(model, tokens: Tensor, measure, prompt, units: Sequence[Unit], po
                grad_drop: bool) -> tuple[dict, dict, Tensor, Tensor | None, float]:
     """One forward and backward: ``dz`` per layer, ``g`` per layer, AtP per unit, GradDrop terms."""
     n_layers = int(model.cfg.n_layers)
-    zs, pre, post = {}, {}, {}
-    hooks = [(hook_z_name(layer), _ZTap(zs, layer)) for layer in range(n_layers)]
+    zs: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> (z, gradient leaf)
+    pre: dict[int, Tensor] = {}
+    post: dict[int, Tensor] = {}
+    hooks: list[Hook] = [(hook_z_name(layer), _ZTap(zs, layer)) for layer in range(n_layers)]
     if grad_drop:
         hooks += [(f"blocks.{layer}.hook_resid_pre", _Keep(pre, layer)) for layer in range(1, n_layers)]
         hooks += [(f"blocks.{layer}.hook_resid_post", _Keep(post, layer)) for layer in range(1, n_layers)]
@@ -246,8 +248,11 @@ def _local_pass(model, tokens: Tensor, plan: Plan) -> None:
     for layer, (writes, read) in sorted(plan.items()):
         state: dict = {}
         name, back = _input_hook(model, layer)
-        hooks += [(name, _AddRows(writes, state)),
-                  (hook_z_name(layer), _ReadZ(lambda z, r=read, s=state: r(z, s), layer == last))]
+
+        def read_rows(z: Tensor, r: Callable[[Tensor, dict], None] = read, s: dict = state) -> None:
+            r(z, s)
+
+        hooks += [(name, _AddRows(writes, state)), (hook_z_name(layer), _ReadZ(read_rows, layer == last))]
         if back and layer != last:
             hooks.append((f"blocks.{layer}.hook_resid_post", _first_row))
     with intervene(model, *hooks):

@@ -68,7 +68,8 @@ def run_mechanism(args) -> int:
     fit = filler_affine_fit(model, prompts["w/ Mless"], prompts["w/o"], layer=layer, heads=heads)
     summary = affine_fit_summary(fit)
     arm = None if args.no_arm else arm_for(model, layer=layer, seed=args.seed)
-    c = args.c if args.c is not None else (arm.c if arm is not None and arm.variant == "default" else 0.1)
+    arm_c = arm.c if arm is not None and arm.variant == "default" else None
+    c = args.c if args.c is not None else (arm_c if arm_c is not None else 0.1)
     runs = dict(prompts)
     ivs = {}
     if arm is not None:

@@ -31,9 +31,9 @@ def build_demo_section(model, *, quick: bool = False) -> Section:
     arm = arm_for(model, layer=0, seed=0)
     fit = filler_affine_fit(model, prompts["w/ Mless"], prompts["w/o"], layer=0)
     summary = affine_fit_summary(fit)
+    arm_c = arm.c if arm.variant == "default" and arm.c is not None else 0.1
     stats = activation_stats(model, {**prompts, ARM_CONDITION: prompts["w/o"]}, layer=0,
-                             interventions={ARM_CONDITION: [arm]}, c=arm.c if arm.variant == "default" else 0.1,
-                             bins=30 if quick else 80)
+                             interventions={ARM_CONDITION: [arm]}, c=arm_c, bins=30 if quick else 80)
     name = html.escape(model_label(model))
     near = ", ".join(f"{html.escape(c)}: {v:.1%}" for c, v in zip(stats.summary["condition"],
                                                                    stats.summary["near_zero"], strict=True))

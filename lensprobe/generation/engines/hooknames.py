@@ -88,12 +88,14 @@ def attached(model, view: nn.Module, hooks: Sequence[tuple[str, Callable[[torch.
 
 def _attach(view: nn.Module, attention: dict[int, nn.Module], mlps: dict[int, nn.Module], name: str, fn):
     if name == "hook_embed":
-        return view.get_input_embeddings().register_forward_hook(lambda _m, _args, out: fn(out, None))
+        embed = view.get_input_embeddings()  # type: ignore[operator]  # HF method; torch: Tensor | Module
+        return embed.register_forward_hook(lambda _m, _args, out: fn(out, None))
     if name in _FINAL:
         def before_unembed(_m, args):
             fn(args[0], None)
 
-        return view.get_output_embeddings().register_forward_pre_hook(before_unembed)
+        unembed = view.get_output_embeddings()  # type: ignore[operator]  # HF method; torch: Tensor | Module
+        return unembed.register_forward_pre_hook(before_unembed)
     match = _MLP.fullmatch(name)
     if match:
         return _attach_mlp(mlps[int(match.group(1))], match.group(2), name, fn)

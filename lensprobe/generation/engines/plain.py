@@ -58,7 +58,8 @@ class PlainEngine:
         return out.logits, getattr(out, self.cache_arg)
 
     def describe(self) -> dict[str, Any]:
-        implementation = self.view.config._attn_implementation
+        hf_config: Any = self.view.config  # an HF config (torch types module attributes Tensor | Module)
+        implementation = hf_config._attn_implementation
         names = {v: k for k, v in ATTENTIONS.items()}
         return {"engine": self.name, "attention": names.get(implementation, implementation),
                 "decode_threads": self.threads}

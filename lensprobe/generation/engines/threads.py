@@ -61,9 +61,10 @@ def decode_threads(view: nn.Module, rows: int) -> int:
     """
     if rows > ONE_THREAD_MAX_ROWS:
         return torch.get_num_threads()
-    embeddings = view.get_input_embeddings()
-    sizes = [m.weight.numel() * m.weight.element_size() for m in view.base_model.modules()
-             if m is not embeddings and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.ndim == 2]
+    embeddings = view.get_input_embeddings()  # type: ignore[operator]  # HF method; torch: Tensor | Module
+    base: nn.Module = view.base_model  # type: ignore[assignment]  # a transformers model's decoder stack
+    weights = [getattr(m, "weight", None) for m in base.modules() if m is not embeddings]
+    sizes = [w.numel() * w.element_size() for w in weights if isinstance(w, torch.Tensor) and w.ndim == 2]
     if sizes and max(sizes) <= ONE_THREAD_LAYER_BYTES:
         return 1
     return torch.get_num_threads()
@@ -94,7 +95,7 @@ def layer_threads(view: nn.Module, threads: int) -> Iterator[None]:
     def leave(_m, _args, _out):
         torch.set_num_threads(before)
 
-    stack = view.base_model
+    stack: nn.Module = view.base_model  # type: ignore[assignment]  # a transformers model's decoder stack
     handles = [stack.register_forward_pre_hook(enter, with_kwargs=True), stack.register_forward_hook(leave)]
     try:
         yield

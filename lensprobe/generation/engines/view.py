@@ -39,6 +39,7 @@ Example:
 """
 
 import weakref
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -114,7 +115,8 @@ def plain_model(model, attention: str = "eager") -> nn.Module | None:
 
 
 def _build(hf: nn.Module, attention: str = "eager") -> nn.Module | None:
-    config = type(hf.config).from_dict(hf.config.to_dict())
+    hf_config: Any = hf.config  # an HF config (torch types module attributes Tensor | Module)
+    config = type(hf_config).from_dict(hf_config.to_dict())
     if attention == "sdpa_last":
         register_sdpa_last()
     config._attn_implementation = ATTENTIONS[attention]
@@ -134,7 +136,7 @@ def _build(hf: nn.Module, attention: str = "eager") -> nn.Module | None:
         owner, _, leaf = name.rpartition(".")
         module = view.get_submodule(owner)
         if kind == "param":
-            module._parameters[leaf] = given[name]  # the bridge's own Parameter object
+            module._parameters[leaf] = cast(nn.Parameter, given[name])  # the bridge's own Parameter object
         else:
             module._buffers[leaf] = given[name]
     tensors = [*view.parameters(), *view.buffers(),  # and plain tensor attributes made on meta
@@ -174,7 +176,8 @@ def _same_last_rows(model, view: nn.Module) -> bool:
     mask = torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]], device=device)
     step = torch.tensor([[21], [7]], device=device) % vocab
     positions = torch.tensor([[6], [4]], device=device)
-    got, ref = [], []  # (layer, weights) per attention call, in call order
+    got: list = []  # (layer, weights) per attention call, in call order
+    ref: list = []
     logits = []  # [view's, eager's] last logits of each forward
     hooks = []
     for store, m in ((got, view), (ref, eager)):
