@@ -10,7 +10,7 @@ REPORT ?= lensprobe-report
 OMP_WAIT_POLICY ?= PASSIVE
 export OMP_WAIT_POLICY
 
-.PHONY: install browser demo test test-fast test-tl3 lint bench docs clean
+.PHONY: install browser demo test test-fast test-tl3 lint typecheck bench docs clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,9 +35,10 @@ browser:
 demo: install
 	$(BIN)/lensprobe demo --out $(REPORT)
 
-# The whole suite: every test in .venv (TransformerLens 4), then the fast suite against
+# The whole suite: lint and type check first (zero findings), every test in .venv (TransformerLens 4,
+# jaxtyping shapes checked at run time: see addopts in pyproject.toml), then the fast suite against
 # TransformerLens 3.x in .venv-tl3 (HookedTransformer). The API reference is built by a test.
-test: install browser
+test: install browser lint typecheck
 	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory test-tl3
 
@@ -65,6 +66,10 @@ test-tl3: $(TL3_STAMP)
 
 lint: install
 	$(BIN)/ruff check lensprobe tests benchmarks
+
+# mypy on the package (settings in pyproject.toml [tool.mypy]): zero errors.
+typecheck: install
+	$(BIN)/mypy lensprobe
 
 bench: install
 	$(BIN)/python benchmarks/attention_overhead.py

@@ -22,6 +22,25 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True)
+def _runtime_type_checks(request):
+    """The suite checks lensprobe's annotations at run time (jaxtyping shapes with beartype: the
+    ``--jaxtyping-packages`` option in pyproject.toml's addopts). A test marked ``unchecked`` passes
+    values outside the annotations on purpose, to test lensprobe's own error messages (what a user
+    without a type checker sees): it runs with the checks off."""
+    if request.node.get_closest_marker("unchecked") is None:
+        yield
+        return
+    import jaxtyping
+
+    before = jaxtyping.config.jaxtyping_disable
+    jaxtyping.config.update("jaxtyping_disable", True)
+    try:
+        yield
+    finally:
+        jaxtyping.config.update("jaxtyping_disable", before)
+
+
 @pytest.fixture(scope="session")
 def tiny():
     from lensprobe.core.testing import tiny_model

@@ -39,6 +39,7 @@ def test_paper_format_builds_the_authors_strings(tiny):
     assert conds["w/ Mless"].describe(tiny)["prompt_template"] == PAPER_SYSTEM_PROMPT + MLESS + "{question}"
 
 
+@pytest.mark.unchecked
 def test_chat_format_is_the_default_and_unchanged(tiny):
     chat = paper_conditions()
     assert chat == paper_conditions(prompt_format="chat") == BUILTIN_CONDITIONS
@@ -100,6 +101,7 @@ def test_arm_names_without_an_arm_say_how_to_pass_one():
         resolve_conditions("bogus+ARM", arm=ARM(c=0.5, percentile=95))
 
 
+@pytest.mark.unchecked
 def test_with_arm():
     arm = ARM(c=0.5, percentile=95)
     assert with_arm(builtin_condition("w/o"), arm).name == "ARM"

@@ -81,6 +81,7 @@ def test_average_attention_received_matches_loop(pattern):
     assert ((finite >= 0) & (finite <= 1 + 1e-12)).all()
 
 
+@pytest.mark.unchecked
 def test_average_attention_received_rejects_non_square():
     with pytest.raises(LensprobeError, match="square"):
         average_attention_received(A4[2:])
@@ -163,6 +164,7 @@ def test_attention_proportion_single_generation_step_by_hand():
     torch.testing.assert_close(attention_proportion(step, [3], query_positions=[3]), torch.tensor([0.4, 0.25]))
 
 
+@pytest.mark.unchecked
 @pytest.mark.parametrize(
     ("keys", "queries", "message"),
     [
@@ -253,6 +255,7 @@ def test_attention_by_token_class_kv_step_rows():
     torch.testing.assert_close(attention_by_token_class(step, TOKENS), by_hand(step, [HASH, STAR, SPACE]))
 
 
+@pytest.mark.unchecked
 def test_attention_by_token_class_errors():
     pattern = causal_pattern(0, 2, len(TOKENS))
     with pytest.raises(LensprobeError, match="9 key positions but 8 tokens"):

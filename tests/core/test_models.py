@@ -311,6 +311,7 @@ def test_an_existing_model_is_moved_and_cast_only_when_asked(tiny_folder):
     _placed(model, "meta", torch.bfloat16)
 
 
+@pytest.mark.unchecked
 @pytest.mark.parametrize("dtype", [torch.int8, "float8", 3])
 def test_a_dtype_lensprobe_cannot_run_is_refused(tiny_folder, dtype):
     with pytest.raises(LensprobeError, match="not a weight dtype lensprobe runs: use torch.float32"):

@@ -57,6 +57,7 @@ def test_entropy_of_a_nan_row_and_an_all_minus_inf_row_is_nan_not_zero():
     assert got[2].item() == pytest.approx(math.log(2))
 
 
+@pytest.mark.unchecked
 def test_entropy_converts_a_list_and_refuses_what_has_no_vocabulary():
     assert lp.entropy([0.0, 0.0, 0.0, 0.0]).item() == pytest.approx(math.log(4))
     with pytest.raises(LensprobeError, match="0-d tensor"):
@@ -69,6 +70,7 @@ def test_entropy_converts_a_list_and_refuses_what_has_no_vocabulary():
         lp.entropy(torch.tensor([True, False]))
 
 
+@pytest.mark.unchecked
 def test_attention_metrics_refuse_what_is_not_a_pattern():
     with pytest.raises(LensprobeError, match="pattern must be a tensor .*got list"):
         lp.average_attention_received([[1.0]])
@@ -127,7 +129,7 @@ def test_measures_are_nan_where_they_read_non_finite_logits():
     logits[0, 0, 1] = math.nan     # read by the callable only (any position)
     logits[1, -1, 2] = math.inf    # read by the entropy measure (last position)
     logits[2, 1, 0] = math.nan     # read by the answer log-prob (predicts the answer's 1st token)
-    got = Entropy().compute(logits, None, None, [])
+    got = Entropy().compute(logits, torch.zeros(3, 4, dtype=torch.long), None, [])  # tokens: unread
     assert got.isnan().tolist() == [False, True, False]
     assert got[0].item() == pytest.approx(math.log(5))
     tokens = torch.tensor([[0, 0, 3, 4]])  # a 2-token prompt and a 2-token answer: reads positions 1, 2

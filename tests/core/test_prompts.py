@@ -195,12 +195,14 @@ def test_unknown_segment_name(tiny):
         p.positions_except()
 
 
+@pytest.mark.unchecked
 @pytest.mark.parametrize("question", ["", "   \n", None])
 def test_empty_question(tiny, question):
     with pytest.raises(LensprobeError, match="question is empty"):
         build_prompt(tiny, question)
 
 
+@pytest.mark.unchecked
 @pytest.mark.parametrize(
     "make",
     [lambda: Filler.meaningless(count=0), lambda: Filler.meaningless(count=-3),
@@ -211,6 +213,7 @@ def test_filler_count_must_be_positive(make):
         make()
 
 
+@pytest.mark.unchecked
 def test_other_bad_fillers(tiny):
     with pytest.raises(LensprobeError, match="n_tokens > 0"):
         Filler.random_sentence(0)
@@ -237,6 +240,7 @@ def test_chat_without_template():
     check_spans(bare, p)
 
 
+@pytest.mark.unchecked
 def test_bad_placement(tiny):
     with pytest.raises(LensprobeError, match="unknown placement 'middle': use one of"):
         build_prompt(tiny, QUESTION, filler=Filler.meaningless(), placement="middle")

@@ -149,6 +149,7 @@ def test_raw_without_special_tokens_equals_the_plain_tokenizer(tiny):
         lp.build_prompt(tiny, "What?", add_special_tokens=False)
 
 
+@pytest.mark.unchecked
 def test_chat_stays_the_default_and_template_names_are_checked(tiny):
     default = lp.build_prompt(tiny, "What?", system="Sys")
     chat = lp.build_prompt(tiny, "What?", system="Sys", template="chat")

@@ -9,6 +9,7 @@ from lensprobe.core.randomtext import random_sentence_text
 from lensprobe.core.text import check_text, surrogate_at
 
 
+@pytest.mark.unchecked
 @pytest.mark.parametrize("question,message", [
     ("what \ud800 is", r"question holds a lone surrogate \(U\+D800 at character 5\), which is not text"),
     (123, "question must be a string, got int 123"),

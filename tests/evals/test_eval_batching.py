@@ -203,6 +203,7 @@ def test_each_generation_call_keeps_its_batch_busy_and_conditions_take_turns(tin
     assert {size for _, _, size in calls} == {b}
 
 
+@pytest.mark.unchecked
 def test_batch_size_is_checked(tiny):
     for bad in (0, -1, True, 2.5):
         with pytest.raises(lp.LensprobeError, match="batch_size must be a positive integer"):

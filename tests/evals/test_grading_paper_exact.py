@@ -107,6 +107,7 @@ def test_existing_graders_and_row_columns_are_unchanged():
     assert grade(None, "10", method="paper-exact") is False
 
 
+@pytest.mark.unchecked
 def test_bad_input():
     with pytest.raises(lp.LensprobeError, match=r"unknown grading method 'exact'.*'paper-exact'"):
         grade(r"\boxed{1}", "1", method="exact")

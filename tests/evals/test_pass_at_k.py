@@ -43,6 +43,7 @@ def test_edge_cases():
     assert pass_at_k(1000, 1, 1) == 0.001  # large n stays exact
 
 
+@pytest.mark.unchecked
 def test_scalar_errors():
     with pytest.raises(lp.LensprobeError, match=r"1 <= k <= n, got n=2, c=1, k=3"):
         pass_at_k(2, 1, 3)

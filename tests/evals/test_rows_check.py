@@ -161,12 +161,14 @@ def test_accuracy_and_compare_refuse_verdicts_of_the_wrong_type(value):
         lp.evals.compare(rows, "a", "b", grader="math-verify")
 
 
+@pytest.mark.unchecked
 @pytest.mark.parametrize("counts", [(math.nan, 4), (1, 4.0), (True, 4)])
 def test_wilson_interval_refuses_counts_that_are_not_whole_numbers(counts):
     with pytest.raises(lp.LensprobeError, match="wilson_interval needs whole-number counts"):
         lp.evals.wilson_interval(*counts)
 
 
+@pytest.mark.unchecked
 @pytest.mark.parametrize("answer", [None, 7, "  "])
 def test_evaluate_refuses_an_answer_that_is_not_text_before_generating(tiny, answer, monkeypatch):
     monkeypatch.setattr(lp.evals.harness, "run_plan", lambda *a, **k: pytest.fail("generation started"))

@@ -238,6 +238,7 @@ def test_a_model_without_a_tokenizer_generates_from_token_ids(no_tokenizer, tiny
         lp.generate(no_tokenizer, ids[0], max_new_tokens=3, thinking=lp.Pause())
 
 
+@pytest.mark.unchecked
 @pytest.mark.parametrize("bad", [-1, (), (3, "x"), 2.5])
 def test_bad_eos_ids_are_refused(bad):
     with pytest.raises(lp.LensprobeError, match="eos_token_id"):

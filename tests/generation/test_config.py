@@ -19,6 +19,7 @@ def test_keyword_settings_override_the_config(tiny):
     assert (a.meta["max_new_tokens"], c.meta["max_new_tokens"], c.meta["seed"]) == (4, 2, 1)
 
 
+@pytest.mark.unchecked
 @pytest.mark.parametrize(("settings", "message"), [
     ({}, "max_new_tokens is required"),
     ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
@@ -44,6 +45,7 @@ def test_bad_settings_are_refused_before_any_forward(tiny, settings, message):
         lp.generate(tiny, p, **settings)
 
 
+@pytest.mark.unchecked
 def test_thinking_gets_the_emitted_schedule_and_loses_it_with_the_thinking():
     cfg = lp.GenerationConfig(8, thinking=lp.Pause())
     assert cfg.think_when == lp.schedule.emitted()

@@ -123,6 +123,7 @@ def test_auto_uses_the_view_only_when_no_hook_point_is_needed(tiny, prompts):
     assert lp.generate(tiny, p, max_new_tokens=2).meta["engine"] == "hf"
 
 
+@pytest.mark.unchecked
 def test_engine_errors(tiny, prompts):
     p = prompts[0]
     with pytest.raises(lp.LensprobeError, match="engine must be 'auto', 'bridge' or 'hf'"):

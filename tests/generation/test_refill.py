@@ -275,6 +275,7 @@ def test_bad_caps_are_refused_before_any_forward(tiny, prompts, caps, match):
     assert count.calls == 0
 
 
+@pytest.mark.unchecked
 @pytest.mark.parametrize("batch_size", [0, -1, True, 2.5])
 def test_bad_batch_size_is_refused(tiny, prompts, batch_size):
     with pytest.raises(lp.LensprobeError, match=rf"batch_size must be an integer >= 1 .*got {batch_size!r}"):

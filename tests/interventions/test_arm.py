@@ -235,6 +235,7 @@ def test_presets_follow_the_authors_table():
 # --------------------------------------------------------------------------- bad input
 
 
+@pytest.mark.unchecked
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({}, r"ARM needs c and percentile: pass lp\.ARM\(c=\.\.\., percentile=\.\.\.\)"),
     ({"c": 0.1}, r"ARM needs percentile"),
@@ -256,6 +257,7 @@ def test_bad_settings_are_refused_up_front(kwargs, match):
         ARM(**kwargs)
 
 
+@pytest.mark.unchecked
 def test_bad_tensors_and_models_are_refused(tiny):
     with pytest.raises(LensprobeError, match=r"activations must be a floating-point tensor, got Tensor of dtype torch\.int64"):
         arm_redistribute(torch.arange(4), c=0.1, percentile=95)

@@ -73,6 +73,7 @@ def test_no_preset_where_neither_source_has_one():
     assert ARM_PRESETS["math500"]["qwen2.5-math-7b"] == {"c": 0.1, "percentile": 95, "p_min": 0.02}
 
 
+@pytest.mark.unchecked
 def test_bad_names_say_what_to_use():
     with pytest.raises(LensprobeError, match=r"unknown benchmark 'gsm8k': use one of \('gpqa', 'math500'"):
         benchmark_key("gsm8k")

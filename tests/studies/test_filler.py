@@ -117,6 +117,7 @@ def test_condition_changes_and_ranking_by_hand(tiny):
         fs.heads_by_change(res, condition="w/ Mful")
 
 
+@pytest.mark.unchecked
 def test_bad_input_errors(tiny):
     with pytest.raises(lp.LensprobeError, match="unknown condition"):
         fs.FillerSetup(conditions=("w/o", "loud"))

@@ -92,6 +92,7 @@ def test_lambda_matches_the_plain_model_and_the_fit_is_approximate_with_rope(tin
     assert row["n_positions"] == len(q)
 
 
+@pytest.mark.unchecked
 def test_the_fit_refuses_prompts_that_do_not_differ_by_the_filler(tiny):
     with_f, without = prompts_of(tiny)
     with pytest.raises(lp.LensprobeError, match="with_filler has no 'filler' segment"):
@@ -109,6 +110,7 @@ def test_the_fit_refuses_prompts_that_do_not_differ_by_the_filler(tiny):
         affine_fit_summary(with_f.tokens)
 
 
+@pytest.mark.unchecked
 def test_tensor_helpers_by_hand():
     a = torch.tensor([-2.0, -1.0, 0.0, 1.0, 2.0, 0.05])
     mag = np.abs(a.numpy())
@@ -188,6 +190,7 @@ def test_hook_post_and_given_eps(tiny, tiny_hf):
     np.testing.assert_array_equal(stats.histogram["count"].to_numpy(), np.histogram(a, bins=[-1.0, 0.0, 1.0])[0])
 
 
+@pytest.mark.unchecked
 def test_activation_stats_errors(tiny):
     ps = mechanism_prompts(tiny, QUESTION, count=5)
     other = lp.build_prompt(tiny, "What is 3*4?", system=lp.MATH_SYSTEM_PROMPT)
