@@ -27,6 +27,7 @@ from typing import Literal
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import heavy
+from lensprobe.evals.hub import load_hub_dataset
 
 HUB_DATASET = "HuggingFaceH4/MATH-500"
 
@@ -284,21 +285,16 @@ def _check_unique_ids(problems: list[Problem], where: str) -> None:
 
 def _hub_problems() -> list[Problem]:
     try:
-        datasets = heavy("datasets")
+        heavy("datasets")
     except ImportError as err:
         raise LensprobeError(
             "loading MATH-500 from the hub needs the 'datasets' package (pip install datasets); "
             "or pass a local JSONL file: load_math500('path/to/test.jsonl')."
         ) from err
-    try:
-        ds = datasets.load_dataset(HUB_DATASET, split="test")
-    except Exception as err:  # offline, hub errors, missing cache
-        raise LensprobeError(
-            f"could not load {HUB_DATASET!r} from the Hugging Face hub ({type(err).__name__}); "
-            "this machine may be offline. Pass a local copy instead: "
-            "load_math500('path/to/test.jsonl') (one JSON object per line with 'problem' and "
-            "'answer'), or `--data PATH.jsonl` on the command line."
-        ) from err
+    ds = load_hub_dataset(HUB_DATASET, "test", fix=(
+        f"Download it on a machine with network access (datasets.load_dataset({HUB_DATASET!r}, split='test')"
+        ".to_json('math500.jsonl')) and pass the local file: --data math500.jsonl on the command line, or "
+        "load_math500('math500.jsonl')."))
     problems = [_problem_from_row(dict(row), HUB_DATASET, i + 1) for i, row in enumerate(ds)]
     _check_unique_ids(problems, HUB_DATASET)
     return problems
