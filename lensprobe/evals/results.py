@@ -239,10 +239,15 @@ class RowWriter:
         synced: rows of this writer known to be on disk (fsynced).
     """
 
+    @staticmethod
+    def lock_file(path: Path) -> Path:
+        """The lock file beside the results file ``path``."""
+        return Path(path).with_name(f".{Path(path).name}.lock")
+
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._lock = FileLock(
-            self.path.with_name(f".{self.path.name}.lock"),
+            self.lock_file(self.path),
             busy=f"{self.path} is being written by another process ({{holder}}): wait for it, or give this run "
                  "another output folder (sharded runs need distinct ranks).")
         self._lock.acquire()

@@ -188,7 +188,9 @@ def run_plan(model, plan, config: EvalConfig, info: RunInfo, tally: dict, *, out
     """
     total = sum(len(items) for _, items in plan)
     bar = _progress(total, progress, info.rank, world_size)
-    writer = RowWriter(results_file(out, info.rank)) if out is not None and total else None
+    path = results_file(out, info.rank) if out is not None else None
+    # with nothing left to write, a lock left by a killed process is still taken over (and said so)
+    writer = RowWriter(path) if path is not None and (total or RowWriter.lock_file(path).exists()) else None
     new_rows: list[dict] = []
 
     def emit(it: Item, cond: Condition, ids: list[int], text: str, finish: str, error: str | None,

@@ -103,3 +103,26 @@ def test_locks_left_by_a_process_killed_with_sigkill_are_taken_over(tmp_path, ca
             writer.write({"condition": "w/o", "problem_id": "q1", "sample": 0})
     assert caplog.text.count(f"took over a stale lock left by pid {proc.pid} on host {socket.gethostname()}") == 2
     assert [r["problem_id"] for r in read_rows(results.parent)] == ["q0", "q1"]
+
+
+@pytest.mark.parametrize("rows_left", [0, 1])
+def test_a_resumed_rank_takes_over_its_stale_results_lock_with_one_warning(tiny, tmp_path, caplog, rows_left):
+    """A rank killed after its last row left its lock: the resume takes it over (and says so once) even
+    when that rank has nothing left to compute, so a finished run leaves no lock file."""
+    problems = [lp.evals.Problem(id=f"q{i}", problem=f"What is {i}+1?", answer=str(i + 1)) for i in range(4)]
+    out = tmp_path / "run"
+
+    def run():
+        return lp.evaluate(tiny, problems, "w/o", out=out, max_new_tokens=2, progress=False, rank=1, world_size=2,
+                           model_name="tiny")
+
+    run()
+    results = out / "results-rank1.jsonl"
+    if rows_left:
+        results.write_text("".join(results.read_text().splitlines(keepends=True)[:-rows_left]))
+    lock, pid = out / ".results-rank1.jsonl.lock", dead_pid()
+    lock.write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "since": "earlier"}))
+    with caplog.at_level(logging.WARNING, logger="lensprobe.core.locks"):
+        assert len(run()) == 2  # rank 1's share: q1, q3
+    assert caplog.text.count(f"took over a stale lock left by pid {pid}") == 1, caplog.text
+    assert not lock.exists()
