@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lensprobe.app.recipe import Recipe
-from lensprobe.core.conditions import paper_conditions, resolve_conditions
+from lensprobe.core.conditions import PromptFormat, paper_conditions, resolve_conditions
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
 from lensprobe.core.models import model_label
@@ -66,11 +66,11 @@ def recipe_conditions(recipe: Recipe, model, bench: str, arm: Any = None) -> tup
     Example:
         >>> conds, notes = recipe_conditions(load_recipe("arm-table3a"), model, "math500")
     """
-    system = {"system": get_protocol(recipe.protocol).system} if recipe.protocol else {}
-    fmt = "paper" if recipe.protocol else "chat"
+    system: dict[str, Any] = {"system": get_protocol(recipe.protocol).system} if recipe.protocol else {}
+    fmt: PromptFormat = "paper" if recipe.protocol else "chat"
     builtins = dict(paper_conditions(prompt_format=fmt, **system))
     for name, spec in recipe.define.items():
-        kwargs = {k: spec[k] for k in ("symbol", "count", "word") if k in spec}
+        kwargs: dict[str, Any] = {k: spec[k] for k in ("symbol", "count", "word") if k in spec}
         base = paper_conditions(prompt_format=fmt, **system, **kwargs)
         if spec["base"] not in base:
             raise LensprobeError(f"{recipe.source}: define.{name!r}: base {spec['base']!r} is not a built-in "
@@ -100,6 +100,8 @@ def beside_published(run, recipe: Recipe):
         >>> beside_published(run, load_recipe("arm-table1")).columns[:4].tolist()
         ['benchmark', 'condition', 'n', 'paper-exact']
     """
+    if recipe.table is None:
+        raise LensprobeError(f"recipe {recipe.name!r} is a {recipe.kind} recipe: only a table recipe has published numbers.")
     pub = published_table(recipe.table, recipe.arxiv)
     pub = pub[pub["benchmark"].isin(recipe.benchmarks) & pub["condition"].isin(recipe.conditions)]
     wide = pub.pivot_table(index=["benchmark", "condition"], columns="model", values="value", sort=False,

@@ -178,7 +178,7 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
             f"max_new_tokens={config.max_new_tokens} leaves no room for a prompt in the model's context of "
             f"{int(model.cfg.n_ctx)} tokens: lower max_new_tokens."
         )
-    system = {"system": get_protocol(config.protocol).system} if config.protocol else {}
+    system: dict[str, Any] = {"system": get_protocol(config.protocol).system} if config.protocol else {}
     builtins = paper_conditions(prompt_format=config.prompt_format, **system) if config.prompt_format != "chat" else None
     conds = resolve_conditions(conditions, builtins=builtins,
                                arm=arm if arm is not None else (lambda: preset_arm(model, bench)))

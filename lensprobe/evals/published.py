@@ -56,7 +56,7 @@ class PublishedNumber:
 def _load(arxiv: str) -> dict:
     if arxiv not in PAPERS:
         raise LensprobeError(f"no published numbers for arXiv {arxiv!r}: lensprobe has {tuple(PAPERS)}.")
-    text = resources.files("lensprobe.evals").joinpath("papers", PAPERS[arxiv]).read_text(encoding="utf-8")
+    text = resources.files("lensprobe.evals").joinpath("papers").joinpath(PAPERS[arxiv]).read_text(encoding="utf-8")
     return tomllib.loads(text)
 
 

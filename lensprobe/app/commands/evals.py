@@ -11,6 +11,7 @@ Examples:
 
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 from lensprobe.app.checks import (
     MAX_TOKENS,
@@ -30,7 +31,7 @@ from lensprobe.app.common import (
     load_cli_model,
     str_list,
 )
-from lensprobe.core.conditions import paper_conditions, resolve_conditions
+from lensprobe.core.conditions import PromptFormat, paper_conditions, resolve_conditions
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.heads import parse_heads
 from lensprobe.core.models import model_label
@@ -164,7 +165,7 @@ def check_eval_args(args) -> None:
     arm = arm_from_args(args)
     if arm is None:  # the model's preset, once it is loaded: any ARM stands in for it here
         arm = ARM(c=0.1, percentile=90)
-    fmt = getattr(args, "prompt_format", "chat")
+    fmt = cast(PromptFormat, getattr(args, "prompt_format", "chat"))  # argparse choices: a PromptFormat
     resolve_conditions(args.conditions, builtins=paper_conditions(prompt_format=fmt) if fmt != "chat" else None,
                        arm=arm)
     if args.ablate_heads:

@@ -164,7 +164,7 @@ def run_sweep_command(args) -> int:
                          reference=reference_of(model, args), answers=answers, batch_size=args.batch_size,
                          progress=True, out=shards)
     if rank != 0:
-        print(f"rank {rank} of {world}: its share of the sweep is in {shards.resolve()}; rank 0 writes the table")
+        print(f"rank {rank} of {world}: its share of the sweep is in {(args.out / 'shards').resolve()}; rank 0 writes the table")
         return 0
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
