@@ -53,10 +53,12 @@ model (unknown heads such as ``L0H99``, unknown hook points, ablation positions 
 prompt + ``max_new_tokens``) before any generation runs.
 """
 
+import contextlib
 import dataclasses
 import os
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,8 @@ from lensprobe.evals.config import paper_generation_settings as paper_generation
 from lensprobe.evals.data import Problem
 from lensprobe.evals.protocols import get_protocol
 from lensprobe.evals.results import (
+    CONFIG_FILE,
+    RESULTS_GLOB,
     prepare_folder,
     read_rows,
 )
@@ -192,14 +196,14 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
         cond_desc[c.name] = {**desc, "hash": json_digest(desc)}
     info = RunInfo(fingerprint["name"], json_digest(run), {n: d["hash"] for n, d in cond_desc.items()}, rank)
     done: dict[tuple, dict] = {}
-    if out is not None:
-        out = prepare_folder(out, run, info.run_hash, cond_desc, resume=resume or rank != 0)
-        done = finished_rows(out, problems)
-
-    mine = my_units(problems, rank, world_size)
-    plan = plan_rows(model, mine, conds, done, config)
-    tally = tally_rows(done, mine, conds)
-    new_rows = run_plan(model, plan, config, info, tally, out=out, progress=progress, world_size=world_size)
+    with _nothing_left_if_refused(out, world_size):  # checks after the folder is prepared: intervention positions
+        if out is not None:
+            out = prepare_folder(out, run, info.run_hash, cond_desc, resume=resume or rank != 0)
+            done = finished_rows(out, problems)
+        mine = my_units(problems, rank, world_size)
+        plan = plan_rows(model, mine, conds, done, config)
+        tally = tally_rows(done, mine, conds)
+        new_rows = run_plan(model, plan, config, info, tally, out=out, progress=progress, world_size=world_size)
     grader = default_grader({"run": run})
     if out is None:
         return mark_default_grader(result_table(new_rows, conds, problems), grader)
@@ -208,6 +212,27 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
         _wait_for(out, expected)
     rows = [r for r in read_rows(out) if (r["condition"], r["problem_id"], r["sample"]) in expected]
     return mark_default_grader(result_table(rows, conds, problems), grader)
+
+
+@contextlib.contextmanager
+def _nothing_left_if_refused(out, world_size: int) -> Iterator[None]:
+    """A run that fails before its first row leaves nothing in a folder it started: its ``config.json``,
+    empty results files and (when this run created it) the folder are removed. A single process only:
+    the ranks of a sharded run share the folder."""
+    folder = Path(out).expanduser() if out is not None else None
+    fresh = folder is not None and world_size == 1 and not (folder / CONFIG_FILE).exists()
+    existed = folder is not None and folder.exists()
+    try:
+        yield
+    except BaseException:
+        if folder is not None and fresh and folder.is_dir():
+            with contextlib.suppress(OSError):  # never hide the reason the run failed
+                if not any(p.stat().st_size for p in folder.glob(RESULTS_GLOB)):
+                    for path in [*folder.glob(RESULTS_GLOB), folder / CONFIG_FILE]:
+                        path.unlink(missing_ok=True)
+                    if not existed:
+                        folder.rmdir()  # fails (and stays) when something else is in it
+        raise
 
 
 def preset_arm(model, benchmark: str | None = "math500") -> ARM:

@@ -169,3 +169,26 @@ def test_rows_in_two_folders_of_one_run_are_counted_once(tmp_path):
     assert len(both) == 12 and set(both["model"]) == {"m (a)", "m (b)"}
     cmp = summary_tables(both)["comparisons"]
     assert cmp[cmp["grader"] == "math-verify"]["n"].tolist() == [3, 3]
+
+
+FAR = lp.Condition("far", interventions=(lp.ablate_heads("L0H1", positions=[10_000]),))  # refused after preparing
+
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_a_run_refused_after_preparing_its_folder_leaves_nothing_behind(tiny, tmp_path, existed):
+    out = tmp_path / "run"
+    if existed:
+        out.mkdir()  # a folder the user made stays, empty
+    with pytest.raises(lp.LensprobeError, match="condition 'far': ablation positions 10000 lie outside"):
+        lp.evaluate(tiny, PROBLEMS, [FAR], out=out, config=CONFIG, model_name="tiny", progress=False)
+    assert out.exists() == existed
+    assert not existed or list(out.iterdir()) == []
+
+
+def test_a_refused_resume_keeps_the_folder_and_its_rows(tiny, tmp_path):
+    out = tmp_path / "run"
+    run(tiny, out)
+    rows = read_rows(out)
+    with pytest.raises(lp.LensprobeError, match="condition 'far'"):
+        lp.evaluate(tiny, PROBLEMS, ["w/o", FAR], out=out, config=CONFIG, model_name="tiny", progress=False)
+    assert (out / "config.json").is_file() and read_rows(out) == rows
