@@ -252,7 +252,7 @@ class RowWriter:
                  "another output folder (sharded runs need distinct ranks).")
         self._lock.acquire()
         try:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError as err:
             self._lock.release()
             raise LensprobeError(f"cannot open {self.path} for writing ({err.strerror}): choose an output folder "
@@ -266,32 +266,32 @@ class RowWriter:
             raise
 
     def _drop_partial_tail(self) -> int:
-        size = os.fstat(self._fd).st_size
+        size = os.fstat(self._open_fd).st_size
         if size == 0:
             return size
-        os.lseek(self._fd, size - 1, os.SEEK_SET)  # appends still go to the end (O_APPEND)
-        if os.read(self._fd, 1) == b"\n":
+        os.lseek(self._open_fd, size - 1, os.SEEK_SET)  # appends still go to the end (O_APPEND)
+        if os.read(self._open_fd, 1) == b"\n":
             return size
-        os.lseek(self._fd, 0, os.SEEK_SET)
+        os.lseek(self._open_fd, 0, os.SEEK_SET)
         data = b""
         while len(data) < size:
-            chunk = os.read(self._fd, size - len(data))
+            chunk = os.read(self._open_fd, size - len(data))
             if not chunk:
                 break
             data += chunk
         keep = data.rfind(b"\n") + 1
-        os.ftruncate(self._fd, keep)
-        os.fsync(self._fd)
+        os.ftruncate(self._open_fd, keep)
+        os.fsync(self._open_fd)
         return keep
 
     def _fail(self, err: OSError, doing: str) -> LensprobeError:
         self._failed = True
         with contextlib.suppress(OSError):  # remove a row cut short, so the file ends with a whole row
-            if os.fstat(self._fd).st_size > self._size:
-                os.ftruncate(self._fd, self._size)
+            if os.fstat(self._open_fd).st_size > self._size:
+                os.ftruncate(self._open_fd, self._size)
         if doing == "writing to":  # the rows before the failed one may still reach the disk
             with contextlib.suppress(OSError):
-                os.fsync(self._fd)
+                os.fsync(self._open_fd)
                 self.synced = self.written
         return LensprobeError(
             f"{doing} {self.path} failed ({err.strerror or err}): {self.synced} row(s) of this run are safely on "
@@ -311,7 +311,7 @@ class RowWriter:
         view = memoryview(data)
         try:
             while view:
-                n = os.write(self._fd, view)
+                n = os.write(self._open_fd, view)
                 if n <= 0:
                     raise OSError(errno.EIO, "the operating system wrote nothing")
                 view = view[n:]
@@ -323,7 +323,7 @@ class RowWriter:
     def _check_still_there(self) -> None:
         """Refuse to append to a file whose folder (or the file itself) was deleted: the rows would be lost."""
         try:
-            here, ours = os.stat(self.path), os.fstat(self._fd)
+            here, ours = os.stat(self.path), os.fstat(self._open_fd)
             gone = (here.st_dev, here.st_ino) != (ours.st_dev, ours.st_ino)
         except OSError:
             gone = True
@@ -343,10 +343,16 @@ class RowWriter:
         if self._failed:
             return
         try:
-            os.fsync(self._fd)
+            os.fsync(self._open_fd)
         except OSError as err:
             raise self._fail(err, "saving (fsync)") from err
         self.synced = self.written
+
+    @property
+    def _open_fd(self) -> int:
+        if self._fd is None:
+            raise LensprobeError(f"{self.path} is closed: open a new RowWriter to write to it.")
+        return self._fd
 
     def _close_fd(self) -> None:
         fd, self._fd = self._fd, None
