@@ -15,11 +15,15 @@ reliability section) and every case that is not handled.
 """
 
 import contextlib
+import errno
 import io
 import json
+import logging
 import math
 import shlex
+import shutil
 import signal
+import socket
 import sys
 import tempfile
 import warnings
@@ -32,7 +36,7 @@ import lensprobe as lp
 from lensprobe.app import common
 from lensprobe.app.cli import main, write_error_log
 from lensprobe.core.testing import tiny_model
-from lensprobe.evals import Problem
+from lensprobe.evals import Problem, hub, running
 from lensprobe.evals.results import load_results, results_file
 
 BAD = "\udcff"
@@ -202,7 +206,8 @@ PRELOAD = [  # (command, bad values): each must exit 2 in one line before any mo
     ("eval --model tiny --problems arithmetic --limit {} --out {w}/e", ["0"]),
     ("eval --model tiny --data {} --out {w}/e", ["{w}", "/dev/null"]),
     ("eval --model tiny --problems arithmetic --out {w}/e --device {}", ["bogus", "cuda", "cuda:7"]),
-    ("eval --model tiny --problems arithmetic --out {w}/e --ablate-heads {}", ["L٣H1", "L0Hx"]),
+    ("eval --model tiny --problems arithmetic --out {w}/e --ablate-heads {}", ["L٣H1", "L0Hx", "''", "','"]),
+    ("eval --model tiny --problems arithmetic --out {w}/e --grade-timeout {}", ["0", "-1", "1.5", "x"]),
     ("eval --model tiny --problems arithmetic --out {}", ["''"]),
     ("attention --model tiny --question {} --out {w}/a", ["''", "'  '"]),
     ("attention --model tiny --question q --out {w}/a --heads {}", ["1,1", "=-1", "٣"]),
@@ -218,7 +223,8 @@ PRELOAD = [  # (command, bad values): each must exit 2 in one line before any mo
     ("trace --model tiny --question q --out {w}/t --schedule {}", ["entropy:nan", "every:0"]),
     ("trace --model tiny --question q --out {w}/t --sample --temperature {}", ["inf"]),
     ("ablate --model tiny --question q --heads L0H1 --out {w}/b --top-k {}", ["0", "1000000"]),
-    ("ablate --model tiny --question q --out {w}/b --heads {}", ["L٣H1"]),
+    ("ablate --model tiny --question q --out {w}/b --heads {}", ["L٣H1", "''", "' , '"]),
+    ("sweep --model tiny --out {w}/s --heads {}", ["''"]),
     ("demo --model tiny --quick --device {} --out {w}/d", ["cuda"]),
 ]
 
@@ -249,7 +255,105 @@ def library_cases(tiny, work: Path) -> list[tuple[str, object]]:
         ("grade timeout=0", lambda: refuses(lambda: lp.grade("1", "1", timeout=0))),
         ("check_heads -1 message", lambda: equals(lambda: _message(lambda: lp.core.models.check_heads(tiny, [-1])),
                                                   True)),
-        ("ablate_heads([]) ablates nothing (documented)", lambda: equals(lambda: lp.ablate_heads([]).resolve(tiny), [])),
+        ("ablate_heads([])", lambda: refuses(lambda: lp.ablate_heads([]))),
+        ("ablate_heads('')", lambda: refuses(lambda: lp.ablate_heads(""))),
+        ("ablate_kv_group([])", lambda: refuses(lambda: lp.ablate_kv_group([]))),
+        ("EvalConfig(grade_timeout=0)", lambda: refuses(lambda: lp.EvalConfig(grade_timeout=0))),
+        ("EvalConfig(grade_timeout=2.5)", lambda: refuses(lambda: lp.EvalConfig(grade_timeout=2.5))),
+        ("grade_timeout at its default keeps the hash", lambda: equals(
+            lambda: lp.EvalConfig(grade_timeout=5).hashed() == lp.EvalConfig().hashed(), True)),
+    ]
+
+
+def _disk_full_report(work: Path) -> bool:
+    """The report's index.html meets a full disk: the error names it, no empty file is left."""
+    real = Path.write_text
+
+    def full(self, *args, **kwargs):
+        if self.suffix == ".html":
+            open(self, "w").close()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *args, **kwargs)
+
+    out = work / "report"
+    Path.write_text = full
+    try:
+        lp.viz.write_report(out, [lp.viz.Section("A", data={"n": 1})])
+    except lp.LensprobeError as err:
+        return str(out / "index.html") in str(err) and not [p for p in out.rglob("*") if p.stat().st_size == 0]
+    finally:
+        Path.write_text = real
+    return False
+
+
+def _folder_deleted(tiny, out: Path, probs) -> bool:
+    """The output folder is deleted after the first row: the run stops at the next one."""
+    made, real = [], running.make_row
+
+    def make_row(*args, **kwargs):
+        if len(made) == 1:
+            shutil.rmtree(out)
+        made.append(1)
+        return real(*args, **kwargs)
+
+    running.make_row = make_row
+    try:
+        lp.evaluate(tiny, probs, "w/o", out=out, max_new_tokens=2, batch_size=1, model_name="tiny", progress=False)
+    except lp.LensprobeError as err:
+        return len(made) == 2 and f"output folder {out} was deleted" in str(err)
+    finally:
+        running.make_row = real
+    return False
+
+
+def _stale_lock_taken_over(tiny, out: Path, probs) -> bool:
+    """A finished rank's lock left by a killed process: the resume takes it over, with one warning."""
+    lp.evaluate(tiny, probs, "w/o", out=out, max_new_tokens=2, model_name="tiny", progress=False)
+    lock = out / ".results-rank0.jsonl.lock"
+    lock.write_text(json.dumps({"pid": int(Path("/proc/sys/kernel/pid_max").read_text()) + 1,
+                                "host": socket.gethostname(), "since": "earlier"}))
+    seen = io.StringIO()
+    handler = logging.StreamHandler(seen)
+    logging.getLogger("lensprobe.core.locks").addHandler(handler)
+    try:
+        lp.evaluate(tiny, probs, "w/o", out=out, max_new_tokens=2, model_name="tiny", progress=False)
+    finally:
+        logging.getLogger("lensprobe.core.locks").removeHandler(handler)
+    return seen.getvalue().count("took over a stale lock") == 1 and not lock.exists()
+
+
+def _hub_offline(work: Path) -> str:
+    real = hub.hub_endpoint
+    hub.hub_endpoint = lambda: "http://127.0.0.1:9"
+    try:
+        return cli(f"eval --model tiny --data hub --limit 1 --out {work}/hub")
+    finally:
+        hub.hub_endpoint = real
+
+
+def fault_cases(tiny, work: Path) -> list[tuple[str, object]]:
+    probs = [Problem(id=f"q{i}", problem=f"What is {i}+{i}?", answer=str(2 * i)) for i in range(3)]
+    far = lp.Condition("far", interventions=(lp.ablate_heads("L0H1", positions=[10_000]),))
+    (work / "empty").mkdir()
+
+    def refused_leaves(out: Path, want: list) -> bool:
+        refuses(lambda: lp.evaluate(tiny, probs, [far], out=out, max_new_tokens=2, progress=False))
+        return (sorted(p.name for p in out.iterdir()) if out.exists() else None) == want
+
+    def timeout_recorded() -> int:
+        cli(f"eval --model tiny --problems arithmetic --limit 1 --conditions w/o --max-new-tokens 2 --grade-timeout 9 "
+            f"--no-progress --out {work}/gt", preload=False)
+        return json.loads((work / "gt" / "config.json").read_text())["run"]["generation"]["grade_timeout"]
+
+    return [
+        ("report on a full disk", lambda: equals(lambda: _disk_full_report(work), True)),
+        ("output folder deleted mid-run", lambda: equals(lambda: _folder_deleted(tiny, work / "gone", probs), True)),
+        ("stale lock of a finished rank", lambda: equals(lambda: _stale_lock_taken_over(tiny, work / "lock", probs),
+                                                         True)),
+        ("--data hub offline", lambda: _hub_offline(work)),
+        ("refused run, new folder", lambda: equals(lambda: refused_leaves(work / "new", None), True)),
+        ("refused run, empty folder", lambda: equals(lambda: refused_leaves(work / "empty", []), True)),
+        ("--grade-timeout 9 recorded", lambda: equals(timeout_recorded, 9)),
     ]
 
 
@@ -262,7 +366,8 @@ def _message(fn) -> bool:
 
 
 FAMILIES = {"result rows": rows_cases, "non-UTF-8 text": text_cases, "sizes and hangs": size_cases,
-            "CLI values before the model": preload_cases, "library values": library_cases}
+            "CLI values before the model": preload_cases, "library values": library_cases,
+            "files, folders and the hub": fault_cases}
 
 
 def main_() -> int:
