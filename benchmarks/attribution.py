@@ -79,6 +79,17 @@ def print_cost_model(t_exact: float | None = None, t_star: float | None = None) 
           f"-> AtP {qwen['exact'] / qwen['atp']:.0f}x, AtP* {qwen['exact'] / qwen['atp*']:.1f}x")
 
 
+def report(name: str, att, exact, labels) -> None:
+    a = agreement(att.estimates.mean(0), att.scores.mean(0), exact, 20)
+    print(f"\n{name}: Spearman(estimate, exact) {a['spearman']:.3f}, Spearman(score, |exact|) "
+          f"{a['spearman_abs']:.3f}, top-20 recall {a['recall']:.2f}")
+    if name == "AtP*":
+        plain = agreement(att.estimates.mean(0), att.estimates.mean(0).abs(), exact, 20)
+        print(f"  (AtP + QK fix alone, ranked by |estimate|: Spearman(|estimate|, |exact|) {plain['spearman_abs']:.3f}, "
+              f"top-20 recall {plain['recall']:.2f})")
+    print("  missed from the exact top 20: " + ("; ".join(misses(att, exact, labels)) or "none"), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--prompts", type=int, default=16)
@@ -100,30 +111,23 @@ def main() -> None:
     sweep, t_exact, m_exact = timed(lambda: lp.ablation_sweep(model, prompts, "entropy", batch_size=args.batch_size,
                                                                progress=False, rank=0, world_size=1))
     print(f"exact sweep: {t_exact:.1f} s", flush=True)
+    exact = sweep.changes.mean(0)  # heads in the sweep's order: resolve_heads("all") = layer-major, as att.units
+    assert [(lay, h[0]) for lay, h in atp.units] == sweep.heads
+    report("AtP", atp, exact, atp.labels)
     star, t_star, m_star = timed(lambda: lp.attribute_heads(model, prompts, "entropy", method="atp*",
                                                              batch_size=args.batch_size))
     print(f"AtP*: {t_star:.1f} s", flush=True)
-    exact = sweep.changes.mean(0)  # heads in the sweep's order: resolve_heads("all") = layer-major, as att.units
-    assert [(lay, h[0]) for lay, h in atp.units] == sweep.heads
     print(f"\nwall time: exact sweep {t_exact:.1f} s, AtP {t_atp:.1f} s, AtP* {t_star:.1f} s")
     print(f"speed-up over the exact sweep: AtP {t_exact / t_atp:.1f}x (target >= 15x), "
           f"AtP* {t_exact / t_star:.2f}x (target > 1x)")
     print(f"peak memory above the loaded model: exact {m_exact:.0f} MiB, AtP {m_atp:.0f} MiB, AtP* {m_star:.0f} MiB")
-    labels = atp.labels
-    for name, att in (("AtP", atp), ("AtP*", star)):
-        a = agreement(att.estimates.mean(0), att.scores.mean(0), exact, 20)
-        print(f"\n{name}: Spearman(estimate, exact) {a['spearman']:.3f}, Spearman(score, |exact|) "
-              f"{a['spearman_abs']:.3f}, top-20 recall {a['recall']:.2f}")
-        if name == "AtP*":
-            plain = agreement(att.estimates.mean(0), att.estimates.mean(0).abs(), exact, 20)
-            print(f"  (AtP + QK fix alone, ranked by |estimate|: Spearman {plain['spearman']:.3f}, "
-                  f"top-20 recall {plain['recall']:.2f})")
-        print("  missed from the exact top 20: " + ("; ".join(misses(att, exact, labels)) or "none"))
+    report("AtP*", star, exact, atp.labels)
     by_layer = (atp.estimates.mean(0) - exact).abs().reshape(int(model.cfg.n_layers), -1).mean(1)
     worst = torch.argsort(by_layer, descending=True)[:3].tolist()
     print("\nlayers where AtP's error is largest (mean |estimate - exact|): "
           + ", ".join(f"L{lay} {float(by_layer[lay]):.4f}" for lay in worst))
     print_cost_model(t_exact, t_star)
+
 
 if __name__ == "__main__":
     main()
