@@ -24,8 +24,10 @@ def prompts(tiny):
 
 
 def single(model, prompt, metric, heads, answer=None, **kw):
+    """The measure with ``heads`` ablated alone; no heads: the clean run (no intervention)."""
     measure = resolve_measure(metric, answer=answer)
-    return float(measure_once(model, measure, prompt, ablate_heads(heads, prompt=prompt, **kw))[0])
+    ablation = (ablate_heads(heads, prompt=prompt, **kw),) if heads else ()
+    return float(measure_once(model, measure, prompt, *ablation)[0])
 
 
 def test_every_sweep_cell_equals_a_single_ablation(tiny, prompts):
