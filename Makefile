@@ -80,4 +80,4 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/docs
 
 clean:
-	rm -rf $(VENV) $(TL3_VENV) $(REPORT) .pytest_cache
+	rm -rf $(VENV) $(TL3_VENV) $(REPORT) .pytest_cache .mypy_cache
