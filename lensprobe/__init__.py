@@ -59,6 +59,7 @@ from lensprobe.evals import (
 from lensprobe.generation import (
     FinishedRow,
     GenerationConfig,
+    StepContext,
     current_step,
     generate,
     schedule,
@@ -158,6 +159,7 @@ __all__ = [
     "FinishedRow",
     "load_trace",
     "trace_summary",
+    "StepContext",
     "current_step",
     "schedule",
     "LatentFusion",
