@@ -15,7 +15,6 @@ and ``unique_id`` or ``id`` (the problem's id in result files; otherwise ``"line
 :func:`load_math500`, ``"<file stem>-<row index>"`` in :func:`load_problems`).
 """
 
-import json
 import logging
 import math
 import os
@@ -28,6 +27,7 @@ from typing import Literal
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import heavy
 from lensprobe.evals.hub import load_hub_dataset
+from lensprobe.evals.problem_files import check_problem_file, format_of, jsonl_rows, read_rows
 
 HUB_DATASET = "HuggingFaceH4/MATH-500"
 
@@ -108,8 +108,6 @@ ANSWER_FIELDS = ("answer", "Answer", "final_answer", "expected_answer")
 at ``"answer"`` and the file has no ``answer`` field."""
 
 FileFormat = Literal["jsonl", "parquet"]
-_FORMATS = ("jsonl", "parquet")
-_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 
 logger = logging.getLogger(__name__)
 
@@ -166,90 +164,6 @@ def _problem_from_row(row, where: str, line_no: int, fields: _Fields = _MATH500_
     )
 
 
-def _jsonl_rows(path: Path) -> list[tuple[int, object]]:
-    """``(line number, parsed value)`` for every non-blank line of a JSONL file."""
-    rows: list[tuple[int, object]] = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((line_no, json.loads(line)))
-            except json.JSONDecodeError as err:
-                raise LensprobeError(
-                    f"{path} line {line_no} is not valid JSON ({err.msg} at column {err.colno}): "
-                    "fix or remove that line; the file must hold one JSON object per line."
-                ) from None
-    return rows
-
-
-def _json_array_rows(path: Path) -> list[tuple[int, object]]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise LensprobeError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}): fix the file, "
-                             "or write one JSON object per line (JSONL).") from None
-    if not isinstance(data, list):
-        raise LensprobeError(f"{path} holds a JSON {type(data).__name__}, not a list of rows: write one "
-                             "JSON object per line (JSONL), or a JSON list of objects.")
-    return list(enumerate(data))
-
-
-def _parquet_rows(path: Path) -> list[tuple[int, object]]:
-    try:
-        pq = heavy("pyarrow.parquet")
-    except ImportError:
-        pq = None
-    if pq is not None:
-        try:
-            table = pq.read_table(path)
-        except Exception as err:  # pyarrow's own errors: not Parquet, damaged file
-            raise LensprobeError(f"{path} could not be read as Parquet ({type(err).__name__}: {err}): "
-                                 "check the file, or pass file_format='jsonl' if it is JSONL.") from err
-        return list(enumerate(table.to_pylist()))
-    try:
-        frame = heavy("pandas").read_parquet(path)
-    except ImportError as err:
-        raise LensprobeError("reading Parquet needs the 'pyarrow' package (pip install pyarrow); "
-                             "or convert the file to JSONL.") from err
-    return list(enumerate(frame.to_dict(orient="records")))
-
-
-def _file_format(path: Path, file_format: str | None) -> str:
-    if file_format is not None:
-        if file_format not in _FORMATS:
-            raise LensprobeError(f"file_format must be one of {_FORMATS} or None, got {file_format!r}.")
-        return file_format
-    found = _SUFFIXES.get(path.suffix.lower())
-    if found is None:
-        raise LensprobeError(f"cannot tell the format of {path} from its suffix {path.suffix!r}: name it .jsonl "
-                             "or .parquet, or pass file_format='jsonl' or file_format='parquet'.")
-    return found
-
-
-def _check_problem_file(path: Path) -> None:
-    """A problem file must be a regular file (a folder or ``/dev/null`` is named as what it is)."""
-    if path.is_dir():
-        raise LensprobeError(f"problem file {path} is a folder: pass a .jsonl, .json or .parquet file.")
-    if path.exists() and not path.is_file():
-        raise LensprobeError(f"problem file {path} is not a regular file (a device or a pipe): pass a .jsonl file.")
-    if not path.exists():
-        raise LensprobeError(f"problem file not found: {path}. Check the path.")
-
-
-def _read_rows(path: Path, file_format: str) -> tuple[list[tuple[int, object]], str]:
-    """The file's rows as ``(line number or row index, row)``, and the unit that number counts."""
-    _check_problem_file(path)
-    if file_format == "parquet":
-        return _parquet_rows(path), "row"
-    if path.suffix.lower() == ".json":
-        with path.open(encoding="utf-8") as f:
-            head = f.read(4096).lstrip()
-        if head.startswith("["):
-            return _json_array_rows(path), "row"
-    return _jsonl_rows(path), "line"
-
-
 def read_jsonl_problems(path: str | os.PathLike) -> list[Problem]:
     """Read every problem of a JSONL file (blank lines are skipped).
 
@@ -264,8 +178,8 @@ def read_jsonl_problems(path: str | os.PathLike) -> list[Problem]:
         'test/precalculus/807.json'
     """
     path = Path(path).expanduser()
-    _check_problem_file(path)
-    problems = [_problem_from_row(row, str(path), line_no) for line_no, row in _jsonl_rows(path)]
+    check_problem_file(path)
+    problems = [_problem_from_row(row, str(path), line_no) for line_no, row in jsonl_rows(path)]
     if not problems:
         raise LensprobeError(f"{path} holds no problems: expected one JSON object per line.")
     _check_unique_ids(problems, str(path))
@@ -468,8 +382,8 @@ def load_problems(path: str | os.PathLike, *, problem_field: str = "problem", an
         >>> gsm = lp.load_problems("gsm8k/test.parquet", problem_field="question", limit=100)
     """
     path = Path(path).expanduser()
-    fmt = _file_format(path, file_format)
-    read, unit = _read_rows(path, fmt)
+    fmt = format_of(path, file_format)
+    read, unit = read_rows(path, fmt)
     rows: list[tuple[int, dict]] = []
     for n, row in read:
         if not isinstance(row, dict):
