@@ -55,8 +55,8 @@ from lensprobe.core.prompts import (
     Prompt,
     Template,
     build_prompt,
-    random_sentence_text,
 )
+from lensprobe.core.randomtext import random_sentence_text
 
 QUESTION_PLACEHOLDER = "{question}"
 PromptFormat = Literal["chat", "paper"]

@@ -1,0 +1,75 @@
+"""Filler text for prompts: the paper's meaningless (``/`` x 55) and meaningful (``he`` x 55) fillers,
+a random sentence of a given token count, or any text (:func:`lensprobe.build_prompt` places it).
+
+Example:
+    >>> Filler.meaningless(count=3).content
+    '/ / /'
+"""
+
+from dataclasses import dataclass
+
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.randomtext import random_sentence_text
+from lensprobe.core.text import check_text
+
+__all__ = ["Filler"]
+
+
+@dataclass(frozen=True)
+class Filler:
+    """Filler text inserted into a prompt (the paper's Mless, Mful, random sentence, or custom).
+
+    Build one with the class methods; ``build_prompt`` places it.
+
+    Example:
+        >>> Filler.meaningless(count=3).content
+        '/ / /'
+    """
+
+    kind: str
+    content: str = ""
+    n_tokens: int = 0
+    seed: int = 0
+
+    @classmethod
+    def meaningless(cls, symbol: str = "/", count: int = 55, sep: str = " ") -> "Filler":
+        """The paper's "Mless" filler: ``symbol`` repeated ``count`` times, joined by ``sep``."""
+        return cls("meaningless", _repeat(symbol, count, sep))
+
+    @classmethod
+    def meaningful(cls, word: str = "he", count: int = 55, sep: str = " ") -> "Filler":
+        """The paper's "Mful" filler: a real word repeated ``count`` times."""
+        return cls("meaningful", _repeat(word, count, sep))
+
+    @classmethod
+    def text(cls, s: str) -> "Filler":
+        """Any text as filler, e.g. a sentence of your own."""
+        check_text(s, "filler text")
+        return cls("text", s)
+
+    @classmethod
+    def random_sentence(cls, n_tokens: int, seed: int = 0) -> "Filler":
+        """Real words in random order with exactly ``n_tokens`` tokens (the paper's control).
+
+        The words are drawn when the prompt is built, since the count depends on the
+        tokenizer. To match another filler, pass its token count, e.g.
+        ``len(prompt.positions("filler"))``.
+        """
+        if not isinstance(n_tokens, int) or n_tokens <= 0:
+            raise LensprobeError(f"random_sentence needs n_tokens > 0, got {n_tokens!r}.")
+        return cls("random_sentence", n_tokens=n_tokens, seed=seed)
+
+    def resolve(self, tokenizer) -> str:
+        """The filler's text for this tokenizer (draws the random sentence)."""
+        if self.kind != "random_sentence":
+            return self.content
+        return random_sentence_text(tokenizer, self.n_tokens, self.seed)
+
+
+def _repeat(item: str, count: int, sep: str) -> str:
+    """``item`` repeated ``count`` times, joined by ``sep`` (both checked)."""
+    if not isinstance(count, int) or count <= 0:
+        raise LensprobeError(f"filler count must be a positive integer, got {count!r}.")
+    if not item:
+        raise LensprobeError("filler symbol/word is empty: pass a non-empty string.")
+    return sep.join([item] * count)
