@@ -90,7 +90,7 @@ def test_other_bad_data(tmp_path, math500_path):
 def test_hub_offline_says_pass_a_path(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     # The test suite runs with HF_HUB_OFFLINE=1 (the hub is unreachable here).
-    with pytest.raises(lp.LensprobeError, match=r"(?s)HuggingFaceH4/MATH-500.*Pass a local copy"):
+    with pytest.raises(lp.LensprobeError, match=r"(?s)HuggingFaceH4/MATH-500.*pass the local file: --data math500.jsonl"):
         lp.load_math500("hub")
 
 
