@@ -6,12 +6,12 @@ processes a launcher starts (``torchrun``, ``accelerate launch``, ``srun``, ``mp
 
 - :func:`shard_info` reads this process's ``(rank, world_size)`` from the environment;
 - :func:`my_units` gives rank ``r`` every ``world_size``-th unit, starting at unit ``r``;
-- :class:`ShardStore` keeps a run's results in a folder every process can read: ``shards.json``
-  (what the run computes, and its hash) and one ``shard-rank{R}.json`` per process, rewritten
-  atomically (temporary file, fsync, rename) after every finished unit, so a crash loses at
-  most the unit being computed;
-- :func:`run_sharded` ties them together: it computes this rank's units that are not on disk
-  yet, and on rank 0 waits for the other ranks' files and returns every unit's result.
+- :func:`run_sharded` computes this rank's units that are not on disk yet, keeping each result
+  in the results store (:class:`~lensprobe.core.store.ShardStore`: ``shards.json`` with what the
+  run computes and its hash, one ``shard-rank{R}.json`` per process, rewritten atomically after
+  every finished unit, so a crash loses at most the unit being computed), and on rank 0 waits
+  for the other ranks' files (:func:`~lensprobe.core.store.wait_for_units`) and returns every
+  unit's result.
 
 Processes meet only through files, so no ``torch.distributed`` process group is needed, and
 the folder must be on a filesystem all processes share. Each unit is computed by the same
@@ -27,36 +27,34 @@ Example:
     {'a': 1, 'b': 1}
 """
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import os
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 from tqdm.auto import tqdm
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.jsonable import digest, json_digest, stable_repr
-from lensprobe.core.locks import FileLock
+from lensprobe.core.jsonable import digest, stable_repr
 from lensprobe.core.models import model_label
 from lensprobe.core.prompts import Prompt, prompt_json
 
-__all__ = ["POLL_SECONDS", "SETTINGS_FILE", "STALL_TIMEOUT", "ShardStore", "atomic_file", "atomic_write_json",
-           "bind_local_gpu", "check_shard", "content_digest", "model_fingerprint", "my_units", "run_sharded",
+# The results store, re-exported from its old home (lensprobe.core.shards.ShardStore ...).
+from lensprobe.core.store import POLL_SECONDS as POLL_SECONDS
+from lensprobe.core.store import SETTINGS_FILE as SETTINGS_FILE
+from lensprobe.core.store import STALL_TIMEOUT as STALL_TIMEOUT
+from lensprobe.core.store import ShardStore as ShardStore
+from lensprobe.core.store import atomic_file as atomic_file
+from lensprobe.core.store import atomic_write_json as atomic_write_json
+
+__all__ = ["bind_local_gpu", "check_shard", "content_digest", "model_fingerprint", "my_units", "run_sharded",
            "shard_info"]
 
 T = TypeVar("T")
 
-SETTINGS_FILE = "shards.json"
-STALL_TIMEOUT = 3600.0
-"""Seconds rank 0 waits without any rank finishing a unit before it gives up with an error."""
-POLL_SECONDS = 0.5
-_RANK_FILE = "shard-rank{}.json"
 _ENV_PAIRS = (("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"))
 
 
@@ -217,146 +215,6 @@ def _chunks(value: Any) -> Iterator[str | bytes]:
         yield stable_repr(value) + ";"
 
 
-@contextlib.contextmanager
-def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path`` (same suffix) to write; on success it is fsynced and
-    renamed to ``path`` in one step, so readers see the old file or the whole new one, never a part.
-
-    Example:
-        >>> with atomic_file("out/trace.parquet") as tmp:
-        ...     trace.save(tmp)
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        yield tmp
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
-    """Write ``data`` as JSON with :func:`atomic_file` (floats written exactly: they read back bit for bit)."""
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    return Path(path)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise LensprobeError(f"{path} is not valid JSON ({err.msg}): it was edited or damaged; delete it "
-                             "to compute its units again.") from None
-
-
-class ShardStore:
-    """One sharded run's folder: its settings, and every finished unit of every rank.
-
-    Args:
-        out: the folder (created if missing); every process of the run passes the same one.
-        kind: what the run computes (``"ablation sweep"``, ``"patch"``, ``"trace set"``, ...).
-        settings: JSON-able description of everything that changes the results; a folder
-            holding another kind or other settings is refused.
-        rank: this process's rank; it alone writes ``shard-rank{rank}.json`` (locked while open).
-
-    Raises:
-        LensprobeError: the folder holds another run, or another process holds this rank.
-
-    Example:
-        >>> with ShardStore("runs/x", "demo", {"v": 1}, rank=0) as store:
-        ...     _ = store.record("a", 1.5)
-        ...     store.done()
-        {'a': 1.5}
-    """
-
-    def __init__(self, out: str | os.PathLike, kind: str, settings: Mapping[str, Any], *, rank: int = 0) -> None:
-        self.out = Path(out).expanduser()
-        self.rank = rank
-        self.out.mkdir(parents=True, exist_ok=True)
-        self._check_settings(kind, json.loads(json.dumps(dict(settings))))
-        self._lock = self._take_lock()
-        own = self.out / _RANK_FILE.format(rank)
-        self._mine: dict[str, Any] = _read_json(own).get("units", {}) if own.is_file() else {}
-
-    def _check_settings(self, kind: str, settings: dict) -> None:
-        path = self.out / SETTINGS_FILE
-        run_hash = json_digest([kind, settings])
-        if path.is_file():
-            old = _read_json(path)
-            if old.get("hash") == run_hash:
-                return
-            if old.get("kind") != kind:
-                why = f"a {old.get('kind')!r} run, this is a {kind!r} run"
-            else:
-                prev = old.get("settings", {})
-                keys = sorted(k for k in set(prev) | set(settings) if prev.get(k) != settings.get(k))
-                why = "other settings: " + ", ".join(keys or ["(details differ)"]) + " differ"
-            raise LensprobeError(f"{self.out} holds results of {why}. Use a new output folder, or delete this "
-                                 "one to start over.")
-        atomic_write_json(path, {"kind": kind, "hash": run_hash, "settings": settings})
-
-    def _take_lock(self) -> FileLock:
-        return FileLock(self.out / f".shard-rank{self.rank}.lock",
-                        busy=f"rank {self.rank} of {self.out} is being run by another process ({{holder}}): wait for "
-                             "it, or give each process its own rank (start them with a launcher such as torchrun)."
-                        ).acquire()
-
-    def done(self) -> dict[str, Any]:
-        """Every finished unit in the folder (all ranks' files) -> its result."""
-        units: dict[str, Any] = {}
-        for path in sorted(self.out.glob(_RANK_FILE.format("*"))):
-            units.update(_read_json(path).get("units", {}))
-        units.update(self._mine)
-        return units
-
-    def record(self, unit: str, result: Any) -> Any:
-        """Save one finished unit's JSON-able result in this rank's file; returns it as read back."""
-        self._mine[unit] = json.loads(json.dumps(result))
-        atomic_write_json(self.out / _RANK_FILE.format(self.rank), {"rank": self.rank, "units": self._mine})
-        return self._mine[unit]
-
-    def wait(self, units: Sequence[str], world_size: int, *, stall_timeout: float | None = None,
-             poll: float = POLL_SECONDS) -> dict[str, Any]:
-        """Wait until every unit is in the folder; returns unit -> result for ``units``.
-
-        Raises:
-            LensprobeError: no rank finished a unit for ``stall_timeout`` seconds (default
-                :data:`STALL_TIMEOUT`); the message names the ranks still missing.
-        """
-        stall_timeout = STALL_TIMEOUT if stall_timeout is None else stall_timeout
-        last_count, last_change = -1, time.monotonic()
-        while True:
-            have = self.done()
-            missing = [i for i, u in enumerate(units) if u not in have]
-            if not missing:
-                return {u: have[u] for u in units}
-            if len(have) != last_count:
-                last_count, last_change = len(have), time.monotonic()
-            elif time.monotonic() - last_change > stall_timeout:
-                ranks = sorted({i % world_size for i in missing})
-                names = ", ".join(f"rank {r}" for r in ranks)
-                raise LensprobeError(
-                    f"gave up waiting in {self.out}: {names} of {world_size} did not finish {len(missing)} "
-                    f"unit(s) (e.g. {units[missing[0]]!r}) and nothing finished for {stall_timeout:g} s. Check "
-                    "that process's output, then rerun the same command: it resumes where the ranks stopped."
-                )
-            time.sleep(poll)
-
-    def close(self) -> None:
-        """Release this rank's lock."""
-        self._lock.release()
-
-    def __enter__(self) -> "ShardStore":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
 def run_sharded(units: Sequence[str], compute: Callable[[str], Any], *, out: str | os.PathLike | None,
                 kind: str, settings: Mapping[str, Any], rank: int | None = None, world_size: int | None = None,
                 progress: bool | str = False, stall_timeout: float | None = None) -> dict[str, Any]:
@@ -365,13 +223,13 @@ def run_sharded(units: Sequence[str], compute: Callable[[str], Any], *, out: str
     Args:
         units: unit names (unique strings), in a fixed order every process agrees on.
         compute: ``unit -> JSON-able result``; called only for this rank's units not on disk.
-        out: the folder where the processes' results meet (see :class:`ShardStore`);
+        out: the folder where the processes' results meet (see :class:`~lensprobe.core.store.ShardStore`);
             ``None`` computes every unit in memory (no sharding, no resuming).
         kind, settings: what the run computes, for refusing a folder of another run.
         rank, world_size: this process's shard; default from the environment (:func:`shard_info`).
         progress: a progress bar over the units this process computes (a string: its label).
         stall_timeout: how long rank 0 waits without news from the other ranks (default
-            :data:`STALL_TIMEOUT` seconds).
+            :data:`~lensprobe.core.store.STALL_TIMEOUT` seconds).
 
     Returns:
         unit -> result, in the order of ``units``: every unit on rank 0 (after waiting for the
@@ -380,7 +238,8 @@ def run_sharded(units: Sequence[str], compute: Callable[[str], Any], *, out: str
 
     Raises:
         LensprobeError: a bad shard, a sharded run without ``out``, a folder of another run,
-            units named twice, or (rank 0) other ranks that stall (see :meth:`ShardStore.wait`).
+            units named twice, or (rank 0) other ranks that stall (see
+            :func:`~lensprobe.core.store.wait_for_units`).
 
     Example:
         >>> run_sharded(["p0", "p1"], lambda u: {"n": len(u)}, out="runs/x", kind="demo", settings={})

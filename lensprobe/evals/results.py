@@ -11,20 +11,33 @@ crash loses at most the rows of the batch being generated. A row cut short by a 
 rows are appended. A rerun with the same folder skips finished rows. A folder whose
 ``config.json`` holds another configuration (model, generation settings, or a condition of
 the same name with a different prompt or interventions) is refused.
+
+The folder is kept by the results store, as sweeps, patching and trace sets are:
+``config.json`` is replaced atomically (:func:`~lensprobe.core.store.atomic_write_json`), rows
+are appended by a :class:`~lensprobe.core.rowfiles.RowWriter` (one locked file per process),
+the settings are compared with :func:`~lensprobe.core.store.settings_diff`, and rank 0 of a
+sharded run waits for the other ranks with :func:`wait_for_rows`
+(:func:`~lensprobe.core.store.wait_for_units`).
 """
 
-import contextlib
-import errno
-import json
 import os
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
-from lensprobe.core.locks import FileLock
+from lensprobe.core.rowfiles import RowWriter as RowWriter  # its old home: lensprobe.evals.results.RowWriter
+from lensprobe.core.rowfiles import read_row_files
+from lensprobe.core.store import (
+    atomic_write_json,
+    diff_lines,
+    open_folder,
+    other_run_error,
+    read_json,
+    settings_diff,
+    wait_for_units,
+)
 from lensprobe.evals.rows_check import check_row, warn_disagreeing_rows
 from lensprobe.evals.verdicts import PAPER_EXACT, default_grader, mark_default_grader
 
@@ -33,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CONFIG_FILE", "ROW_KEY", "DuplicateRowsWarning", "RowWriter", "load_many_results", "load_results",
            "prepare_folder", "read_config", "read_rows", "results_file", "rows_frame", "settled_rows",
-           "with_verdict_column"]
+           "wait_for_rows", "with_verdict_column"]
 
 CONFIG_FILE = "config.json"
 RESULTS_GLOB = "results-rank*.jsonl"
@@ -44,33 +57,12 @@ def results_file(out_dir: Path, rank: int) -> Path:
     return Path(out_dir) / f"results-rank{rank}.jsonl"
 
 
-def _diff(old: dict, new: dict, prefix: str = "") -> list[str]:
-    out = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key, "<missing>"), new.get(key, "<missing>")
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _diff(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out.append(f"{prefix}{key}: folder has {a!r}, this run has {b!r}")
-    return out
-
-
-def _atomic_write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    # Keys keep their order: the conditions are listed in the order they were first run.
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def read_config(out_dir: str | os.PathLike) -> dict:
     """The ``config.json`` of a result folder."""
     path = Path(out_dir) / CONFIG_FILE
     if not path.is_file():
         raise LensprobeError(f"{out_dir} holds no {CONFIG_FILE}: is it an evaluation output folder?")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise LensprobeError(f"{path} is not valid JSON ({err.msg}); restore or delete it.") from None
+    return read_json(path, fix="restore or delete it")
 
 
 def prepare_folder(out_dir: str | os.PathLike, run: dict, run_hash: str, conditions: dict[str, dict],
@@ -88,72 +80,59 @@ def prepare_folder(out_dir: str | os.PathLike, run: dict, run_hash: str, conditi
         LensprobeError: the folder holds another configuration, or results when
             ``resume=False``.
     """
-    out = Path(out_dir).expanduser()
-    if out.exists() and not out.is_dir():
-        raise LensprobeError(f"output folder {out} is a file: give a folder path (it is created if missing).")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise LensprobeError(f"cannot create the output folder {out} ({err.strerror}): choose a folder you can "
-                             "write to.") from None
+    out = open_folder(out_dir)
     path = out / CONFIG_FILE
     merged = dict(conditions)
     if path.is_file():
         old = read_config(out)
         if old.get("config_hash") != run_hash:
-            lines = _diff(old.get("run", {}), run)
-            raise LensprobeError(
-                f"{out} holds results of another configuration (hash {old.get('config_hash')}, this "
-                f"run {run_hash}):\n  " + "\n  ".join(lines or ["(details differ)"])
-                + "\nUse a new output folder, or delete this one to start over."
-            )
+            raise other_run_error(f"{out} holds results of another configuration (hash {old.get('config_hash')}, "
+                                  f"this run {run_hash})", diff_lines(settings_diff(old.get("run", {}), run)) or ["(details differ)"])
         for name, desc in conditions.items():
             prev = old.get("conditions", {}).get(name)
             if prev is not None and prev.get("hash") != desc.get("hash"):
-                lines = _diff(prev, desc)
-                raise LensprobeError(
-                    f"{out} already holds condition {name!r} with a different definition:\n  "
-                    + "\n  ".join(lines) + "\nRename the condition, use a new output folder, or "
-                    "delete this one."
-                )
+                raise other_run_error(f"{out} already holds condition {name!r} with a different definition",
+                                      diff_lines(settings_diff(prev, desc)),
+                                      fix="Rename the condition, use a new output folder, or delete this one.")
         if not resume and any(out.glob(RESULTS_GLOB)):
             raise LensprobeError(f"{out} already holds results and resume is off: pick a new folder.")
         merged = {**old.get("conditions", {}), **conditions}
         if merged == old.get("conditions"):
             return out
-    _atomic_write_json(path, {"config_hash": run_hash, "run": run, "conditions": merged})
+    # Keys keep their order: the conditions are listed in the order they were first run.
+    atomic_write_json(path, {"config_hash": run_hash, "run": run, "conditions": merged}, indent=2)
     return out
 
 
-def _iter_rows(path: Path) -> Iterator[tuple[int, dict]]:
-    """``(line number, checked row)`` for every complete line (:func:`~lensprobe.evals.rows_check.check_row`)."""
-    data = path.read_bytes()
-    if not data:
-        return
-    lines = data.split(b"\n")
-    # The last piece is b"" when the file ends with a newline, else a row cut off by a crash.
-    for line_no, line in enumerate(lines[:-1], start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            why = err.msg if isinstance(err, json.JSONDecodeError) else "bytes that are not UTF-8"
-            raise LensprobeError(
-                f"{path} line {line_no} is not valid JSON ({why}); the file was edited or damaged: "
-                "delete that line to rerun the row."
-            ) from None
-        yield line_no, check_row(row, path, line_no)
-
-
 def read_rows(out_dir: str | os.PathLike) -> list[dict]:
-    """Every complete row of every results file in the folder (rank files merged), each checked
-    (:mod:`lensprobe.evals.rows_check`: a bad row is refused with its file and line, a ``NaN``
-    verdict makes an error row, rows written twice with different verdicts are warned about)."""
-    out = Path(out_dir)
-    located = [(path, line_no, row) for path in sorted(out.glob(RESULTS_GLOB)) for line_no, row in _iter_rows(path)]
+    """Every complete row of every results file in the folder (rank files merged,
+    :func:`~lensprobe.core.rowfiles.read_row_files`), each checked (:mod:`lensprobe.evals.rows_check`:
+    a bad row is refused with its file and line, a ``NaN`` verdict makes an error row, rows written
+    twice with different verdicts are warned about)."""
+    located = [(path, line_no, check_row(row, path, line_no))
+               for path, line_no, row in read_row_files(Path(out_dir), RESULTS_GLOB)]
     warn_disagreeing_rows(located)
     return [row for _, _, row in located]
+
+
+def wait_for_rows(out_dir: str | os.PathLike, expected: set[tuple], problem_ids: list[str], world_size: int) -> None:
+    """Wait (rank 0 of a sharded evaluation) until every ``expected`` row is in the folder.
+
+    Problem ``i`` of ``problem_ids`` is evaluated by rank ``i % world_size``; the wait is the
+    results store's (:func:`~lensprobe.core.store.wait_for_units`), a problem being finished
+    when all its expected rows are there.
+
+    Raises:
+        LensprobeError: no row reached the folder for :data:`~lensprobe.core.store.STALL_TIMEOUT`
+            seconds; names the ranks and problems missing. The rows written so far stay: rerun
+            the same command to finish the others.
+    """
+    def look() -> tuple[int, set[str]]:
+        rows = read_rows(out_dir)
+        unfinished = {key[1] for key in expected - {tuple(r[k] for k in ROW_KEY) for r in rows}}
+        return len(rows), set(problem_ids) - unfinished
+
+    wait_for_units(out_dir, problem_ids, world_size, look, what="problem")
 
 
 def settled_rows(rows: list[dict]) -> list[dict]:
@@ -223,157 +202,6 @@ def load_results(out_dir: str | os.PathLike):
     df = df.assign(_c=df["condition"].map(order).fillna(len(order)))
     df = df.sort_values(["_c", "problem_id", "sample"], kind="stable").drop(columns="_c").reset_index(drop=True)
     return mark_default_grader(df, default_grader(cfg))
-
-
-class RowWriter:
-    """Appends rows to one results file: one ``os.write`` per row, ``fsync`` on :meth:`sync`.
-
-    Holds a :class:`~lensprobe.core.locks.FileLock` beside the file (``.results-rank{R}.jsonl.lock``),
-    so two processes never write the same file (run sharded processes with distinct ranks); a
-    lock left by a killed process is taken over with a warning. A failed write or ``fsync``
-    (a full disk, a lost network mount) raises at once, saying how many rows are safely on
-    disk; a row cut short by a failed write is removed.
-
-    Attributes:
-        written: rows written by this writer (handed to the operating system).
-        synced: rows of this writer known to be on disk (fsynced).
-    """
-
-    @staticmethod
-    def lock_file(path: Path) -> Path:
-        """The lock file beside the results file ``path``."""
-        return Path(path).with_name(f".{Path(path).name}.lock")
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._lock = FileLock(
-            self.lock_file(self.path),
-            busy=f"{self.path} is being written by another process ({{holder}}): wait for it, or give this run "
-                 "another output folder (sharded runs need distinct ranks).")
-        self._lock.acquire()
-        try:
-            self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        except OSError as err:
-            self._lock.release()
-            raise LensprobeError(f"cannot open {self.path} for writing ({err.strerror}): choose an output folder "
-                                 "you can write to.") from None
-        self.written = self.synced = 0
-        self._failed = False
-        try:
-            self._size = self._drop_partial_tail()
-        except BaseException:
-            self._close_fd()
-            raise
-
-    def _drop_partial_tail(self) -> int:
-        size = os.fstat(self._open_fd).st_size
-        if size == 0:
-            return size
-        os.lseek(self._open_fd, size - 1, os.SEEK_SET)  # appends still go to the end (O_APPEND)
-        if os.read(self._open_fd, 1) == b"\n":
-            return size
-        os.lseek(self._open_fd, 0, os.SEEK_SET)
-        data = b""
-        while len(data) < size:
-            chunk = os.read(self._open_fd, size - len(data))
-            if not chunk:
-                break
-            data += chunk
-        keep = data.rfind(b"\n") + 1
-        os.ftruncate(self._open_fd, keep)
-        os.fsync(self._open_fd)
-        return keep
-
-    def _fail(self, err: OSError, doing: str) -> LensprobeError:
-        self._failed = True
-        with contextlib.suppress(OSError):  # remove a row cut short, so the file ends with a whole row
-            if os.fstat(self._open_fd).st_size > self._size:
-                os.ftruncate(self._open_fd, self._size)
-        if doing == "writing to":  # the rows before the failed one may still reach the disk
-            with contextlib.suppress(OSError):
-                os.fsync(self._open_fd)
-                self.synced = self.written
-        return LensprobeError(
-            f"{doing} {self.path} failed ({err.strerror or err}): {self.synced} row(s) of this run are safely on "
-            "disk. Free disk space (or fix the storage), then rerun the same command: it resumes after them."
-        )
-
-    def write(self, row: dict[str, Any]) -> None:
-        """Append one row (on disk after the next :meth:`sync`).
-
-        Raises:
-            LensprobeError: the operating system refused the write (e.g. the disk is full).
-        """
-        if self._failed:
-            raise LensprobeError(f"{self.path} had a write error earlier: rerun the command to resume.")
-        self._check_still_there()
-        data = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
-        view = memoryview(data)
-        try:
-            while view:
-                n = os.write(self._open_fd, view)
-                if n <= 0:
-                    raise OSError(errno.EIO, "the operating system wrote nothing")
-                view = view[n:]
-        except OSError as err:
-            raise self._fail(err, "writing to") from err
-        self._size += len(data)
-        self.written += 1
-
-    def _check_still_there(self) -> None:
-        """Refuse to append to a file whose folder (or the file itself) was deleted: the rows would be lost."""
-        try:
-            here, ours = os.stat(self.path), os.fstat(self._open_fd)
-            gone = (here.st_dev, here.st_ino) != (ours.st_dev, ours.st_ino)
-        except OSError:
-            gone = True
-        if gone:
-            self._failed = True
-            what = (f"the output folder {self.path.parent}" if not self.path.parent.is_dir()
-                    else f"the results file {self.path}")
-            raise LensprobeError(f"{what} was deleted during the run: the {self.written} row(s) written so far are "
-                                 "lost with it. Rerun the command to start again (keep the folder until it ends).")
-
-    def sync(self) -> None:
-        """Make every written row durable (``fsync``).
-
-        Raises:
-            LensprobeError: ``fsync`` failed: the rows since the last sync may not be on disk.
-        """
-        if self._failed:
-            return
-        try:
-            os.fsync(self._open_fd)
-        except OSError as err:
-            raise self._fail(err, "saving (fsync)") from err
-        self.synced = self.written
-
-    @property
-    def _open_fd(self) -> int:
-        if self._fd is None:
-            raise LensprobeError(f"{self.path} is closed: open a new RowWriter to write to it.")
-        return self._fd
-
-    def _close_fd(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
-        self._lock.release()
-
-    def close(self) -> None:
-        """Sync (unless a write failed), close the file and release the lock."""
-        if self._fd is None:
-            return
-        try:
-            self.sync()
-        finally:
-            self._close_fd()
-
-    def __enter__(self) -> "RowWriter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def _distinct_folders(folders) -> list[Path]:

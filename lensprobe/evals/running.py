@@ -25,12 +25,13 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks import batch_dependent, check_positions, resolve_hooks
 from lensprobe.core.jsonable import json_digest
 from lensprobe.core.lazy import pandas
+from lensprobe.core.rowfiles import RowWriter
 from lensprobe.evals.config import EvalConfig
 from lensprobe.evals.data import Problem
 from lensprobe.evals.grading import GRADERS, extract_answer, grade_all, grade_paper_exact
 from lensprobe.evals.mathverify import GRADE_TIMEOUT
 from lensprobe.evals.protocols import grades_prompt
-from lensprobe.evals.results import RowWriter, read_rows, results_file, rows_frame
+from lensprobe.evals.results import read_rows, results_file, rows_frame
 from lensprobe.evals.verdicts import PAPER_EXACT
 from lensprobe.generation.loop import generate
 from lensprobe.generation.rows import FinishedRow

@@ -26,7 +26,8 @@ from typing import Any
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.forward import as_prompts
 from lensprobe.core.jsonable import describe_setting, stable_repr
-from lensprobe.core.shards import atomic_file, content_digest, model_fingerprint, run_sharded
+from lensprobe.core.shards import content_digest, model_fingerprint, run_sharded
+from lensprobe.core.store import atomic_file
 from lensprobe.generation.config import GenerationConfig, generation_config
 from lensprobe.generation.loop import trace_generation
 from lensprobe.generation.schedule import Rule

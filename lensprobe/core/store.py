@@ -1,0 +1,308 @@
+"""The results store: how every run keeps its results in a folder that several processes share.
+
+Evaluations (:mod:`lensprobe.evals.results`), ablation sweeps, activation patching and trace
+sets (through :func:`lensprobe.core.shards.run_sharded`) keep their results here, in the same
+way:
+
+- **Atomic writes.** :func:`atomic_file` and :func:`atomic_write_json` replace a file in one
+  step (temporary file beside it, ``fsync``, rename): readers see the old file or the whole new
+  one. Rows are appended instead (:class:`~lensprobe.core.rowfiles.RowWriter`).
+- **Settings.** A folder records what its run computes and a hash of it; a run with other
+  settings is refused, naming the settings that differ (:func:`settings_diff`,
+  :func:`other_run_error`).
+- **Locks.** One process per results file (:class:`~lensprobe.core.locks.FileLock`); a lock left
+  by a killed process is taken over with a warning.
+- **Shard files.** Each process writes only its own file: ``shard-rank{R}.json`` (finished
+  units, :class:`ShardStore`) or ``results-rank{R}.jsonl`` (rows,
+  :mod:`lensprobe.core.rowfiles`). Reading merges every rank's file.
+- **Waiting.** Rank 0 of a sharded run waits for the other ranks with :func:`wait_for_units`.
+  When nothing new reaches the folder for :data:`STALL_TIMEOUT` seconds it raises a
+  :class:`~lensprobe.core.errors.LensprobeError` naming the ranks and the units still missing
+  and the fix: rerun the same command. Nothing is lost: every finished unit or row is on disk
+  already, and the rerun computes only the missing ones.
+
+Example:
+    >>> with ShardStore("runs/x", "demo", {"v": 1}, rank=0) as store:
+    ...     _ = store.record("a", 1.5)
+    ...     store.done()
+    {'a': 1.5}
+"""
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.jsonable import json_digest
+from lensprobe.core.locks import FileLock
+
+__all__ = ["NEW_FOLDER_FIX", "POLL_SECONDS", "SETTINGS_FILE", "STALL_TIMEOUT", "ShardStore", "atomic_file",
+           "atomic_write_json", "diff_lines", "open_folder", "other_run_error", "read_json", "settings_diff",
+           "wait_for_units"]
+
+C = TypeVar("C", bound=Collection[str])
+
+SETTINGS_FILE = "shards.json"
+STALL_TIMEOUT = 3600.0
+"""Seconds rank 0 waits without anything new in the folder before it gives up with an error."""
+POLL_SECONDS = 0.5
+NEW_FOLDER_FIX = "Use a new output folder, or delete this one to start over."
+_RANK_FILE = "shard-rank{}.json"
+_MISSING = "<missing>"
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` (same suffix) to write; on success it is fsynced and
+    renamed to ``path`` in one step, so readers see the old file or the whole new one, never a part.
+
+    Example:
+        >>> with atomic_file("out/trace.parquet") as tmp:
+        ...     trace.save(tmp)
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_json(path: str | os.PathLike, data: Any, *, indent: int = 1) -> Path:
+    """Write ``data`` as JSON with :func:`atomic_file` (floats written exactly: they read back bit for
+    bit; keys keep their order).
+
+    Example:
+        >>> atomic_write_json("runs/x/settings.json", {"v": 1}).name
+        'settings.json'
+    """
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=indent) + "\n", encoding="utf-8")
+    return Path(path)
+
+
+def read_json(path: Path, fix: str = "delete it to compute its units again") -> Any:
+    """The JSON in ``path``; a damaged file is refused with what to do (``fix``).
+
+    Raises:
+        LensprobeError: the file is not valid JSON.
+
+    Example:
+        >>> read_json(Path("runs/x/shards.json"))["kind"]
+        'demo'
+    """
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise LensprobeError(f"{path} is not valid JSON ({err.msg}): it was edited or damaged; {fix}.") from None
+
+
+def open_folder(out: str | os.PathLike) -> Path:
+    """The output folder ``out``, created if missing.
+
+    Raises:
+        LensprobeError: ``out`` is a file, or the folder cannot be created.
+
+    Example:
+        >>> open_folder("runs/x").is_dir()
+        True
+    """
+    out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise LensprobeError(f"output folder {out} is a file: give a folder path (it is created if missing).")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise LensprobeError(f"cannot create the output folder {out} ({err.strerror}): choose a folder you can "
+                             "write to.") from None
+    return out
+
+
+def settings_diff(old: Mapping, new: Mapping, at: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any, Any]]:
+    """Every setting that differs between a folder's settings (``old``) and this run's (``new``):
+    ``(key path, folder's value, this run's value)``, nested mappings compared key by key, a
+    missing key as ``"<missing>"``.
+
+    Example:
+        >>> settings_diff({"g": {"n": 16}, "m": "a"}, {"g": {"n": 32}, "m": "a"})
+        [(('g', 'n'), 16, 32)]
+    """
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, _MISSING), new.get(key, _MISSING)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out += settings_diff(a, b, (*at, key))
+        elif a != b:
+            out.append(((*at, key), a, b))
+    return out
+
+
+def diff_lines(diff: list[tuple[tuple[str, ...], Any, Any]]) -> list[str]:
+    """One line per difference of :func:`settings_diff`.
+
+    Example:
+        >>> diff_lines([(("g", "n"), 16, 32)])
+        ['g.n: folder has 16, this run has 32']
+    """
+    return [f"{'.'.join(path)}: folder has {a!r}, this run has {b!r}" for path, a, b in diff]
+
+
+def other_run_error(head: str, lines: Sequence[str] = (), fix: str = NEW_FOLDER_FIX) -> LensprobeError:
+    """The error for a folder that holds results of another run: what is wrong (``head``), the
+    settings that differ (``lines``, from :func:`diff_lines`), then what to do.
+
+    Example:
+        >>> str(other_run_error("runs/x holds results of another configuration", ["n: folder has 1, this run has 2"]))
+        'runs/x holds results of another configuration:\\n  n: folder has 1, this run has 2\\nUse a new ...'
+    """
+    if not lines:
+        return LensprobeError(f"{head}. {fix}")
+    return LensprobeError(f"{head}:\n  " + "\n  ".join(lines) + f"\n{fix}")
+
+
+def wait_for_units(out: str | os.PathLike, units: Sequence[str], world_size: int, look: Callable[[], tuple[int, C]],
+                   *, what: str = "unit", stall_timeout: float | None = None, poll: float = POLL_SECONDS) -> C:
+    """Wait until every unit of a sharded run is finished; the one wait of lensprobe.
+
+    Unit ``i`` is computed by rank ``i % world_size`` (:func:`~lensprobe.core.shards.my_units`).
+
+    Args:
+        out: the run's folder (named in the error).
+        units: every unit's name, in the order the ranks share them.
+        world_size: the number of processes.
+        look: reads the folder: ``(number of records on disk, finished units)``; a change in
+            the number counts as progress.
+        what: what a unit is, for the error (``"unit"``, ``"problem"``).
+        stall_timeout: seconds without progress before giving up (default :data:`STALL_TIMEOUT`,
+            read when called).
+        poll: seconds between looks.
+
+    Returns:
+        The finished units of the last look (all of ``units`` are in it).
+
+    Raises:
+        LensprobeError: nothing new reached the folder for ``stall_timeout`` seconds; names the
+            ranks and the units missing. Every finished unit stays on disk: rerunning the same
+            command computes only the missing ones.
+
+    Example:
+        >>> wait_for_units("runs/x", ["a", "b"], 2, lambda: (2, {"a", "b"}))
+        {'a', 'b'}
+    """
+    stall_timeout = STALL_TIMEOUT if stall_timeout is None else stall_timeout
+    last_count, last_change = -1, time.monotonic()
+    while True:
+        count, finished = look()
+        missing = [i for i, u in enumerate(units) if u not in finished]
+        if not missing:
+            return finished
+        if count != last_count:
+            last_count, last_change = count, time.monotonic()
+        elif time.monotonic() - last_change > stall_timeout:
+            names = ", ".join(f"rank {r}" for r in sorted({i % world_size for i in missing}))
+            raise LensprobeError(
+                f"gave up waiting in {out}: {names} of {world_size} did not finish {len(missing)} {what}(s) "
+                f"(e.g. {units[missing[0]]!r}) and nothing finished for {stall_timeout:g} s. Check that process's "
+                "output, then rerun the same command: it resumes where the ranks stopped (every finished "
+                f"{what} is saved)."
+            )
+        time.sleep(poll)
+
+
+class ShardStore:
+    """One sharded run's folder: its settings, and every finished unit of every rank.
+
+    ``shards.json`` holds what the run computes and its hash; each rank's finished units are in
+    ``shard-rank{R}.json``, rewritten atomically after every unit, so a crash loses at most the
+    unit being computed.
+
+    Args:
+        out: the folder (created if missing); every process of the run passes the same one.
+        kind: what the run computes (``"ablation sweep"``, ``"patch"``, ``"trace set"``, ...).
+        settings: JSON-able description of everything that changes the results; a folder
+            holding another kind or other settings is refused.
+        rank: this process's rank; it alone writes ``shard-rank{rank}.json`` (locked while open).
+
+    Raises:
+        LensprobeError: the folder holds another run, or another process holds this rank.
+
+    Example:
+        >>> with ShardStore("runs/x", "demo", {"v": 1}, rank=0) as store:
+        ...     _ = store.record("a", 1.5)
+        ...     store.done()
+        {'a': 1.5}
+    """
+
+    def __init__(self, out: str | os.PathLike, kind: str, settings: Mapping[str, Any], *, rank: int = 0) -> None:
+        self.out = open_folder(out)
+        self.rank = rank
+        self._check_settings(kind, json.loads(json.dumps(dict(settings))))
+        self._lock = FileLock(self.out / f".shard-rank{rank}.lock",
+                              busy=f"rank {rank} of {self.out} is being run by another process ({{holder}}): wait "
+                                   "for it, or give each process its own rank (start them with a launcher such as "
+                                   "torchrun).").acquire()
+        own = self.out / _RANK_FILE.format(rank)
+        self._mine: dict[str, Any] = read_json(own).get("units", {}) if own.is_file() else {}
+
+    def _check_settings(self, kind: str, settings: dict) -> None:
+        path = self.out / SETTINGS_FILE
+        run_hash = json_digest([kind, settings])
+        if not path.is_file():
+            atomic_write_json(path, {"kind": kind, "hash": run_hash, "settings": settings})
+            return
+        old = read_json(path)
+        if old.get("hash") == run_hash:
+            return
+        if old.get("kind") != kind:
+            why = f"a {old.get('kind')!r} run, this is a {kind!r} run"
+        else:
+            keys = sorted({at[0] for at, _, _ in settings_diff(old.get("settings", {}), settings)})
+            why = "other settings: " + ", ".join(keys or ["(details differ)"]) + " differ"
+        raise other_run_error(f"{self.out} holds results of {why}")
+
+    def done(self) -> dict[str, Any]:
+        """Every finished unit in the folder (all ranks' files merged) -> its result."""
+        units: dict[str, Any] = {}
+        for path in sorted(self.out.glob(_RANK_FILE.format("*"))):
+            units.update(read_json(path).get("units", {}))
+        units.update(self._mine)
+        return units
+
+    def record(self, unit: str, result: Any) -> Any:
+        """Save one finished unit's JSON-able result in this rank's file; returns it as read back."""
+        self._mine[unit] = json.loads(json.dumps(result))
+        atomic_write_json(self.out / _RANK_FILE.format(self.rank), {"rank": self.rank, "units": self._mine})
+        return self._mine[unit]
+
+    def wait(self, units: Sequence[str], world_size: int, *, stall_timeout: float | None = None,
+             poll: float = POLL_SECONDS) -> dict[str, Any]:
+        """Wait until every unit is in the folder (:func:`wait_for_units`); returns unit -> result for ``units``.
+
+        Raises:
+            LensprobeError: no rank finished a unit for ``stall_timeout`` seconds (default
+                :data:`STALL_TIMEOUT`); the message names the ranks still missing.
+        """
+        def look() -> tuple[int, dict[str, Any]]:
+            have = self.done()
+            return len(have), have
+
+        have = wait_for_units(self.out, units, world_size, look, stall_timeout=stall_timeout, poll=poll)
+        return {u: have[u] for u in units}
+
+    def close(self) -> None:
+        """Release this rank's lock."""
+        self._lock.release()
+
+    def __enter__(self) -> "ShardStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
