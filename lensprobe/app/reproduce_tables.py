@@ -13,9 +13,9 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
 from lensprobe.core.models import model_label
 from lensprobe.evals.data import load_math500, load_problems
-from lensprobe.evals.harness import preset_arm
 from lensprobe.evals.protocols import get_protocol
 from lensprobe.evals.published import published_table
+from lensprobe.interventions.arm import ARM
 from lensprobe.interventions.arm_presets import benchmark_key, model_key
 
 __all__ = ["beside_published", "cell_text", "markdown_table", "model_note", "recipe_conditions", "recipe_problems"]
@@ -82,7 +82,7 @@ def recipe_conditions(recipe: Recipe, model, bench: str, arm: Any = None) -> tup
         arm = arm.get(bench)
     if arm is None and any(n == "ARM" or n.endswith("+ARM") for n in names):
         try:
-            arm = preset_arm(model, bench)
+            arm = ARM.preset(model, bench)
         except LensprobeError as err:
             names = [n for n in names if not (n == "ARM" or n.endswith("+ARM"))]
             notes.append(f"{bench}: ARM rows skipped: {err}")

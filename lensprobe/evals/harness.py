@@ -12,7 +12,11 @@ reads its rank and the number of processes from the environment (``RANK``/``WORL
 or the MPI equivalents; :func:`lensprobe.core.shards.shard_info`), takes every
 ``world_size``-th problem starting at its rank (:func:`~lensprobe.core.shards.my_units`), and
 writes its own ``results-rank{R}.jsonl``. Rank 0 then waits for the other shards and
-returns the merged table. The result rows do not depend on the number of processes.
+returns the merged table; when no row reaches the folder for an hour
+(:data:`~lensprobe.core.store.STALL_TIMEOUT`) it stops with an error naming the ranks and
+problems missing (:func:`~lensprobe.evals.results.wait_for_rows`, the results store's one wait):
+every row written stays, and rerunning the same command finishes the others. The result rows do
+not depend on the number of processes.
 
 **Sampling.** With ``do_sample=True`` every problem gets ``n_samples`` answers; sample ``j``
 is drawn from a generator seeded with ``(seed, j)`` (see :func:`lensprobe.generate`), so a
@@ -56,8 +60,6 @@ prompt + ``max_new_tokens``) before any generation runs.
 import contextlib
 import dataclasses
 import os
-import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,7 +71,6 @@ from lensprobe.core.conditions import (
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks import with_default_seed
 from lensprobe.core.jsonable import json_digest
-from lensprobe.core.models import model_label
 from lensprobe.core.shards import check_shard, model_fingerprint, my_units
 from lensprobe.core.shards import shard_info as shard_info  # its old home: lensprobe.evals.harness.shard_info
 from lensprobe.evals.benchmarks import resolve_benchmark
@@ -82,12 +83,12 @@ from lensprobe.evals.results import (
     RESULTS_GLOB,
     prepare_folder,
     read_rows,
+    wait_for_rows,
 )
 from lensprobe.evals.running import ErrorRowsWarning as ErrorRowsWarning  # lensprobe.evals exports it
 from lensprobe.evals.running import RunInfo, finished_rows, plan_rows, result_table, run_plan, tally_rows
 from lensprobe.evals.verdicts import default_grader, mark_default_grader
 from lensprobe.interventions.arm import ARM
-from lensprobe.interventions.arm_presets import PAPER_TABLE9, model_key
 
 DEFAULT_CONDITIONS = "w/o,w/ Mless,w/ Mful"
 FORMAT_VERSION = 1
@@ -138,7 +139,7 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
         rank, world_size: this process's shard; default from the environment (see
             :func:`shard_info`).
         wait_for_shards: on rank 0 of a sharded run, wait for the other shards' rows and
-            return the merged table.
+            return the merged table (an error names the ranks when they stall; see above).
         arm: the ARM that ``"ARM"`` and ``"<name>+ARM"`` conditions attach (e.g.
             ``lp.ARM(c=0.1, percentile=95)``); default: the authors' preset for the model on
             ``benchmark``.
@@ -185,7 +186,7 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
     system: dict[str, Any] = {"system": get_protocol(config.protocol).system} if config.protocol else {}
     builtins = paper_conditions(prompt_format=config.prompt_format, **system) if config.prompt_format != "chat" else None
     conds = resolve_conditions(conditions, builtins=builtins,
-                               arm=arm if arm is not None else (lambda: preset_arm(model, bench)))
+                               arm=arm if arm is not None else (lambda: ARM.preset(model, bench)))
     conds = [dataclasses.replace(c, interventions=with_default_seed(c.interventions, config.seed)) for c in conds]
     rank, world_size = check_shard(rank, world_size, out)
     fingerprint = model_fingerprint(model, model_name)
@@ -209,7 +210,7 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
         return mark_default_grader(result_table(new_rows, conds, problems), grader)
     expected = {(c.name, p.id, s) for c in conds for p in problems for s in range(config.n_samples)}
     if world_size > 1 and rank == 0 and wait_for_shards:
-        _wait_for(out, expected)
+        wait_for_rows(out, expected, [p.id for p in problems], world_size)
     rows = [r for r in read_rows(out) if (r["condition"], r["problem_id"], r["sample"]) in expected]
     return mark_default_grader(result_table(rows, conds, problems), grader)
 
@@ -233,44 +234,3 @@ def _nothing_left_if_refused(out, world_size: int) -> Iterator[None]:
                     if not existed:
                         folder.rmdir()  # fails (and stays) when something else is in it
         raise
-
-
-def preset_arm(model, benchmark: str | None = "math500") -> ARM:
-    """:meth:`ARM.preset` for ``model`` on ``benchmark``, its error saying how to pass an ARM to
-    :func:`evaluate` (a thin wrapper; ``None``: the benchmark is unknown).
-
-    Example:
-        >>> preset_arm(model, "aime2024").c  # a Qwen2.5-Math-7B model
-        0.05
-    """
-    if benchmark is None and model_key(model) in PAPER_TABLE9:
-        raise LensprobeError("cannot tell which benchmark these problems are, so no ARM preset applies: pass "
-                             "benchmark='math500' / 'aime2024' / 'aime2025' ... (--benchmark), or "
-                             "arm=lp.ARM(c=0.1, percentile=95) (--arm-c, --arm-percentile).")
-    try:
-        return ARM.preset(model, benchmark or "math500")
-    except LensprobeError as err:
-        raise LensprobeError(
-            f"no ARM preset for model {model_label(model)!r} ({err}) Choose c and percentile yourself and pass "
-            "them, e.g. lp.evaluate(..., arm=lp.ARM(c=0.1, percentile=95)), or a condition "
-            "lp.Condition('ARM', interventions=(lp.ARM(c=..., percentile=...),))."
-        ) from None
-
-
-def _wait_for(out: Path, expected: set[tuple], poll: float = 0.5, stall_timeout: float = 3600.0) -> None:
-    """Wait until every expected row is in the folder (the other shards finished)."""
-    last_count, last_change = -1, time.monotonic()
-    while True:
-        have = {(r["condition"], r["problem_id"], r["sample"]) for r in read_rows(out)}
-        missing = expected - have
-        if not missing:
-            return
-        if len(have) != last_count:
-            last_count, last_change = len(have), time.monotonic()
-        elif time.monotonic() - last_change > stall_timeout:
-            warnings.warn(f"gave up waiting for {len(missing)} rows of other shards in {out}; "
-                          "rerun the same command to finish them.", stacklevel=3)
-            return
-        time.sleep(poll)
-
-

@@ -16,6 +16,7 @@ neighbours, and the intervention declares itself ``batch_dependent``.
 """
 
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -25,7 +26,7 @@ from torch import Tensor
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks import Hook, current_step
 from lensprobe.core.lazy import heavy
-from lensprobe.interventions.arm_presets import ARM_PRESETS, Source, arm_preset
+from lensprobe.interventions.arm_presets import ARM_PRESETS, NoPresetError, Source, arm_preset
 from lensprobe.interventions.arm_rule import (
     MAD_SCALE,
     Mode,
@@ -251,8 +252,8 @@ class ARM:
             raise LensprobeError(f"per_row must be True or False, got {self.per_row!r}.")
 
     @classmethod
-    def preset(cls, model_name: Any, benchmark: str = "math500", *, source: Source = "code",
-               **overrides) -> "ARM":
+    def preset(cls, model_name: Any, benchmark: str | None = "math500", *, source: Source = "code",
+               fallback: Mapping[str, Any] | None = None, **overrides) -> "ARM":
         """The authors' settings for ``model_name`` on ``benchmark`` (the one ARM preset function).
 
         The values and their sources (Table 9 of the paper, or the released code) are in
@@ -263,25 +264,40 @@ class ARM:
             model_name: a model name, with or without organisation (``"Qwen/Qwen2.5-Math-7B"``,
                 ``"qwen2.5-math-7b"``), or a loaded model (its ``cfg.model_name``).
             benchmark: ``"math500"``, ``"aime2024"``, ``"aime2025"``, ``"gpqa"``, ``"humaneval"``
-                or ``"livecodebench"`` (case and ``-``/``_`` ignored).
+                or ``"livecodebench"`` (case and ``-``/``_`` ignored); ``None``: the benchmark is
+                not known (e.g. problems of your own), so no preset applies.
             source: ``"code"`` (default: the released code where it has a value, else Table 9) or
                 ``"paper"`` (Table 9 and the paper's text); they differ in a few cells.
-            **overrides: other :class:`ARM` fields (``layer``, ``seed``, ``per_row``, ...).
+            fallback: :class:`ARM` settings (e.g. ``{"c": 0.1, "percentile": 95}``, the authors'
+                Qwen2.5-Math-7B values on MATH-500) used when no preset applies: a model without
+                presets, a cell where the authors report no ARM gain, or ``benchmark=None``.
+                ``None`` (default): those are errors that say what to pass.
+            **overrides: other :class:`ARM` fields (``layer``, ``seed``, ``per_row``, ...), applied
+                on top of the preset or the fallback.
 
         Raises:
-            LensprobeError: an unknown benchmark or model, or a cell where the authors report no
-                ARM gain ("-" in Table 9).
+            LensprobeError: an unknown benchmark name, source or field. Without ``fallback``, also
+                :class:`~lensprobe.interventions.arm_presets.NoPresetError`: an unknown model, a
+                cell where the authors report no ARM gain ("-" in Table 9), or ``benchmark=None``.
 
         Example:
             >>> ARM.preset("Qwen/Qwen2.5-Math-7B").c
             0.1
             >>> ARM.preset("google/gemma-3-27b-it", "aime2024", source="paper").percentile
             0.85
+            >>> ARM.preset("my-org/my-model", fallback={"c": 0.1, "percentile": 95}, seed=0).percentile
+            95
         """
-        settings = arm_preset(model_name, benchmark, source).settings
-        unknown = set(overrides) - {f.name for f in fields(cls)}
+        names = [f.name for f in fields(cls)]
+        unknown = (set(overrides) | set(fallback or {})) - set(names)
         if unknown:
-            raise LensprobeError(f"unknown ARM field(s) {sorted(unknown)}: use {[f.name for f in fields(cls)]}.")
+            raise LensprobeError(f"unknown ARM field(s) {sorted(unknown)}: use {names}.")
+        try:
+            settings = arm_preset(model_name, benchmark, source).settings
+        except NoPresetError:
+            if fallback is None:
+                raise
+            settings = dict(fallback)
         return cls(**{**settings, **overrides})
 
     @property

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from lensprobe.core.errors import LensprobeError
 
-__all__ = ["ARM_PRESETS", "BENCHMARKS", "DISAGREEMENTS", "PAPER_TABLE9", "ArmPreset", "arm_preset",
+__all__ = ["ARM_PRESETS", "BENCHMARKS", "DISAGREEMENTS", "PAPER_TABLE9", "ArmPreset", "NoPresetError", "arm_preset",
            "benchmark_key", "model_key"]
 
 Source = Literal["paper", "code"]
@@ -83,6 +83,12 @@ DISAGREEMENTS: tuple[tuple[str, str, str, str, str], ...] = (
     ("every benchmark", "llama-3.1-8b-instruct", "p_min", "0.02 (Section 3)", "0.2 (modeling_llama.py)"),
 )
 """``(benchmark, model, setting, paper, code)`` for every setting on which the sources differ."""
+
+
+class NoPresetError(LensprobeError):
+    """No preset applies: a model the authors give no settings for, a cell where they report no ARM
+    gain ("-" in Table 9), or an unknown benchmark (``None``). ``ARM.preset(..., fallback=...)``
+    catches it."""
 
 
 @dataclass(frozen=True)
@@ -141,17 +147,19 @@ def _cell(model: str, bench: str, source: str) -> tuple[tuple[float, float] | No
     return PAPER_TABLE9[model][bench], "paper: Table 9"
 
 
-def arm_preset(model: Any, benchmark: str = "math500", source: Source = "code") -> ArmPreset:
+def arm_preset(model: Any, benchmark: str | None = "math500", source: Source = "code") -> ArmPreset:
     """The authors' ARM settings for ``model`` on ``benchmark``, from ``source``, with each value's origin.
 
     Args:
         model: a model name with or without organisation, or a loaded model.
-        benchmark: one of :data:`BENCHMARKS` (case, ``-``, ``_`` ignored; ``aime24``, ``gpqa-diamond`` ...).
+        benchmark: one of :data:`BENCHMARKS` (case, ``-``, ``_`` ignored; ``aime24``, ``gpqa-diamond`` ...);
+            ``None``: the benchmark is not known, so no preset applies.
         source: ``"code"`` (default: the released code's value where it has one, else Table 9)
             or ``"paper"`` (Table 9 and the paper's text). See :data:`DISAGREEMENTS`.
 
     Raises:
-        LensprobeError: an unknown source, benchmark or model, or a cell where the authors report
+        LensprobeError: an unknown source or benchmark name.
+        NoPresetError: an unknown model, ``benchmark=None``, or a cell where the authors report
             no ARM gain ("-" in Table 9; no setting in the code).
 
     Example:
@@ -161,18 +169,31 @@ def arm_preset(model: Any, benchmark: str = "math500", source: Source = "code") 
     """
     if source not in SOURCES:
         raise LensprobeError(f"source must be 'paper' (Table 9) or 'code' (the released code), got {source!r}.")
-    bench, key = benchmark_key(benchmark), model_key(model)
+    bench = benchmark_key(benchmark) if benchmark is not None else None
+    key = model_key(model)
     if key not in PAPER_TABLE9:
-        raise LensprobeError(
-            f"no ARM preset for {model if isinstance(model, str) else key!r} on {bench} (the authors give settings "
-            f"for {', '.join(PAPER_TABLE9)}): choose c and percentile yourself: pass lp.ARM(c=..., percentile=...)."
+        shown = model if isinstance(model, str) else key
+        raise NoPresetError(
+            f"no ARM preset for {shown!r}{f' on {bench}' if bench else ''} (the authors give settings for "
+            f"{', '.join(PAPER_TABLE9)}). With no ARM preset for model {shown!r}, choose c and percentile yourself "
+            "and pass them: lp.ARM(c=..., percentile=...), e.g. lp.evaluate(..., arm=lp.ARM(c=0.1, percentile=95)) "
+            "(--arm-c, --arm-percentile) or a condition lp.Condition('ARM', interventions=(lp.ARM(c=..., "
+            "percentile=...),)); or lp.ARM.preset(model, fallback={'c': 0.1, 'percentile': 95}) to use those "
+            "settings where there is no preset."
+        )
+    if bench is None:
+        raise NoPresetError(
+            "cannot tell which benchmark these problems are, so no ARM preset applies: pass benchmark='math500' / "
+            "'aime2024' / 'aime2025' ... (--benchmark), or arm=lp.ARM(c=0.1, percentile=95) (--arm-c, "
+            "--arm-percentile)."
         )
     cell, origin = _cell(key, bench, source)
     if cell is None:
-        raise LensprobeError(
+        raise NoPresetError(
             f"the authors report no ARM gain for {key} on {bench} ('-' in Table 9 of arXiv 2510.01032, no setting "
             f"in their code), so there is no preset: choose c and percentile yourself with lp.ARM(c=..., "
-            "percentile=...), or leave ARM out of this benchmark."
+            "percentile=...), pass fallback={'c': ..., 'percentile': ...} to lp.ARM.preset, or leave ARM out of "
+            "this benchmark."
         )
     c, pct = cell
     gemma = key.startswith("gemma-3")

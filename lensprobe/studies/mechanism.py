@@ -58,7 +58,7 @@ from lensprobe.core.conditions import paper_conditions
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
 from lensprobe.core.prompts import MATH_SYSTEM_PROMPT, Prompt
-from lensprobe.interventions.arm import ARM, activation_function, near_zero_band
+from lensprobe.interventions.arm import activation_function, near_zero_band
 from lensprobe.studies.affine import (
     affine_fit_summary,
     check_prompt,
@@ -71,12 +71,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
-    "ARM_FALLBACK",
     "WHERE",
     "ActivationStats",
     "activation_stats",
     "affine_fit_summary",
-    "arm_for",
     "filler_affine_fit",
     "fraction_beyond",
     "mad_eps",
@@ -90,10 +88,6 @@ WHERE: tuple[str, ...] = ("act_fn(gate)", "hook_post")
 product ``act_fn(gate_proj(x)) * up_proj(x)`` at ``blocks.{l}.mlp.hook_post``."""
 
 
-ARM_FALLBACK: dict[str, Any] = {"c": 0.1, "percentile": 95}
-"""ARM settings for models without a preset: the authors' Qwen2.5-Math-7B values on MATH-500."""
-
-
 def mechanism_prompts(model, question: str, *, system: str | None = MATH_SYSTEM_PROMPT, count: int = 55,
                       symbol: str = "/", chat: bool = True) -> dict[str, Prompt]:
     """The paper's ``"w/o"`` and ``"w/ Mless"`` prompts of one question (filler between system
@@ -105,20 +99,6 @@ def mechanism_prompts(model, question: str, *, system: str | None = MATH_SYSTEM_
     """
     conds = paper_conditions(system=system, count=count, symbol=symbol, chat=chat)
     return {name: conds[name].prompt_builder(model)(question) for name in ("w/o", "w/ Mless")}
-
-
-def arm_for(model, layer: int = 0, seed: int | None = 0) -> ARM:
-    """The authors' ARM preset for ``model`` on MATH-500 when there is one, else
-    :data:`ARM_FALLBACK`, editing ``layer``.
-
-    Example:
-        >>> arm_for(model).c
-        0.1
-    """
-    try:
-        return ARM.preset(model, layer=layer, seed=seed)
-    except LensprobeError:
-        return ARM(layer=layer, seed=seed, **ARM_FALLBACK)
 
 
 # --------------------------------------------------------------------------- pure tensor helpers

@@ -13,7 +13,6 @@ import lensprobe as lp
 from lensprobe.app.cli import main
 from lensprobe.app.commands.armargs import arm_from_args
 from lensprobe.evals.grading import grade_paper_exact
-from lensprobe.evals.harness import preset_arm
 from lensprobe.evals.stats import accuracy, avg_at_k, compare, pass_at_k_table
 from lensprobe.evals.verdicts import default_grader
 
@@ -91,9 +90,9 @@ def test_pass3_protocol_is_recorded_and_grades_the_generation_alone(tmp_path, ti
 
 def test_benchmark_picks_the_preset():
     qwen = SimpleNamespace(cfg=SimpleNamespace(model_name="Qwen/Qwen2.5-Math-7B"))
-    assert (preset_arm(qwen, "aime2024").c, preset_arm(qwen, "math500").c) == (0.05, 0.1)
+    assert (lp.ARM.preset(qwen, "aime2024").c, lp.ARM.preset(qwen, "math500").c) == (0.05, 0.1)
     with pytest.raises(lp.LensprobeError, match=r"cannot tell which benchmark.*benchmark='math500'"):
-        preset_arm(qwen, None)
+        lp.ARM.preset(qwen, None)
     assert lp.evals.infer_benchmark(lp.load_math500(limit=3)) == "math500"
     assert lp.evals.infer_benchmark(lp.arithmetic_problems(n=3)) is None
 

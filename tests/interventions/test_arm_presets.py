@@ -9,6 +9,7 @@ from lensprobe.interventions.arm_presets import (
     BENCHMARKS,
     DISAGREEMENTS,
     PAPER_TABLE9,
+    NoPresetError,
     arm_preset,
     benchmark_key,
 )
@@ -82,3 +83,21 @@ def test_bad_names_say_what_to_use():
     with pytest.raises(LensprobeError, match=r"no ARM preset for 'org/other-model'.*lp\.ARM\(c=\.\.\., percentile"):
         lp.ARM.preset("org/other-model", "aime2025")
     assert benchmark_key("MATH-500") == "math500" and benchmark_key("aime_24") == "aime2024"
+
+
+def test_fallback_applies_only_where_no_preset_does():
+    fallback = {"c": 0.1, "percentile": 95}
+    unknown = lp.ARM.preset("org/other-model", fallback=fallback, layer=1, seed=3)  # a model without presets
+    assert (unknown.c, unknown.percentile, unknown.layer, unknown.seed) == (0.1, 95, 1, 3)
+    no_gain = lp.ARM.preset("Qwen/Qwen2.5-32B-Instruct", fallback=fallback)  # '-' in Table 9
+    assert (no_gain.c, no_gain.percentile) == (0.1, 95)
+    assert lp.ARM.preset("Qwen/Qwen2.5-Math-7B", None, fallback={"c": 0.2, "percentile": 90}).c == 0.2
+    assert lp.ARM.preset("Qwen/Qwen2.5-Math-7B", "aime2024", fallback=fallback).c == 0.05  # a preset wins
+    with pytest.raises(NoPresetError, match=r"no ARM preset for 'org/other-model'.*fallback="):
+        lp.ARM.preset("org/other-model")
+    with pytest.raises(NoPresetError, match=r"^cannot tell which benchmark these problems are.*benchmark='math500'"):
+        lp.ARM.preset("Qwen/Qwen2.5-Math-7B", None)
+    with pytest.raises(LensprobeError, match=r"unknown benchmark 'gsm8k'"):  # a wrong name is no missing preset
+        lp.ARM.preset("org/other-model", "gsm8k", fallback=fallback)
+    with pytest.raises(LensprobeError, match=r"unknown ARM field\(s\) \['cc'\]"):
+        lp.ARM.preset("org/other-model", fallback={"cc": 0.1, "percentile": 95})

@@ -44,7 +44,6 @@ from lensprobe.evals.harness import (
     DEFAULT_CONDITIONS,
     EvalConfig,
     evaluate,
-    preset_arm,
     shard_info,
     with_format_defaults,
 )
@@ -148,7 +147,7 @@ def conditions_from_args(args, model=None, benchmark: str | None = None) -> list
     builtins = _builtins(args)
     arm = arm_from_args(args, model, benchmark)
     if arm is None and model is not None:
-        arm = lambda: preset_arm(model, benchmark)  # noqa: E731
+        arm = lambda: ARM.preset(model, benchmark)  # noqa: E731
     conds = resolve_conditions(args.conditions, builtins=builtins, arm=arm)
     if args.system is not None:
         conds = [replace(c, system=args.system or None) for c in conds]

@@ -14,14 +14,15 @@ from lensprobe.app.common import (
     system_of,
     write_figure,
 )
+from lensprobe.app.sections.mechanism import MECHANISM_ARM
 from lensprobe.core.jsonable import stable_repr, to_jsonable
 from lensprobe.core.models import check_heads, check_layers, model_label
 from lensprobe.core.prompts import prompt_json
+from lensprobe.interventions.arm import ARM
 from lensprobe.studies.mechanism import (
     WHERE,
     activation_stats,
     affine_fit_summary,
-    arm_for,
     filler_affine_fit,
     mechanism_prompts,
 )
@@ -67,7 +68,7 @@ def run_mechanism(args) -> int:
     prompts = mechanism_prompts(model, args.question, system=system_of(args), count=args.count)
     fit = filler_affine_fit(model, prompts["w/ Mless"], prompts["w/o"], layer=layer, heads=heads)
     summary = affine_fit_summary(fit)
-    arm = None if args.no_arm else arm_for(model, layer=layer, seed=args.seed)
+    arm = None if args.no_arm else ARM.preset(model, fallback=MECHANISM_ARM, layer=layer, seed=args.seed)
     arm_c = arm.c if arm is not None and arm.variant == "default" else None
     c = args.c if args.c is not None else (arm_c if arm_c is not None else 0.1)
     runs = dict(prompts)

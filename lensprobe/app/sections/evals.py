@@ -9,7 +9,8 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models import model_label
 from lensprobe.evals.arithmetic import arithmetic_problems
 from lensprobe.evals.data import load_math500, math500_path
-from lensprobe.evals.harness import evaluate, preset_arm
+from lensprobe.evals.harness import evaluate
+from lensprobe.interventions.arm import ARM
 from lensprobe.viz.eval_report import results_section
 from lensprobe.viz.report import Section
 
@@ -45,7 +46,7 @@ def _arithmetic_conditions(model) -> tuple[str, str]:
     """The conditions of the arithmetic run, and a sentence on ARM for the intro."""
     names = "w/o,w/ Mless,w/ Mful"
     try:
-        preset_arm(model)
+        ARM.preset(model)
     except LensprobeError:
         return names, ("ARM is left out: the authors published no ARM preset for this model, and a setting "
                        "chosen here would be a guess.")

@@ -7,10 +7,10 @@ from lensprobe.app.sections.filler import INDEX_NOTE_HTML, demo_question
 from lensprobe.core.jsonable import stable_repr
 from lensprobe.core.models import model_label
 from lensprobe.core.prompts import prompt_json
+from lensprobe.interventions.arm import ARM
 from lensprobe.studies.mechanism import (
     activation_stats,
     affine_fit_summary,
-    arm_for,
     filler_affine_fit,
     mechanism_prompts,
 )
@@ -19,6 +19,8 @@ from lensprobe.viz.report import Section
 
 TITLE = "Mechanism: filler tokens rescale layer-0 attention and move MLP activations away from zero"
 ARM_CONDITION = "w/o + ARM"
+MECHANISM_ARM = {"c": 0.1, "percentile": 95}
+"""ARM settings for a model without a preset: the authors' Qwen2.5-Math-7B values on MATH-500."""
 
 
 def build_demo_section(model, *, quick: bool = False) -> Section:
@@ -28,7 +30,7 @@ def build_demo_section(model, *, quick: bool = False) -> Section:
     """
     question, source = demo_question(quick)
     prompts = mechanism_prompts(model, question)
-    arm = arm_for(model, layer=0, seed=0)
+    arm = ARM.preset(model, fallback=MECHANISM_ARM, layer=0, seed=0)
     fit = filler_affine_fit(model, prompts["w/ Mless"], prompts["w/o"], layer=0)
     summary = affine_fit_summary(fit)
     arm_c = arm.c if arm.variant == "default" and arm.c is not None else 0.1
