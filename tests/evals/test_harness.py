@@ -278,6 +278,25 @@ def test_shards_in_process_merge_to_the_single_run(tiny, tmp_path, monkeypatch):
         lp.evaluate(tiny, probs, "w/o", out=tmp_path, rank=2, world_size=2, **kw)
 
 
+def test_rank_0_names_the_ranks_that_stall_and_keeps_its_rows(tiny, tmp_path, monkeypatch):
+    """The results store's one wait: when the other ranks stall, rank 0 of an evaluation stops with an
+    error naming them, their problems and the fix (as sweeps do); its own rows stay, and once the other
+    rank has run, the same command returns the merged table without generating anything again."""
+    monkeypatch.setattr("lensprobe.core.store.STALL_TIMEOUT", 0.2)
+    probs = problems(5)
+    kw = dict(max_new_tokens=6, progress=False, model_name="tiny", world_size=2)
+    with pytest.raises(lp.LensprobeError, match=r"rank 1 of 2 did not finish 2 problem\(s\) \(e.g. 'q1'\) .*"
+                                                r"rerun the same command: it resumes"):
+        lp.evaluate(tiny, probs, "w/o", out=tmp_path, rank=0, **kw)
+    assert [r["problem_id"] for r in read_rows(tmp_path)] == ["q0", "q2", "q4"]  # nothing lost
+    lp.evaluate(tiny, probs, "w/o", out=tmp_path, rank=1, **kw)
+    size = (tmp_path / "results-rank0.jsonl").stat().st_size
+    merged = lp.evaluate(tiny, probs, "w/o", out=tmp_path, rank=0, **kw)
+    assert (tmp_path / "results-rank0.jsonl").stat().st_size == size  # rank 0 generated nothing again
+    single = lp.evaluate(tiny, probs, "w/o", max_new_tokens=6, progress=False, model_name="tiny")
+    assert stable(merged).equals(stable(single))
+
+
 def test_smol_batched_equals_unbatched_and_transformers(smol, smol_hf, math500_path):
     probs = lp.load_math500(math500_path, levels=1, limit=2)
     assert len(probs[0].problem) != len(probs[1].problem)  # different lengths: the batch is padded
