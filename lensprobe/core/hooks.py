@@ -37,6 +37,11 @@ class Intervention(Protocol):
       which rows share a forward), and evaluations generate each problem alone.
     - ``with_default_seed(seed)``: a copy that draws from ``seed`` when the intervention has no
       seed of its own (``self`` when it has one); evaluations seed with their run's ``seed``.
+    - ``rounding_sensitive_layer`` (int or ``None``): the last layer whose activations the
+      intervention thresholds or ranks (ARM: its layer), so that a float-rounding difference
+      there can change its result. The plain engine then computes decode steps row by row up
+      to that layer (:mod:`lensprobe.generation.engines.rowwise`), so under continuous
+      batching each row gets the numbers it gets alone, bit for bit.
     - ``check_positions(length, what)``: refuse token positions a run never reaches
       (:func:`check_positions`).
     """
@@ -51,6 +56,13 @@ def batch_dependent(interventions) -> list:
         >>> batch_dependent([lp.ARM(c=0.1, percentile=95, per_row=False)])  # [ARM(...)]
     """
     return [i for i in interventions if getattr(i, "batch_dependent", False) is True]
+
+
+def rounding_sensitive_layer(interventions) -> int | None:
+    """The last layer any of ``interventions`` is rounding-sensitive at (their
+    ``rounding_sensitive_layer`` capability, see :class:`Intervention`), or ``None``."""
+    layers = [getattr(i, "rounding_sensitive_layer", None) for i in interventions]
+    return max((int(x) for x in layers if x is not None), default=None)
 
 
 def with_default_seed(interventions, seed: int | None) -> tuple:

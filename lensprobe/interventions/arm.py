@@ -305,6 +305,14 @@ class ARM:
         """Whether a row's result depends on the other rows of its forward (``per_row=False``)."""
         return not self.per_row
 
+    @property
+    def rounding_sensitive_layer(self) -> int:
+        """ARM's layer: which activations count as near zero, and which draw each gets, follow
+        the order of their magnitudes, so a float-rounding difference can change the result;
+        decode steps compute this layer and those before it one row at a time
+        (:mod:`lensprobe.generation.engines.rowwise`)."""
+        return self.layer
+
     def with_default_seed(self, seed: int) -> "ARM":
         """This ARM drawing from ``seed`` when it has no seed of its own (else itself)."""
         return self if self.seed is not None else replace(self, seed=seed)

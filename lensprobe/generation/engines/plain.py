@@ -3,7 +3,10 @@
 Same weights (the view shares the bridge's tensors, :mod:`~lensprobe.generation.engines.view`),
 no hook points: faster per step. It takes interventions whose hooks edit only ``hook_embed``
 or a gated MLP's activations (such as ARM). Hooks attach under TransformerLens names (:mod:`~lensprobe.generation.engines.hooknames`), and small decode steps
-run the decoder layers on one thread (:mod:`~lensprobe.generation.engines.threads`).
+run the decoder layers on one thread (:mod:`~lensprobe.generation.engines.threads`). An
+intervention that names a ``rounding_sensitive_layer`` (ARM) gets decode steps computed row
+by row up to that layer (:mod:`~lensprobe.generation.engines.rowwise`): each row's numbers
+then equal the row alone's, bit for bit.
 """
 
 import contextlib
@@ -14,10 +17,12 @@ from typing import Any
 from torch import Tensor, nn
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import Hook, resolve_hooks
+from lensprobe.core.hooks import Hook, resolve_hooks, rounding_sensitive_layer
 from lensprobe.generation.engines.attention import ATTENTIONS
 from lensprobe.generation.engines.hooknames import attached, editable
+from lensprobe.generation.engines.rowwise import rows_alone
 from lensprobe.generation.engines.threads import decode_threads, layer_threads
+from lensprobe.generation.engines.view import attention_modules, mlp_modules
 
 __all__ = ["PlainEngine"]
 
@@ -37,6 +42,7 @@ class PlainEngine:
         self.model = model
         self.view = view
         self.threads = decode_threads(view, rows)
+        self.rows_alone: int | None = None  # decode steps compute layers 0..this one row by row
         # transformers 5.24 renamed the forward's past_key_values argument to cache
         self.cache_arg = "cache" if "cache" in inspect.signature(view.forward).parameters else "past_key_values"
 
@@ -49,7 +55,11 @@ class PlainEngine:
                 "hook_pre_linear and hook_post; run with engine='bridge'."
             )
         # recorders first: a recorder reads an activation before an intervention edits it
-        with attached(self.model, self.view, [*hooks, *edits]), layer_threads(self.view, self.threads):
+        self.rows_alone = rounding_sensitive_layer(interventions)
+        attention, mlp = ((attention_modules(self.model, self.view), mlp_modules(self.model, self.view))
+                          if self.rows_alone is not None else ({}, {}))
+        with (attached(self.model, self.view, [*hooks, *edits]), layer_threads(self.view, self.threads),
+              rows_alone(self.view, attention, mlp, self.rows_alone)):
             yield
 
     def forward(self, tokens: Tensor, attention_mask: Tensor, position_ids: Tensor, past: Any) -> tuple[Tensor, Any]:
@@ -62,4 +72,4 @@ class PlainEngine:
         implementation = hf_config._attn_implementation
         names = {v: k for k, v in ATTENTIONS.items()}
         return {"engine": self.name, "attention": names.get(implementation, implementation),
-                "decode_threads": self.threads}
+                "decode_threads": self.threads, "rows_alone_through_layer": self.rows_alone}
