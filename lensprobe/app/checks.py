@@ -15,8 +15,9 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.text import surrogate_at
 from lensprobe.generation.config import MIN_TEMPERATURE
 
-__all__ = ["MAX_TOKENS", "check_common", "check_text_arguments", "finite_number", "head_list", "out_folder",
-           "positive_int", "positive_number", "probability", "temperature", "text", "top_k", "whole"]
+__all__ = ["MAX_TOKENS", "check_common", "check_text_arguments", "finite_number", "head_list", "int_list",
+           "layer_list", "out_folder", "positive_int", "positive_number", "probability", "str_list", "temperature",
+           "text", "top_k", "whole"]
 
 MAX_TOKENS = 10_000_000
 """No model's context holds more tokens: a larger ``--max-new-tokens`` or ``--count`` is a typo."""
@@ -46,6 +47,33 @@ positive_int = whole(1)
 
 top_k = whole(1, 10_000)
 """``--top-k``: tokens to list (at most 10,000; also checked against the vocabulary)."""
+
+
+def int_list(text: str) -> list[int]:
+    """Parse ``"0,1,7"`` (or ``"3"``) into distinct whole numbers >= 0, for ``--layers``/``--heads``/``--levels``."""
+    parts = [v for v in text.replace(" ", "").split(",") if v != ""]
+    if not all(v.isascii() and v.isdigit() for v in parts):
+        bad = next((v for v in parts if v.lstrip("-").isascii() and v.lstrip("-").isdigit()), None)
+        if bad is not None:
+            raise argparse.ArgumentTypeError(f"{bad} is negative: layers and heads are counted from 0")
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 0,1,7, got {text!r}")
+    values = [int(v) for v in parts]
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer, e.g. 0")
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"{twice[0]} is given twice in {text!r}: name each once")
+    return values
+
+
+def layer_list(text: str) -> list[int] | None:
+    """Like :func:`int_list`, and ``"all"`` for every layer (``None``)."""
+    return None if text.strip().lower() == "all" else int_list(text)
+
+
+def str_list(text: str) -> list[str]:
+    """Parse ``"Algebra, Geometry"`` into ``["Algebra", "Geometry"]``."""
+    return [v.strip() for v in text.split(",") if v.strip()]
 
 
 def finite_number(value: str) -> float:

@@ -10,6 +10,11 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from lensprobe.app.checks import int_list as int_list  # the list parsers' old home
+from lensprobe.app.checks import layer_list as layer_list
+from lensprobe.app.checks import str_list as str_list
+from lensprobe.app.option_groups import ModelOptions, SystemOptions
+from lensprobe.app.options import add_options
 from lensprobe.core.conditions import BUILTIN_CONDITIONS, canonical_condition_name
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models import load_model
@@ -18,37 +23,6 @@ from lensprobe.core.testing import tiny_model
 
 TEST_MODEL = "tiny"
 """``--model tiny``: lensprobe's tiny random test model (seeded; answers are gibberish)."""
-
-MODEL_HELP = ("model path (.gguf or HF folder) or hub name; default: the embedded SmolLM2-135M-Instruct; "
-              f"'{TEST_MODEL}': a tiny random test model")
-
-
-def int_list(text: str) -> list[int]:
-    """Parse ``"0,1,7"`` (or ``"3"``) into distinct whole numbers >= 0, for ``--layers``/``--heads``/``--levels``."""
-    parts = [v for v in text.replace(" ", "").split(",") if v != ""]
-    if not all(v.isascii() and v.isdigit() for v in parts):
-        bad = next((v for v in parts if v.lstrip("-").isascii() and v.lstrip("-").isdigit()), None)
-        if bad is not None:
-            raise argparse.ArgumentTypeError(f"{bad} is negative: layers and heads are counted from 0")
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 0,1,7, got {text!r}")
-    values = [int(v) for v in parts]
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer, e.g. 0")
-    twice = sorted({v for v in values if values.count(v) > 1})
-    if twice:
-        raise argparse.ArgumentTypeError(f"{twice[0]} is given twice in {text!r}: name each once")
-    return values
-
-
-def layer_list(text: str) -> list[int] | None:
-    """Like :func:`int_list`, and ``"all"`` for every layer (``None``)."""
-    return None if text.strip().lower() == "all" else int_list(text)
-
-
-def str_list(text: str) -> list[str]:
-    """Parse ``"Algebra, Geometry"`` into ``["Algebra", "Geometry"]``."""
-    return [v.strip() for v in text.split(",") if v.strip()]
-
 
 FILLER_ALIASES = ("none", "meaningless", "meaningful", "random")
 """The older ``--filler`` spellings, still accepted (``none`` is ``w/o``, ``meaningless`` is ``w/ Mless``, ...)."""
@@ -71,18 +45,15 @@ def filler_condition(choices: tuple[str, ...] = tuple(BUILTIN_CONDITIONS)):
 
 
 def add_model_argument(parser: argparse.ArgumentParser) -> None:
-    """``--model``: a path, hub name, ``tiny``, or nothing for the embedded model; ``--device``, ``--dtype``."""
-    parser.add_argument("--model", default=None, help=MODEL_HELP)
-    parser.add_argument("--device", default=None,
-                        help="device for the weights, e.g. cuda, cuda:1, mps, cpu (default: CUDA, then MPS, else CPU)")
-    parser.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"],
-                        help="weight dtype (default: fp32); attention and entropy are recorded in fp32 either way")
+    """``--model``: a path, hub name, ``tiny``, or nothing for the embedded model; ``--device``, ``--dtype``
+    (:class:`~lensprobe.app.option_groups.ModelOptions`)."""
+    add_options(parser, ModelOptions)
 
 
 def add_system_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--system`` (default: the paper's MATH prompt) and ``--no-system``."""
-    parser.add_argument("--system", default=None, help="system prompt (default: the paper's MATH prompt)")
-    parser.add_argument("--no-system", action="store_true", help="no system prompt")
+    """``--system`` (default: the paper's MATH prompt) and ``--no-system``
+    (:class:`~lensprobe.app.option_groups.SystemOptions`)."""
+    add_options(parser, SystemOptions)
 
 
 def system_of(args) -> str | None:

@@ -36,26 +36,32 @@ class EvalConfig(GenerationConfig):
 
     Attributes:
         max_new_tokens: generated tokens per answer at most (default 512).
-        batch_size: prompts generated together (left-padded); does not change greedy results
-            and is not part of the configuration hash.
-        seed: base seed of sampling (default 0; used only with ``do_sample=True``).
-        n_samples: answers per problem (needs ``do_sample=True`` when > 1; for pass@k).
-        prompt_format: ``"chat"`` or ``"paper"``: how the built-in conditions build their
-            prompts (see the module docs). Part of the configuration hash only when it is not
-            ``"chat"``. The generation defaults of the paper format are applied by
+        batch_size: rows generated at once; a finished row's slot takes the next prompt
+            (continuous batching). Does not change greedy results and is not part of the
+            configuration hash.
+        seed: base seed of sampling (default 0; used only when sampling).
+        n_samples: answers per problem, for pass@k (more than one needs sampling: ``do_sample=True``,
+            ``--sample``).
+        prompt_format: how the built-in conditions build their prompts: ``"chat"``, the model's
+            chat template (default), or ``"paper"``, the authors' raw string (no chat template;
+            their system prompt + filler + problem as one string), generating up to 2048 new
+            tokens with the model's own sampling settings unless given. Part of the
+            configuration hash only when it is not ``"chat"``. The generation defaults of the paper format are applied by
             :func:`evaluate` when settings are passed as keywords, or by
             :meth:`EvalConfig.paper`.
         extract: how the answer is read from the generated text: ``"boxed"`` (the last
             ``\\boxed{...}``, default) or ``"last-number"`` (the last number, lm-eval's flexible
             extraction; :func:`~lensprobe.evals.grading.extract_last_number`). Part of the
             configuration hash only when it is not ``"boxed"``.
-        protocol: one of the authors' protocols (:data:`~lensprobe.evals.protocols.PROTOCOLS`,
-            e.g. ``"arm-math500"``), recorded in the configuration hash when set; its settings
-            are applied by :func:`evaluate` and :meth:`EvalConfig.paper` (those given win).
+        protocol: one of the authors' protocols, recorded in the configuration hash when set;
+            its settings (prompt format, tokens, sampling, samples) apply where none are given.
+            The protocols are :data:`~lensprobe.evals.protocols.PROTOCOLS`; :func:`evaluate` and
+            :meth:`EvalConfig.paper` apply their settings.
         grade_timeout: whole seconds math-verify may spend on each step of grading an answer
-            (default :data:`~lensprobe.evals.mathverify.GRADE_TIMEOUT`; ``None``: no limit); a
-            timeout is no verdict (``None``). Part of the configuration hash only when it is
-            not the default.
+            (default 5); a timeout is no verdict, counted and reported. The default is
+            :data:`~lensprobe.evals.mathverify.GRADE_TIMEOUT`, ``None`` sets no limit, and a
+            timed-out verdict is ``None``. Part of the configuration hash only when it is not
+            the default.
 
     The other fields (``do_sample``, ``temperature``, ``top_p``, ``stop_at_eos``, ``thinking``,
     ``think_when``) are :class:`~lensprobe.GenerationConfig`'s.

@@ -33,7 +33,9 @@ class GenerationConfig:
         max_new_tokens: steps to generate (thinking steps count); the prompt length plus this
             must fit the model's context.
         do_sample: sample instead of greedy decoding (greedy is ``argmax`` of the logits).
-        temperature, top_p: sampling settings (ignored when greedy).
+        temperature: sampling temperature: the logits are divided by it (ignored when greedy).
+        top_p: nucleus sampling threshold: sample among the most probable tokens whose
+            probabilities add up to ``top_p`` (ignored when greedy).
         top_k: with sampling, keep only the ``top_k`` most probable tokens (``0``: no cut;
             ``transformers`` 4.x applied 50 when a generation config left it unset).
         min_p: with sampling, drop tokens less probable than ``min_p`` times the most probable
@@ -41,12 +43,12 @@ class GenerationConfig:
         repetition_penalty: divide the logits of tokens already in the row (prompt and
             generated) by it when positive, multiply when negative; greedy too (``1``: off).
             The order and semantics are ``transformers``' (:mod:`lensprobe.generation.sampling`).
-        seed: with sampling, each row draws from its own generator seeded with ``(seed, j)``,
-            ``j`` its sample index: results are reproducible, a prompt gives the same samples
-            alone or in a batch, and sample ``j`` of every prompt (and of every condition) uses
-            the same random numbers (common random numbers for paired comparisons).
-            ``None``: torch's global generator.
-        n_samples: rows per prompt; rows are ordered prompt by prompt.
+        seed: sampling seed. With sampling, each row draws from its own generator seeded with
+            ``(seed, j)``, ``j`` its sample index: results are reproducible, a prompt gives the
+            same samples alone or in a batch, and sample ``j`` of every prompt (and of every
+            condition) uses the same random numbers (common random numbers for paired
+            comparisons). ``None``: torch's global generator.
+        n_samples: samples (rows) per prompt; rows are ordered prompt by prompt.
         stop_at_eos: a row stops after its end-of-sequence token (recorded as its last step):
             the tokenizer's, the model's generation config's, and ``eos_token_id``'s. A model
             without a tokenizer (token-id prompts) stops only at the ids these name.

@@ -1,4 +1,4 @@
-"""The ARM, benchmark and protocol options shared by ``lensprobe eval`` and ``lensprobe reproduce``.
+"""The ARM and benchmark options shared by ``lensprobe eval`` and ``lensprobe reproduce``.
 
 ``--arm-c``, ``--arm-percentile``, ``--arm-p-min`` and ``--arm-variant`` start from the authors' preset
 for the model on ``--benchmark`` (``--arm-source code|paper``) and override only what is given; a
@@ -7,14 +7,29 @@ model without a preset needs ``--arm-c`` and ``--arm-percentile``.
 
 import argparse
 
+from lensprobe.app.options import Option, add_options, option_values
 from lensprobe.core.errors import LensprobeError
-from lensprobe.evals.protocols import PROTOCOLS
 from lensprobe.interventions.arm import ARM
 from lensprobe.interventions.arm_presets import BENCHMARKS, PAPER_TABLE9, arm_preset, benchmark_key, model_key
 
-__all__ = ["ARM_FLAGS", "add_arm_arguments", "add_benchmark_arguments", "arm_from_args", "benchmark_arg"]
+__all__ = ["ARM_FLAGS", "ARM_OPTIONS", "add_arm_arguments", "add_benchmark_arguments", "arm_from_args",
+           "benchmark_arg"]
 
-ARM_FLAGS = {"c": "arm_c", "percentile": "arm_percentile", "p_min": "arm_p_min", "variant": "arm_variant"}
+ARM_OPTIONS: dict[str, Option] = {
+    "c": Option(flag="--arm-c", default=None,
+                help="c of the ARM module attached by 'ARM' / '<name>+ARM' conditions (Gemma variant: the fraction "
+                     "moved); every --arm-* option starts from the authors' preset for the model on --benchmark and "
+                     "overrides only what is given (a model without a preset needs --arm-c and --arm-percentile)"),
+    "percentile": Option(flag="--arm-percentile", default=None,
+                         help="percentile of the ARM module (0-100; Gemma variant: a quantile in [0, 1])"),
+    "p_min": Option(flag="--arm-p-min", default=None,
+                    help="lower bound of the moved fraction (default: the preset's; 0.02, Llama 0.2 in the code)"),
+    "variant": Option(flag="--arm-variant", default=None, help="ARM rule (default: the preset's)"),
+}
+"""The :class:`~lensprobe.ARM` fields on the command line: types and choices from the fields, ``None``
+(not given: the preset's value) by default."""
+
+ARM_FLAGS = {name: opt.dest_of(name) for name, opt in ARM_OPTIONS.items()}
 """ARM field -> the ``args`` attribute of its ``--arm-*`` option."""
 
 
@@ -26,30 +41,16 @@ def benchmark_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def add_benchmark_arguments(p: argparse.ArgumentParser, *, protocol: bool = True) -> None:
-    """``--benchmark`` (and ``--protocol``)."""
+def add_benchmark_arguments(p: argparse.ArgumentParser) -> None:
+    """``--benchmark``."""
     p.add_argument("--benchmark", type=benchmark_arg, default=None,
                    help=f"the problems' benchmark, which picks the ARM preset: one of {', '.join(BENCHMARKS)} "
                         "(default: inferred for lensprobe's MATH-500 copy and aime2025* files)")
-    if protocol:
-        p.add_argument("--protocol", default=None, choices=tuple(PROTOCOLS),
-                       help="one of the authors' protocols, recorded in config.json: arm-math500 (raw prompt, 2048 "
-                            "tokens, the model's generation config, paper-exact) or arm-aime-pass3 (single-brace "
-                            "prompt, 512 tokens, sampling, 20 samples, pass@3); options given still win")
 
 
 def add_arm_arguments(p: argparse.ArgumentParser) -> None:
-    """``--arm-c``, ``--arm-percentile``, ``--arm-p-min``, ``--arm-variant``, ``--arm-source``."""
-    p.add_argument("--arm-c", type=float, default=None,
-                   help="c of the ARM module attached by 'ARM' / '<name>+ARM' conditions (Gemma variant: the fraction "
-                        "moved); every --arm-* option starts from the authors' preset for the model on --benchmark "
-                        "and overrides only what is given (a model without a preset needs --arm-c and "
-                        "--arm-percentile)")
-    p.add_argument("--arm-percentile", type=float, default=None,
-                   help="percentile of the ARM module (0-100; Gemma variant: a quantile in [0, 1])")
-    p.add_argument("--arm-p-min", type=float, default=None,
-                   help="lower bound of the moved fraction (default: the preset's; 0.02, Llama 0.2 in the code)")
-    p.add_argument("--arm-variant", default=None, choices=("default", "gemma"), help="ARM rule (default: the preset's)")
+    """``--arm-c``, ``--arm-percentile``, ``--arm-p-min``, ``--arm-variant`` (:data:`ARM_OPTIONS`), ``--arm-source``."""
+    add_options(p, ARM, ARM_OPTIONS)
     p.add_argument("--arm-source", default="code", choices=("code", "paper"),
                    help="where presets come from: code (the authors' released code, default) or paper (Table 9)")
 
@@ -66,8 +67,7 @@ def arm_from_args(args, model=None, benchmark: str | None = None):
         >>> arm_from_args(argparse.Namespace(arm_c=0.2, model="Qwen/Qwen2.5-Math-7B"), benchmark="math500")
         ARM(layer=0, c=0.2, percentile=95, ...)
     """
-    given = {field: getattr(args, attr, None) for field, attr in ARM_FLAGS.items()}
-    given = {k: v for k, v in given.items() if v is not None}
+    given = option_values(args, ARM, ARM_OPTIONS, given=True)
     if not given:
         return None
     name = model if model is not None else getattr(args, "model", None)

@@ -5,23 +5,22 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from lensprobe.app.checks import MAX_TOKENS, out_folder, text, whole
 from lensprobe.app.common import (
     add_model_argument,
     add_system_arguments,
     check_out_dir,
     filler_condition,
-    int_list,
-    layer_list,
     load_cli_model,
     print_files,
     system_of,
     write_figure,
 )
+from lensprobe.app.option_groups import FILLER_OPTIONS, OutputOptions, QuestionOptions, SiteOptions
+from lensprobe.app.options import Option, add_options, option_values
 from lensprobe.core.jsonable import to_jsonable
 from lensprobe.core.models import check_heads, check_layers
-from lensprobe.core.prompts import PLACEMENTS
 from lensprobe.studies import filler as fs
+from lensprobe.studies.filler import FillerSetup
 from lensprobe.viz import attention_received_figure, attention_view_html
 
 FILLER_CHOICES = ("w/ Mless", "w/ Mful", "random sentence", "w/o")
@@ -37,26 +36,22 @@ def add_attention(subparsers) -> None:
                     "figures, a circuitsvis view, and the numbers as CSV/JSON. Layers and heads are "
                     "0-based (TransformerLens); papers count from 1.")
     add_model_argument(p)
-    p.add_argument("--question", required=True, type=text, help="the question text")
+    add_options(p, QuestionOptions)
     p.add_argument("--filler", default="w/ Mless", type=filler_condition(FILLER_CHOICES), metavar="CONDITION",
                    help="filler condition compared with no filler: 'w/ Mless' ('/' x 55; the default), 'w/ Mful' "
                         "('he' x 55), 'random sentence', or 'w/o' (no filler only); also meaningless, meaningful, "
                         "random, none")
-    p.add_argument("--count", type=whole(1, MAX_TOKENS), default=55, help="filler repetitions (default 55)")
     add_system_arguments(p)
-    p.add_argument("--placement", default="between", choices=PLACEMENTS, help="where the filler goes")
-    p.add_argument("--layers", type=layer_list, default=[0], help="0-based layers, e.g. 0 or 0,5,29 or all")
-    p.add_argument("--heads", type=int_list, default=None, help="0-based heads, e.g. 0,1,7 (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random sentence")
-    p.add_argument("--out", type=out_folder, default=Path("lensprobe-attention"), help="output folder")
+    add_options(p, FillerSetup, FILLER_OPTIONS)
+    add_options(p, SiteOptions)
+    add_options(p, OutputOptions, ["out"], out=Option(default=Path("lensprobe-attention")))
     p.set_defaults(func=run_attention)
 
 
 def run_attention(args) -> int:
     check_out_dir(args.out, "attention")  # before the model loads
     conditions = ("w/o",) if args.filler == "w/o" else ("w/o", args.filler)
-    setup = fs.FillerSetup(conditions=conditions, system=system_of(args),
-                           count=args.count, seed=args.seed, placement=args.placement)
+    setup = FillerSetup(conditions=conditions, system=system_of(args), **option_values(args, FillerSetup, FILLER_OPTIONS))
     model = load_cli_model(args)
     layers = check_layers(model, args.layers)
     heads = check_heads(model, args.heads)

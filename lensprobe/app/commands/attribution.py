@@ -2,7 +2,7 @@
 
 import json
 
-from lensprobe.app.checks import out_folder, positive_int, text
+from lensprobe.app.checks import positive_int, text
 from lensprobe.app.commands.heads import FILLER_CHOICES, prompt_of
 from lensprobe.app.common import (
     add_model_argument,
@@ -12,6 +12,8 @@ from lensprobe.app.common import (
     load_cli_model,
     write_figure,
 )
+from lensprobe.app.option_groups import OutputOptions
+from lensprobe.app.options import Option, add_options
 from lensprobe.app.sections.filler import demo_question
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.heads import parse_heads, resolve_heads
@@ -58,7 +60,7 @@ def add_attribute(subparsers) -> None:
     add_system_arguments(p)
     p.add_argument("--filler", default="w/o", type=filler_condition(FILLER_CHOICES), metavar="CONDITION",
                    help="filler between system prompt and question: 'w/o' (default), 'w/ Mless' or 'w/ Mful'")
-    p.add_argument("--out", type=out_folder, required=True, help="output folder")
+    add_options(p, OutputOptions, ["out"], out=Option(required=True))
     p.set_defaults(func=run_attribute_command)
 
 

@@ -2,9 +2,10 @@
 
 from pathlib import Path
 
-from lensprobe.app.checks import out_folder
 from lensprobe.app.common import add_model_argument, check_out_dir, load_cli_model
 from lensprobe.app.demo import run_demo
+from lensprobe.app.option_groups import OutputOptions
+from lensprobe.app.options import Option, add_options
 
 
 def add_demo(subparsers) -> None:
@@ -12,7 +13,7 @@ def add_demo(subparsers) -> None:
     p = subparsers.add_parser("demo", help="write the demo report (embedded model, offline)",
                               description="Run every study on the embedded SmolLM2-135M-Instruct (or --model) "
                                           "and write a self-contained HTML report with the numbers as CSV/JSON.")
-    p.add_argument("--out", type=out_folder, default=Path("lensprobe-report"), help="output folder (default lensprobe-report)")
+    add_options(p, OutputOptions, ["out"], out=Option(default=Path("lensprobe-report")))
     add_model_argument(p)
     p.add_argument("--quick", action="store_true", help="tiny inputs: a fast smoke run")
     p.set_defaults(func=run_demo_command)

@@ -14,13 +14,8 @@ from pathlib import Path
 from typing import cast
 
 from lensprobe.app.checks import (
-    MAX_TOKENS,
     head_list,
-    out_folder,
     positive_int,
-    probability,
-    temperature,
-    whole,
 )
 from lensprobe.app.commands.armargs import add_arm_arguments, add_benchmark_arguments, arm_from_args
 from lensprobe.app.common import (
@@ -31,6 +26,8 @@ from lensprobe.app.common import (
     load_cli_model,
     str_list,
 )
+from lensprobe.app.option_groups import EVAL_OPTIONS, OutputOptions
+from lensprobe.app.options import Option, add_options, option_values
 from lensprobe.core.conditions import PromptFormat, paper_conditions, resolve_conditions
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.heads import parse_heads
@@ -39,7 +36,6 @@ from lensprobe.core.shards import bind_local_gpu
 from lensprobe.evals.arithmetic import arithmetic_problems
 from lensprobe.evals.benchmarks import resolve_benchmark
 from lensprobe.evals.data import load_math500
-from lensprobe.evals.grading import EXTRACT_METHODS
 from lensprobe.evals.harness import (
     DEFAULT_CONDITIONS,
     EvalConfig,
@@ -54,6 +50,19 @@ from lensprobe.evals.verdicts import VERDICT_COLUMNS, resolve_grader
 from lensprobe.interventions.ablation import ablate_heads
 from lensprobe.interventions.arm import ARM
 from lensprobe.viz.eval_report import write_eval_report
+
+EVAL_CHANGES: dict[str, Option] = {  # not given (None): the prompt format's or the protocol's value
+    "max_new_tokens": Option(default=None, note="2048 with --prompt-format paper"),
+    "do_sample": Option(default=None, note="--prompt-format paper: as the model's generation config says"),
+    "temperature": Option(default=None),
+    "top_p": Option(default=None),
+    "n_samples": Option(default=None, note="20 under --protocol arm-aime-pass3"),
+    "protocol": Option(note="arm-math500: raw prompt, 2048 tokens, the model's generation config, paper-exact; "
+                            "arm-aime-pass3: single-brace prompt, 512 tokens, sampling, 20 samples, pass@3; options "
+                            "given still win"),
+    "grade_timeout": Option(default=None),
+}
+"""How ``lensprobe eval`` shows the :data:`~lensprobe.app.option_groups.EVAL_OPTIONS`."""
 
 
 def add_eval(subparsers) -> None:
@@ -73,16 +82,9 @@ def add_eval(subparsers) -> None:
                    help="math500: MATH-500 (or --data; default); arithmetic: lensprobe's built-in one- and "
                         "two-step integer problems (lp.arithmetic_problems: --limit problems, default 300, drawn "
                         "with --seed; --levels 1 or 2 keeps one or two operations)")
-    p.add_argument("--extract", default="boxed", choices=EXTRACT_METHODS,
-                   help="how the answer is read: boxed: the last \\boxed{...} (default); last-number: the last "
-                        "number of the generation (lm-eval's flexible extraction)")
     p.add_argument("--conditions", default=DEFAULT_CONDITIONS,
                    help=f"comma-separated conditions (default {DEFAULT_CONDITIONS!r}; also 'random sentence'; "
                         "the older spellings none, meaningless, meaningful, random work too)")
-    p.add_argument("--prompt-format", default="chat", choices=("chat", "paper"),
-                   help="chat: the model's chat template (default); paper: the authors' raw string (no chat "
-                        "template, their system prompt + filler + problem as one string), with max 2048 new tokens "
-                        "and the model's own sampling settings unless given")
     add_arm_arguments(p)
     add_benchmark_arguments(p)
     p.add_argument("--system", default=None, help="replace the system prompt of every condition")
@@ -92,27 +94,12 @@ def add_eval(subparsers) -> None:
     p.add_argument("--levels", type=int_list, default=None, help="keep these levels, e.g. 1,2")
     p.add_argument("--limit", type=positive_int, default=None, help="at most this many problems")
     p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle problems with this seed before --limit")
-    p.add_argument("--max-new-tokens", type=whole(1, MAX_TOKENS), default=None,
-                   help="generated tokens per answer (default 512; 2048 with --prompt-format paper)")
-    p.add_argument("--batch-size", type=positive_int, default=8,
-                   help="rows generated at once; a finished row's slot takes the next prompt at once "
-                        "(continuous batching; default 8)")
-    p.add_argument("--sample", action="store_true", default=None,
-                   help="sample instead of greedy decoding (paper format: default from the model's generation config)")
-    p.add_argument("--temperature", type=temperature, default=None, help="sampling temperature (default 1.0)")
-    p.add_argument("--top-p", type=probability, default=None, help="nucleus sampling threshold (default 1.0)")
-    p.add_argument("--n-samples", type=positive_int, default=None,
-                   help="answers per problem (with --sample; default 1, 20 under --protocol arm-aime-pass3)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--grade-timeout", type=whole(1, 86_400), default=None, metavar="SECONDS",
-                   help="seconds math-verify may spend on each step of grading an answer (default 5); a timeout "
-                        "is no verdict, counted and reported")
+    add_options(p, EvalConfig, EVAL_OPTIONS, title="generation and grading (lp.EvalConfig)", **EVAL_CHANGES)
     p.add_argument("--grader", default=None, choices=VERDICT_COLUMNS,
                    help="verdict column of the summary and figures (default: paper-exact for --prompt-format paper "
                         "or a --protocol, with math-verify beside it; else math-verify)")
-    p.add_argument("--out", type=out_folder, default=Path("lensprobe-eval"), help="output folder (default lensprobe-eval)")
+    add_options(p, OutputOptions, out=Option(default=Path("lensprobe-eval")))
     p.add_argument("--no-resume", action="store_true", help="refuse a folder that already holds results")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_eval, interrupted="every finished row is saved in --out; rerun the same command "
                                               "to resume")
 
@@ -124,7 +111,7 @@ def add_eval_report(subparsers) -> None:
         description="Read one or more `lensprobe eval` output folders (several: one per model) and write "
                     "the accuracy tables (CSV), paired comparisons and figures as an HTML report.")
     p.add_argument("dirs", nargs="+", type=Path, help="result folder(s)")
-    p.add_argument("--out", type=out_folder, default=None, help="report folder (default: DIR/report)")
+    add_options(p, OutputOptions, ["out"], out=Option(help="report folder (default: DIR/report)"))
     p.add_argument("--grader", default=None, choices=VERDICT_COLUMNS,
                    help="verdict column of the figures (default: paper-exact for folders in the authors' format)")
     p.add_argument("--baseline", default=None, help="condition compared with the others (default: the first)")
@@ -174,18 +161,13 @@ def check_eval_args(args) -> None:
 
 
 def eval_config_from_args(args, model) -> EvalConfig:
-    """The run's settings: the options given, the rest from the prompt format's defaults."""
-    given = {"max_new_tokens": args.max_new_tokens, "do_sample": args.sample, "temperature": args.temperature,
-             "top_p": args.top_p, "n_samples": args.n_samples}
-    given = {k: v for k, v in given.items() if v is not None}
-    fixed = {"batch_size": args.batch_size, "seed": args.seed, "extract": getattr(args, "extract", "boxed")}
-    if getattr(args, "grade_timeout", None) is not None:
-        fixed["grade_timeout"] = args.grade_timeout
-    if getattr(args, "protocol", None) is not None:  # the protocol's settings, then the model's generation config
-        return EvalConfig(**with_format_defaults(model, {**given, **fixed, "protocol": args.protocol}))
-    if args.prompt_format == "paper":
-        return EvalConfig.paper(model, **given, **fixed)
-    return EvalConfig(**given, **fixed)
+    """The run's settings: the options given, the rest from the prompt format's (or protocol's) defaults."""
+    settings = option_values(args, EvalConfig, EVAL_OPTIONS, given=True, **EVAL_CHANGES)
+    paper = settings.pop("prompt_format", "chat") == "paper"
+    if settings.get("protocol") is not None:  # the protocol's settings, then the model's generation config
+        return EvalConfig(**with_format_defaults(model, settings))
+    settings.pop("protocol", None)
+    return EvalConfig.paper(model, **settings) if paper else EvalConfig(**settings)
 
 
 PROBLEM_SETS = ("math500", "arithmetic")

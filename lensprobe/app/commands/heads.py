@@ -2,7 +2,7 @@
 
 import json
 
-from lensprobe.app.checks import head_list, out_folder, positive_int, text, top_k
+from lensprobe.app.checks import head_list, positive_int, text, top_k
 from lensprobe.app.common import (
     add_model_argument,
     add_system_arguments,
@@ -12,6 +12,8 @@ from lensprobe.app.common import (
     system_of,
     write_figure,
 )
+from lensprobe.app.option_groups import OutputOptions, QuestionOptions
+from lensprobe.app.options import Option, add_options
 from lensprobe.app.sections.filler import demo_question
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.heads import head_label, parse_heads, resolve_heads
@@ -40,7 +42,7 @@ def add_prompt_arguments(p) -> None:
     p.add_argument("--method", default="zero", choices=("zero", "mean", "resample"), help="ablation method")
     p.add_argument("--reference", action="append", default=None, metavar="TEXT",
                    help="a reference question for --method mean (repeat for several) or resample (once)")
-    p.add_argument("--out", type=out_folder, required=True, help="output folder")
+    add_options(p, OutputOptions, ["out"], out=Option(required=True))
 
 
 def prompt_of(model, args, question: str):
@@ -70,7 +72,7 @@ def add_ablate(subparsers) -> None:
                     "head, its average attention per token position. Heads are 0-based: L0H13 is the papers' "
                     "layer 1, head 14.")
     p.add_argument("--heads", required=True, type=head_list, help="heads, e.g. L0H3,L1H2 or H13 (head 13 in every layer)")
-    p.add_argument("--question", required=True, type=text, help="the question text")
+    add_options(p, QuestionOptions)
     p.add_argument("--positions", default=None,
                    help="restrict the ablation to a prompt segment (e.g. question) or positions (e.g. 3,4,5)")
     p.add_argument("--top-k", type=top_k, default=10, help="tokens to list (default 10, at most 10,000)")

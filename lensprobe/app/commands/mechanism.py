@@ -3,22 +3,24 @@
 import json
 from pathlib import Path
 
-from lensprobe.app.checks import MAX_TOKENS, out_folder, positive_int, positive_number, text, whole
+from lensprobe.app.checks import positive_int, positive_number, whole
 from lensprobe.app.common import (
     add_model_argument,
     add_system_arguments,
     check_out_dir,
-    int_list,
     load_cli_model,
     print_files,
     system_of,
     write_figure,
 )
+from lensprobe.app.option_groups import FILLER_OPTIONS, OutputOptions, QuestionOptions, SiteOptions
+from lensprobe.app.options import Option, add_options
 from lensprobe.app.sections.mechanism import MECHANISM_ARM
 from lensprobe.core.jsonable import stable_repr, to_jsonable
 from lensprobe.core.models import check_heads, check_layers, model_label
 from lensprobe.core.prompts import prompt_json
 from lensprobe.interventions.arm import ARM
+from lensprobe.studies.filler import FillerSetup
 from lensprobe.studies.mechanism import (
     WHERE,
     activation_stats,
@@ -41,10 +43,10 @@ def add_mechanism(subparsers) -> None:
                     "(w/o, w/ Mless, and w/o + ARM) with the share near zero. Tables as CSV, figures as HTML. "
                     "Layers and heads are 0-based (TransformerLens); papers count from 1.")
     add_model_argument(p)
-    p.add_argument("--question", required=True, type=text, help="the question text")
+    add_options(p, QuestionOptions)
     p.add_argument("--layer", type=whole(0), default=0, help="0-based layer (default 0, as in the paper)")
-    p.add_argument("--heads", type=int_list, default=None, help="0-based heads, e.g. 0,1,7 (default: all)")
-    p.add_argument("--count", type=whole(1, MAX_TOKENS), default=55, help="filler repetitions (default 55)")
+    add_options(p, SiteOptions, ["heads"])
+    add_options(p, FillerSetup, {"count": FILLER_OPTIONS["count"]})
     add_system_arguments(p)
     p.add_argument("--where", default="act_fn(gate)", choices=WHERE,
                    help="activation measured: act_fn(gate_proj(x)) (what ARM edits; the default) or hook_post "
@@ -56,7 +58,7 @@ def add_mechanism(subparsers) -> None:
     p.add_argument("--bins", type=positive_int, default=80, help="histogram bins (default 80)")
     p.add_argument("--no-arm", action="store_true", help="leave out the w/o + ARM condition")
     p.add_argument("--seed", type=int, default=0, help="seed of ARM's draws")
-    p.add_argument("--out", type=out_folder, default=Path("lensprobe-mechanism"), help="output folder")
+    add_options(p, OutputOptions, ["out"], out=Option(default=Path("lensprobe-mechanism")))
     p.set_defaults(func=run_mechanism)
 
 

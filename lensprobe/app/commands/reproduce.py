@@ -9,13 +9,16 @@ Examples:
 
 from pathlib import Path
 
-from lensprobe.app.checks import MAX_TOKENS, check_common, out_folder, positive_int, whole
+from lensprobe.app.checks import check_common, positive_int
 from lensprobe.app.commands.armargs import add_arm_arguments, arm_from_args
 from lensprobe.app.common import add_model_argument, check_out_dir, load_cli_model
+from lensprobe.app.option_groups import EVAL_OPTIONS, OutputOptions
+from lensprobe.app.options import Option, add_options
 from lensprobe.app.recipe import list_recipes, load_recipe
 from lensprobe.app.reproduce import reproduce
 from lensprobe.app.reproduce_tables import markdown_table
 from lensprobe.core.errors import LensprobeError
+from lensprobe.evals.config import EvalConfig
 from lensprobe.interventions.arm_presets import benchmark_key
 
 
@@ -30,16 +33,16 @@ def add_reproduce(subparsers) -> None:
     p.add_argument("--list", action="store_true", help="list the shipped recipes and exit")
     add_model_argument(p)
     p.add_argument("--limit", type=positive_int, default=None, help="at most this many problems per benchmark")
-    p.add_argument("--max-new-tokens", type=whole(1, MAX_TOKENS), default=None,
-                   help="generated tokens per answer (default: the protocol's, 2048 for arm-math500)")
-    p.add_argument("--batch-size", type=positive_int, default=8, help="rows generated at once (continuous batching)")
+    add_options(p, EvalConfig, {name: EVAL_OPTIONS[name] for name in ("max_new_tokens", "batch_size")},
+                max_new_tokens=Option(default=None, help="generated tokens per answer (default: the protocol's, 2048 "
+                                                         "for arm-math500)"))
     p.add_argument("--data", action="append", default=[], metavar="BENCHMARK=FILE",
                    help="problem file of a benchmark lensprobe does not ship, e.g. aime2024=aime_2022_2024.jsonl "
                         "(repeatable); benchmarks without data are skipped with a note")
     p.add_argument("--quick", action="store_true", help="figure recipes: short inputs (a smoke run)")
     add_arm_arguments(p)
-    p.add_argument("--out", type=out_folder, default=None, help="output folder (default: reproduce-<recipe>)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_options(p, OutputOptions, out=Option(help="output folder (default: reproduce-<recipe>)"),
+                no_progress=Option(help="no progress bars"))
     p.set_defaults(func=run_reproduce, interrupted="evaluation rows are saved in OUT/runs; rerun the same command "
                                                    "to resume")
 

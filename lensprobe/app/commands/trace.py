@@ -5,14 +5,9 @@ from functools import partial
 from pathlib import Path
 
 from lensprobe.app.checks import (
-    MAX_TOKENS,
     finite_number,
-    out_folder,
     positive_int,
     probability,
-    temperature,
-    text,
-    whole,
 )
 from lensprobe.app.common import (
     add_model_argument,
@@ -23,6 +18,8 @@ from lensprobe.app.common import (
     system_of,
     write_figure,
 )
+from lensprobe.app.option_groups import GENERATION_OPTIONS, OutputOptions, QuestionOptions
+from lensprobe.app.options import Option, add_options
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.jsonable import describe_setting
 from lensprobe.core.models import model_label
@@ -30,7 +27,7 @@ from lensprobe.core.prompts import build_prompt
 from lensprobe.core.shards import bind_local_gpu, content_digest, model_fingerprint, shard_info
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.schedule import parse_schedule
-from lensprobe.generation.thinking import THINKING_TOKEN, add_thinking_token
+from lensprobe.generation.thinking import LatentFusion, add_thinking_token
 from lensprobe.generation.trace import trace_summary
 from lensprobe.generation.traceset import trace_jobs
 from lensprobe.studies.thinking import (
@@ -41,6 +38,20 @@ from lensprobe.studies.thinking import (
     thinking_setting,
 )
 from lensprobe.viz.trace import generation_trace_figure
+
+LATENT_OPTIONS: dict[str, Option] = {
+    "alpha": Option(type=finite_number, note="for --think fusion"),
+    "top_p": Option(flag="--fusion-top-p", type=probability),
+    "token": Option(help="the thinking token (added if missing)"),
+}
+"""The :class:`~lensprobe.LatentFusion` fields on the command line."""
+
+TRACE_CHANGES: dict[str, Option] = {
+    "max_new_tokens": Option(default=400),
+    "n_samples": Option(flag="--samples", note="needs --sample for variety"),
+    "seed": Option(default=0),
+}
+"""How ``lensprobe trace`` shows the :data:`~lensprobe.app.option_groups.GENERATION_OPTIONS`."""
 
 
 def add_trace(subparsers) -> None:
@@ -55,28 +66,21 @@ def add_trace(subparsers) -> None:
                     "position. Layers and heads are 0-based. Under `torchrun --nproc-per-node N -m lensprobe "
                     "trace ...` each process traces its share of the settings; they meet in --out/shards.")
     add_model_argument(p)
-    p.add_argument("--question", required=True, type=text, help="the question text")
+    add_options(p, QuestionOptions)
     add_system_arguments(p)
-    p.add_argument("--max-new-tokens", type=whole(1, MAX_TOKENS), default=400, help="generation steps (default 400)")
     p.add_argument("--think", default="fusion",
                    help=f"thinking setting(s), comma-separated, from {','.join(THINKING_SETTINGS)} (default fusion)")
     p.add_argument("--schedule", default="every:8",
                    help="when to think: every:N, first:K, at:S1,S2, entropy:NATS, emitted (the model emits the "
                         "token), joined with '+' (default every:8)")
-    p.add_argument("--alpha", type=finite_number, default=0.6, help="LatentFusion alpha for --think fusion (default 0.6)")
-    p.add_argument("--fusion-top-p", type=probability, default=0.9, help="top-p of the latent mixture (default 0.9)")
-    p.add_argument("--token", default=THINKING_TOKEN, help="the thinking token (added if missing)")
+    add_options(p, LatentFusion, LATENT_OPTIONS)
     p.add_argument("--track", default="system,question",
                    help="extra tracked sets, comma-separated: segment names, 'prompt', 'generated', or one-token "
                         "strings (default system,question)")
-    p.add_argument("--samples", type=positive_int, default=1, help="samples per setting (needs --sample for variety)")
-    p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=temperature, default=1.0)
-    p.add_argument("--top-p", type=probability, default=1.0)
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    add_options(p, GenerationConfig, GENERATION_OPTIONS, title="generation (lp.GenerationConfig)", **TRACE_CHANGES)
     p.add_argument("--smooth", type=positive_int, default=1, help="moving-average window of the figure, in steps")
     p.add_argument("--format", default="parquet", choices=("parquet", "json"), help="trace file format")
-    p.add_argument("--out", type=out_folder, default=Path("lensprobe-trace"), help="output folder")
+    add_options(p, OutputOptions, ["out"], out=Option(default=Path("lensprobe-trace")))
     p.set_defaults(func=run_trace)
 
 
