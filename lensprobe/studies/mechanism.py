@@ -259,6 +259,20 @@ def _check_where(model, layer: int, where: str) -> list[str]:
     return names
 
 
+def _check_same_segment(prompts: Mapping[str, Prompt], segment: str) -> None:
+    """Every prompt's ``segment`` holds the first prompt's tokens (the same question)."""
+    names = [str(n) for n in prompts]
+    first = next(iter(prompts.values()))
+    want = first.tokens[0, first.positions(segment)].cpu()
+    for name, p in prompts.items():
+        got = p.tokens[0, p.positions(segment)].cpu()
+        if got.shape != want.shape or not bool((got == want).all()):
+            raise LensprobeError(
+                f"prompts[{name!r}] has other {segment!r} tokens than prompts[{names[0]!r}]: compare conditions "
+                "of the same question."
+            )
+
+
 def activation_stats(model, prompts: Mapping[str, Prompt], layer: int = 0, where: Where = "act_fn(gate)", *,
                      interventions: Mapping[str, Sequence[Any]] | None = None, segment: str = "question",
                      eps: float | None = None, c: float = 0.1, reference: str | None = None,
@@ -330,15 +344,7 @@ def activation_stats(model, prompts: Mapping[str, Prompt], layer: int = 0, where
         reference = None
     c = _check_number(c, "c")
     mags = tuple(_check_number(m, "magnitude") for m in magnitudes)
-    first = next(iter(prompts.values()))
-    want = first.tokens[0, first.positions(segment)].cpu()
-    for name, p in prompts.items():
-        got = p.tokens[0, p.positions(segment)].cpu()
-        if got.shape != want.shape or not bool((got == want).all()):
-            raise LensprobeError(
-                f"prompts[{name!r}] has other {segment!r} tokens than prompts[{names[0]!r}]: compare conditions "
-                "of the same question."
-            )
+    _check_same_segment(prompts, segment)
     act_fn = activation_function(model, layer) if where == "act_fn(gate)" else None
     values: dict[str, Tensor] = {}
     for name, p in prompts.items():

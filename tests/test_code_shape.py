@@ -1,0 +1,109 @@
+"""The codebase's shape, checked so it stays changeable: modules of at most 450 lines, functions of at
+most 60 lines of code, imports that flow one way by role (core -> interventions / generation ->
+studies / evals -> viz -> app) with no import circle, and no type check on a concrete intervention
+outside its own module (the loop and harness read capabilities instead)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "lensprobe"
+MODULES = sorted(PACKAGE.rglob("*.py"))
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 60
+RANK = {"core": 0, "interventions": 1, "generation": 1, "studies": 2, "evals": 2, "viz": 3, "app": 4}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def code_lines(node: ast.AST, source: list[str]) -> int:
+    """Lines of code in ``node``: blank lines, comments and its docstring left out."""
+    body = getattr(node, "body", [])
+    doc = (body[0].lineno, body[0].end_lineno) if body and isinstance(body[0], ast.Expr) and isinstance(
+        getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str) else (0, -1)
+    end = node.end_lineno or node.lineno
+    return sum(1 for n in range(node.lineno, end + 1)
+               if not doc[0] <= n <= doc[1] and source[n - 1].strip() and not source[n - 1].strip().startswith("#"))
+
+
+def imports_of(path: Path) -> set[str]:
+    """lensprobe modules ``path`` imports at module level (not inside functions)."""
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in tree.body:
+        nodes = [node] if not isinstance(node, ast.If) else node.body  # TYPE_CHECKING blocks count too
+        for n in nodes:
+            if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("lensprobe") and n.level == 0:
+                names.add(n.module)
+            elif isinstance(n, ast.Import):
+                names.update(a.name for a in n.names if a.name.startswith("lensprobe"))
+    return names
+
+
+def test_modules_are_at_most_450_lines():
+    long = {module_name(p): n for p in MODULES if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}, f"split these modules by concern: {long}"
+
+
+def test_functions_are_at_most_60_lines_of_code():
+    long = {}
+    for path in MODULES:
+        source = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(source))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = code_lines(node, source)
+                if n > MAX_FUNCTION_LINES:
+                    long[f"{module_name(path)}.{node.name}"] = n
+    assert long == {}, f"split these functions: {long}"
+
+
+def test_the_checker_counts_code_lines_only():
+    source = 'def f(x):\n    """Doc.\n\n    More."""\n    # a comment\n\n    y = x\n    return y\n'.splitlines()
+    fn = ast.parse("\n".join(source)).body[0]
+    assert code_lines(fn, source) == 3
+
+
+def test_imports_flow_one_way_by_role_and_form_no_circle():
+    graph = {module_name(p): imports_of(p) for p in MODULES}
+    upward = []
+    for mod, deps in graph.items():
+        role = mod.split(".")[1] if mod.count(".") else None
+        for dep in deps:
+            dep_role = dep.split(".")[1] if dep.count(".") else None
+            if role in RANK and dep_role in RANK and RANK[dep_role] > RANK[role]:
+                upward.append((mod, dep))
+    assert upward == []
+    # no circle among modules (package __init__ files re-export and are left out)
+    edges = {m: {d for d in deps if d in graph and not (PACKAGE.parent / Path(*d.split("."), "__init__.py")).exists()}
+             for m, deps in graph.items() if not (PACKAGE.parent / Path(*m.split("."), "__init__.py")).exists()}
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in edges.get(m, ()):
+            if state.get(d) == 1:
+                pytest.fail(f"import circle: {' -> '.join([*path[path.index(d):], d])}")
+            if d not in state:
+                visit(d, [*path, d])
+        state[m] = 2
+
+    for m in edges:
+        if m not in state:
+            visit(m, [m])
+
+
+def test_no_type_check_on_a_concrete_intervention_outside_its_module():
+    concrete = {"ARM": "lensprobe.interventions.arm", "HeadAblation": "lensprobe.interventions.ablation"}
+    found = []
+    for path in MODULES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("isinstance", "issubclass"):
+                names = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)} if len(node.args) > 1 else set()
+                for cls in names & set(concrete):
+                    if module_name(path) != concrete[cls]:
+                        found.append((module_name(path), cls))
+    assert found == []
