@@ -15,13 +15,20 @@ does (same positions, same replacement values). Its ablation changes ``z`` by ``
 2. **GradDrop** (Kramar et al. 2024, sec. 3.1.2): for every layer ``L'``, the gradient is
    propagated with layer ``L'``'s residual contributions dropped: the gradient that reaches
    ``blocks.{L'}.hook_resid_pre`` is the one at its ``hook_resid_post`` (the skip connection
-   only). One backward through the layers below ``L'`` each.
-3. **QK fix** (sec. 3.1.1, for head outputs): the unit's write into the residual stream,
-   ``dz @ W_O``, reaches every later layer's attention directly. There the attention is
-   recomputed exactly (the model's own norm, queries, keys, softmax and values, batched over
-   units) and the change of that layer's ``z`` is dotted with its gradient; this replaces the
-   linear term of the same path, ``u . (dz @ W_O)`` with ``u = J^T g`` (a local gradient
-   through that layer's attention only).
+   only). One backward through the layers below ``L'`` each; the dropped gradients at every
+   ``hook_z`` below ``L'`` are kept for the QK fix.
+3. **QK fix** (sec. 3.1.1). The paper defines it for query and key nodes: their attention
+   logits are linear in them, so the softmax of their own head is computed exactly and only
+   what follows the pattern is linearised. A head *output* (``hook_z``, what is ablated here)
+   lies after its own softmax; the softmaxes it reaches are those of the later layers, whose
+   queries and keys its write changes. So the fix is applied there: the unit's write into the
+   residual stream, ``dz @ W_O``, is added to every later layer's attention input, where the
+   attention is recomputed exactly (the model's own norm, queries, keys, softmax and values,
+   batched over units), and the change of that layer's ``z`` is dotted with its gradient; this
+   replaces the linear term of the same path, ``u . (dz @ W_O)`` with ``u = J^T g`` (a local
+   gradient through that layer's attention only). The same is done with every GradDrop
+   gradient, so AtP* is GradDrop applied to the QK-fixed estimate. Only the direct write is
+   fixed: its effect through MLPs, and through one later layer into another, stays linear.
 """
 
 from collections.abc import Callable, Sequence
@@ -48,8 +55,11 @@ class PromptAttribution:
 
     Attributes:
         linear: ``[unit]`` AtP, ``sum(dz * g)``.
-        corrections: ``[unit, layer]`` QK fix, exact minus linear through each later layer's
-            attention (zeros without the QK fix).
+        corrections: ``[unit, layer, drop]`` QK fix, exact minus linear through each later layer's
+            attention: ``drop = 0`` with the full gradient, ``drop = D`` (a layer above the
+            correction's) with layer ``D``'s gradient dropped (GradDrop; layer 0 is never above a
+            correction's layer, so index 0 is free for the full gradient); zeros elsewhere and
+            without the QK fix.
         dropped: ``[layer, unit]`` the AtP term with that layer's gradient dropped (GradDrop),
             ``NaN`` where it equals ``linear`` (layers at or below the unit's) or was not computed.
         value: the metric on the clean run.
@@ -111,13 +121,15 @@ class _Keep:
 
 @dataclass(frozen=True)
 class _AddRows:
-    """Hook at a layer's attention input (batch 1): ``[x, x + w_1, ...]``, or one gradient leaf."""
+    """Hook at a layer's attention input (batch 1): ``[x, x + w_1, ...]``, or ``leaves`` copies of
+    ``x`` as one gradient leaf (one row per gradient that is pulled back through the layer)."""
     writes: Callable[[], Tensor] | None
     state: dict
+    leaves: int = 1
 
     def __call__(self, x: Tensor, hook) -> Tensor:
         if self.writes is None:
-            leaf = x.detach().clone().requires_grad_(True)
+            leaf = x.detach().expand(self.leaves, *x.shape[1:]).clone().requires_grad_(True)
             self.state["leaf"] = leaf
             return leaf
         return torch.cat([x, x + self.writes().to(x.dtype)], dim=0)
@@ -186,9 +198,39 @@ def _metric(measure, model, prompt, tokens: Tensor, logits: Tensor) -> Tensor:
     return value.sum()
 
 
+@dataclass
+class _Pass:
+    """One forward and backward: per unit layer ``dz`` (``[pos, head, d_head]``), per layer the gradient ``g``
+    at ``hook_z`` (``[1, pos, head, d_head]``; ``None`` where the metric does not depend on it), AtP per unit, GradDrop's terms
+    (see :class:`PromptAttribution`) and gradients: ``drops[D][L]``, the gradient at layer ``L``'s ``hook_z``
+    with layer ``D``'s gradient dropped (``L < D``)."""
+    dz: dict[int, Tensor]
+    g: dict[int, Tensor]
+    linear: Tensor
+    dropped: Tensor | None
+    drops: dict[int, dict[int, Tensor]]
+    value: float
+
+
+def _drop_gradients(pre: dict, leaves: list[Tensor], seeds: Sequence[Tensor | None],
+                    first: int) -> dict[int, dict[int, Tensor]]:
+    """GradDrop's backward passes, one per layer ``D`` above ``first`` (the lowest unit's layer): the
+    gradient reaching ``blocks.{D}.hook_resid_pre`` is the one at its ``hook_resid_post``
+    (``seeds[D - 1]``), pulled back to every ``hook_z`` from ``first`` up to ``D``."""
+    drops: dict[int, dict[int, Tensor]] = {}
+    for drop in range(first + 1, len(leaves)):
+        seed = seeds[drop - 1]
+        if seed is None:  # nothing above this layer reaches the metric: the dropped gradient is 0
+            continue
+        gd = torch.autograd.grad(pre[drop], leaves[:drop], grad_outputs=seed, retain_graph=True,
+                                 allow_unused=True)
+        drops[drop] = {layer: x for layer, x in enumerate(gd) if x is not None and layer >= first}
+    return drops
+
+
 def _gradients(model, tokens: Tensor, measure, prompt, units: Sequence[Unit], positions, source,
-               grad_drop: bool) -> tuple[dict, dict, Tensor, Tensor | None, float]:
-    """One forward and backward: ``dz`` per layer, ``g`` per layer, AtP per unit, GradDrop terms."""
+               grad_drop: bool) -> _Pass:
+    """One forward and backward: ``dz`` and ``g`` per layer, AtP per unit, GradDrop's gradients and terms."""
     n_layers = int(model.cfg.n_layers)
     zs: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> (z, gradient leaf)
     pre: dict[int, Tensor] = {}
@@ -208,20 +250,15 @@ def _gradients(model, tokens: Tensor, measure, prompt, units: Sequence[Unit], po
         g = dict(enumerate(grads[:n_layers]))
         dz = {layer: _delta_z(zs[layer][0][0], layer, positions, source) for layer in {u[0] for u in units}}
         linear = torch.tensor([_dot(dz[layer], g[layer], heads) for layer, heads in units], device="cpu")
-        dropped = None
-        if grad_drop:
-            dropped = torch.full((n_layers, len(units)), float("nan"), device="cpu")
-            for drop in range(1, n_layers):
-                below = [i for i, (layer, _) in enumerate(units) if layer < drop]
-                seed = grads[n_layers + drop - 1]
-                if not below or seed is None:
-                    continue
-                gd = torch.autograd.grad(pre[drop], leaves[:drop], grad_outputs=seed, retain_graph=True,
-                                         allow_unused=True)
-                for i in below:
-                    layer, heads = units[i]
-                    dropped[drop, i] = _dot(dz[layer], gd[layer], heads)
-    return dz, g, linear, dropped, float(value.detach())
+        drops = _drop_gradients(pre, leaves, grads[n_layers:], min(u[0] for u in units)) if grad_drop else {}
+    dropped = None
+    if grad_drop:
+        dropped = torch.full((n_layers, len(units)), float("nan"), device="cpu")
+        for drop, at in drops.items():
+            for i, (layer, heads) in enumerate(units):
+                if layer < drop:
+                    dropped[drop, i] = _dot(dz[layer], at.get(layer), heads)
+    return _Pass(dz, g, linear, dropped, drops, float(value.detach()))
 
 
 # --------------------------------------------------------------------------- QK fix
@@ -236,8 +273,9 @@ def _input_hook(model, layer: int) -> tuple[str, bool]:
     return f"blocks.{layer}.hook_resid_pre", True
 
 
-Plan = dict[int, tuple[Callable[[], Tensor] | None, Callable[[Tensor, dict], None]]]
-"""Per layer of a local pass: the rows' writes (``None``: one gradient leaf) and the read of its ``z``."""
+Plan = dict[int, tuple[Callable[[], Tensor] | int, Callable[[Tensor, dict], None]]]
+"""Per layer of a local pass: the rows' writes (an int ``k``: one gradient leaf of ``k`` rows) and the read
+of its ``z``."""
 
 
 def _local_pass(model, tokens: Tensor, plan: Plan) -> None:
@@ -252,7 +290,8 @@ def _local_pass(model, tokens: Tensor, plan: Plan) -> None:
         def read_rows(z: Tensor, r: Callable[[Tensor, dict], None] = read, s: dict = state) -> None:
             r(z, s)
 
-        hooks += [(name, _AddRows(writes, state)), (hook_z_name(layer), _ReadZ(read_rows, layer == last))]
+        rows = _AddRows(None, state, writes) if isinstance(writes, int) else _AddRows(writes, state)
+        hooks += [(name, rows), (hook_z_name(layer), _ReadZ(read_rows, layer == last))]
         if back and layer != last:
             hooks.append((f"blocks.{layer}.hook_resid_post", _first_row))
     with intervene(model, *hooks):
@@ -268,50 +307,67 @@ def _write(w_o: Tensor, dz: Tensor, heads: tuple[int, ...]) -> Tensor:
     return torch.einsum("phd,hdm->pm", dz[:, idx], w_o[idx].float())
 
 
-def _qk_corrections(model, tokens: Tensor, units: Sequence[Unit], dz: dict, g: dict,
-                    batch_size: int) -> Tensor:
-    """``[unit, layer]``: exact minus linear effect through each later layer's attention."""
+Stack = tuple[list[int], Tensor]
+"""The gradients at a layer's ``hook_z`` that the QK fix dots with: their columns in the corrections
+(0: the full gradient; ``D``: layer ``D``'s dropped) and the gradients ``[k, pos, head, d_head]``."""
+
+
+def _gradient_stack(grads: _Pass, layer: int, n_layers: int) -> Stack:
+    """The full gradient at ``layer``'s ``hook_z``, then one per GradDrop layer above it."""
+    cols, rows = [0], [grads.g[layer][0].float()]  # targets are layers with a gradient
+    for drop in range(layer + 1, n_layers):
+        if drop in grads.drops:
+            at = grads.drops[drop].get(layer)
+            cols.append(drop)
+            rows.append(torch.zeros_like(rows[0]) if at is None else at[0].float())
+    return cols, torch.stack(rows)
+
+
+def _qk_corrections(model, tokens: Tensor, units: Sequence[Unit], grads: _Pass, batch_size: int) -> Tensor:
+    """``[unit, layer, drop]``: exact minus linear effect through each later layer's attention, with the full
+    gradient (``drop = 0``) and with each GradDrop gradient (``drop = D``)."""
     n_layers = int(model.cfg.n_layers)
-    corr = torch.zeros(len(units), n_layers, device="cpu")
+    corr = torch.zeros(len(units), n_layers, n_layers, device="cpu")
     targets = [layer for layer in range(1, n_layers)
-               if g.get(layer) is not None and any(u[0] < layer for u in units)]
+               if grads.g.get(layer) is not None and any(u[0] < layer for u in units)]
     if not targets:
         return corr
     if [u[0] for u in units] != sorted(u[0] for u in units):
         raise LensprobeError("internal: attribution units must be in layer order.")
     w_o = {layer: model.blocks[layer].attn.W_O.detach() for layer in {u[0] for u in units}}
-    grad_at = {layer: g[layer][0].float() for layer in targets}
+    stacks = {layer: _gradient_stack(grads, layer, n_layers) for layer in targets}
     local: dict[int, Tensor] = {}
 
     def read_local(layer: int) -> Callable[[Tensor, dict], None]:
         def read(z: Tensor, state: dict) -> None:
-            total = (grad_at[layer] * z[0].float()).sum()
-            local[layer] = torch.autograd.grad(total, state["leaf"])[0][0].float()
+            total = (stacks[layer][1] * z.float()).sum()
+            local[layer] = torch.autograd.grad(total, state["leaf"])[0].float()
         return read
 
-    with frozen_parameters(model):  # u = J^T g per layer: one leaf row each, one pass
-        _local_pass(model, tokens, {layer: (None, read_local(layer)) for layer in targets})
+    with frozen_parameters(model):  # u = J^T g per layer and gradient: one leaf row each, one pass
+        _local_pass(model, tokens, {layer: (len(stacks[layer][0]), read_local(layer)) for layer in targets})
     below = {layer: sum(1 for u in units if u[0] < layer) for layer in targets}  # units are in layer order
     with torch.inference_mode():
         for start in range(0, max(below.values()), batch_size):
             chunk = list(range(start, min(start + batch_size, max(below.values()))))
-            writes = torch.stack([_write(w_o[units[i][0]], dz[units[i][0]], units[i][1]) for i in chunk])
-            plan: Plan = {layer: _exact_rows(layer, chunk[: below[layer] - start], writes, grad_at[layer], local, corr)
+            writes = torch.stack([_write(w_o[units[i][0]], grads.dz[units[i][0]], units[i][1]) for i in chunk])
+            plan: Plan = {layer: _exact_rows(layer, chunk[: below[layer] - start], writes, stacks[layer], local, corr)
                           for layer in targets if below[layer] > start}
             _local_pass(model, tokens, plan)
     return corr
 
 
-def _exact_rows(layer: int, chosen: list[int], writes: Tensor, grad: Tensor, local: dict,
+def _exact_rows(layer: int, chosen: list[int], writes: Tensor, stack: Stack, local: dict,
                 corr: Tensor) -> tuple[Callable[[], Tensor], Callable[[Tensor, dict], None]]:
     """One layer of one chunk: the chosen units' writes as rows, and the read that fills ``corr``."""
     mine = writes[: len(chosen)]
+    cols, grad = stack
 
     def read(z: Tensor, state: dict) -> None:
         z = z.float()
-        exact = (grad * (z[1:] - z[:1])).flatten(1).sum(1)
-        linear = (mine * local[layer]).flatten(1).sum(1)
-        corr[chosen, layer] = (exact - linear).cpu()
+        exact = torch.einsum("kphd,uphd->uk", grad, z[1:] - z[:1])
+        linear = torch.einsum("kpm,upm->uk", local[layer], mine)
+        corr[torch.tensor(chosen)[:, None], layer, torch.tensor(cols)[None]] = (exact - linear).cpu()
 
     return (lambda: mine), read
 
@@ -326,10 +382,11 @@ def attribute_prompt(model, tokens: Tensor, measure, prompt, units: Sequence[Uni
     ``tokens`` are ``measure.inputs(model, prompt)``; ``positions`` and ``source`` are the
     ablation's resolved positions and replacement values (as a sweep uses them).
     """
-    dz, g, linear, dropped, value = _gradients(model, tokens, measure, prompt, units, positions, source, grad_drop)
-    corr = _qk_corrections(model, tokens, units, dz, g, batch_size) if qk_fix else \
-        torch.zeros(len(units), int(model.cfg.n_layers), device="cpu")
-    return PromptAttribution(linear, corr, dropped, value)
+    grads = _gradients(model, tokens, measure, prompt, units, positions, source, grad_drop)
+    n_layers = int(model.cfg.n_layers)
+    corr = _qk_corrections(model, tokens, units, grads, batch_size) if qk_fix else \
+        torch.zeros(len(units), n_layers, n_layers, device="cpu")
+    return PromptAttribution(grads.linear, corr, grads.dropped, grads.value)
 
 
 def combine(part: PromptAttribution, units: Sequence[Unit], n_layers: int) -> tuple[Tensor, Tensor]:
@@ -339,11 +396,11 @@ def combine(part: PromptAttribution, units: Sequence[Unit], n_layers: int) -> tu
     GradDrop (Kramar et al. 2024, eq. for AtP+GD): ``score = sum_L' |c_L'| / (n_layers - 1)``
     where ``c_L'`` is the estimate with layer ``L'``'s gradient dropped: the estimate itself for
     ``L'`` below the unit's layer, 0 at the unit's own layer (its only way out is dropped), and
-    above it the AtP term with the dropped gradient plus the QK corrections of the layers other
-    than ``L'``. (Those corrections keep the undropped gradient: approximate where a
-    correction's layer lies between the unit and ``L'``.)
+    above it the AtP term with the dropped gradient plus the QK corrections: those of the layers
+    below ``L'`` computed with the dropped gradient, those above it with the full one (dropping
+    ``L'`` does not change a gradient above it), none at ``L'`` itself.
     """
-    estimate = part.linear + part.corrections.sum(1)
+    estimate = part.linear + part.corrections[:, :, 0].sum(1)
     if part.dropped is None or n_layers < 2:
         return estimate, estimate.abs()
     score = torch.zeros(len(units), device="cpu")
@@ -352,6 +409,6 @@ def combine(part: PromptAttribution, units: Sequence[Unit], n_layers: int) -> tu
             if drop < layer:
                 score[i] += estimate[i].abs()
             elif drop > layer:
-                rest = part.corrections[i].sum() - part.corrections[i, drop]
-                score[i] += (part.dropped[drop, i] + rest).abs()
+                kept = part.corrections[i, :drop, drop].sum() + part.corrections[i, drop + 1:, 0].sum()
+                score[i] += (part.dropped[drop, i] + kept).abs()
     return estimate, score / (n_layers - 1)

@@ -162,20 +162,28 @@ def attribute_heads(model, prompts, metric: Any = "entropy", *, method: Attribut
     exact when the metric is linear in the head outputs (e.g. a logit difference of a model
     whose heads feed the unembedding directly), approximate wherever a nonlinearity lies
     between the head and the metric (norms, MLPs, later attention, the softmax of the metric).
-    ``"atp*"`` adds, following Kramar et al. 2024: the **QK fix**: for every later layer, the
-    attention is recomputed exactly (norm, queries, keys, softmax, values) on its input plus
-    the head's direct write ``dz @ W_O``, and only what follows that layer's attention output
-    is linearised (so for a layer-0 head of a two-layer attention-only model with a linear
-    metric the estimate is exact); paths through MLPs and the interaction of several layers'
-    changes stay linear. **GradDrop**: the ranking ``score`` averages, over layers ``L'``, the
-    magnitude of the estimate with layer ``L'``'s gradient dropped (``sum / (n_layers - 1)``),
-    so a head whose direct and indirect effects cancel on these prompts still ranks high; it
-    is a magnitude, not a signed effect. Verify candidates with
+    ``"atp*"`` adds, following Kramar et al. 2024: the **QK fix**. The paper defines it for
+    query and key nodes (the softmax of their own head computed exactly); a head's output lies
+    after its own softmax, so here it is applied to the softmaxes the head's write reaches: for
+    every later layer, the attention is recomputed exactly (norm, queries, keys, softmax,
+    values) on its input plus the head's direct write ``dz @ W_O``, and only what follows that
+    layer's attention output is linearised (so for a layer-0 head of a two-layer
+    attention-only model with a linear metric the estimate is exact); paths through MLPs and
+    the interaction of several layers' changes stay linear. **GradDrop**: the ranking
+    ``score`` averages, over layers ``L'``, the magnitude of the QK-fixed estimate with layer
+    ``L'``'s gradient dropped (``sum / (n_layers - 1)``; the QK fix's terms are recomputed
+    with the dropped gradient), so a head whose direct and indirect effects cancel on these
+    prompts still ranks high; it is a magnitude, not a signed effect. Both are first-order
+    beyond the softmaxes they fix: an ablation far outside the linear regime whose effect runs
+    through chains of later MLPs and attention layers (on SmolLM2, zero-ablated heads of layers
+    0 and 1: see the docs' Heads guide) is underestimated by both. Verify candidates with
     :func:`~lensprobe.interventions.verify.verify_attribution`.
 
     Cost per prompt (forward-pass equivalents): AtP about 3 (forward, backward); AtP* adds
-    about ``n_layers / 2`` backward passes (GradDrop), one pass, and for every later layer one
-    attention computation per unit below it (QK fix), in chunks of ``batch_size`` units.
+    about ``n_layers / 2`` backward passes (GradDrop), one pass in which every later layer's
+    attention pulls its gradients back to its input (one row per gradient: the full one and
+    one per GradDrop layer above it), and for every later layer one attention computation per
+    unit below it (QK fix), in chunks of ``batch_size`` units.
     Memory: one prompt at a time; gradients only at ``hook_z`` (parameters are frozen during the
     passes and receive no gradient), activations of one forward kept for its backward.
 
