@@ -78,9 +78,10 @@ def assert_rows_equal_solo(out, model, prompts, caps, **kw):
         assert_same_row(out, r, alone[pi], j)
 
 
-def hf_head_gradients(hf, tokens, metric, reference=None):
+def hf_head_gradients(hf, tokens, metric, reference=None, logits_to_keep: int = 0):
     """By hand on plain transformers: each layer's o_proj input ``z`` (heads concatenated), the
-    metric's gradient there (torch.autograd), and ``z`` on a reference prompt."""
+    metric's gradient there (torch.autograd), and ``z`` on a reference prompt. ``logits_to_keep``
+    (``> 0``): the metric sees the logits of the last positions only, computed by transformers."""
     n_layers = hf.config.num_hidden_layers
     leaves, runs = {}, [{}]
 
@@ -94,7 +95,7 @@ def hf_head_gradients(hf, tokens, metric, reference=None):
     handles = [hf.model.layers[i].self_attn.o_proj.register_forward_pre_hook(tap(i)) for i in range(n_layers)]
     try:
         with torch.enable_grad():
-            value = metric(hf(tokens).logits[0])
+            value = metric(hf(tokens, logits_to_keep=logits_to_keep).logits[0])
             grads = torch.autograd.grad(value, [leaves[i] for i in range(n_layers)])
         if reference is not None:
             runs.append({})
