@@ -1,6 +1,5 @@
 """``lensprobe attention``: average attention received per position, with vs without filler."""
 
-import json
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -19,6 +18,7 @@ from lensprobe.app.option_groups import FILLER_OPTIONS, OutputOptions, QuestionO
 from lensprobe.app.options import Option, add_options, option_values
 from lensprobe.core.jsonable import to_jsonable
 from lensprobe.core.models import check_heads, check_layers
+from lensprobe.core.store import atomic_write_json
 from lensprobe.studies import filler as fs
 from lensprobe.studies.filler import FillerSetup
 from lensprobe.viz import attention_received_figure, attention_view_html
@@ -85,7 +85,7 @@ def run_attention(args) -> int:
     if shade:
         summary["heads_by_change"] = fs.heads_by_change(res, condition=shade).to_dict(orient="records")
     js = out / "attention_received.json"
-    js.write_text(json.dumps(to_jsonable(summary), indent=1), encoding="utf-8")
+    atomic_write_json(js, to_jsonable(summary))
     files += [csv, js]
     print_files(out, files)
     return 0

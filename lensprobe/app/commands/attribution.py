@@ -1,6 +1,5 @@
 """``lensprobe attribute``: estimate every head's ablation effect (AtP, AtP*), then verify the top ones exactly."""
 
-import json
 
 from lensprobe.app.checks import positive_int, text
 from lensprobe.app.commands.heads import FILLER_CHOICES, prompt_of
@@ -20,6 +19,7 @@ from lensprobe.core.heads import parse_heads, resolve_heads
 from lensprobe.core.jsonable import to_jsonable
 from lensprobe.core.models import model_label
 from lensprobe.core.prompts import prompt_json
+from lensprobe.core.store import atomic_write_json
 from lensprobe.evals.data import load_math500
 from lensprobe.interventions.attribution import attribute_heads
 from lensprobe.interventions.verify import verify_attribution
@@ -121,6 +121,6 @@ def run_attribute_command(args) -> int:
         summary["verification"] = {"top": ver.top, "spearman": ver.spearman, "spearman_abs": ver.spearman_abs,
                                    "recall": ver.recall, "misses": ver.misses.to_dict(orient="records")}
         print(ver.summary())
-    (out / "attribution.json").write_text(json.dumps(to_jsonable(summary), indent=1), encoding="utf-8")
+    atomic_write_json(out / "attribution.json", to_jsonable(summary))
     print(f"wrote the attribution to {out.resolve()}")
     return 0

@@ -1,6 +1,5 @@
 """``lensprobe ablate`` and ``lensprobe sweep``: head ablation on one question, and every head one at a time."""
 
-import json
 
 from lensprobe.app.checks import head_list, positive_int, text, top_k
 from lensprobe.app.common import (
@@ -22,6 +21,7 @@ from lensprobe.core.measures import resolve_measure
 from lensprobe.core.models import model_label
 from lensprobe.core.prompts import prompt_json
 from lensprobe.core.shards import bind_local_gpu, shard_info
+from lensprobe.core.store import atomic_write_json
 from lensprobe.interventions.ablation import ablate_heads
 from lensprobe.interventions.sweep import ablation_sweep
 from lensprobe.studies.filler import FillerSetup, attention_received
@@ -99,11 +99,11 @@ def run_ablate_command(args) -> int:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "ablation.json", out / "next_tokens.csv", out / "next_tokens.html"]
-    files[0].write_text(json.dumps(to_jsonable({
+    atomic_write_json(files[0], to_jsonable({
         "model": model_label(model), "heads": [head_label(*hp) for hp in pairs], "method": args.method,
         "positions": args.positions, "filler": args.filler, "prompt": prompt_json(prompt), **effect.summary,
         "indexing": "0-based layers and heads (L0H13 = papers' layer 1, head 14)",
-    }), indent=1), encoding="utf-8")
+    }))
     effect.tokens.to_csv(files[1], index=False)
     write_figure(next_token_figure(effect, title=f"Next token, {args.heads} {args.method}-ablated"), files[2])
     conditions = ("w/o",) if args.filler == "w/o" else ("w/o", args.filler)
@@ -172,12 +172,12 @@ def run_sweep_command(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     csv = res.to_csv(out / "sweep.csv")
     write_figure(sweep_heatmap(res), out / "sweep_heatmap.html")
-    (out / "sweep.json").write_text(json.dumps(to_jsonable({
+    atomic_write_json(out / "sweep.json", to_jsonable({
         "model": model_label(model), "metric": res.metric, "method": args.method, "filler": args.filler,
         "baseline": res.baseline.tolist(), "heads_swept": len(res.heads),
         "top_heads": res.top(10).to_dict(orient="records"), "prompts": [prompt_json(p) for p in prompts],
         "indexing": "0-based layers and heads (L0H13 = papers' layer 1, head 14)",
-    }), indent=1), encoding="utf-8")
+    }))
     top = res.top(5)
     print("largest changes: " + ", ".join(f"{r.label} {r.change:+.4g}" for r in top.itertuples()))
     print(f"wrote {csv.name}, {csv.stem}_long.csv, sweep_heatmap.html, sweep.json to {out.resolve()}")

@@ -1,6 +1,5 @@
 """``lensprobe mechanism``: how filler tokens rescale one layer's attention, and where its MLP activations go."""
 
-import json
 from pathlib import Path
 
 from lensprobe.app.checks import positive_int, positive_number, whole
@@ -19,6 +18,7 @@ from lensprobe.app.sections.mechanism import MECHANISM_ARM
 from lensprobe.core.jsonable import stable_repr, to_jsonable
 from lensprobe.core.models import check_heads, check_layers, model_label
 from lensprobe.core.prompts import prompt_json
+from lensprobe.core.store import atomic_write_json
 from lensprobe.interventions.arm import ARM
 from lensprobe.studies.filler import FillerSetup
 from lensprobe.studies.mechanism import (
@@ -100,7 +100,7 @@ def run_mechanism(args) -> int:
             "indexing": "0-based layers and heads (L0H13 = papers' layer 1, head 14)",
             "prompts": {k: prompt_json(p) for k, p in prompts.items()}}
     js = out / "mechanism.json"
-    js.write_text(json.dumps(to_jsonable(meta), indent=1), encoding="utf-8")
+    atomic_write_json(js, to_jsonable(meta))
     files.append(js)
     print_files(out, files)
     return 0
