@@ -119,3 +119,17 @@ def test_the_view_is_restored_also_after_an_error(smol, smol_prompts):
         assert all("forward" not in vars(m) for m in linears[1:])
     finally:
         del q.forward
+
+
+def test_recorded_attention_is_unchanged_when_rows_run_alone(tiny):
+    """Attention recording (the view's ``sdpa_last`` rows, put back at each row's own key positions)
+    gives the same traces with the layers computed one row at a time as batched."""
+    prompts = [lp.build_prompt(tiny, t) for t in ("the cat sat on the mat", "x", "0 1 2 3")]
+    runs = [lp.trace_generation(tiny, prompts, max_new_tokens=5, stop_at_eos=False, interventions=[GateLog(flag)],
+                                track={"prompt": "prompt", "generated": "generated"}, layers=[0, 1], engine="hf")
+            for flag in (True, False)]
+    assert runs[0].meta["rows_alone_through_layer"] == 0 and runs[1].meta["rows_alone_through_layer"] is None
+    assert runs[0].generated_ids == runs[1].generated_ids
+    for name in ("prompt", "generated"):
+        torch.testing.assert_close(runs[0].attention[name], runs[1].attention[name], rtol=1e-5, atol=1e-6)
+        assert runs[0].attention[name].abs().sum() > 0
