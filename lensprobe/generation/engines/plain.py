@@ -22,7 +22,6 @@ from lensprobe.generation.engines.attention import ATTENTIONS
 from lensprobe.generation.engines.hooknames import attached, editable
 from lensprobe.generation.engines.rowwise import rows_alone
 from lensprobe.generation.engines.threads import decode_threads, layer_threads
-from lensprobe.generation.engines.view import attention_modules, mlp_modules
 
 __all__ = ["PlainEngine"]
 
@@ -54,12 +53,10 @@ class PlainEngine:
                 "the plain engine applies interventions only at hook_embed and a gated MLP's hook_pre, "
                 "hook_pre_linear and hook_post; run with engine='bridge'."
             )
-        # recorders first: a recorder reads an activation before an intervention edits it
         self.rows_alone = rounding_sensitive_layer(interventions)
-        attention, mlp = ((attention_modules(self.model, self.view), mlp_modules(self.model, self.view))
-                          if self.rows_alone is not None else ({}, {}))
+        # recorders first: a recorder reads an activation before an intervention edits it
         with (attached(self.model, self.view, [*hooks, *edits]), layer_threads(self.view, self.threads),
-              rows_alone(self.view, attention, mlp, self.rows_alone)):
+              rows_alone(self.model, self.view, self.rows_alone)):
             yield
 
     def forward(self, tokens: Tensor, attention_mask: Tensor, position_ids: Tensor, past: Any) -> tuple[Tensor, Any]:

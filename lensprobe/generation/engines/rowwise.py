@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from lensprobe.core.lazy import heavy
+from lensprobe.generation.engines.view import attention_modules, mlp_modules
 
 __all__ = ["ROWS_PREFIX", "rows_alone"]
 
@@ -39,17 +40,15 @@ _ROW_MODULES: "set[int]" = set()  # ids of the attention modules computed row by
 
 
 @contextlib.contextmanager
-def rows_alone(view: nn.Module, attention: dict[int, nn.Module], mlp: dict[int, nn.Module],
-               last_layer: int | None) -> Iterator[None]:
-    """While open, decode steps of ``view`` compute layers ``0..last_layer`` one row at a time.
-
-    ``attention`` and ``mlp`` map each layer to the view's module
-    (:func:`~lensprobe.generation.engines.view.attention_modules`). ``None``: nothing changes.
-    Everything is restored on exit, also after an exception.
+def rows_alone(model, view: nn.Module, last_layer: int | None) -> Iterator[None]:
+    """While open, decode steps of ``view`` (the plain view of ``model``) compute layers
+    ``0..last_layer`` one row at a time. ``None``: nothing changes. Everything is restored on
+    exit, also after an exception.
     """
     if last_layer is None:
         yield
         return
+    attention, mlp = attention_modules(model, view), mlp_modules(model, view)
     layers = [layer for layer in attention if layer <= last_layer]
     linears = [m for layer in layers for part in (attention[layer], mlp[layer])
                for m in part.modules() if isinstance(m, nn.Linear)]
