@@ -19,10 +19,19 @@ heads ablated exactly with ``lp.verify_attribution`` and ranked by their exact e
 time (the attribution's plus the verification's) and top-20 recall.
 
 ``--ablation mean`` replaces every head's output by its mean over the same prompts' positions
-(in the sweep, the attribution and the verification) instead of zero.
+(in the sweep, the attribution and the verification) instead of zero. ``--ablation resample``
+gives each head, at every position, its output on another MATH-500 problem's prompt (drawn
+from problems outside the benchmark's set: the shortest unused one at least as long, so the
+shared template positions hold the same tokens): the counterfactual patching the AtP* paper
+evaluates, a smaller step from the clean run than zeroing.
 
 Targets (not asserted): AtP >= 15x faster than the exact sweep; AtP* faster than it; AtP*
 top-20 recall >= 0.85.
+
+``--metric logprob`` measures instead the log-probability of each problem's reference answer
+(its MATH-500 answer text, teacher-forced after the prompt): the kind of metric the AtP* paper
+evaluates (the log-probability or logit difference of a target), where next-token entropy
+rises under almost any disruption of the model, an effect of second order.
 
 ``OMP_WAIT_POLICY=PASSIVE`` is set (unless already set) before torch is imported: on a
 shared machine, OpenMP's spinning threads otherwise make the many small operations of AtP*'s
@@ -110,7 +119,7 @@ def report(name: str, att, exact, labels) -> None:
 
 def verified(model, prompts, name: str, att, seconds: float, exact, t_exact: float, top: int) -> None:
     """The attribution's ``top`` heads ablated exactly and ranked by their exact effects (not AtP*)."""
-    ver, t_ver, _ = timed(lambda: lp.verify_attribution(model, prompts, "entropy", att, top=top))
+    ver, t_ver, _ = timed(lambda: lp.verify_attribution(model, prompts, att.settings["metric"], att, top=top))
     index = {label: i for i, label in enumerate(att.labels)}
     score = torch.full((len(att.labels),), -1.0)
     for label, value in zip(ver.table["head_label"], ver.table["exact"], strict=True):
@@ -121,8 +130,44 @@ def verified(model, prompts, name: str, att, seconds: float, exact, t_exact: flo
           f"({t_exact / total:.2f}x faster than the sweep), top-20 recall {recall:.2f}", flush=True)
 
 
-def ablation_settings(kind: str, prompts) -> dict:
-    return {"ablation": "zero"} if kind == "zero" else {"ablation": "mean", "reference": prompts}
+def corrupted_prompts(model, prompts, seed: int = 1, pool: int = 200) -> list:
+    """For each prompt, the shortest unused MATH-500 prompt outside ``prompts`` at least as long."""
+    taken = {p.text for p in prompts}
+    others = [lp.build_prompt(model, q.problem, system=lp.MATH_SYSTEM_PROMPT)
+              for q in lp.load_math500(limit=pool, seed=seed)]
+    others = sorted((o for o in others if o.text not in taken), key=len)
+    chosen = []
+    for p in prompts:
+        pick = next((i for i, o in enumerate(others) if len(o) >= len(p)), None)
+        if pick is None:
+            raise SystemExit(f"no unused MATH-500 prompt of at least {len(p)} tokens among {pool}")
+        chosen.append(others.pop(pick))
+    return chosen
+
+
+def ablation_settings(kind: str, model, prompts) -> dict:
+    if kind == "zero":
+        return {"ablation": "zero"}
+    if kind == "mean":
+        return {"ablation": "mean", "reference": prompts}
+    return {"ablation": corrupted_prompts(model, prompts)}
+
+
+def metric_settings(kind: str, problems) -> dict:
+    return {"metric": "entropy"} if kind == "entropy" else {"metric": "logprob", "answers": [p.answer for p in problems]}
+
+
+def exact_sweep(model, prompts, metric: dict, abl: dict, batch_size: int):
+    """Every head ablated exactly; resampling runs one sweep per prompt, from its own corrupted prompt."""
+    common = {"batch_size": batch_size, "progress": False, "rank": 0, "world_size": 1}
+    if isinstance(abl["ablation"], str):
+        sweeps = [lp.ablation_sweep(model, prompts, method=abl["ablation"], reference=abl.get("reference"),
+                                    **metric, **common)]
+    else:
+        answers = metric.get("answers") or [None] * len(prompts)
+        sweeps = [lp.ablation_sweep(model, [p], metric["metric"], method="resample", reference=c, answers=a, **common)
+                  for p, c, a in zip(prompts, abl["ablation"], answers, strict=True)]
+    return torch.cat([s.changes for s in sweeps]), sweeps[0].heads
 
 
 def main() -> None:
@@ -130,7 +175,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--ablation", choices=("zero", "mean"), default="zero")
+    ap.add_argument("--ablation", choices=("zero", "mean", "resample"), default="zero")
+    ap.add_argument("--metric", choices=("entropy", "logprob"), default="entropy")
     ap.add_argument("--verify-top", type=int, default=40, help="heads ablated exactly after each attribution")
     ap.add_argument("--cost-model-only", action="store_true", help="print the cost model and stop")
     args = ap.parse_args()
@@ -143,18 +189,17 @@ def main() -> None:
     prompts = [lp.build_prompt(model, p.problem, system=lp.MATH_SYSTEM_PROMPT) for p in problems]
     lengths = [len(p) for p in prompts]
     print(f"{len(prompts)} MATH-500 prompts, {min(lengths)}-{max(lengths)} tokens; {args.threads} threads; "
-          f"{args.ablation} ablation")
-    abl = ablation_settings(args.ablation, prompts)
-    atp, t_atp, m_atp = timed(lambda: lp.attribute_heads(model, prompts, "entropy", method="atp", **abl))
+          f"{args.ablation} ablation; metric {args.metric}")
+    abl = ablation_settings(args.ablation, model, prompts)
+    metric = metric_settings(args.metric, problems)
+    atp, t_atp, m_atp = timed(lambda: lp.attribute_heads(model, prompts, method="atp", **metric, **abl))
     print(f"AtP: {t_atp:.1f} s", flush=True)
-    method = {"method": abl["ablation"], "reference": abl.get("reference")}
-    sweep, t_exact, m_exact = timed(lambda: lp.ablation_sweep(model, prompts, "entropy", batch_size=args.batch_size,
-                                                               progress=False, rank=0, world_size=1, **method))
+    (changes, heads), t_exact, m_exact = timed(lambda: exact_sweep(model, prompts, metric, abl, args.batch_size))
     print(f"exact sweep: {t_exact:.1f} s", flush=True)
-    exact = sweep.changes.mean(0)  # heads in the sweep's order: resolve_heads("all") = layer-major, as att.units
-    assert [(lay, h[0]) for lay, h in atp.units] == sweep.heads
+    exact = changes.mean(0)  # heads in the sweep's order: resolve_heads("all") = layer-major, as att.units
+    assert [(lay, h[0]) for lay, h in atp.units] == heads
     report("AtP", atp, exact, atp.labels)
-    star, t_star, m_star = timed(lambda: lp.attribute_heads(model, prompts, "entropy", method="atp*",
+    star, t_star, m_star = timed(lambda: lp.attribute_heads(model, prompts, method="atp*", **metric,
                                                              batch_size=args.batch_size, **abl))
     print(f"AtP*: {t_star:.1f} s", flush=True)
     print(f"\nwall time: exact sweep {t_exact:.1f} s, AtP {t_atp:.1f} s, AtP* {t_star:.1f} s")
