@@ -10,7 +10,8 @@ last prompt position, zero ablation of every head at ``hook_z``. In one run this
 
 and prints the speed ratios, the agreement of each estimate with the exact effects (Spearman
 of the signed estimate vs the exact change, Spearman of the ranking score vs |exact|,
-top-20 recall), the heads each method misses from the exact top 20, and the peak memory of
+top-20 recall), the heads each method misses from the exact top 20, how many of its top heads
+an exact check must ablate to recover 0.85, 0.95 and all of the exact top 20, and the peak memory of
 each method above the loaded model (process RSS, Linux). It ends with a cost model in
 forward-pass equivalents and what it predicts for a 28 x 28-head model (Qwen2.5-Math-7B).
 
@@ -115,6 +116,20 @@ def report(name: str, att, exact, labels) -> None:
         print(f"  (AtP + QK fix alone, ranked by |estimate|: Spearman(|estimate|, |exact|) {plain['spearman_abs']:.3f}, "
               f"top-20 recall {plain['recall']:.2f})")
     print("  missed from the exact top 20: " + ("; ".join(misses(att, exact, labels)) or "none"), flush=True)
+    print("  heads of its ranking to ablate exactly for top-20 recall 0.85 / 0.95 / 1.00: "
+          + " / ".join(str(checks_needed(att.scores.mean(0), exact, r)) for r in (0.85, 0.95, 1.0)))
+
+
+def checks_needed(score, exact, recall: float, k: int = 20) -> int:
+    """Fewest of the ranking's top heads whose exact check holds ``recall`` of the exact top ``k``."""
+    truth = set(torch.argsort(exact.abs(), descending=True)[:k].tolist())
+    need = -(-round(recall * k * 100) // 100)  # ceil(recall * k) without float noise
+    found = 0
+    for i, unit in enumerate(torch.argsort(score, descending=True).tolist(), start=1):
+        found += unit in truth
+        if found >= need:
+            return i
+    return len(score)
 
 
 def verified(model, prompts, name: str, att, seconds: float, exact, t_exact: float, top: int) -> None:
