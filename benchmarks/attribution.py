@@ -26,13 +26,13 @@ from problems outside the benchmark's set: the shortest unused one at least as l
 shared template positions hold the same tokens): the counterfactual patching the AtP* paper
 evaluates, a smaller step from the clean run than zeroing.
 
+``--metric logprob`` measures the log-probability of each problem's reference answer (its
+MATH-500 answer text, teacher-forced after the prompt) instead of next-token entropy: a target
+metric of the kind the AtP* paper evaluates. Entropy rises under almost any disruption of the
+model, an effect of second order that first-order estimates cannot see.
+
 Targets (not asserted): AtP >= 15x faster than the exact sweep; AtP* faster than it; AtP*
 top-20 recall >= 0.85.
-
-``--metric logprob`` measures instead the log-probability of each problem's reference answer
-(its MATH-500 answer text, teacher-forced after the prompt): the kind of metric the AtP* paper
-evaluates (the log-probability or logit difference of a target), where next-token entropy
-rises under almost any disruption of the model, an effect of second order.
 
 ``OMP_WAIT_POLICY=PASSIVE`` is set (unless already set) before torch is imported: on a
 shared machine, OpenMP's spinning threads otherwise make the many small operations of AtP*'s
@@ -47,6 +47,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
+import math  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
@@ -64,8 +65,13 @@ def timed(fn):
     return out, time.perf_counter() - t, (rss_kib()[1] - base) / 1024
 
 
+def exact_top(exact, k: int = 20) -> list[int]:
+    """The ``k`` heads with the largest exact effect (by magnitude), largest first."""
+    return torch.argsort(exact.abs(), descending=True)[:k].tolist()
+
+
 def misses(att, exact, labels, k=20):
-    truth = torch.argsort(exact.abs(), descending=True)[:k].tolist()
+    truth = exact_top(exact, k)
     picked = set(torch.argsort(att.scores.mean(0), descending=True)[:k].tolist())
     return [f"{labels[i]} (exact {float(exact[i]):+.4f}, est {float(att.estimates.mean(0)[i]):+.4f})"
             for i in truth if i not in picked]
@@ -122,8 +128,8 @@ def report(name: str, att, exact, labels) -> None:
 
 def checks_needed(score, exact, recall: float, k: int = 20) -> int:
     """Fewest of the ranking's top heads whose exact check holds ``recall`` of the exact top ``k``."""
-    truth = set(torch.argsort(exact.abs(), descending=True)[:k].tolist())
-    need = -(-round(recall * k * 100) // 100)  # ceil(recall * k) without float noise
+    truth = set(exact_top(exact, k))
+    need = math.ceil(recall * k - 1e-9)
     found = 0
     for i, unit in enumerate(torch.argsort(score, descending=True).tolist(), start=1):
         found += unit in truth
