@@ -3,9 +3,10 @@ model (with a progress bar), parsing lists, checking ``--out`` folders, writing 
 written files."""
 
 import argparse
+import contextlib
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -18,7 +19,9 @@ from lensprobe.app.options import add_options
 from lensprobe.core.conditions import BUILTIN_CONDITIONS, canonical_condition_name
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models import load_model
+from lensprobe.core.outfolder import lock_folder, replace_pages
 from lensprobe.core.prompts import MATH_SYSTEM_PROMPT
+from lensprobe.core.store import atomic_file, atomic_write_text
 from lensprobe.core.testing import tiny_model
 
 TEST_MODEL = "tiny"
@@ -139,9 +142,56 @@ def check_out_dir(out: str | os.PathLike, kind: str) -> Path:
     return out
 
 
+@contextlib.contextmanager
+def writing_out_dir(out: Path, command: str, *, rank: int = 0, pages: bool = True) -> Iterator[list[Path]]:
+    """Hold the ``--out`` folder's lock while a command runs (:func:`~lensprobe.core.outfolder.lock_folder`).
+
+    A second command into the same folder is refused at once (it does not wait), naming the folder
+    and the fix: wait for the first, or use another ``--out``. The command appends every file it
+    writes to the yielded list; when it ends without an error, the files an earlier run listed and
+    this one did not write again are deleted (:func:`~lensprobe.core.outfolder.replace_pages`), so a
+    rerun with other settings leaves no page of the earlier run behind. Ranks other than 0 of a
+    sharded run write only into the store's shard files: they take no lock. A folder this call
+    created is removed again when the command leaves it empty.
+
+    Args:
+        out: the folder (checked by :func:`check_out_dir` before).
+        command: the command's name (``"sweep"``), named in the messages and the listing.
+        rank: this process's rank.
+        pages: ``False`` for commands whose files the store or the report page keep track of
+            (``eval``, ``demo``, ``eval-report``): the lock only.
+
+    Example:
+        >>> with writing_out_dir(Path("runs/sweep"), "sweep") as files:
+        ...     files.append(write_figure(fig, Path("runs/sweep/sweep_heatmap.html")))
+    """
+    written: list[Path] = []
+    if rank != 0:
+        yield written
+        return
+    created = not out.exists()
+    lock = lock_folder(out, f"lensprobe {command}")
+    try:
+        yield written
+        if pages:
+            replace_pages(out, f"lensprobe {command}", written)
+    finally:
+        lock.release()
+        if created:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only when empty: a run that failed before writing anything
+
+
 def write_figure(fig, path: Path) -> Path:
-    """Write a plotly figure as HTML, with ``plotly.min.js`` once beside it (works offline)."""
-    fig.write_html(path, include_plotlyjs="directory", full_html=True)
+    """Write a plotly figure as HTML, with ``plotly.min.js`` once beside it (works offline); both
+    written atomically (:func:`~lensprobe.core.store.atomic_file`)."""
+    bundle = path.parent / "plotly.min.js"
+    if not bundle.exists():
+        from plotly.offline import get_plotlyjs
+
+        atomic_write_text(bundle, get_plotlyjs())
+    with atomic_file(path) as tmp:
+        fig.write_html(tmp, include_plotlyjs="directory", full_html=True)
     return path
 
 

@@ -33,6 +33,7 @@ from lensprobe.app.reproduce_tables import (
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
 from lensprobe.core.models import model_label
+from lensprobe.core.store import atomic_file, atomic_write_text
 from lensprobe.evals.harness import evaluate
 from lensprobe.evals.protocols import get_protocol
 from lensprobe.evals.stats import accuracy
@@ -145,9 +146,10 @@ def _write_table(recipe: Recipe, model, out: Path, table, sections: list, notes:
              "95% Wilson interval; the published columns are the paper's models (arXiv "
              f"{recipe.arxiv}, Table {recipe.table}).", *([recipe.notes] if recipe.notes else []), *notes]
     paths = {"csv": out / "table.csv", "markdown": out / "table.md"}
-    table.to_csv(paths["csv"], index=False)
+    with atomic_file(paths["csv"]) as tmp:
+        table.to_csv(tmp, index=False)
     md = [f"# {recipe.title}", "", *[f"- {f}" for f in facts], "", markdown_table(table), ""]
-    paths["markdown"].write_text("\n".join(md), encoding="utf-8")
+    atomic_write_text(paths["markdown"], "\n".join(md))
     intro = "".join(f"<p>{html.escape(f)}</p>" for f in facts)
     summary = Section(title=recipe.title, intro=intro, html=[_html_table(table)], tables={"table": table})
     paths["report"] = write_report(out / "report", [summary, *sections], title=f"lensprobe reproduce {recipe.name}",
@@ -169,10 +171,8 @@ def _figure(recipe: Recipe, model, out: Path | None, quick: bool) -> ReproduceRe
     out.mkdir(parents=True, exist_ok=True)
     index = write_report(out / "report", sections, title=f"lensprobe reproduce {recipe.name}",
                          meta={"model": model_label(model), "recipe": recipe.name})
-    readme = out / "figure.md"
-    readme.write_text(
+    readme = atomic_write_text(out / "figure.md",
         f"# {recipe.title}\n\n- Recipe `{recipe.name}` ({recipe.source}); model: {model_label(model)}"
         f"{' (quick: short inputs)' if quick else ''}.\n- The paper (arXiv {recipe.arxiv}) publishes this as a "
-        "figure without numbers: compare the shapes by eye.\n- Figure and numbers (CSV): `report/index.html`.\n",
-        encoding="utf-8")
+        "figure without numbers: compare the shapes by eye.\n- Figure and numbers (CSV): `report/index.html`.\n")
     return ReproduceResult(recipe=recipe, files={"report": index, "markdown": readme})

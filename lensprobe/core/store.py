@@ -4,17 +4,31 @@ Evaluations (:mod:`lensprobe.evals.results`), ablation sweeps, activation patchi
 sets (through :func:`lensprobe.core.shards.run_sharded`) keep their results here, in the same
 way:
 
-- **Atomic writes.** :func:`atomic_file` and :func:`atomic_write_json` replace a file in one
-  step (temporary file beside it, ``fsync``, rename): readers see the old file or the whole new
-  one. Rows are appended instead (:class:`~lensprobe.core.rowfiles.RowWriter`).
+- **Atomic writes.** Every file lensprobe writes whole (settings, summaries, CSV tables, traces,
+  figures, report pages) goes through :func:`atomic_file` (:func:`atomic_write_text` and
+  :func:`atomic_write_json` are built on it): a temporary file in the same folder, ``fsync``,
+  then ``os.replace``. Readers see the old file or the whole new one; a write that fails leaves
+  the old file as it was and no temporary file. Rows are appended instead
+  (:class:`~lensprobe.core.rowfiles.RowWriter`).
 - **Settings.** A folder records what its run computes and a hash of it; a run with other
   settings is refused, naming the settings that differ (:func:`settings_diff`,
   :func:`other_run_error`).
 - **Locks.** One process per results file (:class:`~lensprobe.core.locks.FileLock`); a lock left
-  by a killed process is taken over with a warning.
+  by a killed process is taken over with a warning. A command writing an output folder holds
+  the folder's lock (:func:`lock_folder`) while it runs: a second run into that folder is
+  refused with the fix (wait for the first, or use another folder), so two runs never mix
+  their files. The files a command wrote are listed in :data:`PAGES_FILE`; the next run into
+  the folder deletes the listed files it does not write again (:func:`replace_pages`).
 - **Shard files.** Each process writes only its own file: ``shard-rank{R}.json`` (finished
   units, :class:`ShardStore`) or ``results-rank{R}.jsonl`` (rows,
   :mod:`lensprobe.core.rowfiles`). Reading merges every rank's file.
+- **One merge rule** (:func:`merge_rows`), for the ranks' files and for reruns: rows are keyed
+  (a unit's name; an evaluation's condition, problem and sample); the first complete row for a
+  key wins, in reading order (rank files by rank, lines in order); an incomplete row (an
+  evaluation's error row, retried by design) stands only until a complete one comes. Two
+  complete rows for one key that disagree are an error naming both (a
+  :class:`~lensprobe.core.errors.LensprobeError`: which one is right cannot be told, so nothing
+  is counted until one is deleted); never "a later rank wins".
 - **Waiting.** Rank 0 of a sharded run waits for the other ranks with :func:`wait_for_units`.
   When nothing new reaches the folder for :data:`STALL_TIMEOUT` seconds it raises a
   :class:`~lensprobe.core.errors.LensprobeError` naming the ranks and the units still missing
@@ -32,7 +46,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,8 +55,8 @@ from lensprobe.core.jsonable import json_digest
 from lensprobe.core.locks import FileLock
 
 __all__ = ["NEW_FOLDER_FIX", "POLL_SECONDS", "SETTINGS_FILE", "STALL_TIMEOUT", "ShardStore", "atomic_file",
-           "atomic_write_json", "diff_lines", "open_folder", "other_run_error", "read_json", "settings_diff",
-           "wait_for_units"]
+           "atomic_write_json", "atomic_write_text", "diff_lines", "merge_rows", "open_folder", "other_run_error",
+           "read_json", "settings_diff", "wait_for_units"]
 
 C = TypeVar("C", bound=Collection[str])
 
@@ -57,12 +71,14 @@ _MISSING = "<missing>"
 
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path`` (same suffix) to write; on success it is fsynced and
-    renamed to ``path`` in one step, so readers see the old file or the whole new one, never a part.
+    """The one atomic write of lensprobe: yield a temporary path beside ``path`` (same folder, same
+    suffix) to write; on success it is fsynced and renamed to ``path`` with ``os.replace``, so readers
+    see the old file or the whole new one, never a part. When the write raises, ``path`` is left as
+    it was and the temporary file is removed.
 
     Example:
-        >>> with atomic_file("out/trace.parquet") as tmp:
-        ...     trace.save(tmp)
+        >>> with atomic_file("out/table.csv") as tmp:
+        ...     df.to_csv(tmp)
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -76,6 +92,18 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` with :func:`atomic_file`; returns ``path``.
+
+    Example:
+        >>> atomic_write_text("runs/x/table.md", "# table\n").name
+        'table.md'
+    """
+    with atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
 def atomic_write_json(path: str | os.PathLike, data: Any, *, indent: int = 1) -> Path:
     """Write ``data`` as JSON with :func:`atomic_file` (floats written exactly: they read back bit for
     bit; keys keep their order).
@@ -84,9 +112,50 @@ def atomic_write_json(path: str | os.PathLike, data: Any, *, indent: int = 1) ->
         >>> atomic_write_json("runs/x/settings.json", {"v": 1}).name
         'settings.json'
     """
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=indent) + "\n", encoding="utf-8")
-    return Path(path)
+    return atomic_write_text(path, json.dumps(data, indent=indent) + "\n")
+
+
+def _always(row: Any) -> bool:
+    return True
+
+
+def merge_rows(rows: Iterable[tuple[str, Hashable, Any]], *, complete: Callable[[Any], bool] = _always,
+               agree: Callable[[Any, Any], bool] = lambda a, b: a == b, fix: str = "delete the wrong one"
+               ) -> dict[Hashable, Any]:
+    """The one merge rule of the results store, across ranks' files and reruns.
+
+    Rows are keyed. The first complete row for a key wins; an incomplete row (``complete`` false,
+    e.g. an evaluation's error row, retried by design) stands only until a complete row for its
+    key comes (the last incomplete one is kept while none has). Two complete rows for one key
+    that disagree (``agree`` false) are refused, naming both.
+
+    Args:
+        rows: ``(where, key, row)`` in reading order (rank files by rank, lines in order); ``where``
+            names the row for the error (a file and line, a file and unit).
+        complete: whether a row is finished.
+        agree: whether two complete rows of one key say the same (default: equal).
+        fix: what to do about two rows that disagree (the end of the error).
+
+    Returns:
+        key -> the row that counts, keys in first-seen order.
+
+    Raises:
+        LensprobeError: two complete rows of one key disagree.
+
+    Example:
+        >>> merge_rows([("rank0 line 1", "a", 1), ("rank1 line 1", "b", 2), ("rank1 line 2", "a", 1)])
+        {'a': 1, 'b': 2}
+    """
+    kept: dict[Hashable, tuple[str, Any]] = {}
+    for where, key, row in rows:
+        seen = kept.get(key)
+        if seen is None or not complete(seen[1]):
+            kept[key] = (where, row)
+        elif complete(row) and not agree(seen[1], row):
+            raise LensprobeError(f"two results for {key!r} disagree: {seen[0]} and {where}. Which one is right "
+                                 f"cannot be told from the files: {fix}, then rerun (it computes the key again if "
+                                 "needed).")
+    return {key: row for key, (_, row) in kept.items()}
 
 
 def read_json(path: Path, fix: str = "delete it to compute its units again") -> Any:
@@ -269,12 +338,23 @@ class ShardStore:
         raise other_run_error(f"{self.out} holds results of {why}")
 
     def done(self) -> dict[str, Any]:
-        """Every finished unit in the folder (all ranks' files merged) -> its result."""
-        units: dict[str, Any] = {}
-        for path in sorted(self.out.glob(_RANK_FILE.format("*"))):
-            units.update(read_json(path).get("units", {}))
-        units.update(self._mine)
-        return units
+        """Every finished unit in the folder -> its result: every rank's file (this rank's units as
+        recorded by this process, the others' as on disk) merged by :func:`merge_rows`.
+
+        Raises:
+            LensprobeError: two ranks' files hold one unit with different results.
+        """
+        files = {self.rank: self.out / _RANK_FILE.format(self.rank)}
+        for path in self.out.glob(_RANK_FILE.format("*")):
+            number = path.stem.removeprefix("shard-rank")
+            if number.isdigit():
+                files.setdefault(int(number), path)
+        located = []
+        for rank in sorted(files):
+            units = self._mine if rank == self.rank else read_json(files[rank]).get("units", {})
+            located += [(f"{files[rank]} unit {u!r}", u, result) for u, result in units.items()]
+        merged = merge_rows(located, fix="delete that unit from one of the files (or delete the file)")
+        return {str(unit): result for unit, result in merged.items()}
 
     def record(self, unit: str, result: Any) -> Any:
         """Save one finished unit's JSON-able result in this rank's file; returns it as read back."""

@@ -42,6 +42,7 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import heavy, pandas
+from lensprobe.core.store import atomic_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -254,7 +255,9 @@ class GenerationTrace:
                 "n_rows": self.n_rows, "n_steps": self.n_steps}
 
     def save(self, path: str | Path) -> Path:
-        """Write the trace to ``.parquet`` (needs pyarrow) or ``.json``; returns the path.
+        """Write the trace to ``.parquet`` (needs pyarrow) or ``.json``, atomically
+        (:func:`~lensprobe.core.store.atomic_file`: a failed write leaves an earlier file as it was);
+        returns the path.
 
         Example:
             >>> trace.save("out/trace.parquet")
@@ -263,18 +266,25 @@ class GenerationTrace:
         suffix = path.suffix.lower()
         if suffix not in (".parquet", ".json"):
             raise LensprobeError(f"cannot save a trace as {path.name!r}: use a .parquet or .json file name.")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if suffix == ".json":
-            body = self._header()
-            body["token_ids"] = self.token_ids_rows.tolist()
-            body["entropy"] = _nan_to_none(self.entropy_rows.tolist())
-            body["chosen_prob"] = _nan_to_none(self.chosen_prob_rows.tolist())
-            body["thinking"] = self.thinking_rows.tolist()
-            body["str_tokens"] = self.str_tokens_rows
-            body["attention"] = {s: _nan_to_none(v.tolist()) for s, v in self.attention_rows.items()}
-            path.write_text(json.dumps(body, allow_nan=False))
-            return path
-        pa, pq = _pyarrow()
+        with atomic_file(path) as tmp:
+            if suffix == ".json":
+                tmp.write_text(json.dumps(self._json_body(), allow_nan=False))
+            else:
+                _pyarrow()[1].write_table(self._arrow_table(), tmp)
+        return path
+
+    def _json_body(self) -> dict[str, Any]:
+        body = self._header()
+        body["token_ids"] = self.token_ids_rows.tolist()
+        body["entropy"] = _nan_to_none(self.entropy_rows.tolist())
+        body["chosen_prob"] = _nan_to_none(self.chosen_prob_rows.tolist())
+        body["thinking"] = self.thinking_rows.tolist()
+        body["str_tokens"] = self.str_tokens_rows
+        body["attention"] = {s: _nan_to_none(v.tolist()) for s, v in self.attention_rows.items()}
+        return body
+
+    def _arrow_table(self):
+        pa, _ = _pyarrow()
         R, T = self.n_rows, self.n_steps
         LH = len(self.layers) * self.n_heads
         cols = {
@@ -290,9 +300,7 @@ class GenerationTrace:
         for s, v in self.attention_rows.items():
             flat = pa.array(v.reshape(-1).numpy(), pa.float32())
             cols[f"attention:{s}"] = pa.FixedSizeListArray.from_arrays(flat, LH) if LH else pa.nulls(R * T)
-        table = pa.table(cols).replace_schema_metadata({"lensprobe": json.dumps(self._header())})
-        pq.write_table(table, path)
-        return path
+        return pa.table(cols).replace_schema_metadata({"lensprobe": json.dumps(self._header())})
 
     @classmethod
     def load(cls, path: str | Path) -> "GenerationTrace":

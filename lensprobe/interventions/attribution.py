@@ -28,6 +28,7 @@ from lensprobe.core.forced import resolve_measures
 from lensprobe.core.forward import as_prompts
 from lensprobe.core.heads import head_label, kv_group_heads, resolve_heads, resolve_positions
 from lensprobe.core.lazy import pandas
+from lensprobe.core.store import atomic_file
 from lensprobe.interventions.atp import Unit, attribute_prompt, combine
 from lensprobe.interventions.replacement import METHODS, Method, ablation_source, check_method
 
@@ -103,10 +104,10 @@ class Attribution:
         return t.reindex(t["score"].sort_values(ascending=False, kind="stable").index).head(k).reset_index(drop=True)
 
     def to_csv(self, path: str | Path) -> Path:
-        """Write :attr:`table` as CSV; returns the path."""
+        """Write :attr:`table` as CSV, atomically (:func:`~lensprobe.core.store.atomic_file`); returns the path."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.table.to_csv(path, index=False)
+        with atomic_file(path) as tmp:
+            self.table.to_csv(tmp, index=False)
         return path
 
 

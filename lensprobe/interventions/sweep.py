@@ -39,6 +39,7 @@ from lensprobe.core.measures import (
     run_measure,
 )
 from lensprobe.core.shards import check_shard, content_digest, model_fingerprint, run_sharded
+from lensprobe.core.store import atomic_file
 from lensprobe.interventions.ablation import RowHeadAblation
 from lensprobe.interventions.replacement import Method, ablation_source, check_method
 
@@ -123,11 +124,13 @@ class SweepResult:
         return df.reindex(df["change"].abs().sort_values(ascending=False).index).head(k).reset_index(drop=True)
 
     def to_csv(self, path: str | Path) -> Path:
-        """Write the [layer, head] table of mean changes as CSV (and the long form beside it)."""
+        """Write the [layer, head] table of mean changes as CSV (and the long form beside it,
+        ``<stem>_long.csv``), each file atomically (:func:`~lensprobe.core.store.atomic_file`)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.table.to_csv(path)
-        self.to_dataframe().to_csv(path.with_name(path.stem + "_long.csv"), index=False)
+        with atomic_file(path) as tmp:
+            self.table.to_csv(tmp)
+        with atomic_file(path.with_name(path.stem + "_long.csv")) as tmp:
+            self.to_dataframe().to_csv(tmp, index=False)
         return path
 
 

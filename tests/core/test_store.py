@@ -2,14 +2,17 @@
 files merged across ranks; every kind of run refuses another run's folder the same way."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 import lensprobe as lp
 from lensprobe.core.rowfiles import RowWriter, read_row_files
+from lensprobe.core.shards import run_sharded
 from lensprobe.core.store import (
     ShardStore,
     diff_lines,
+    merge_rows,
     open_folder,
     other_run_error,
     read_json,
@@ -68,3 +71,125 @@ def test_row_files_of_every_rank_are_merged_and_a_row_cut_short_is_skipped(tmp_p
     with RowWriter(tmp_path / "results-rank1.jsonl") as writer:  # removed before new rows are appended
         writer.write({"rank": 1, "n": 3})
     assert [row["n"] for _, _, row in read_row_files(tmp_path, "results-rank1.jsonl")] == [0, 1, 3]
+
+
+# ----------------------------------------------------------------------------- atomic side files
+def sweep_result(value: float):
+    import torch
+
+    from lensprobe.interventions.sweep import SweepResult
+
+    return SweepResult([(0, 0), (0, 1)], torch.tensor([1.0]), torch.tensor([[value, 2.0]]), "entropy", "zero", 1, 2)
+
+
+def test_a_side_file_write_that_raises_midway_leaves_the_old_file_and_no_temporary_file(tmp_path, monkeypatch):
+    import pandas as pd
+
+    path = sweep_result(1.5).to_csv(tmp_path / "sweep.csv")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert set(before) == {"sweep.csv", "sweep_long.csv"}
+
+    def half_then_fail(self, target=None, *args, **kwargs):
+        with open(target, "w", encoding="utf-8") as fh:
+            fh.write("layer,0\n0,")  # part of a table, then the disk fills up
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", half_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        sweep_result(9.0).to_csv(path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_trace_save_that_raises_midway_leaves_the_old_trace(tiny, tmp_path, monkeypatch):
+    trace = lp.trace_generation(tiny, lp.build_prompt(tiny, "What is 1+1?"), max_new_tokens=3)
+    for name in ("t.json", "t.parquet"):
+        trace.save(tmp_path / name)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    import pyarrow.parquet as pq
+
+    def half_then_fail(table, where, *args, **kwargs):
+        with open(where, "wb") as fh:
+            fh.write(b"PAR1 half a file")
+        raise OSError(5, "Input/output error")
+
+    def text_half_then_fail(self, text, *args, **kwargs):
+        with open(self, "w", encoding="utf-8") as fh:
+            fh.write(text[: len(text) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pq, "write_table", half_then_fail)
+    with pytest.raises(OSError, match="Input/output error"):
+        trace.save(tmp_path / "t.parquet")
+    monkeypatch.setattr(Path, "write_text", text_half_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        trace.save(tmp_path / "t.json")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+# ----------------------------------------------------------------------------- one merge rule
+def test_merge_rule_first_complete_row_wins_and_disagreeing_rows_are_named():
+    rows = [("f0 line 1", "a", {"v": 1, "ok": False}), ("f0 line 2", "b", {"v": 2, "ok": True}),
+            ("f1 line 1", "a", {"v": 3, "ok": True}), ("f1 line 2", "a", {"v": 3, "ok": True}),
+            ("f1 line 3", "b", {"v": 9, "ok": False})]
+    merged = merge_rows(rows, complete=lambda r: r["ok"], agree=lambda x, y: x["v"] == y["v"])
+    assert merged == {"a": {"v": 3, "ok": True}, "b": {"v": 2, "ok": True}}  # incomplete rows stand aside
+    with pytest.raises(lp.LensprobeError, match=r"two results for 'b' disagree: f0 line 2 and f1 line 9\. Which one is "
+                                                r"right cannot be told from the files: fix it, then rerun"):
+        merge_rows([*rows, ("f1 line 9", "b", {"v": 4, "ok": True})], complete=lambda r: r["ok"],
+                   agree=lambda x, y: x["v"] == y["v"], fix="fix it")
+
+
+def test_two_ranks_files_holding_one_unit_with_different_results_are_refused_not_a_later_rank_wins(tmp_path):
+    with ShardStore(tmp_path, "demo", {}, rank=0) as r0, ShardStore(tmp_path, "demo", {}, rank=1) as r1:
+        r0.record("u0", 1.0)
+        r1.record("u1", 2.0)
+        r1.record("u0", 1.0)  # the same result twice: fine
+        assert r0.done() == r1.done() == {"u0": 1.0, "u1": 2.0}
+        r1.record("u0", 1.5)
+        for store in (r0, r1):
+            with pytest.raises(lp.LensprobeError, match=r"two results for 'u0' disagree: .*shard-rank0\.json unit 'u0' "
+                                                        r"and .*shard-rank1\.json unit 'u0'\..*delete that unit from "
+                                                        r"one of the files"):
+                store.done()
+        with pytest.raises(lp.LensprobeError, match="disagree"):
+            run_sharded(["u0", "u1"], lambda u: 0.0, out=tmp_path, kind="demo", settings={}, rank=2, world_size=3)
+
+
+# ----------------------------------------------------------------------------- resuming keeps every earlier unit
+def test_a_reopened_shard_store_keeps_its_earlier_units(tmp_path):
+    with ShardStore(tmp_path, "demo", {}, rank=0) as store:
+        store.record("a", 1)
+    with ShardStore(tmp_path, "demo", {}, rank=0) as store:
+        store.record("b", 2)
+        assert store.done() == {"a": 1, "b": 2}
+    with ShardStore(tmp_path, "demo", {}, rank=0) as store:
+        assert store.done() == {"a": 1, "b": 2}
+
+
+def test_done_over_several_ranks_files_returns_every_ranks_units(tmp_path):
+    for rank, units in ((0, {"a": 1, "c": 3}), (1, {"b": 2}), (2, {"d": 4})):
+        with ShardStore(tmp_path, "demo", {}, rank=rank) as store:
+            for unit, value in units.items():
+                store.record(unit, value)
+    for rank in (0, 1, 2, 3):  # reopened by each rank (and by a rank with no file yet)
+        with ShardStore(tmp_path, "demo", {}, rank=rank) as store:
+            assert store.done() == {"a": 1, "b": 2, "c": 3, "d": 4}
+    calls = []
+    got = run_sharded(["a", "b", "c", "d"], lambda u: calls.append(u), out=tmp_path, kind="demo", settings={})
+    assert got == {"a": 1, "b": 2, "c": 3, "d": 4} and calls == []  # nothing computed again
+
+
+def test_a_reopened_rows_file_keeps_its_earlier_rows(tmp_path):
+    from lensprobe.evals.results import prepare_folder, read_rows, results_file, settled_rows
+
+    prepare_folder(tmp_path, {"x": 1}, "h1", {"w/o": {"hash": "c1"}})
+
+    def row(problem: str) -> dict:
+        return {"condition": "w/o", "problem_id": problem, "sample": 0, "finish": "eos", "math-verify": True,
+                "config_hash": "h1", "condition_hash": "c1"}
+
+    for rank, problems in ((0, ["a"]), (0, ["b"]), (1, ["c"])):  # rank 0 closes and reopens its file
+        with RowWriter(results_file(tmp_path, rank)) as writer:
+            for p in problems:
+                writer.write(row(p))
+    assert [r["problem_id"] for r in settled_rows(read_rows(tmp_path))] == ["a", "b", "c"]

@@ -13,12 +13,13 @@ from lensprobe.app.common import (
     print_files,
     system_of,
     write_figure,
+    writing_out_dir,
 )
 from lensprobe.app.option_groups import FILLER_OPTIONS, OutputOptions, QuestionOptions, SiteOptions
 from lensprobe.app.options import Option, add_options, option_values
 from lensprobe.core.jsonable import to_jsonable
 from lensprobe.core.models import check_heads, check_layers
-from lensprobe.core.store import atomic_write_json
+from lensprobe.core.store import atomic_file, atomic_write_json, atomic_write_text
 from lensprobe.studies import filler as fs
 from lensprobe.studies.filler import FillerSetup
 from lensprobe.viz import attention_received_figure, attention_view_html
@@ -52,31 +53,32 @@ def run_attention(args) -> int:
     check_out_dir(args.out, "attention")  # before the model loads
     conditions = ("w/o",) if args.filler == "w/o" else ("w/o", args.filler)
     setup = FillerSetup(conditions=conditions, system=system_of(args), **option_values(args, FillerSetup, FILLER_OPTIONS))
+    with writing_out_dir(args.out, "attention") as files:
+        return _attention(args, setup, files)
+
+
+def _attention(args, setup: FillerSetup, files: list[Path]) -> int:
     model = load_cli_model(args)
     layers = check_layers(model, args.layers)
     heads = check_heads(model, args.heads)
     res = fs.attention_received(model, args.question, layers=layers, heads=heads, setup=setup, progress=True)
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    files: list[Path] = []
     shade = args.filler if args.filler != "w/o" else None
     view_cond = shade or "w/o"
     for layer in tqdm(layers, desc="figures", leave=False):
         fig = attention_received_figure(
             res.table, [(layer, h) for h in heads], shade_condition=shade or "w/ Mless",
             title=f"{res.model_name}: average attention received, layer {layer}")
-        path = out / f"attention_received_L{layer}.html"
-        write_figure(fig, path)
-        files.append(path)
+        files.append(write_figure(fig, out / f"attention_received_L{layer}.html"))
         pattern = fs.attention_view_pattern(model, res.prompts[view_cond], layer)
         view = attention_view_html(pattern, res.prompts[view_cond].str_tokens, layer=layer,
                                    span=res.filler_span(view_cond))
-        path = out / f"attention_view_L{layer}.html"
-        path.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Layer {layer} attention"
-                        f"</title></head><body>{view}</body></html>", encoding="utf-8")
-        files.append(path)
+        files.append(atomic_write_text(out / f"attention_view_L{layer}.html", (
+            f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Layer {layer} attention</title></head><body>"
+            f"{view}</body></html>")))
     csv = out / "attention_received.csv"
-    res.table.to_csv(csv, index=False)
+    with atomic_file(csv) as tmp:
+        res.table.to_csv(tmp, index=False)
     summary = {
         "model": res.model_name, "question": args.question, "conditions": list(res.conditions),
         "layers": layers, "heads": heads, "indexing": "0-based layers and heads (L0H13 = papers' layer 1, head 14)",

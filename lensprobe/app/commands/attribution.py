@@ -10,6 +10,7 @@ from lensprobe.app.common import (
     filler_condition,
     load_cli_model,
     write_figure,
+    writing_out_dir,
 )
 from lensprobe.app.option_groups import OutputOptions
 from lensprobe.app.options import Option, add_options
@@ -19,7 +20,7 @@ from lensprobe.core.heads import parse_heads, resolve_heads
 from lensprobe.core.jsonable import to_jsonable
 from lensprobe.core.models import model_label
 from lensprobe.core.prompts import prompt_json
-from lensprobe.core.store import atomic_write_json
+from lensprobe.core.store import atomic_file, atomic_write_json
 from lensprobe.evals.data import load_math500
 from lensprobe.interventions.attribution import attribute_heads
 from lensprobe.interventions.verify import verify_attribution
@@ -92,6 +93,11 @@ def _check(args) -> None:
 def run_attribute_command(args) -> int:
     _check(args)
     tokens = _tokens(args.tokens)
+    with writing_out_dir(args.out, "attribute") as files:
+        return _attribute(args, tokens, files)
+
+
+def _attribute(args, tokens, files: list) -> int:
     model = load_cli_model(args)
     resolve_heads(model, args.heads)
     if args.math500:
@@ -105,9 +111,7 @@ def run_attribute_command(args) -> int:
     att = attribute_heads(model, prompts, args.metric, method=args.method, ablation=args.ablation, reference=reference,
                           heads=args.heads, unit=args.unit, answers=answers, tokens=tokens, batch_size=args.batch_size)
     out = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    att.to_csv(out / "attribution.csv")
-    write_figure(attribution_heatmap(att), out / "attribution_heatmap.html")
+    files += [att.to_csv(out / "attribution.csv"), write_figure(attribution_heatmap(att), out / "attribution_heatmap.html")]
     summary = {"model": model_label(model), "metric": att.metric, "method": args.method, "ablation": args.ablation,
                "unit": args.unit, "filler": args.filler, "metric_values": att.values.tolist(),
                "top": att.top(10).to_dict(orient="records"), "prompts": [prompt_json(p) for p in prompts],
@@ -116,11 +120,13 @@ def run_attribute_command(args) -> int:
     if args.verify:
         ver = verify_attribution(model, prompts, args.metric, att, top=min(args.verify, len(att.units)),
                                  sample=args.sample, batch_size=args.batch_size)
-        ver.table.to_csv(out / "verification.csv", index=False)
-        write_figure(attribution_scatter(ver), out / "attribution_scatter.html")
+        files.append(out / "verification.csv")
+        with atomic_file(files[-1]) as tmp:
+            ver.table.to_csv(tmp, index=False)
+        files.append(write_figure(attribution_scatter(ver), out / "attribution_scatter.html"))
         summary["verification"] = {"top": ver.top, "spearman": ver.spearman, "spearman_abs": ver.spearman_abs,
                                    "recall": ver.recall, "misses": ver.misses.to_dict(orient="records")}
         print(ver.summary())
-    atomic_write_json(out / "attribution.json", to_jsonable(summary))
+    files.append(atomic_write_json(out / "attribution.json", to_jsonable(summary)))
     print(f"wrote the attribution to {out.resolve()}")
     return 0

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from lensprobe.app.common import add_model_argument, check_out_dir, load_cli_model
+from lensprobe.app.common import add_model_argument, check_out_dir, load_cli_model, writing_out_dir
 from lensprobe.app.demo import run_demo
 from lensprobe.app.option_groups import OutputOptions
 from lensprobe.app.options import Option, add_options
@@ -22,6 +22,7 @@ def add_demo(subparsers) -> None:
 def run_demo_command(args) -> int:
     """Load ``--model`` (``tiny``: the tiny test model) on ``--device`` in ``--dtype``, then write the report."""
     check_out_dir(args.out, "report")  # before the model loads
-    index = run_demo(args.out, load_cli_model(args), quick=args.quick)
+    with writing_out_dir(args.out, "demo", pages=False):  # the report page lists its own files
+        index = run_demo(args.out, load_cli_model(args), quick=args.quick)
     print(f"report written to {index.resolve()}")
     return 0

@@ -25,6 +25,7 @@ from lensprobe.app.common import (
     int_list,
     load_cli_model,
     str_list,
+    writing_out_dir,
 )
 from lensprobe.app.option_groups import EVAL_OPTIONS, OutputOptions
 from lensprobe.app.options import Option, add_options, option_values
@@ -192,6 +193,11 @@ def problems_from_args(args) -> list:
 
 def run_eval(args) -> int:
     check_out_dir(args.out, "eval")  # before the data and the model load
+    with writing_out_dir(args.out, "eval", rank=shard_info()[0], pages=False):  # rows and report: kept by the store
+        return _eval(args)
+
+
+def _eval(args) -> int:
     problems = problems_from_args(args)
     args.benchmark = resolve_benchmark(args.benchmark, problems)  # picks the ARM preset
     check_eval_args(args)  # conditions, heads and settings fail before the model loads
@@ -255,8 +261,10 @@ def _samples_lines(rows, grader: str) -> list[str]:
 
 
 def run_eval_report(args) -> int:
-    check_out_dir(args.out if args.out is not None else args.dirs[0] / "report", "report")
-    index = write_eval_report(args.dirs, args.out, grader=args.grader, baseline=args.baseline)
+    out = args.out if args.out is not None else args.dirs[0] / "report"
+    check_out_dir(out, "report")
+    with writing_out_dir(out, "eval-report", pages=False):  # the report page lists its own files
+        index = write_eval_report(args.dirs, args.out, grader=args.grader, baseline=args.baseline)
     if len(args.dirs) == 1:
         print(_summary_text(load_results(args.dirs[0]), args.grader))
     print(f"report written to {index.resolve()}")

@@ -10,6 +10,7 @@ from lensprobe.app.common import (
     load_cli_model,
     system_of,
     write_figure,
+    writing_out_dir,
 )
 from lensprobe.app.option_groups import OutputOptions, QuestionOptions
 from lensprobe.app.options import Option, add_options
@@ -21,7 +22,7 @@ from lensprobe.core.measures import resolve_measure
 from lensprobe.core.models import model_label
 from lensprobe.core.prompts import prompt_json
 from lensprobe.core.shards import bind_local_gpu, shard_info
-from lensprobe.core.store import atomic_write_json
+from lensprobe.core.store import atomic_file, atomic_write_json
 from lensprobe.interventions.ablation import ablate_heads
 from lensprobe.interventions.sweep import ablation_sweep
 from lensprobe.studies.filler import FillerSetup, attention_received
@@ -83,6 +84,11 @@ def add_ablate(subparsers) -> None:
 def run_ablate_command(args) -> int:
     check_out_dir(args.out, "ablate")  # before the model loads
     parse_heads(args.heads)
+    with writing_out_dir(args.out, "ablate") as files:
+        return _ablate(args, files)
+
+
+def _ablate(args, files: list) -> int:
     model = load_cli_model(args)
     vocab = int(model.cfg.d_vocab)
     if args.top_k > vocab:
@@ -97,22 +103,23 @@ def run_ablate_command(args) -> int:
     pairs = abl.resolve(model)
     effect = ablation_effect(model, prompt, abl, top_k=args.top_k)
     out = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    files = [out / "ablation.json", out / "next_tokens.csv", out / "next_tokens.html"]
+    files += [out / "ablation.json", out / "next_tokens.csv", out / "next_tokens.html"]
     atomic_write_json(files[0], to_jsonable({
         "model": model_label(model), "heads": [head_label(*hp) for hp in pairs], "method": args.method,
         "positions": args.positions, "filler": args.filler, "prompt": prompt_json(prompt), **effect.summary,
         "indexing": "0-based layers and heads (L0H13 = papers' layer 1, head 14)",
     }))
-    effect.tokens.to_csv(files[1], index=False)
+    with atomic_file(files[1]) as tmp:
+        effect.tokens.to_csv(tmp, index=False)
     write_figure(next_token_figure(effect, title=f"Next token, {args.heads} {args.method}-ablated"), files[2])
     conditions = ("w/o",) if args.filler == "w/o" else ("w/o", args.filler)
     setup = FillerSetup(conditions=conditions, system=system_of(args))
     layers = sorted({lay for lay, _ in pairs})
     heads = sorted({h for _, h in pairs})
     recv = attention_received(model, args.question, layers=layers, heads=heads, setup=setup)
-    recv.table.to_csv(out / "head_attention.csv", index=False)
     files.append(out / "head_attention.csv")
+    with atomic_file(files[-1]) as tmp:
+        recv.table.to_csv(tmp, index=False)
     for lay, h in pairs:
         path = out / f"attention_{head_label(lay, h)}.html"
         write_figure(head_attention_figure(recv, lay, h, title=f"Average attention on head {head_label(lay, h)}"),
@@ -152,6 +159,11 @@ def run_sweep_command(args) -> int:
     for answer in args.answer or [None]:
         resolve_measure(args.metric, answer=answer)
     rank, world = shard_info()  # under torchrun / accelerate launch: this process's share of the sweep
+    with writing_out_dir(args.out, "sweep", rank=rank) as files:  # rank 0 writes the folder's files
+        return _sweep(args, rank, world, files)
+
+
+def _sweep(args, rank: int, world: int, files: list) -> int:
     shards = args.out / "shards" if world > 1 else None
     if shards is not None:
         bind_local_gpu()
@@ -169,15 +181,14 @@ def run_sweep_command(args) -> int:
         print(f"rank {rank} of {world}: its share of the sweep is in {(args.out / 'shards').resolve()}; rank 0 writes the table")
         return 0
     out = args.out
-    out.mkdir(parents=True, exist_ok=True)
     csv = res.to_csv(out / "sweep.csv")
-    write_figure(sweep_heatmap(res), out / "sweep_heatmap.html")
-    atomic_write_json(out / "sweep.json", to_jsonable({
+    files += [csv, csv.with_name(csv.stem + "_long.csv"), write_figure(sweep_heatmap(res), out / "sweep_heatmap.html")]
+    files.append(atomic_write_json(out / "sweep.json", to_jsonable({
         "model": model_label(model), "metric": res.metric, "method": args.method, "filler": args.filler,
         "baseline": res.baseline.tolist(), "heads_swept": len(res.heads),
         "top_heads": res.top(10).to_dict(orient="records"), "prompts": [prompt_json(p) for p in prompts],
         "indexing": "0-based layers and heads (L0H13 = papers' layer 1, head 14)",
-    }))
+    })))
     top = res.top(5)
     print("largest changes: " + ", ".join(f"{r.label} {r.change:+.4g}" for r in top.itertuples()))
     print(f"wrote {csv.name}, {csv.stem}_long.csv, sweep_heatmap.html, sweep.json to {out.resolve()}")

@@ -11,6 +11,7 @@ from lensprobe.app.common import (
     print_files,
     system_of,
     write_figure,
+    writing_out_dir,
 )
 from lensprobe.app.option_groups import FILLER_OPTIONS, OutputOptions, QuestionOptions, SiteOptions
 from lensprobe.app.options import Option, add_options
@@ -18,7 +19,7 @@ from lensprobe.app.sections.mechanism import MECHANISM_ARM
 from lensprobe.core.jsonable import stable_repr, to_jsonable
 from lensprobe.core.models import check_heads, check_layers, model_label
 from lensprobe.core.prompts import prompt_json
-from lensprobe.core.store import atomic_write_json
+from lensprobe.core.store import atomic_file, atomic_write_json
 from lensprobe.interventions.arm import ARM
 from lensprobe.studies.filler import FillerSetup
 from lensprobe.studies.mechanism import (
@@ -64,6 +65,11 @@ def add_mechanism(subparsers) -> None:
 
 def run_mechanism(args) -> int:
     check_out_dir(args.out, "mechanism")  # before the model loads
+    with writing_out_dir(args.out, "mechanism") as files:
+        return _mechanism(args, files)
+
+
+def _mechanism(args, files: list[Path]) -> int:
     model = load_cli_model(args)
     layer = check_layers(model, [args.layer])[0]
     heads = check_heads(model, args.heads)
@@ -81,13 +87,12 @@ def run_mechanism(args) -> int:
     stats = activation_stats(model, runs, layer=layer, where=args.where, interventions=ivs, eps=args.eps, c=c,
                              bins=args.bins)
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
     name = model_label(model)
     tables = {"affine_fit.csv": fit, "affine_fit_summary.csv": summary,
               "activation_histogram.csv": stats.histogram, "activation_summary.csv": stats.summary}
-    files: list[Path] = []
     for file, table in tables.items():
-        table.to_csv(out / file, index=False)
+        with atomic_file(out / file) as tmp:
+            table.to_csv(tmp, index=False)
         files.append(out / file)
     files.append(write_figure(affine_fit_figure(fit, title=f"{name}: filler tokens rescale layer-{layer} attention"),
                               out / f"affine_fit_L{layer}.html"))

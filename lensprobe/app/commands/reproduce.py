@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lensprobe.app.checks import check_common, positive_int
 from lensprobe.app.commands.armargs import add_arm_arguments, arm_from_args
-from lensprobe.app.common import add_model_argument, check_out_dir, load_cli_model
+from lensprobe.app.common import add_model_argument, check_out_dir, load_cli_model, writing_out_dir
 from lensprobe.app.option_groups import EVAL_OPTIONS, OutputOptions
 from lensprobe.app.options import Option, add_options
 from lensprobe.app.recipe import list_recipes, load_recipe
@@ -78,6 +78,11 @@ def run_reproduce(args) -> int:
     data = data_from_args(args.data)
     out = args.out if args.out is not None else Path(f"reproduce-{recipe.name}")
     check_out_dir(out, "reproduce")
+    with writing_out_dir(out, "reproduce") as files:
+        return _reproduce(args, recipe, data, out, files)
+
+
+def _reproduce(args, recipe, data: dict[str, Path], out: Path, files: list[Path]) -> int:
     benches = recipe.benchmarks or (None,)
     for bench in benches:  # a partial --arm-* setting without a preset fails here
         arm_from_args(args, benchmark=bench)
@@ -89,6 +94,7 @@ def run_reproduce(args) -> int:
         print(markdown_table(res.table))
     for note in res.notes:
         print(f"note: {note}")
+    files += res.files.values()  # the evaluation rows under OUT/runs are kept by the store
     for name, path in res.files.items():
         print(f"{name}: {path.resolve()}")
     return 0

@@ -17,14 +17,16 @@ from lensprobe.app.common import (
     print_files,
     system_of,
     write_figure,
+    writing_out_dir,
 )
 from lensprobe.app.option_groups import GENERATION_OPTIONS, OutputOptions, QuestionOptions
 from lensprobe.app.options import Option, add_options
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.jsonable import describe_setting
+from lensprobe.core.identity import run_identity
 from lensprobe.core.models import model_label
 from lensprobe.core.prompts import build_prompt
-from lensprobe.core.shards import bind_local_gpu, content_digest, model_fingerprint, shard_info
+from lensprobe.core.shards import bind_local_gpu, shard_info
+from lensprobe.core.store import atomic_file
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.schedule import parse_schedule
 from lensprobe.generation.thinking import LatentFusion, add_thinking_token
@@ -105,6 +107,12 @@ def run_trace(args) -> int:
                      n_samples=args.samples)  # sampling settings checked before the model loads
     track = {s.strip(): s.strip() for s in args.track.split(",") if s.strip()}
     rank, world = shard_info()  # under torchrun / accelerate launch: this process's share of the settings
+    with writing_out_dir(args.out, "trace", rank=rank) as files:  # rank 0 writes the folder's files
+        return _trace(args, settings, rule, track, (rank, world), files)
+
+
+def _trace(args, settings: dict, rule, track: dict, shard: tuple[int, int], files: list) -> int:
+    rank, world = shard
     if world > 1:
         bind_local_gpu()
     model = load_cli_model(args)
@@ -121,27 +129,22 @@ def run_trace(args) -> int:
     else:  # one unit per setting: the same traces as compare_thinking's, whatever the number of processes
         jobs = {label: partial(_trace_setting, model, prompt, label, t, generation) for label, t in settings.items()}
         given = {k: v for k, v in vars(args).items() if k not in ("func", "out", "format", "smooth")}
-        described = {"model": model_fingerprint(model), "prompt": content_digest(prompt),
-                     "arguments": describe_setting(given)}
+        described = run_identity(model, prompt=prompt, arguments=given)
         traces = trace_jobs(jobs, out=args.out / "shards", settings=described, progress="trace")
         if rank != 0:
             print(f"rank {rank} of {world}: its traces are in {(args.out / 'shards').resolve()}; rank 0 writes the "
                   "summary")
             return 0
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    files = []
     for label, tr in traces.items():
         files.append(tr.save(out / f"trace-{_slug(label)}.{args.format}"))
     summary = trace_summary(traces, track="thinking" if any(t is not None for t in settings.values()) else
                             next(iter(track), None), band="std", smooth=args.smooth)
-    csv = out / "summary.csv"
-    summary.to_csv(csv, index=False)
-    files.append(csv)
     texts = texts_table(traces, max_chars=100_000)
-    tcsv = out / "texts.csv"
-    texts.to_csv(tcsv, index=False)
-    files.append(tcsv)
+    for table, name in ((summary, "summary.csv"), (texts, "texts.csv")):
+        files.append(out / name)
+        with atomic_file(files[-1]) as tmp:
+            table.to_csv(tmp, index=False)
     band = f"band: ± 1 std across {args.samples} samples" if args.samples > 1 else None
     fig = generation_trace_figure(summary, title=f"{model_label(model)}: {args.question[:60]}", band_label=band)
     fig_path = out / "trace.html"
