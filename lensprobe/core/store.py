@@ -15,10 +15,11 @@ way:
   :func:`other_run_error`).
 - **Locks.** One process per results file (:class:`~lensprobe.core.locks.FileLock`); a lock left
   by a killed process is taken over with a warning. A command writing an output folder holds
-  the folder's lock (:func:`lock_folder`) while it runs: a second run into that folder is
-  refused with the fix (wait for the first, or use another folder), so two runs never mix
-  their files. The files a command wrote are listed in :data:`PAGES_FILE`; the next run into
-  the folder deletes the listed files it does not write again (:func:`replace_pages`).
+  the folder's lock (:func:`~lensprobe.core.outfolder.lock_folder`) while it runs: a second run
+  into that folder is refused with the fix (wait for the first, or use another folder), so two
+  runs never mix their files. The files a command wrote are listed in
+  :data:`~lensprobe.core.outfolder.PAGES_FILE`; the next run into the folder deletes the listed
+  files it does not write again (:func:`~lensprobe.core.outfolder.replace_pages`).
 - **Shard files.** Each process writes only its own file: ``shard-rank{R}.json`` (finished
   units, :class:`ShardStore`) or ``results-rank{R}.jsonl`` (rows,
   :mod:`lensprobe.core.rowfiles`). Reading merges every rank's file.

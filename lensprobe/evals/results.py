@@ -12,6 +12,13 @@ rows are appended. A rerun with the same folder skips finished rows. A folder wh
 ``config.json`` holds another configuration (model, generation settings, or a condition of
 the same name with a different prompt or interventions) is refused.
 
+Every row records the identity of its run (``config_hash``, ``condition_hash``) and is checked
+against the folder's ``config.json`` whenever it is read (:func:`read_rows`: by resumes,
+:func:`load_results` and ``eval-report``): a row of another run is refused, naming its file and
+both identities, and so is a folder that holds rows but no ``config.json`` (a new one would
+adopt them). Rows of one (condition, problem, sample) merge by the results store's one rule
+(:func:`~lensprobe.core.store.merge_rows`, :func:`settled_rows`).
+
 The folder is kept by the results store, as sweeps, patching and trace sets are:
 ``config.json`` is replaced atomically (:func:`~lensprobe.core.store.atomic_write_json`), rows
 are appended by a :class:`~lensprobe.core.rowfiles.RowWriter` (one locked file per process),
@@ -32,13 +39,14 @@ from lensprobe.core.rowfiles import read_row_files
 from lensprobe.core.store import (
     atomic_write_json,
     diff_lines,
+    merge_rows,
     open_folder,
     other_run_error,
     read_json,
     settings_diff,
     wait_for_units,
 )
-from lensprobe.evals.rows_check import check_row, warn_disagreeing_rows
+from lensprobe.evals.rows_check import check_row, check_row_identity, same_verdicts
 from lensprobe.evals.verdicts import PAPER_EXACT, default_grader, mark_default_grader
 
 if TYPE_CHECKING:
@@ -61,8 +69,19 @@ def read_config(out_dir: str | os.PathLike) -> dict:
     """The ``config.json`` of a result folder."""
     path = Path(out_dir) / CONFIG_FILE
     if not path.is_file():
+        _refuse_rows_without_config(Path(out_dir))
         raise LensprobeError(f"{out_dir} holds no {CONFIG_FILE}: is it an evaluation output folder?")
     return read_json(path, fix="restore or delete it")
+
+
+def _refuse_rows_without_config(out: Path) -> None:
+    """Refuse a folder that holds rows but no ``config.json``: whose rows they are cannot be checked,
+    and a new ``config.json`` would adopt them as this run's."""
+    for path, line_no, _ in read_row_files(out, RESULTS_GLOB):
+        raise LensprobeError(
+            f"{out} holds result rows ({path.name} line {line_no}, ...) but no {CONFIG_FILE}: the run they belong to "
+            f"cannot be checked, so they are neither counted nor resumed. Restore {CONFIG_FILE} (a copy of the run's), "
+            "or move the results-rank*.jsonl files away (or use a new output folder) to start over.")
 
 
 def prepare_folder(out_dir: str | os.PathLike, run: dict, run_hash: str, conditions: dict[str, dict],
@@ -82,6 +101,8 @@ def prepare_folder(out_dir: str | os.PathLike, run: dict, run_hash: str, conditi
     """
     out = open_folder(out_dir)
     path = out / CONFIG_FILE
+    if not path.is_file():
+        _refuse_rows_without_config(out)  # rows are never adopted by a new config.json
     merged = dict(conditions)
     if path.is_file():
         old = read_config(out)
@@ -106,13 +127,37 @@ def prepare_folder(out_dir: str | os.PathLike, run: dict, run_hash: str, conditi
 
 def read_rows(out_dir: str | os.PathLike) -> list[dict]:
     """Every complete row of every results file in the folder (rank files merged,
-    :func:`~lensprobe.core.rowfiles.read_row_files`), each checked (:mod:`lensprobe.evals.rows_check`:
-    a bad row is refused with its file and line, a ``NaN`` verdict makes an error row, rows written
-    twice with different verdicts are warned about)."""
-    located = [(path, line_no, check_row(row, path, line_no))
-               for path, line_no, row in read_row_files(Path(out_dir), RESULTS_GLOB)]
-    warn_disagreeing_rows(located)
-    return [row for _, _, row in located]
+    :func:`~lensprobe.core.rowfiles.read_row_files`), in reading order, each checked: against the
+    folder's identity (:func:`~lensprobe.evals.rows_check.check_row_identity`: rows of another run
+    are refused), and field by field (:func:`~lensprobe.evals.rows_check.check_row`: a bad row is
+    refused with its file and line, a ``NaN`` verdict makes an error row). Rows of one
+    (condition, problem, sample) that disagree are refused (:func:`settled_rows`' merge rule).
+
+    Raises:
+        LensprobeError: a row of another run, a bad row, two finished rows that disagree, or rows
+            in a folder without ``config.json``.
+    """
+    out = Path(out_dir)
+    config = read_json(out / CONFIG_FILE, fix="restore or delete it") if (out / CONFIG_FILE).is_file() else None
+    located = []
+    for path, line_no, row in read_row_files(out, RESULTS_GLOB):
+        if config is None:
+            _refuse_rows_without_config(out)
+        row = check_row(row, path, line_no)
+        check_row_identity(row, config or {}, path, line_no)
+        located.append((f"{path} line {line_no}", row))
+    _merge(located)
+    return [row for _, row in located]
+
+
+def _finished(row: dict) -> bool:
+    return row.get("finish") != "error"
+
+
+def _merge(located) -> dict:
+    """The store's merge rule (:func:`~lensprobe.core.store.merge_rows`) on ``(where, row)`` pairs."""
+    return merge_rows(((where, tuple(row[k] for k in ROW_KEY), row) for where, row in located),
+                      complete=_finished, agree=same_verdicts, fix="delete the wrong line")
 
 
 def wait_for_rows(out_dir: str | os.PathLike, expected: set[tuple], problem_ids: list[str], world_size: int) -> None:
@@ -136,25 +181,17 @@ def wait_for_rows(out_dir: str | os.PathLike, expected: set[tuple], problem_ids:
 
 
 def settled_rows(rows: list[dict]) -> list[dict]:
-    """One row per (condition, problem, sample), in first-seen order: the first row that ran,
-    else the last error row (``finish="error"``, retried on resume).
+    """One row per (condition, problem, sample), in first-seen order, by the results store's one
+    merge rule (:func:`~lensprobe.core.store.merge_rows`): the first finished row wins; an error row
+    (``finish="error"``, retried on resume) counts only until a finished one comes (the last error
+    row while none has); two finished rows whose verdicts differ are refused.
 
     Example:
         >>> [r["finish"] for r in settled_rows([{"condition": "w/o", "problem_id": "a", "sample": 0,
         ...   "finish": "error"}, {"condition": "w/o", "problem_id": "a", "sample": 0, "finish": "eos"}])]
         ['eos']
     """
-    kept: dict[tuple, int] = {}
-    out: list[dict] = []
-    for row in rows:
-        key = tuple(row[k] for k in ROW_KEY)
-        at = kept.get(key)
-        if at is None:
-            kept[key] = len(out)
-            out.append(row)
-        elif out[at].get("finish") == "error":
-            out[at] = row
-    return out
+    return list(_merge((f"row {i}", row) for i, row in enumerate(rows)).values())
 
 
 def rows_frame(rows: list[dict]):
@@ -184,7 +221,8 @@ def load_results(out_dir: str | os.PathLike):
 
     Rows are sorted by condition (in the order of ``config.json``), problem id and sample;
     a row written again after an error row replaces it (:func:`settled_rows`); other
-    duplicate rows (never written by lensprobe) keep their first copy. The table's default
+    duplicate rows (never written by lensprobe) keep their first copy, and are refused when
+    their verdicts differ. Rows of another run are refused (:func:`read_rows`). The table's default
     verdict column (``df.attrs["default_grader"]``, :mod:`lensprobe.evals.verdicts`) is
     ``paper-exact`` for a folder evaluated in the authors' format, else ``math-verify``.
 

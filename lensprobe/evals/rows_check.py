@@ -11,13 +11,14 @@ columns of a table are checked before :func:`~lensprobe.evals.stats.accuracy` or
 - a ``NaN`` verdict is a missing verdict: the row becomes an error row (left out of every
   count, named in the summary, generated again by a resumed run);
 - ``condition`` and ``problem_id`` are strings and ``sample`` a whole number >= 0;
-- two rows of one (condition, problem, sample) that disagree are named, both lines, in a
-  :class:`~lensprobe.evals.results.DuplicateRowsWarning`-like warning
-  (:class:`DisagreeingRowsWarning`); the first one counts.
+- a row records the identity of the run that wrote it (``config_hash``, ``condition_hash``); a
+  row whose identity is not its folder's ``config.json``'s is refused (:func:`check_row_identity`);
+- two finished rows of one (condition, problem, sample) whose verdicts differ
+  (:func:`same_verdicts`) are refused, both lines named, by the results store's one merge rule
+  (:func:`~lensprobe.core.store.merge_rows`).
 """
 
 import math
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,8 @@ import numpy as np
 from lensprobe.core.errors import LensprobeError
 from lensprobe.evals.grading import GRADERS
 
-__all__ = ["ROW_FIX", "VERDICT_COLUMNS", "DisagreeingRowsWarning", "check_row", "check_verdict_column",
-           "is_verdict", "warn_disagreeing_rows"]
+__all__ = ["ROW_FIX", "VERDICT_COLUMNS", "check_row", "check_row_identity", "check_verdict_column", "is_verdict",
+           "same_verdicts"]
 
 VERDICT_COLUMNS = tuple(dict.fromkeys((*GRADERS, "paper-exact")))
 """Columns of a result row that hold a verdict (``true``/``false``/``null``)."""
@@ -119,28 +120,41 @@ def _wrong(where: str, key: str, value: Any, want: str) -> LensprobeError:
     return LensprobeError(f"{where}: {key!r} is {value!r} ({type(value).__name__}), which is not {want}: {ROW_FIX}.")
 
 
-def warn_disagreeing_rows(located: list[tuple[Path, int, dict]]) -> None:
-    """Warn (:class:`DisagreeingRowsWarning`) about rows of one (condition, problem, sample)
-    whose verdicts differ, naming both lines; error rows (retried by design) are left out.
+def check_row_identity(row: dict, config: dict, path: str | Path, line_no: int) -> None:
+    """Refuse a row whose recorded identity is not its folder's: its ``config_hash`` must be the
+    ``config_hash`` of the folder's ``config.json``, and its ``condition_hash`` the hash that
+    ``config.json`` records for its condition. The hashes are compared as recorded, never
+    computed again.
 
-    Args:
-        located: ``(file, line number, row)`` for every row read, in reading order.
+    Raises:
+        LensprobeError: names the rows' file and line, both identities and what to do.
+
+    Example:
+        >>> check_row_identity({"condition": "w/o", "config_hash": "a1", "condition_hash": "c1"},
+        ...                    {"config_hash": "a1", "conditions": {"w/o": {"hash": "c1"}}}, Path("r.jsonl"), 1)
     """
-    first: dict[tuple, tuple[Path, int, dict]] = {}
-    clashes = []
-    for path, line_no, row in located:
-        if row.get("finish") in _NO_ANSWER:
-            continue
-        key = (row["condition"], row["problem_id"], row["sample"])
-        seen = first.setdefault(key, (path, line_no, row))
-        if seen[2] is not row and any(seen[2].get(k) != row.get(k) for k in VERDICT_COLUMNS):
-            clashes.append((seen, (path, line_no)))
-    if clashes:
-        (p1, l1, row), (p2, l2) = clashes[0]
-        warnings.warn(
-            f"{len(clashes)} row(s) are written twice with different verdicts, e.g. condition {row['condition']!r}, "
-            f"problem {row['problem_id']!r}, sample {row['sample']}: {p1} line {l1} and {p2} line {l2}. The first "
-            "is counted; delete the wrong line.", DisagreeingRowsWarning, stacklevel=3)
+    fix = (f"rows of another run are neither counted nor resumed: move {Path(path).name} to the folder of the run "
+           "that wrote it, or delete it (or the line) to run its rows again.")
+    got, want = row.get("config_hash"), config.get("config_hash")
+    if got != want:
+        raise LensprobeError(f"{path} line {line_no} records config_hash {got!r}, but the folder's config.json has "
+                             f"{want!r}: {fix}")
+    described = config.get("conditions", {}).get(row["condition"])
+    want = described.get("hash") if isinstance(described, dict) else None
+    if row.get("condition_hash") != want:
+        has = f"records {want!r} for it" if described is not None else "does not describe it"
+        raise LensprobeError(f"{path} line {line_no} records condition {row['condition']!r} with condition_hash "
+                             f"{row.get('condition_hash')!r}, but the folder's config.json {has}: {fix}")
+
+
+def same_verdicts(a: dict, b: dict) -> bool:
+    """Whether two rows of one (condition, problem, sample) give every verdict alike (what is counted).
+
+    Example:
+        >>> same_verdicts({"math-verify": True}, {"math-verify": True, "seconds": 2.0})
+        True
+    """
+    return all(a.get(k) == b.get(k) for k in VERDICT_COLUMNS)
 
 
 def check_verdict_column(df, grader: str) -> None:
@@ -162,7 +176,3 @@ def check_verdict_column(df, grader: str) -> None:
                 f"the {grader!r} column holds {value!r} ({type(value).__name__}) at row {index!r}: verdicts must be "
                 "True, False or None (no verdict); convert the column, e.g. rows[grader].map({'true': True, "
                 "'false': False}), or reload the folder with lp.load_results.")
-
-
-class DisagreeingRowsWarning(UserWarning):
-    """A results folder holds one (condition, problem, sample) twice with different verdicts."""

@@ -31,7 +31,7 @@ from lensprobe.evals.data import Problem
 from lensprobe.evals.grading import GRADERS, extract_answer, grade_all, grade_paper_exact
 from lensprobe.evals.mathverify import GRADE_TIMEOUT
 from lensprobe.evals.protocols import grades_prompt
-from lensprobe.evals.results import read_rows, results_file, rows_frame
+from lensprobe.evals.results import read_rows, results_file, rows_frame, settled_rows
 from lensprobe.evals.verdicts import PAPER_EXACT
 from lensprobe.generation.loop import generate
 from lensprobe.generation.rows import FinishedRow
@@ -102,7 +102,7 @@ def finished_rows(out: Path, problems: list[Problem]) -> dict[tuple, dict]:
     """
     done: dict[tuple, dict] = {}
     by_id = {p.id: problem_hash(p) for p in problems}
-    for row in read_rows(out):
+    for row in settled_rows(read_rows(out)):  # the store's one merge rule
         expected = by_id.get(row["problem_id"])
         if expected is not None and row.get("problem_hash") != expected:
             raise LensprobeError(
@@ -110,7 +110,7 @@ def finished_rows(out: Path, problems: list[Problem]) -> dict[tuple, dict]:
                 "text or answer: these are other data. Use a new output folder."
             )
         if row.get("finish") != "error":
-            done.setdefault((row["condition"], row["problem_id"], row["sample"]), row)
+            done[(row["condition"], row["problem_id"], row["sample"])] = row
     return done
 
 

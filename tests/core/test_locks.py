@@ -14,8 +14,9 @@ import pytest
 
 import lensprobe as lp
 from lensprobe.core.locks import FileLock, lock_holder, pid_alive
+from lensprobe.core.rowfiles import read_row_files
 from lensprobe.core.shards import ShardStore
-from lensprobe.evals.results import RowWriter, read_rows
+from lensprobe.evals.results import RowWriter
 
 BUSY = "the thing is in use ({holder}): wait for it."
 
@@ -102,7 +103,7 @@ def test_locks_left_by_a_process_killed_with_sigkill_are_taken_over(tmp_path, ca
         with RowWriter(results) as writer:
             writer.write({"condition": "w/o", "problem_id": "q1", "sample": 0})
     assert caplog.text.count(f"took over a stale lock left by pid {proc.pid} on host {socket.gethostname()}") == 2
-    assert [r["problem_id"] for r in read_rows(results.parent)] == ["q0", "q1"]
+    assert [r["problem_id"] for _, _, r in read_row_files(results.parent, "results-rank*.jsonl")] == ["q0", "q1"]
 
 
 @pytest.mark.parametrize("rows_left", [0, 1])

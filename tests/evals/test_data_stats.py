@@ -244,7 +244,7 @@ def test_pass_at_k():
 def test_partial_last_line_is_ignored_and_repaired(tmp_path):
     prepare_folder(tmp_path, {"x": 1}, "h1", {"c": {"hash": "a"}})
     path = tmp_path / "results-rank0.jsonl"
-    good = {"condition": "c", "problem_id": "p1", "sample": 0}
+    good = {"condition": "c", "problem_id": "p1", "sample": 0, "config_hash": "h1", "condition_hash": "a"}
     path.write_text(json.dumps(good) + "\n" + '{"condition": "c", "problem_id": "p2", "sa', encoding="utf-8")
     assert read_rows(tmp_path) == [good]
     assert len(load_results(tmp_path)) == 1
@@ -255,8 +255,8 @@ def test_partial_last_line_is_ignored_and_repaired(tmp_path):
 
 
 def test_damaged_middle_line_is_an_error(tmp_path):
-    prepare_folder(tmp_path, {"x": 1}, "h1", {})
-    row = '{"condition": "c", "problem_id": "p1", "sample": 0}'
+    prepare_folder(tmp_path, {"x": 1}, "h1", {"c": {"hash": "a"}})
+    row = '{"condition": "c", "problem_id": "p1", "sample": 0, "config_hash": "h1", "condition_hash": "a"}'
     (tmp_path / "results-rank0.jsonl").write_text(f"{row}\nnot json\n{row}\n", encoding="utf-8")
     with pytest.raises(lp.LensprobeError, match="line 2 is not valid JSON"):
         read_rows(tmp_path)

@@ -135,7 +135,8 @@ def write_folder(out, model: str, verdicts: dict[str, list[bool]], config_hash: 
             for i, ok in enumerate(marks):
                 writer.write({"condition": cond, "problem_id": f"q{i}", "sample": 0, "model": model, "level": 1,
                               "subject": "S", "answer": "1", "prediction": "1" if ok else "2", "math-verify": ok,
-                              "paper": ok, "paper-lenient": ok, "paper-exact": ok, "finish": "eos"})
+                              "paper": ok, "paper-lenient": ok, "paper-exact": ok, "finish": "eos",
+                              "config_hash": config_hash, "condition_hash": cond})
     return out
 
 

@@ -1,5 +1,6 @@
 """Result rows read back are checked: wrong types are refused with file, line and fix (never counted),
-a NaN verdict is a missing verdict everywhere, and rows written twice with different verdicts are named."""
+a NaN verdict is a missing verdict everywhere, rows written twice with different verdicts are refused naming
+both, and rows of another run (or without the folder's config.json) are refused."""
 
 import json
 import math
@@ -12,7 +13,7 @@ import lensprobe as lp
 from lensprobe.app.cli import main
 from lensprobe.evals import Problem
 from lensprobe.evals.results import load_results, read_rows, results_file
-from lensprobe.evals.rows_check import DisagreeingRowsWarning, check_row, check_verdict_column, is_verdict
+from lensprobe.evals.rows_check import check_row, check_verdict_column, is_verdict
 
 PROBLEMS = [Problem(id=f"q{i}", problem=f"What is {i}+{i}?", answer=str(2 * i), level=1, subject="S")
             for i in range(3)]
@@ -108,16 +109,63 @@ def test_a_nan_verdict_is_a_missing_verdict_left_out_named_and_retried(copy, tin
     assert again.set_index("problem_id").loc["q1", "math-verify"] in (True, False)
 
 
-def test_rows_written_twice_with_different_verdicts_are_named_with_both_lines(copy):
+def test_rows_written_twice_with_different_verdicts_are_refused_naming_both_lines(copy, capsys):
     first = json.loads(lines(copy)[0])
     with results_file(copy, 0).open("a", encoding="utf-8") as f:
+        f.write(json.dumps({**first, "seconds": 9.0}) + "\n")  # a copy with the same verdicts: the first counts
+    assert len(read_rows(copy)) == 4 and len(load_results(copy)) == 3
+    with results_file(copy, 1).open("a", encoding="utf-8") as f:  # another rank's file disagrees
         f.write(json.dumps({**first, "math-verify": not first["math-verify"]}) + "\n")
-        f.write(json.dumps(json.loads(lines(copy)[1])) + "\n")  # a copy that agrees: no warning
-    with pytest.warns(DisagreeingRowsWarning, match=r"1 row\(s\) are written twice with different verdicts, e\.g\. "
-                                                    r"condition 'w/o', problem 'q0', sample 0: .*results-rank0\.jsonl "
-                                                    r"line 1 and .*results-rank0\.jsonl line 4\. The first is counted"):
-        rows = read_rows(copy)
-    assert len(rows) == 5
+    with pytest.raises(lp.LensprobeError, match=r"two results for \('w/o', 'q0', 0\) disagree: .*results-rank0\.jsonl "
+                                                r"line 1 and .*results-rank1\.jsonl line 1\. Which one is right cannot "
+                                                r"be told from the files: delete the wrong line"):
+        read_rows(copy)
+    assert main(["eval-report", str(copy)]) == 2  # never counted, whichever rank wrote it later
+    assert "results-rank1.jsonl line 1" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def other_run_rows(tiny, tmp_path_factory):
+    """The rows file of a run with other generation settings."""
+    out = tmp_path_factory.mktemp("other") / "run"
+    lp.evaluate(tiny, PROBLEMS, "w/o", out=out, config=lp.EvalConfig(max_new_tokens=3, batch_size=3),
+                model_name="tiny", progress=False)
+    return results_file(out, 0)
+
+
+def test_rows_of_another_run_are_refused_by_eval_report_and_by_a_resume(copy, tiny, other_run_rows, capsys):
+    """Rows recording another config_hash used to be counted by eval-report and taken as finished on resume."""
+    shutil.copy(other_run_rows, results_file(copy, 1))
+    theirs = json.loads(other_run_rows.read_text().splitlines()[0])["config_hash"]
+    ours = json.loads((copy / "config.json").read_text())["config_hash"]
+    assert theirs != ours
+    refused = (rf"results-rank1\.jsonl line 1 records config_hash '{theirs}', but the folder's config\.json has "
+               rf"'{ours}': rows of another run are neither counted nor resumed: move results-rank1\.jsonl to the "
+               "folder of the run that wrote it")
+    with pytest.raises(lp.LensprobeError, match=refused):
+        read_rows(copy)
+    with pytest.raises(lp.LensprobeError, match=refused):
+        run(tiny, copy)
+    assert main(["eval-report", str(copy)]) == 2
+    assert f"records config_hash '{theirs}'" in capsys.readouterr().err
+    results_file(copy, 1).unlink()
+    edit(copy, 3, with_field("condition_hash", "c0ffee"))  # one condition's row of another definition
+    with pytest.raises(lp.LensprobeError, match=r"line 3 records condition 'w/o' with condition_hash 'c0ffee', but "
+                                                r"the folder's config\.json records '.*' for it"):
+        load_results(copy)
+
+
+def test_a_folder_with_rows_but_no_config_is_refused_not_given_a_new_identity(copy, tiny, capsys):
+    (copy / "config.json").unlink()
+    before = results_file(copy, 0).read_bytes()
+    refused = (r"holds result rows \(results-rank0\.jsonl line 1, \.\.\.\) but no config\.json: the run they belong "
+               r"to cannot be checked, so they are neither counted nor resumed\. Restore config\.json")
+    with pytest.raises(lp.LensprobeError, match=refused):
+        read_rows(copy)
+    with pytest.raises(lp.LensprobeError, match=refused):
+        run(tiny, copy)  # a resume does not write a new config.json that adopts the rows
+    assert not (copy / "config.json").exists() and results_file(copy, 0).read_bytes() == before
+    assert main(["eval-report", str(copy)]) == 2 and "but no config.json" in capsys.readouterr().err
 
 
 def test_a_line_of_bytes_that_are_not_utf8_is_refused_with_its_line(copy):

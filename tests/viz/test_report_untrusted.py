@@ -84,7 +84,8 @@ def untrusted_eval_folder(root: Path) -> Path:
                               "level": 1 + p, "subject": PAYLOADS[4], "answer": PAYLOADS[1],
                               "prediction": PAYLOADS[0], "math-verify": ok, "paper": ok, "paper-lenient": ok,
                               "paper-exact": ok, "finish": PAYLOADS[2], "generation": " ".join(PAYLOADS),
-                              "prompt": PAYLOADS[0], "problem": PAYLOADS[4]})
+                              "prompt": PAYLOADS[0], "problem": PAYLOADS[4], "config_hash": "h1",
+                              "condition_hash": str(i)})
     return out
 
 
