@@ -1,5 +1,6 @@
 """Shared by the tests: latent thinking inputs computed by hand, a hook that counts its calls, a
-snapshot of a model's hooks, and the solo-run oracle of continuous batching."""
+snapshot of a model's hooks, the solo-run oracle of continuous batching, and a TransformerLens-style
+hook with its plain ``transformers`` twin."""
 
 import torch
 
@@ -105,3 +106,53 @@ def hf_head_gradients(hf, tokens, metric, reference=None, logits_to_keep: int = 
         for h in handles:
             h.remove()
     return runs[0], grads, runs[1] if reference is not None else None
+
+
+# ----- one hook contract on every engine ------------------------------------------------------------
+EDITED_LAYERS = (0, 1)
+
+
+def edit_factor(layer: int, position: torch.Tensor) -> torch.Tensor:
+    """The edit: ``hook_post`` scaled by a factor that depends on the layer and the absolute position."""
+    return 1.0 + 0.3 * (layer + 1) * torch.cos(0.7 * position.float())
+
+
+def tl_style(log: list):
+    """A hook written for TransformerLens: everything it needs comes from ``hook``."""
+    def fn(act, hook):
+        ctx = hook.step
+        hook.ctx["calls"] = hook.ctx.get("calls", 0) + 1
+        log.append((hook.name, hook.layer(), ctx.step, ctx.prefill, ctx.positions.tolist(), hook.ctx["calls"]))
+        scale = edit_factor(hook.layer(), ctx.positions.to(act.device))  # [rows, pos]
+        return act * scale[..., None].to(act.dtype)
+    return fn
+
+
+def tl_style_pairs(log: list) -> list:
+    fn = tl_style(log)
+    return [(f"blocks.{layer}.mlp.hook_post", fn) for layer in EDITED_LAYERS]
+
+
+def edited_twin_logits(twin, tokens: torch.Tensor) -> torch.Tensor:
+    """Uncached logits of the plain ``transformers`` twin with the edit applied at each layer's ``down_proj``."""
+    handles = []
+    positions = torch.arange(tokens.shape[-1])[None]
+    for layer in EDITED_LAYERS:
+        def pre(_m, args, layer=layer):
+            return (args[0] * edit_factor(layer, positions)[..., None].to(args[0].dtype),)
+        handles.append(twin.model.layers[layer].mlp.down_proj.register_forward_pre_hook(pre))
+    try:
+        with torch.no_grad():
+            return twin(tokens).logits
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def assert_greedy_with_the_edit(twin, prompts, token_rows: list[list[int]]) -> None:
+    """Each generated token is the twin's uncached argmax with the edit at every position so far."""
+    for prompt, generated in zip(prompts, token_rows, strict=True):
+        tokens = prompt.tokens.cpu()
+        for token in generated:
+            assert int(edited_twin_logits(twin, tokens)[0, -1].argmax()) == token
+            tokens = torch.cat([tokens, torch.tensor([[token]])], dim=-1)

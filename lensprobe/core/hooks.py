@@ -9,16 +9,19 @@ Interventions never mutate weights; a hook that edits an activation clones it fi
 """
 
 import contextlib
-import contextvars
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-from jaxtyping import Int
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.hookpoint import HookSite, StepContext, Steps, bind, positions_of
+
+__all__ = ["ActivationRecorder", "AttentionRecorder", "Hook", "HookFn", "HookSite", "Intervention", "StepContext",
+           "Steps", "batch_dependent", "bound_hooks", "check_positions", "intervene", "pattern_hook_name",
+           "positions_of", "recording_hook", "resolve_hooks", "rounding_sensitive_layer", "with_default_seed"]
 
 HookFn = Callable[[torch.Tensor, Any], torch.Tensor | None]
 Hook = tuple[str, HookFn]
@@ -103,12 +106,20 @@ def resolve_hooks(model, interventions) -> list[Hook]:
 
 
 @contextlib.contextmanager
-def intervene(model, *interventions) -> Iterator[Any]:
+def intervene(model, *interventions, steps: Steps | None = None) -> Iterator[Any]:
     """Attach interventions and recorders for the duration of a ``with`` block.
+
+    Every hook is called as ``fn(activation, hook)`` with ``hook`` a
+    :class:`~lensprobe.core.hookpoint.HookSite` (``hook.name``, ``hook.layer()``, ``hook.ctx``,
+    and ``hook.step``: the :class:`~lensprobe.core.hookpoint.StepContext` of the forward that
+    runs). Each forward of ``model`` inside the block is described from its own inputs (KV
+    cache length, ``attention_mask``) unless a runner publishes the steps through ``steps``.
 
     Args:
         model: a TransformerLens model.
         *interventions: interventions, recorders, or ``(hook_name, fn)`` pairs.
+        steps: the steps a runner publishes (the generation loop); ``None`` describes each
+            forward from its inputs.
 
     Example:
         >>> rec = AttentionRecorder(layers=[0])
@@ -116,9 +127,22 @@ def intervene(model, *interventions) -> Iterator[Any]:
         ...     model(prompt.tokens)
         >>> rec.patterns[0].shape  # [batch, head, query_pos, key_pos]
     """
-    hooks = resolve_hooks(model, interventions)
-    with model.hooks(fwd_hooks=hooks, reset_hooks_end=True):
-        yield model
+    steps = Steps() if steps is None else steps
+    hooks = bound_hooks(resolve_hooks(model, interventions), steps)
+    handle = model.register_forward_pre_hook(
+        lambda module, args, kwargs: steps.describe_inputs(module, args, kwargs), with_kwargs=True)
+    try:
+        with model.hooks(fwd_hooks=hooks, reset_hooks_end=True):
+            yield model
+    finally:
+        handle.remove()
+
+
+def bound_hooks(hooks: list[Hook], steps: Steps) -> list[Hook]:
+    """``hooks`` whose functions receive a :class:`~lensprobe.core.hookpoint.HookSite` reading ``steps``,
+    whatever object the engine passes (one ``ctx`` dict per hook point name where it passes none)."""
+    contexts: dict[str, dict] = {}
+    return [(name, bind(fn, name, steps, contexts)) for name, fn in hooks]
 
 
 def check_positions(interventions, length: int, what: str = "prompt") -> None:
@@ -189,83 +213,6 @@ class AttentionRecorder:
     def hooks(self, model) -> list[Hook]:
         return [(pattern_hook_name(layer), recording_hook(self.patterns, layer, reduce=self.reduce, copy=self.copy))
                 for layer in self.layers]
-
-
-# --------------------------------------------------------------------------- step context
-@dataclass(frozen=True)
-class StepContext:
-    """Where the forward pass running inside :func:`lensprobe.generate` is: the one way a hook
-    learns it (read it with :func:`current_step`).
-
-    The activations' ``batch`` axis holds the rows this forward runs. With continuous
-    batching (``lp.generate(..., batch_size=B)``) those are the live rows, which may be at
-    different steps: use ``positions`` (or ``steps``) rather than ``step``, and ``rows`` to
-    tell which row of the generation each one is.
-
-    Attributes:
-        step: generation step (0 = the prompt forward, whose last query predicts step 0);
-            under continuous batching, the largest of ``steps``.
-        positions: ``[batch, pos]`` absolute token positions of the activations' ``pos``
-            axis (counted from each row's first prompt token; left padding is negative).
-        prompt_lengths: ``[batch]`` prompt lengths without padding.
-        steps: ``[batch]`` generation step of each row (``None`` outside the generation loop).
-        rows: ``[batch]`` each row's index in the generation's trace (``None`` likewise).
-        prefill: this forward is a prompt forward (every row of it starts: its prompt
-            positions, step 0); ``False`` for a decode step (one new position per row).
-        inputs: latent thinking inputs of this forward, ``(batch rows, [n, d_model] vectors)``
-            put in at those rows' newest input embedding (``hook_embed``), or ``None``.
-
-    Contract: a hook that acts by position and receives an activation whose ``[batch, pos]``
-    does not match ``positions`` (:meth:`fits`) must raise rather than guess; lensprobe's own
-    hooks do.
-    """
-
-    step: int
-    positions: Int[Tensor, "batch pos"]
-    prompt_lengths: Int[Tensor, " batch"]
-    steps: Int[Tensor, " batch"] | None = None
-    rows: Int[Tensor, " batch"] | None = None
-    prefill: bool = False
-    inputs: tuple[Tensor, Tensor] | None = None
-
-    def fits(self, batch: int, count: int) -> bool:
-        """Whether ``positions`` describe an activation of ``batch`` rows and ``count`` positions."""
-        return self.positions.shape[-1] == count and self.positions.shape[0] in (1, batch)
-
-
-StepInfo = StepContext
-"""The former name of :class:`StepContext` (kept for code that imports it)."""
-
-_CURRENT: contextvars.ContextVar[StepContext | None] = contextvars.ContextVar("lensprobe_step", default=None)
-
-
-def current_step() -> StepContext | None:
-    """The :class:`StepContext` of the forward pass :func:`lensprobe.generate` is running, else ``None``.
-
-    Hooks use it to map the ``pos`` axis of an activation to absolute positions (e.g. to act
-    on prompt positions only), to tell prompt forwards from decode steps, and to find which
-    generation row each batch row is.
-
-    Example:
-        >>> def hook(z, hook):
-        ...     ctx = lp.current_step()
-        ...     keep = ctx.positions < 10 if ctx else ...
-    """
-    return _CURRENT.get()
-
-
-@contextlib.contextmanager
-def step_context() -> Iterator[Callable[[StepContext], object]]:
-    """While open, ``publish(ctx)`` makes ``ctx`` what :func:`current_step` returns.
-
-    The generation loop publishes each forward's :class:`StepContext` through it; on exit
-    (also after an exception) :func:`current_step` returns what it returned before.
-    """
-    token = _CURRENT.set(None)
-    try:
-        yield _CURRENT.set
-    finally:
-        _CURRENT.reset(token)
 
 
 @dataclass

@@ -5,7 +5,7 @@ Hugging Face view of the same weights for speed).
 May import: :mod:`lensprobe.core` (interventions are passed in as objects, never imported).
 """
 
-from lensprobe.core.hooks import StepContext, StepInfo, current_step
+from lensprobe.core.hooks import HookSite, StepContext
 from lensprobe.generation import schedule
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.loop import generate, trace_generation
@@ -13,5 +13,5 @@ from lensprobe.generation.rows import FinishedRow
 from lensprobe.generation.traceset import trace_jobs, trace_prompts
 from lensprobe.generation.tracking import SPECIAL_SETS
 
-__all__ = ["SPECIAL_SETS", "FinishedRow", "GenerationConfig", "StepContext", "StepInfo", "current_step", "generate", "schedule", "trace_generation",
+__all__ = ["SPECIAL_SETS", "FinishedRow", "GenerationConfig", "HookSite", "StepContext", "generate", "schedule", "trace_generation",
            "trace_jobs", "trace_prompts"]

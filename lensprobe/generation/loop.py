@@ -13,7 +13,8 @@ for the tracked sets. The loop:
 - attaches the caller's interventions (anything :func:`lensprobe.intervene` accepts) for
   the whole generation: hooks see ``[batch, pos, ...]`` activations where ``pos`` is the
   whole (padded) prompt at the first forward and the one new position afterwards (see
-  :func:`current_step` for the absolute positions);
+  ``hook.step``, the :class:`~lensprobe.core.hookpoint.StepContext` every hook receives, for the
+  absolute positions);
 - records, inside the attention hooks, only the newest query's attention summed over each
   tracked set: a ``[batch, set, head]`` value per layer and step. Memory grows as
   steps x layers x heads x sets, never with steps x sequence length;
@@ -57,7 +58,7 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.forward import as_prompts, as_tokens
-from lensprobe.core.hooks import StepContext, StepInfo, check_positions, current_step
+from lensprobe.core.hooks import HookSite, StepContext, check_positions
 from lensprobe.core.jsonable import describe_setting
 from lensprobe.core.models import check_layers
 from lensprobe.core.prompts import Prompt
@@ -70,7 +71,7 @@ from lensprobe.generation.thinking import LatentFusion, Pause, thinking_token_id
 from lensprobe.generation.trace import GenerationTrace
 from lensprobe.generation.tracking import SPECIAL_SETS, TrackSpec, resolve_track
 
-__all__ = ["SPECIAL_SETS", "FinishedRow", "StepContext", "StepInfo", "current_step", "generate", "trace_generation"]
+__all__ = ["SPECIAL_SETS", "FinishedRow", "HookSite", "StepContext", "generate", "trace_generation"]
 
 
 # ----- the public functions ---------------------------------------------------------------

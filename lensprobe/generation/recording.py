@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import Hook, current_step, pattern_hook_name
+from lensprobe.core.hooks import Hook, pattern_hook_name
 from lensprobe.core.kinds import is_hooked_transformer
 from lensprobe.generation.engines.threads import one_thread
 
@@ -96,7 +96,7 @@ class StepRecorder:
 
     def _embed_hook(self, x: Tensor, hook):
         """Latent thinking inputs: the step context's ``inputs`` at the newest position."""
-        ctx = current_step()
+        ctx = hook.step
         if ctx is None or ctx.inputs is None:
             return None
         rows, vectors = ctx.inputs

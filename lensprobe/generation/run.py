@@ -16,7 +16,8 @@ forward is exactly the one it would have alone: no padding, any intervention's s
 over its own positions only) and its KV cache joins the running batch as a new row,
 left-padded to the batch's width (:mod:`lensprobe.generation.cacherows`). Every decode step
 runs the live rows together, each at its own step and its own positions (published by
-:func:`~lensprobe.current_step` as ``positions``, ``steps`` and ``rows``). When a row ends
+:class:`~lensprobe.core.hookpoint.StepContext` every hook receives as ``hook.step``: ``positions``, ``steps``
+and ``rows``). When a row ends
 (end of sequence, its own length cap, non-finite logits) it leaves the cache at once and its
 place takes the next row of the queue; cache columns that are padding in every live row are
 dropped. Each row's results are those of running it alone: the same greedy tokens, the same
@@ -41,7 +42,7 @@ from tqdm.auto import tqdm
 
 from lensprobe.core.devices import model_device
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import batch_dependent, step_context
+from lensprobe.core.hooks import Steps, batch_dependent
 from lensprobe.core.metrics import nonfinite_rows
 from lensprobe.generation import cacherows
 from lensprobe.generation.batch import pad_batch
@@ -124,8 +125,10 @@ class Run:
         started = time.perf_counter()
         for r in sorted(self.out.errors):  # rows refused before any forward
             self._report(r)
+        steps = Steps()  # each forward's StepContext, published before it runs
+        publish = steps.publish
         try:
-            with engine.attach(hooks, self.interventions), step_context() as publish:
+            with engine.attach(hooks, self.interventions, steps):
                 if self.order:
                     if self.mode == "refill":
                         self._refill(engine, publish, bar)

@@ -12,10 +12,11 @@ Heads are 0-based, TransformerLens style: ``"L0H13"`` is layer 0, head 13, the p
 **Positions and the KV cache.** ``positions`` are absolute token positions in the sequence
 (prompt positions first, then generated ones). In a full forward the hook sees every
 position; in a KV-cached generation step it sees only the newest position. The ablation
-finds the absolute positions of what it sees from :func:`lensprobe.generation.loop.current_step`
-inside ``lp.generate``/``lp.trace_generation`` (per row, counted from each row's first
-prompt token, so left padding is accounted for), and otherwise from the attention pattern
-of the same layer (``key_len - query_len``; a manual KV loop over one unpadded sequence), so:
+finds the absolute positions of what it sees from the step its hook receives (``hook.step``,
+:class:`~lensprobe.core.hookpoint.StepContext`): inside ``lp.generate``/``lp.trace_generation``
+per row, counted from each row's first prompt token; in any other forward inside
+``lp.intervene`` from the forward's own inputs (the KV cache's length, and each row's left
+padding where an ``attention_mask`` is passed), on any attention implementation, so:
 
 - ``positions=None`` ablates every position, including every generated token;
 - prompt positions (ints or a segment name) are ablated when the prompt is processed; the
@@ -24,9 +25,8 @@ of the same layer (``key_len - query_len``; a manual KV loop over one unpadded s
 - ``"generated"`` (or ``slice(n, None)``) ablates only the positions from ``n`` on.
 
 A KV-cached generation with an ablation therefore gives the same logits as one uncached
-forward over prompt + generated tokens with the same ablation. (In a manual KV loop over a
-left-padded batch, outside ``lp.generate``, positions would count from the start of each
-padded row.)
+forward over prompt + generated tokens with the same ablation, also in a manual KV loop
+inside ``lp.intervene`` (pass the ``attention_mask`` of a left-padded batch).
 """
 
 import weakref
@@ -49,7 +49,7 @@ from lensprobe.core.heads import (
     resolve_heads,
     resolve_positions,
 )
-from lensprobe.core.hooks import Hook, current_step, pattern_hook_name
+from lensprobe.core.hooks import Hook, positions_of
 from lensprobe.core.jsonable import digest
 from lensprobe.interventions.replacement import (
     HeadMeans,
@@ -61,27 +61,6 @@ from lensprobe.interventions.replacement import (
 
 __all__ = ["HeadAblation", "RowHeadAblation", "ZAblationHook", "ablate_heads", "ablate_kv_group",
            "check_ablation_positions"]
-
-
-class _Offset:
-    """Absolute position of the first query row, read from the layer's attention pattern."""
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value: int | None = None
-
-    def record(self, pattern: Tensor, hook) -> None:
-        self.value = int(pattern.shape[-1] - pattern.shape[-2])
-
-    def take(self, layer: int) -> int:
-        if self.value is None:
-            raise LensprobeError(
-                f"could not tell which token positions layer {layer} is processing (its "
-                "attention pattern hook did not fire): position-dependent ablation needs a model "
-                "with eager attention, as lp.load_model() returns."
-            )
-        value, self.value = self.value, None
-        return value
 
 
 # --------------------------------------------------------------------------- the hook
@@ -100,7 +79,7 @@ class ZAblationHook:
     head_mask: Tensor
     positions: Positions | None = None
     source: Any = None
-    offset: _Offset | None = None
+    by_position: bool = False
 
     def __call__(self, z: Tensor, hook) -> Tensor | None:
         batch, count = z.shape[0], z.shape[1]
@@ -108,11 +87,12 @@ class ZAblationHook:
             raise LensprobeError(
                 f"this ablation was built for {self.head_mask.shape[0]} batch rows but the input has {batch}."
             )
-        if self.offset is None:  # position-independent: every position, no lookups
+        if not self.by_position:  # position-independent: every position, no lookups
             selected = torch.ones(1, count, dtype=torch.bool, device=z.device)
             pos = None
         else:
-            pos, lengths = _absolute_positions(self.offset, self.layer, batch, count, z.device)
+            pos, lengths = positions_of(hook, batch, count, f"head ablation at layer {self.layer}")
+            pos = pos.to(z.device)
             selected = torch.ones_like(pos, dtype=torch.bool) if self.positions is None \
                 else self.positions.select(pos, lengths)
             if not bool(selected.any()):
@@ -124,40 +104,12 @@ class ZAblationHook:
         return torch.where(mask[..., None], values.to(z.device, z.dtype).expand_as(z), z)
 
 
-def _absolute_positions(offset: _Offset, layer: int, batch: int, count: int,
-                        device) -> tuple[Tensor, Tensor | None]:
-    """``[rows, count]`` absolute positions of the ``pos`` axis this hook sees, and the
-    ``[rows]`` prompt lengths when known (inside ``lp.generate``).
-
-    Inside :func:`lensprobe.generate` / ``trace_generation`` the loop publishes them per row
-    (counted from each row's first prompt token, so left padding is accounted for); an
-    activation they do not describe is refused (never guessed). Outside, the layer's
-    attention pattern tells: row 0 of ``count`` queries over ``K`` keys is position ``K - count``.
-    """
-    first = offset.take(layer)
-    info = current_step()
-    if info is None:
-        return torch.arange(first, first + count, device=device)[None], None
-    if not info.fits(batch, count):
-        raise LensprobeError(
-            f"head ablation at layer {layer}: this forward's hook_z has {batch} row(s) x {count} position(s) "
-            f"but the generation step describes {tuple(info.positions.shape)}, so the ablated positions cannot "
-            "be placed; run the model yourself outside lp.generate (e.g. with lp.intervene) for other inputs."
-        )
-    return info.positions.to(device), info.prompt_lengths
-
-
 def _build_hooks(model, layer_masks: dict[int, Tensor], positions: Positions | None,
                  source) -> list[Hook]:
-    needs_offset = positions is not None or (source is not None and not (
+    by_position = positions is not None or (source is not None and not (
         isinstance(source, HeadMeans) and not source.per_position))
-    hooks: list[Hook] = []
-    for layer, mask in layer_masks.items():
-        offset = _Offset() if needs_offset else None
-        if offset is not None:
-            hooks.append((pattern_hook_name(layer), offset.record))
-        hooks.append((hook_z_name(layer), ZAblationHook(layer, mask, positions, source, offset)))
-    return hooks
+    return [(hook_z_name(layer), ZAblationHook(layer, mask, positions, source, by_position))
+            for layer, mask in layer_masks.items()]
 
 
 # --------------------------------------------------------------------------- interventions

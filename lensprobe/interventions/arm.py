@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import Hook, current_step
+from lensprobe.core.hooks import Hook
 from lensprobe.core.lazy import heavy
 from lensprobe.interventions.arm_presets import ARM_PRESETS, NoPresetError, Source, arm_preset
 from lensprobe.interventions.arm_rule import (
@@ -128,18 +128,18 @@ class _ARMHook:
                 "act_fn(gate_proj(x)) here."
             )
         if self.arm.per_row and act.dim() >= 2:
-            return self._per_row(act) * up
+            return self._per_row(act, hook) * up
         if act.dim() >= 1 and act.shape[0] > 1:
             self.draws.warn_batch(self.arm.layer, act.shape[0])
         return arm_redistribute(act, generator=self.draws.get(act.device), **self.arm.rule()) * up
 
-    def _per_row(self, act: Tensor) -> Tensor:
+    def _per_row(self, act: Tensor, hook) -> Tensor:
         """Each batch row edited by its own statistics over its own positions (padding left out).
 
         Inside :func:`lensprobe.generate`, batch row ``b`` is generation row ``info.rows[b]``:
         its generator is that row's, restarted at the row's prompt forward, so the row draws
         what it draws alone whatever shares its forward."""
-        info = current_step()
+        info = getattr(hook, "step", None)  # a bare TransformerLens hook point has none
         batch = act.shape[0]
         if info is not None and not info.fits(batch, act.shape[1]):
             raise LensprobeError(
@@ -201,10 +201,10 @@ class ARM:
             generation with a fresh attachment is reproducible.
         per_row: ``True`` (default): statistics per batch row (first dimension), over that
             row's positions only (left padding of a static batch left out, as
-            ``lp.current_step().positions`` marks it), so a row's result never depends on the
+            ``hook.step.positions`` marks it), so a row's result never depends on the
             other rows. With a seed, each row draws from its own generator seeded with
             ``seed`` (identical rows get identical draws); inside :func:`lensprobe.generate` a
-            row's generator follows the generation's row (``lp.current_step().rows``) and
+            row's generator follows the generation's row (``hook.step.rows``) and
             restarts at the row's prompt forward (``prefill``), so with a seed each
             (prompt, sample) row draws exactly what it draws alone under any ``batch_size``,
             refill order and engine. ``False``: the authors' code literally, statistics over

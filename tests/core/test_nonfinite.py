@@ -147,7 +147,7 @@ def test_measures_are_nan_where_they_read_non_finite_logits():
 def _nan_at(step: int, row: int):
     """A hook writing NaN into one row's residual stream at one generation step."""
     def hook(x, hook):
-        info = lp.current_step()
+        info = hook.step
         if info is not None and info.step == step:
             x = x.clone()
             x[row] = math.nan

@@ -74,7 +74,7 @@ class FailFor:
 
     def hooks(self, model):
         def hook(x, hook):
-            info = lp.current_step()
+            info = hook.step
             if self.armed[0] and info is not None and info.step == 0 and self.length in info.prompt_lengths.tolist():
                 raise self.raise_as("this prompt cannot run here")
             return None
@@ -150,7 +150,7 @@ class InterruptAfter:
 
     def hooks(self, model):
         def hook(x, hook):
-            info = lp.current_step()
+            info = hook.step
             if info is not None and info.step > 0:
                 self.seen[0] += 1
                 if self.seen[0] == self.n:

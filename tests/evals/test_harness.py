@@ -92,7 +92,7 @@ class ScriptedAnswer:
 
     def hooks(self, model):
         def boost(logits, hook):
-            info = lp.current_step()
+            info = hook.step
             if info is None:
                 return None
             logits = logits.clone()

@@ -11,7 +11,7 @@ import torch
 from oracles import assert_rows_equal_solo, assert_same_row, solo
 
 import lensprobe as lp
-from lensprobe.core.hooks import StepInfo, batch_dependent, step_context, with_default_seed
+from lensprobe.core.hooks import StepContext, Steps, batch_dependent, with_default_seed
 from lensprobe.core.testing import tiny_model
 from lensprobe.generation import cacherows
 from lensprobe.interventions.arm import BatchDependenceWarning
@@ -39,7 +39,7 @@ def run(model, prompts, **kw):
 def step_log(log: list):
     """A hook recording, per forward, ``prefill``, the rows and their steps."""
     def hook(x, hook):
-        info = lp.current_step()
+        info = hook.step
         log.append({"prefill": info.prefill, "rows": info.rows.tolist(), "steps": info.steps.tolist(),
                     "n_pos": x.shape[1]})
 
@@ -118,12 +118,11 @@ def test_prefill_is_a_field_of_the_step_context(tiny, prompts, batch_size):
 def test_a_position_hook_refuses_an_activation_the_step_does_not_describe(tiny, prompts):
     abl = lp.ablate_heads("L0H1", positions=[2])
     tokens = prompts[0].tokens
-    info = StepInfo(0, torch.arange(tokens.shape[1] + 4)[None], torch.tensor([tokens.shape[1] + 4]))
-    with step_context() as publish, lp.intervene(tiny, abl), torch.inference_mode():
-        publish(info)
+    steps = Steps()
+    steps.publish(StepContext(0, torch.arange(tokens.shape[1] + 4)[None], torch.tensor([tokens.shape[1] + 4])))
+    with lp.intervene(tiny, abl, steps=steps), torch.inference_mode():
         with pytest.raises(lp.LensprobeError, match="cannot be placed"):
             tiny(tokens)
-    assert lp.current_step() is None
 
 
 # ----- continuous batching: slots, caps, fallback, failures --------------------------------------
@@ -254,7 +253,7 @@ def test_latent_inputs_reach_the_embedding_through_the_step_context():
     seen = []
 
     def after_embed(x, hook):
-        ctx = lp.current_step()
+        ctx = hook.step
         if ctx.inputs is not None:
             rows, vectors = ctx.inputs
             seen.append((ctx.rows[rows].tolist(), torch.equal(x[rows, -1], vectors.to(x.dtype))))

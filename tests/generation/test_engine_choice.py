@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import lensprobe as lp
+from lensprobe.core.hooks import Steps
 from lensprobe.core.testing import tiny_model
 from lensprobe.generation.engines import BridgeEngine, Engine, PlainEngine, choose_engine
 from lensprobe.generation.engines.bridge import check_cached_steps
@@ -35,7 +36,7 @@ def test_auto_takes_the_bridge_for_interventions_and_unserved_hooks(tiny):
 
 def test_the_plain_engine_refuses_interventions(tiny):
     with pytest.raises(lp.LensprobeError, match="applies interventions only at hook_embed"), \
-            _choose(tiny, "hf").attach([], [lp.ablate_heads("L0H1")]):
+            _choose(tiny, "hf").attach([], [lp.ablate_heads("L0H1")], Steps()):
         pass
 
 
@@ -43,7 +44,7 @@ def test_engines_run_the_same_cached_steps(tiny):
     p = lp.build_prompt(tiny, "the cat sat", system="be brief")
     for engine in (_choose(tiny, "bridge"), _choose(tiny, "hf")):
         n = len(p)
-        with engine.attach([], []):
+        with engine.attach([], [], Steps()):
             full, _ = engine.forward(p.tokens, p.tokens.new_ones(1, n), torch.arange(n)[None], None)
             _, cache = engine.forward(p.tokens[:, :-1], p.tokens.new_ones(1, n - 1),
                                       torch.arange(n - 1)[None], None)

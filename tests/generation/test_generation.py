@@ -191,7 +191,7 @@ def test_stop_at_eos_per_row(tiny, prompts):
 
         def hooks(self, model):
             def boost(logits, hook):
-                info = lp.current_step()
+                info = hook.step
                 if info is not None and info.step == 2:
                     logits = logits.clone()
                     logits[0, -1, eos] += 1e4
@@ -215,7 +215,7 @@ def test_interventions_see_new_positions_and_change_the_output(tiny, prompts):
 
     def zero_head(z, hook):
         shapes.append(tuple(z.shape))
-        positions.append(lp.current_step().positions.tolist())
+        positions.append(hook.step.positions.tolist())
         z = z.clone()
         z[:, :, 1] = 0.0
         return z
@@ -225,7 +225,7 @@ def test_interventions_see_new_positions_and_change_the_output(tiny, prompts):
     assert shapes[0][1] == len(p) and all(s[1] == 1 for s in shapes[1:]) and len(shapes) == 5
     assert positions[1] == [[len(p)]] and positions[4] == [[len(p) + 3]]
     assert not torch.allclose(base.entropy, ablated.entropy)
-    assert lp.current_step() is None and _no_hooks_left(tiny)
+    assert _no_hooks_left(tiny)
 
 
 # ----- thinking ----------------------------------------------------------------------------
@@ -288,7 +288,7 @@ def test_latent_fusion_replaces_the_input_and_stays_in_the_cache(thinker, thinke
     fed = []
 
     def capture(x, hook):
-        info = lp.current_step()
+        info = hook.step
         if info is not None and info.step == 3:  # the forward of the step-2 position
             fed.append(x[0, -1].clone())
 
@@ -326,7 +326,7 @@ def test_emitted_rule_and_thinking_set(thinker, prompts):
 
         def hooks(self, model):
             def boost(logits, hook):
-                info = lp.current_step()
+                info = hook.step
                 if info is not None and info.step in (1, 3):
                     logits = logits.clone()
                     logits[:, -1, tid] += 1e4
@@ -381,7 +381,7 @@ def test_save_and_load_round_trip(tiny, prompts, tmp_path, suffix):
     class ForceEos:
         def hooks(self, model):
             def boost(logits, hook):
-                info = lp.current_step()
+                info = hook.step
                 if info is not None and info.step == 1:
                     logits = logits.clone()
                     logits[1, -1, eos] += 1e4
@@ -433,7 +433,7 @@ def test_exception_mid_generation_leaves_no_hook_and_a_usable_model(tiny, prompt
     ref = trace_generation(tiny, p, max_new_tokens=6, track={"s": "system"}, stop_at_eos=False)
 
     def explode(x, hook):
-        info = lp.current_step()
+        info = hook.step
         if info is not None and info.step == 3:
             raise exc("boom at step 3")
 
@@ -454,7 +454,7 @@ def test_exception_mid_generation_leaves_no_hook_and_a_usable_model(tiny, prompt
         assert user_calls == [len(p), 1, 1, len(p)]
     finally:
         user_point.remove_hooks()
-    assert _no_hooks_left(tiny) and lp.current_step() is None
+    assert _no_hooks_left(tiny)
     again = trace_generation(tiny, p, max_new_tokens=6, track={"s": "system"}, stop_at_eos=False)
     assert again.token_ids.tolist() == ref.token_ids.tolist()
     assert torch.allclose(again.attention["s"], ref.attention["s"])

@@ -2,7 +2,7 @@
 every row's result equals running its prompt alone (the static path, itself oracle-tested
 against plain transformers), with greedy and seeded sampling, per-row interventions (head
 ablation by position, ARM, latent thinking, a per-row EOS), on both engines; rows land in
-prompt order, ``on_row`` hears of each row once as it ends, ``lp.current_step()`` publishes
+prompt order, ``on_row`` hears of each row once as it ends, ``hook.step`` publishes
 each batch row's trace row, step and positions; caps, ``batch_size`` checks, error rows,
 interrupts and the static fallback."""
 
@@ -54,9 +54,9 @@ def refill(model, prompts, *, batch_size=2, caps=CAPS, **kw):
 
 
 def step_log(log: list):
-    """A hook that appends, per forward, what ``lp.current_step()`` says and how many positions it sees."""
+    """A hook that appends, per forward, what ``hook.step`` says and how many positions it sees."""
     def hook(x, hook):
-        info = lp.current_step()
+        info = hook.step
         log.append({"rows": info.rows.tolist(), "steps": info.steps.tolist(), "step": info.step,
                     "positions": info.positions.tolist(), "lengths": info.prompt_lengths.tolist(),
                     "n_pos": x.shape[1]})
@@ -122,7 +122,7 @@ def test_seeded_samples_equal_their_prompts_alone(tiny, prompts, engine):
 
 @pytest.mark.parametrize("positions", ["generated", [3, 10, 30]], ids=["generated", "prompt"])
 def test_head_ablation_by_position_applies_per_row(tiny, prompts, positions):
-    """The ablation finds each row's absolute positions from ``lp.current_step()``: under
+    """The ablation finds each row's absolute positions from ``hook.step``: under
     continuous batching the rows of one decode step sit at different positions."""
     abl = lp.ablate_heads("L0H1", positions=positions)
     out = refill(tiny, prompts, interventions=[abl])
@@ -168,7 +168,7 @@ def test_a_per_row_eos_ends_rows_as_alone(tiny, prompts):
     at = {len(prompts[0]): 2, len(prompts[3]): 0, len(prompts[5]): 1}  # prompt length -> step of EOS
 
     def force(logits, hook):
-        info = lp.current_step()
+        info = hook.step
         hit = [b for b in range(logits.shape[0])
                if at.get(int(info.prompt_lengths[b])) == int(info.steps[b])]
         if hit:
@@ -340,7 +340,7 @@ BAD_ROW = 3
 def prefill_bomb(row: int, error=torch.OutOfMemoryError):
     """A hook that raises ``error`` for one trace row's prompt forward (step 0) only."""
     def hook(x, hook):
-        info = lp.current_step()
+        info = hook.step
         if info.step == 0 and row in info.rows.tolist():
             raise error(f"boom in the prefill of row {row}")
 
@@ -361,7 +361,7 @@ def test_a_failing_prefill_becomes_an_error_row(tiny, prompts):
     # any other exception is a bug, not a row's fault: it stops the run even with on_error="row"
     with pytest.raises(ValueError, match=f"boom in the prefill of row {BAD_ROW}"):
         refill(tiny, prompts, interventions=[prefill_bomb(BAD_ROW, ValueError)], on_error="row")
-    assert hook_snapshot(tiny) == before and lp.current_step() is None
+    assert hook_snapshot(tiny) == before
 
 
 def test_keyboard_interrupt_mid_generation_stops_and_leaves_no_hook(tiny, prompts):
@@ -383,7 +383,7 @@ def test_keyboard_interrupt_mid_generation_stops_and_leaves_no_hook(tiny, prompt
     for f in heard:
         assert f.token_ids == ref.generated_ids[f.row] and f.text == ref.texts[f.row]
         assert f.finish_reason == "length" and len(f.token_ids) == CAPS[f.row]
-    assert hook_snapshot(tiny) == before and lp.current_step() is None
+    assert hook_snapshot(tiny) == before
     again = refill(tiny, prompts, interventions=[("blocks.0.hook_resid_post", lambda x, hook: None)])
     assert again.generated_ids == ref.generated_ids
     assert hook_snapshot(tiny) == before

@@ -23,7 +23,7 @@ class GateLog:
 
     def hooks(self, model):
         def hook(act, hook):
-            info = lp.current_step()
+            info = hook.step
             for i, (row, step) in enumerate(zip(info.rows.tolist(), info.steps.tolist(), strict=True)):
                 self.seen[(row, step)] = act[i, -1].clone()
         return [("blocks.0.mlp.hook_pre", hook)]
@@ -106,7 +106,7 @@ def test_the_view_is_restored_also_after_an_error(smol, smol_prompts):
     class Boom(GateLog):
         def hooks(self, model):
             def hook(act, hook):
-                if not lp.current_step().prefill:
+                if not hook.step.prefill:
                     raise RuntimeError("boom")
             return [("blocks.0.mlp.hook_pre", hook)]
 

@@ -1,5 +1,5 @@
 """KV-cached generation on a HookedTransformer (TransformerLens' own cache): tokens, entropies, attention,
-left padding, ``lp.current_step()``, ablations and latent thinking, against uncached forwards and loops of
+left padding, ``hook.step``, ablations and latent thinking, against uncached forwards and loops of
 the plain ``transformers`` twin."""
 
 import copy
@@ -76,7 +76,7 @@ def test_current_step_gives_each_rows_absolute_positions(hooked, hooked_prompts)
     seen = []
 
     def spy(x, hook):
-        info = lp.current_step()
+        info = hook.step
         seen.append((info.step, info.positions.clone(), info.prompt_lengths.clone(), x.shape[1]))
 
     lp.generate(hooked, [a, b], max_new_tokens=3, interventions=[("blocks.0.hook_resid_pre", spy)], stop_at_eos=False)
@@ -87,7 +87,6 @@ def test_current_step_gives_each_rows_absolute_positions(hooked, hooked_prompts)
     for step in (1, 2):
         assert torch.equal(seen[step][1].cpu(), (lengths + step - 1)[:, None])
     assert all(torch.equal(s[2].cpu(), lengths) for s in seen)
-    assert lp.current_step() is None
 
 
 @pytest.mark.parametrize("positions", ["generated", "question", None])
@@ -169,7 +168,7 @@ def test_an_error_mid_generation_leaves_no_hook_on_the_hooked_transformer(hooked
         return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in hooked.modules())
 
     def fail_at_step_2(x, hook):
-        if lp.current_step().step == 2:
+        if hook.step.step == 2:
             raise RuntimeError("stop here")
 
     before = n_hooks()

@@ -70,7 +70,7 @@ def test_rows_at_different_steps_share_a_decode_forward(hooked, prompts):
     log = []
 
     def spy(x, hook):
-        info = lp.current_step()
+        info = hook.step
         log.append((x.shape[0], x.shape[1], info.steps.tolist(), info.prompt_lengths.tolist(),
                     info.positions[:, -1].tolist()))
 
@@ -95,7 +95,7 @@ def test_seeded_samples_equal_their_prompts_alone(hooked, prompts):
 
 
 def test_head_ablation_on_generated_positions_equals_alone(hooked, prompts):
-    """The ablation finds each row's generated positions from ``lp.current_step()``: the rows of one
+    """The ablation finds each row's generated positions from ``hook.step``: the rows of one
     decode step sit at different positions."""
     abl = lp.ablate_heads("L0H1", positions="generated")
     out = refill(hooked, prompts, interventions=[abl])
@@ -114,7 +114,7 @@ def test_a_refill_run_leaves_the_hook_registry_as_it_found_it(hooked, prompts):
     abl = lp.ablate_heads("L1H0", positions="generated")
     out = refill(hooked, prompts, interventions=[abl, ("blocks.1.hook_resid_post", spy)])
     assert during and all(d != before for d in during)  # hooks were attached while it ran
-    assert hook_snapshot(hooked) == before and lp.current_step() is None
+    assert hook_snapshot(hooked) == before
     again = refill(hooked, prompts, interventions=[abl])
     assert again.generated_ids == out.generated_ids
     assert torch.allclose(again.entropy_rows, out.entropy_rows, atol=TOL, equal_nan=True)

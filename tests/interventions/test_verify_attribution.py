@@ -35,7 +35,9 @@ def test_exact_values_equal_single_ablations(tiny, prompts):
     for row in ver.table.itertuples():
         want = sum(single(tiny, p, lp.ablate_heads([(row.layer, row.head)], method="mean", reference=[ref],
                                                      positions=slice(4, None))) for p in prompts) / 2
-        assert row.exact == pytest.approx(want, rel=1e-3, abs=1e-6)
+        # abs: the float32 rounding of two entropies of several nats, computed in a batch of two rows
+        # here and one row alone there (about 1e-6; the smallest exact values are near 3e-4)
+        assert row.exact == pytest.approx(want, rel=1e-3, abs=1e-5)
         assert row.error == pytest.approx(row.estimate - row.exact)
 
 

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from lensprobe.core.devices import model_device
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import Hook, intervene
+from lensprobe.core.hooks import Hook, Steps, intervene
 from lensprobe.generation.engines.view import has_user_hooks
 
 __all__ = ["BridgeEngine", "check_cached_steps"]
@@ -57,7 +57,7 @@ class BridgeEngine:
 
     Example:
         >>> engine = BridgeEngine(model)
-        >>> with engine.attach([("blocks.0.attn.hook_pattern", fn)], []):
+        >>> with engine.attach([("blocks.0.attn.hook_pattern", fn)], [], Steps()):
         ...     logits, cache = engine.forward(tokens, mask, positions, None)
     """
 
@@ -68,9 +68,9 @@ class BridgeEngine:
         self.model = model
 
     @contextlib.contextmanager
-    def attach(self, hooks: Sequence[Hook], interventions: Sequence) -> Iterator[None]:
+    def attach(self, hooks: Sequence[Hook], interventions: Sequence, steps: Steps) -> Iterator[None]:
         # recorders first: a recorder reads an activation before an intervention edits it
-        with intervene(self.model, *hooks, *interventions):
+        with intervene(self.model, *hooks, *interventions, steps=steps):
             yield
 
     def forward(self, tokens: Tensor, attention_mask: Tensor, position_ids: Tensor, past: Any) -> tuple[Tensor, Any]:

@@ -20,7 +20,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import Hook, intervene
+from lensprobe.core.hooks import Hook, Steps, intervene
 from lensprobe.core.lazy import heavy
 
 __all__ = ["HookedEngine", "mask_positions"]
@@ -43,7 +43,7 @@ class HookedEngine:
 
     Example:
         >>> engine = HookedEngine(model)
-        >>> with engine.attach([("blocks.0.attn.hook_pattern", fn)], []):
+        >>> with engine.attach([("blocks.0.attn.hook_pattern", fn)], [], Steps()):
         ...     logits, cache = engine.forward(tokens, mask, positions, None)
         ...     logits, cache = engine.forward(next_tokens, longer_mask, next_positions, cache)
     """
@@ -54,9 +54,9 @@ class HookedEngine:
         self.model = model
 
     @contextlib.contextmanager
-    def attach(self, hooks: Sequence[Hook], interventions: Sequence) -> Iterator[None]:
+    def attach(self, hooks: Sequence[Hook], interventions: Sequence, steps: Steps) -> Iterator[None]:
         # recorders first: a recorder reads an activation before an intervention edits it
-        with intervene(self.model, *hooks, *interventions):
+        with intervene(self.model, *hooks, *interventions, steps=steps):
             yield
 
     def forward(self, tokens: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch key_pos"],

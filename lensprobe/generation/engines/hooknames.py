@@ -13,7 +13,10 @@ Served names, as torch hooks on the view's modules:
 
 :func:`editable` tells whether every name is one whose hooks may return a replacement, so interventions that
 use only those run on a plain view (:func:`lensprobe.generation.engines.choose.choose_engine`).
-:func:`attached` attaches hooks and removes them on exit.
+:func:`attached` attaches hooks and removes them on exit. Torch hooks carry no hook point, so
+:class:`~lensprobe.generation.engines.plain.PlainEngine` passes functions bound by
+:func:`lensprobe.core.hooks.bound_hooks`: each receives the same
+:class:`~lensprobe.core.hookpoint.HookSite` (name, layer, ctx, step) it receives on the bridge.
 """
 
 import contextlib
@@ -71,6 +74,9 @@ def servable(model, view: nn.Module, hook_names: Sequence[str]) -> bool:
 @contextlib.contextmanager
 def attached(model, view: nn.Module, hooks: Sequence[tuple[str, Callable[[torch.Tensor, Any], Any]]]) -> Iterator[nn.Module]:
     """Attach hooks (TransformerLens names, ``fn(activation, hook)``) to a plain view, in order.
+
+    ``fn`` is called with ``hook=None``: pass functions bound by :func:`lensprobe.core.hooks.bound_hooks`
+    so that they receive a hook point and its step.
 
     Every hook is removed on exit, also after an exception or a KeyboardInterrupt.
     """

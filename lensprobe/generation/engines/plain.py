@@ -17,7 +17,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import Hook, resolve_hooks, rounding_sensitive_layer
+from lensprobe.core.hooks import Hook, Steps, bound_hooks, resolve_hooks, rounding_sensitive_layer
 from lensprobe.generation.engines.attention import ATTENTIONS
 from lensprobe.generation.engines.hooknames import attached, editable
 from lensprobe.generation.engines.rowwise import rows_alone
@@ -46,7 +46,7 @@ class PlainEngine:
         self.cache_arg = "cache" if "cache" in inspect.signature(view.forward).parameters else "past_key_values"
 
     @contextlib.contextmanager
-    def attach(self, hooks: Sequence[Hook], interventions: Sequence) -> Iterator[None]:
+    def attach(self, hooks: Sequence[Hook], interventions: Sequence, steps: Steps) -> Iterator[None]:
         edits = resolve_hooks(self.model, interventions)
         if not editable([name for name, _ in edits]):
             raise LensprobeError(
@@ -55,7 +55,7 @@ class PlainEngine:
             )
         self.rows_alone = rounding_sensitive_layer(interventions)
         # recorders first: a recorder reads an activation before an intervention edits it
-        with (attached(self.model, self.view, [*hooks, *edits]), layer_threads(self.view, self.threads),
+        with (attached(self.model, self.view, bound_hooks([*hooks, *edits], steps)), layer_threads(self.view, self.threads),
               rows_alone(self.model, self.view, self.rows_alone)):
             yield
 
