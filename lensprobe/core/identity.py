@@ -1,0 +1,395 @@
+"""The identity of anything a run depends on, by content: :func:`identity` and :func:`identity_digest`.
+
+Every resumable run (evaluations, ablation sweeps, patching, trace sets) records the identity of
+what it depends on (the model, prompts, interventions, metrics, settings) and refuses a folder
+whose identity differs. Identities describe content, never ``repr()`` or names:
+
+- an object that declares its own identity: its ``__lensprobe_identity__()`` (JSON-able data
+  that determines its results), under its type's qualified name;
+- a dataclass: its type's qualified name and the fields that differ from their defaults (so a
+  new field with a default leaves older identities as they were), each by identity; a field
+  declared ``field(..., metadata={"identity": False})`` (``batch_size``, progress flags: settings
+  that do not change results) is left out;
+- tensors, numpy arrays, :class:`~lensprobe.core.prompts.Prompt` and bytes: a digest of their
+  content (shape, dtype, every value); a model (any ``torch.nn.Module``): a digest of every
+  parameter and buffer (:func:`weights_digest`), with its dtype and shape beside;
+- mappings and sequences item by item; numbers (by value: ``95.0`` is ``95``), strings, ``None`` and
+  booleans as they are;
+- a function: module, qualified name, a digest of its code (bytecode, constants, names), its
+  defaults and the identity of every closure cell (so ``scale(1.0)`` and ``scale(40.0)`` differ,
+  and the same lambda has the same identity in another process); a function of a library
+  (``torch``, ``math``, the builtins ...) by its name; a bound method by its object and function;
+  ``functools.partial`` by function, arguments and keywords;
+- an instance of another class: its type's qualified name and its ``vars()``, each by identity.
+
+Anything else (a C object with no declared identity, a builtin of an unknown library, a
+cycle) is refused with a :class:`~lensprobe.core.errors.LensprobeError` naming it: a guess
+could reuse another run's results.
+
+Example:
+    >>> identity(lp.ablate_heads("L0H3"))
+    {'.type': 'lensprobe.interventions.ablation.HeadAblation', 'heads': 'L0H3'}
+    >>> identity_digest(torch.zeros(2)) == identity_digest(torch.zeros(2))
+    True
+"""
+
+import dataclasses
+import enum
+import functools
+import hashlib
+import json
+import math
+import types
+import weakref
+from collections.abc import Iterator, Mapping
+from pathlib import PurePath
+from typing import Any
+
+import torch
+
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.prompts import Prompt, prompt_json
+
+__all__ = ["IDENTITY_METHOD", "IDENTITY_VERSION", "check_identity_rule", "identity", "identity_digest",
+           "model_identity", "run_identity", "weights_digest"]
+
+IDENTITY_VERSION = 1
+"""The identity rule folders record (``"identity"`` in their settings); folders written before it
+identified runs by ``repr()`` and the model's name, and are refused (:func:`check_identity_rule`)."""
+IDENTITY_METHOD = "__lensprobe_identity__"
+LIBRARIES = ("builtins", "math", "cmath", "operator", "_operator", "functools", "itertools", "statistics",
+             "torch", "numpy", "einops", "transformers", "transformer_lens")
+"""Top-level modules whose functions are identified by their name (their code is the library's)."""
+HOW_TO = (f"give its class a {IDENTITY_METHOD}() method returning JSON-able data that determines its "
+          "results, or make it a dataclass")
+_NO_DEFAULT = object()
+_WEIGHTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]]" = weakref.WeakKeyDictionary()
+
+
+def identity(obj: Any) -> Any:
+    """The identity of ``obj`` as JSON-able data: equal for equal content, in every process.
+
+    See the module's documentation for how each kind of object is described.
+
+    Raises:
+        LensprobeError: ``obj`` holds something that cannot be described (named in the
+            message, with how to describe it).
+
+    Example:
+        >>> def scale(factor):
+        ...     return lambda x: x * factor
+        >>> identity(scale(1.0)) == identity(scale(40.0))
+        False
+    """
+    return _describe(obj, "", frozenset())
+
+
+def identity_digest(obj: Any, length: int = 16) -> str:
+    """The first ``length`` hex digits of the SHA-256 of :func:`identity` as sorted JSON.
+
+    Example:
+        >>> identity_digest({"a": 1, "b": 2}) == identity_digest({"b": 2, "a": 1})
+        True
+    """
+    text = json.dumps(identity(obj), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def model_identity(model) -> dict:
+    """A model's identity: a digest of every parameter and buffer (:func:`weights_digest`), with its
+    type, dtype and shape beside as labels (they follow from the weights and configuration).
+
+    Example:
+        >>> model_identity(model)["n_layers"]
+        30
+    """
+    return identity(model)
+
+
+def run_identity(model, **parts: Any) -> dict:
+    """What a resumable run records as its settings: the identity rule, the model's identity and
+    every part (prompts, interventions, metric, settings) by :func:`identity`.
+
+    Raises:
+        LensprobeError: a part that cannot be identified.
+
+    Example:
+        >>> run_identity(model, prompts=[prompt], metric="entropy")["identity"]
+        1
+    """
+    return {"identity": IDENTITY_VERSION, "model": model_identity(model),
+            **{name: identity(value) for name, value in parts.items()}}
+
+
+def weights_digest(module: torch.nn.Module) -> str:
+    """A digest of every parameter and buffer of ``module``: names, shapes, dtypes and values.
+
+    Computed once per module and kept while no tensor changes (the cache is dropped when a
+    parameter or buffer is replaced or changed in place, seen through its ``_version``).
+
+    Example:
+        >>> weights_digest(model) == weights_digest(model)
+        True
+    """
+    tensors = [*module.named_parameters(), *module.named_buffers()]
+    key = tuple((name, id(t), t._version, t.data_ptr()) for name, t in tensors)
+    cached = _WEIGHTS.get(module)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    h = hashlib.sha256()
+    for name, t in tensors:
+        h.update(f"{name}{tuple(t.shape)}{t.dtype};".encode())
+        h.update(_tensor_bytes(t))
+    value = h.hexdigest()[:16]
+    _WEIGHTS[module] = (key, value)
+    return value
+
+
+def check_identity_rule(recorded: Mapping[str, Any], folder: Any) -> None:
+    """Refuse a folder whose settings ``recorded`` were identified under another identity rule.
+
+    Raises:
+        LensprobeError: the folder was written before identities were by content (or under
+            another rule): its results cannot be checked against this run's, so they are never
+            reused; the message says to rerun into a new folder.
+
+    Example:
+        >>> check_identity_rule({"identity": IDENTITY_VERSION}, "runs/x")   # no error
+    """
+    got = recorded.get("identity")
+    if got == IDENTITY_VERSION:
+        return
+    before = "an older lensprobe, which identified runs by repr() and the model's name" if got is None else \
+        f"identity rule {got!r}"
+    raise LensprobeError(
+        f"{folder} was written by {before}; this lensprobe identifies every run by content (identity rule "
+        f"{IDENTITY_VERSION}: model weights, prompts, interventions and metrics by value), so the folder's results "
+        "cannot be checked against this run and are not reused. Rerun into a new output folder (or delete this one "
+        "to start over); the old folder stays as it is."
+    )
+
+
+# ----------------------------------------------------------------------------- describing
+
+
+def _describe(obj: Any, where: str, active: frozenset[int]) -> Any:
+    if obj is None or type(obj) in (bool, str, int):
+        return obj
+    if type(obj) is float:  # by value: 95.0 is 95 (a setting typed on the command line or in Python)
+        if not math.isfinite(obj):
+            return {".float": str(obj)}
+        return int(obj) if obj.is_integer() and abs(obj) < 2**53 else obj
+    declared = getattr(type(obj), IDENTITY_METHOD, None)
+    if declared is not None and not isinstance(obj, type):
+        return {".type": _qualname(type(obj)), ".identity": _describe(declared(obj), where, active)}
+    content = _content(obj)
+    if content is not None:
+        return content
+    if id(obj) in active:
+        raise _refuse(obj, where, "it contains itself (a cycle)")
+    active = active | {id(obj)}
+    for kinds, describe in _DESCRIBERS:
+        if isinstance(obj, kinds):
+            return describe(obj, where, active)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _dataclass(obj, where, active)
+    if isinstance(obj, Mapping):
+        return _mapping(obj, where, active)
+    state = getattr(obj, "__dict__", None)
+    if isinstance(state, dict):
+        return {".type": _qualname(type(obj)), **_fields(state, where, active)}
+    raise _refuse(obj, where, "it has no declared identity and no attributes to describe it by")
+
+
+def _content(obj: Any) -> Any:
+    """Objects described by a digest of their content, or by a name that fixes them; else ``None``."""
+    if isinstance(obj, torch.Tensor):
+        return {".tensor": _digest(str(obj.dtype).encode(), _tensor_bytes(obj)), "shape": list(obj.shape), "dtype": str(obj.dtype)}
+    if type(obj).__module__ == "numpy" and hasattr(obj, "dtype") and hasattr(obj, "tobytes"):
+        array = obj.__array__() if hasattr(obj, "__array__") else obj
+        if array.dtype.kind == "O":  # Python objects: their bytes are addresses
+            return {".array": _describe(array.tolist(), "", frozenset()), "shape": list(array.shape)}
+        return {".array": _digest(array.tobytes()), "shape": list(array.shape), "dtype": str(array.dtype)}
+    if isinstance(obj, Prompt):
+        return {".prompt": _digest(json.dumps(prompt_json(obj), sort_keys=True).encode()),
+                "tokens": int(obj.tokens.shape[-1])}
+    if isinstance(obj, torch.nn.Module):
+        return {".type": _qualname(type(obj)), "weights": weights_digest(obj), **_model_labels(obj)}
+    if isinstance(obj, enum.Enum):
+        return {".enum": _qualname(type(obj)), "name": obj.name}
+    if isinstance(obj, type):
+        return {".class": _qualname(obj)}
+    if isinstance(obj, types.ModuleType):
+        return {".pymodule": obj.__name__}
+    if isinstance(obj, (torch.dtype, torch.device)):
+        return {".torch": str(obj)}
+    if isinstance(obj, PurePath):
+        return {".path": obj.as_posix()}
+    if isinstance(obj, (bytes, bytearray)):
+        return {".bytes": _digest(bytes(obj))}
+    if obj is Ellipsis:
+        return {".ellipsis": True}
+    if isinstance(obj, complex):
+        return {".complex": [_describe(obj.real, "", frozenset()), _describe(obj.imag, "", frozenset())]}
+    if isinstance(obj, (int, float)):  # subclasses (numpy scalars are caught above)
+        return _describe(int(obj) if isinstance(obj, int) else float(obj), "", frozenset())
+    return None
+
+
+def _model_labels(module: torch.nn.Module) -> dict:
+    first = next(iter(module.parameters()), None)
+    labels: dict[str, Any] = {"dtype": str(first.dtype) if first is not None else None}
+    cfg = getattr(module, "cfg", None)
+    for name in ("n_layers", "n_heads", "d_model", "d_vocab"):
+        if isinstance(getattr(cfg, name, None), int):
+            labels[name] = int(getattr(cfg, name))
+    return labels
+
+
+def _sequence(obj, where: str, active: frozenset[int]) -> list:
+    return [_describe(v, f"{where}[{i}]", active) for i, v in enumerate(obj)]
+
+
+def _set(obj, where: str, active: frozenset[int]) -> dict:
+    items = [_describe(v, f"{where}{{}}", active) for v in obj]
+    return {".set": sorted(items, key=lambda v: json.dumps(v, sort_keys=True))}
+
+
+def _mapping(obj: Mapping, where: str, active: frozenset[int]) -> dict:
+    if all(isinstance(k, str) for k in obj):  # as it is: identities of identities are themselves
+        return _fields(obj, where, active)
+    pairs = [[_describe(k, f"{where} key", active), _describe(v, f"{where}[{k!r}]", active)] for k, v in obj.items()]
+    return {".mapping": sorted(pairs, key=lambda kv: json.dumps(kv[0], sort_keys=True))}
+
+
+def _fields(state: Mapping[str, Any], where: str, active: frozenset[int]) -> dict:
+    return {k: _describe(v, f"{where}.{k}" if where else k, active) for k, v in state.items()}
+
+
+def _dataclass(obj, where: str, active: frozenset[int]) -> dict:
+    out: dict[str, Any] = {".type": _qualname(type(obj))}
+    for f in dataclasses.fields(obj):
+        if not f.metadata.get("identity", True):
+            continue
+        value = _describe(getattr(obj, f.name), f"{where}.{f.name}" if where else f.name, active)
+        if value != _default_identity(f):
+            out[f.name] = value
+    return out
+
+
+def _default_identity(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        default = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+    else:
+        return _NO_DEFAULT
+    try:
+        return _describe(default, "", frozenset())
+    except LensprobeError:
+        return _NO_DEFAULT
+
+
+def _slice(obj, where: str, active: frozenset[int]) -> dict:
+    return {f".{type(obj).__name__}": _sequence([obj.start, obj.stop, obj.step], where, active)}
+
+
+def _partial(obj: functools.partial, where: str, active: frozenset[int]) -> dict:
+    return {".partial": _describe(obj.func, f"{where}.func", active), "args": _sequence(obj.args, where, active),
+            "keywords": _mapping(obj.keywords, where, active)}
+
+
+def _method(obj: types.MethodType, where: str, active: frozenset[int]) -> dict:
+    return {".method": _describe(obj.__func__, where, active), "self": _describe(obj.__self__, f"{where}.__self__",
+                                                                                   active)}
+
+
+def _function(fn: types.FunctionType, where: str, active: frozenset[int]) -> dict:
+    name = f"{fn.__module__}.{fn.__qualname__}"
+    if _library(fn.__module__):
+        return {".function": name}
+    out: dict[str, Any] = {".function": name, "code": _digest(*_code_chunks(fn.__code__))}
+    if fn.__defaults__:
+        out["defaults"] = _sequence(fn.__defaults__, f"{where} (defaults of {name})", active)
+    if fn.__kwdefaults__:
+        out["kwdefaults"] = _mapping(fn.__kwdefaults__, f"{where} (defaults of {name})", active)
+    if fn.__closure__:
+        cells = {}
+        for var, cell in zip(fn.__code__.co_freevars, fn.__closure__, strict=True):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # a cell not filled yet
+                raise _refuse(fn, where, f"its closure variable {var!r} is empty") from None
+            cells[var] = _describe(value, f"{where} (closure variable {var!r} of {name})", active)
+        out["closure"] = cells
+    return out
+
+
+def _builtin(obj, where: str, active: frozenset[int]) -> dict:
+    owner = getattr(obj, "__self__", None)
+    module = getattr(obj, "__module__", None) or getattr(getattr(obj, "__objclass__", None), "__module__", None)
+    if module is None and owner is not None:
+        module = owner.__name__ if isinstance(owner, types.ModuleType) else type(owner).__module__
+    if not _library(module):
+        raise _unknown_builtin(obj, where)
+    name = f"{module}.{getattr(obj, '__qualname__', getattr(obj, '__name__', '?'))}"
+    if owner is not None and not isinstance(owner, (types.ModuleType, type)):
+        return {".method": name, "self": _describe(owner, f"{where}.__self__", active)}
+    return {".function": name}
+
+
+def _unknown_builtin(obj, where: str) -> LensprobeError:
+    return _refuse(obj, where, "it is a compiled function of a library lensprobe does not know (its code cannot be "
+                               "read); wrap it in a Python function or a dataclass with __call__")
+
+
+_DESCRIBERS: tuple = (
+    ((list, tuple), _sequence), ((set, frozenset), _set), ((slice, range), _slice),
+    (functools.partial, _partial), (types.MethodType, _method), (types.FunctionType, _function),
+    ((types.BuiltinFunctionType, types.BuiltinMethodType, types.WrapperDescriptorType, types.MethodWrapperType,
+      types.MethodDescriptorType, types.ClassMethodDescriptorType), _builtin),
+)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _code_chunks(code: types.CodeType) -> Iterator[bytes]:
+    """The bytecode, names and constants of ``code`` (nested functions' code included)."""
+    yield code.co_code
+    yield json.dumps([code.co_names, code.co_freevars]).encode()
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_chunks(const)
+        else:
+            yield json.dumps(_describe(const, "", frozenset()), sort_keys=True).encode()
+
+
+def _tensor_bytes(t: torch.Tensor) -> Any:
+    """The values of ``t`` as its raw bytes (a buffer, not copied again for hashing)."""
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy() if flat.numel() else b""
+
+
+def _digest(*chunks: Any) -> str:
+    h = hashlib.sha256()
+    for chunk in chunks:
+        h.update(len(chunk).to_bytes(8, "little"))
+        h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def _library(module: str | None) -> bool:
+    return bool(module) and str(module).split(".")[0] in LIBRARIES
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _refuse(obj: Any, where: str, why: str) -> LensprobeError:
+    at = f" at {where}" if where else ""
+    return LensprobeError(
+        f"cannot identify {_qualname(type(obj))}{at}: {why}. A resumable run identifies everything it depends on "
+        f"by content, so that a folder is never reused for another run: {HOW_TO}."
+    )
