@@ -24,7 +24,7 @@ from lensprobe.core.devices import default_device, hub_reachable
 from lensprobe.core.errors import LensprobeError, ModelLoadError
 from lensprobe.core.forced import ContinuationEntropy, ContinuationLogProb, LogitDiff
 from lensprobe.core.forward import attention_patterns, forward
-from lensprobe.core.hooks import AttentionRecorder, Intervention, intervene
+from lensprobe.core.hooks import AttentionRecorder, Capabilities, Intervention, intervene
 from lensprobe.core.measures import AnswerLogProb, AttentionTo, Entropy, measure_once
 from lensprobe.core.metrics import (
     DEFAULT_TOKEN_CLASSES,
@@ -120,6 +120,7 @@ __all__ = [
     "forward",
     "attention_patterns",
     "intervene",
+    "Capabilities",
     "Intervention",
     "AttentionRecorder",
     "average_attention_received",

@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from lensprobe.core.capabilities import capabilities
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.jsonable import json_digest, stable_repr
 from lensprobe.core.prompts import (
@@ -195,22 +196,15 @@ class Condition:
 
 
 def bind_interventions(interventions: Sequence[Any], prompt) -> tuple[tuple, bool]:
-    """Interventions bound to ``prompt`` (through their ``bind(prompt)`` method, when they have
-    one), and whether binding changed any of them (e.g. positions given as segment names).
+    """Interventions bound to ``prompt`` (those that declare ``binds_to_prompt``: their
+    ``bind(prompt)``, see :mod:`lensprobe.core.capabilities`), and whether binding changed any of
+    them (e.g. positions given as segment names).
 
     Example:
         >>> bound, changed = bind_interventions(cond.interventions, prompt)
     """
-    bound, changed = [], False
-    for item in interventions:
-        bind = getattr(item, "bind", None)
-        if callable(bind):
-            new = bind(prompt)
-            changed = changed or new is not item
-            bound.append(new)
-        else:
-            bound.append(item)
-    return tuple(bound), changed
+    bound = tuple(i.bind(prompt) if capabilities(i).binds_to_prompt else i for i in interventions)
+    return bound, any(new is not old for new, old in zip(bound, interventions, strict=True))
 
 
 def paper_conditions(*, prompt_format: PromptFormat = "chat", system: Any = _DEFAULT, count: int = 55,

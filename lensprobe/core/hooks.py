@@ -16,12 +16,14 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from lensprobe.core.capabilities import Capabilities, capabilities
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hookpoint import HookSite, StepContext, Steps, bind, positions_of
 
-__all__ = ["ActivationRecorder", "AttentionRecorder", "Hook", "HookFn", "HookSite", "Intervention", "StepContext",
-           "Steps", "batch_dependent", "bound_hooks", "check_positions", "intervene", "pattern_hook_name",
-           "positions_of", "recording_hook", "resolve_hooks", "rounding_sensitive_layer", "with_default_seed"]
+__all__ = ["ActivationRecorder", "AttentionRecorder", "Capabilities", "Hook", "HookFn", "HookSite", "Intervention",
+           "StepContext", "Steps", "batch_dependent", "bound_hooks", "capabilities",
+           "check_positions", "intervene", "pattern_hook_name", "positions_of", "recording_hook", "resolve_hooks",
+           "rounding_sensitive_layer", "with_default_seed"]
 
 HookFn = Callable[[torch.Tensor, Any], torch.Tensor | None]
 Hook = tuple[str, HookFn]
@@ -31,50 +33,38 @@ Hook = tuple[str, HookFn]
 class Intervention(Protocol):
     """Protocol: an object that yields the TransformerLens forward hooks it needs.
 
-    Optional capabilities, read with ``getattr`` by the generation loop and the evaluation
-    harness (no code outside an intervention's own module checks its type):
-
-    - ``batch_dependent`` (bool attribute or property): one row's result depends on the other
-      rows of its forward (statistics over the whole batch tensor). :func:`lensprobe.generate`
-      then runs static batches (never continuous batching, whose refill schedule would decide
-      which rows share a forward), and evaluations generate each problem alone.
-    - ``with_default_seed(seed)``: a copy that draws from ``seed`` when the intervention has no
-      seed of its own (``self`` when it has one); evaluations seed with their run's ``seed``.
-    - ``rounding_sensitive_layer`` (int or ``None``): the last layer whose activations the
-      intervention thresholds or ranks (ARM: its layer), so that a float-rounding difference
-      there can change its result. The plain engine then computes decode steps row by row up
-      to that layer (:mod:`lensprobe.generation.engines.rowwise`), so under continuous
-      batching each row gets the numbers it gets alone, bit for bit.
-    - ``check_positions(length, what)``: refuse token positions a run never reaches
-      (:func:`check_positions`).
+    What generic code must know about an intervention beyond its hooks (whether its rows
+    depend on each other, a rounding-sensitive layer, seeding, positions, binding to a prompt)
+    it declares as ``capabilities``, one :class:`~lensprobe.core.capabilities.Capabilities`,
+    read only by :func:`~lensprobe.core.capabilities.capabilities` (no code outside an
+    intervention's own module checks its type).
     """
     def hooks(self, model) -> list[Hook]: ...
 
 
 def batch_dependent(interventions) -> list:
     """The interventions whose result for a row depends on the other rows of its forward
-    (their ``batch_dependent`` capability, see :class:`Intervention`).
+    (declared ``batch_dependent``, see :mod:`lensprobe.core.capabilities`).
 
     Example:
         >>> batch_dependent([lp.ARM(c=0.1, percentile=95, per_row=False)])  # [ARM(...)]
     """
-    return [i for i in interventions if getattr(i, "batch_dependent", False) is True]
+    return [i for i in interventions if capabilities(i).batch_dependent]
 
 
 def rounding_sensitive_layer(interventions) -> int | None:
-    """The last layer any of ``interventions`` is rounding-sensitive at (their
-    ``rounding_sensitive_layer`` capability, see :class:`Intervention`), or ``None``."""
-    layers = [getattr(i, "rounding_sensitive_layer", None) for i in interventions]
-    return max((int(x) for x in layers if x is not None), default=None)
+    """The last layer any of ``interventions`` is rounding-sensitive at (declared
+    ``rounding_sensitive_layer``, see :mod:`lensprobe.core.capabilities`), or ``None``."""
+    layers = [capabilities(i).rounding_sensitive_layer for i in interventions]
+    return max((x for x in layers if x is not None), default=None)
 
 
 def with_default_seed(interventions, seed: int | None) -> tuple:
     """``interventions`` with every unseeded one that draws random numbers given ``seed``
-    (their ``with_default_seed`` capability, see :class:`Intervention`); the others as they are."""
+    (declared ``seeded``: its ``with_default_seed(seed)``); the others as they are."""
     if seed is None:
         return tuple(interventions)
-    return tuple(i.with_default_seed(seed) if callable(getattr(i, "with_default_seed", None)) else i
-                 for i in interventions)
+    return tuple(i.with_default_seed(seed) if capabilities(i).seeded else i for i in interventions)
 
 
 def _hooks_of(model, item) -> list[Hook]:
@@ -147,15 +137,14 @@ def bound_hooks(hooks: list[Hook], steps: Steps) -> list[Hook]:
 
 def check_positions(interventions, length: int, what: str = "prompt") -> None:
     """Let each intervention that acts on token positions refuse positions a run of ``length``
-    positions never reaches (its ``check_positions(length, what)`` method), before any forward.
+    positions never reaches (declared ``positions``: its ``check_positions(length, what)``), before any forward.
 
     Example:
         >>> check_positions([lp.ablate_heads("L0H1", positions=[5000])], 39)  # raises LensprobeError
     """
     for item in interventions:
-        check = getattr(item, "check_positions", None)
-        if callable(check):
-            check(length, what)
+        if capabilities(item).positions:
+            item.check_positions(length, what)
 
 
 def pattern_hook_name(layer: int) -> str:

@@ -15,12 +15,10 @@ rows; at most ``batch_size`` are live at once. A row is prefilled **alone** (so 
 forward is exactly the one it would have alone: no padding, any intervention's statistics
 over its own positions only) and its KV cache joins the running batch as a new row,
 left-padded to the batch's width (:mod:`lensprobe.generation.cacherows`). Every decode step
-runs the live rows together, each at its own step and its own positions (published by
-:class:`~lensprobe.core.hookpoint.StepContext` every hook receives as ``hook.step``: ``positions``, ``steps``
-and ``rows``). When a row ends
-(end of sequence, its own length cap, non-finite logits) it leaves the cache at once and its
-place takes the next row of the queue; cache columns that are padding in every live row are
-dropped. Each row's results are those of running it alone: the same greedy tokens, the same
+runs the live rows together, each at its own step and its own positions (``hook.step``'s
+``positions``, ``steps`` and ``rows``). When a row ends (end of sequence, its own length cap,
+non-finite logits) it leaves the cache at once and its place takes the next row of the queue;
+cache columns that are padding in every live row are dropped. Each row's results are those of running it alone: the same greedy tokens, the same
 sampled tokens (each row draws from its own generator), the same thinking steps (a schedule
 is asked once per group of rows at the same step), interventions applied by position.
 A cache whose rows cannot be joined (sliding-window or quantized layers) runs static batches.
@@ -125,8 +123,7 @@ class Run:
         started = time.perf_counter()
         for r in sorted(self.out.errors):  # rows refused before any forward
             self._report(r)
-        steps = Steps()  # each forward's StepContext, published before it runs
-        publish = steps.publish
+        publish = (steps := Steps()).publish  # each forward's StepContext, published before it runs
         try:
             with engine.attach(hooks, self.interventions, steps):
                 if self.order:

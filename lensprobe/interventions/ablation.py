@@ -49,7 +49,7 @@ from lensprobe.core.heads import (
     resolve_heads,
     resolve_positions,
 )
-from lensprobe.core.hooks import Hook, positions_of
+from lensprobe.core.hooks import Capabilities, Hook, positions_of
 from lensprobe.core.jsonable import digest
 from lensprobe.interventions.replacement import (
     HeadMeans,
@@ -168,6 +168,8 @@ class HeadAblation:
                     raise LensprobeError(f"head {head_label(*pair)} is given twice; name each head once.")
                 pairs.append(pair)
         return pairs
+
+    capabilities = Capabilities(positions=True, binds_to_prompt=True)
 
     def check_positions(self, length: int, what: str = "prompt") -> None:
         """Refuse positions outside a run of ``length`` positions (:func:`check_ablation_positions`)."""
@@ -377,6 +379,8 @@ class RowHeadAblation:
     method: Method = "zero"
     positions: Positions | None = None
     source: Any = None
+
+    capabilities = Capabilities(positions=True)
 
     def check_positions(self, length: int, what: str = "prompt") -> None:
         """Refuse positions outside a run of ``length`` positions (:func:`check_ablation_positions`)."""

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import Hook
+from lensprobe.core.hooks import Capabilities, Hook
 from lensprobe.core.lazy import heavy
 from lensprobe.interventions.arm_presets import ARM_PRESETS, NoPresetError, Source, arm_preset
 from lensprobe.interventions.arm_rule import (
@@ -301,17 +301,13 @@ class ARM:
         return cls(**{**settings, **overrides})
 
     @property
-    def batch_dependent(self) -> bool:
-        """Whether a row's result depends on the other rows of its forward (``per_row=False``)."""
-        return not self.per_row
-
-    @property
-    def rounding_sensitive_layer(self) -> int:
-        """ARM's layer: which activations count as near zero, and which draw each gets, follow
-        the order of their magnitudes, so a float-rounding difference can change the result;
-        decode steps compute this layer and those before it one row at a time
-        (:mod:`lensprobe.generation.engines.rowwise`)."""
-        return self.layer
+    def capabilities(self) -> Capabilities:
+        """A row's result depends on the other rows of its forward with ``per_row=False``; ARM's
+        layer is rounding-sensitive (which activations count as near zero, and which draw each
+        gets, follow the order of their magnitudes, so decode steps compute this layer and those
+        before it one row at a time: :mod:`lensprobe.generation.engines.rowwise`); it draws
+        random numbers (``with_default_seed``)."""
+        return Capabilities(batch_dependent=not self.per_row, rounding_sensitive_layer=self.layer, seeded=True)
 
     def with_default_seed(self, seed: int) -> "ARM":
         """This ARM drawing from ``seed`` when it has no seed of its own (else itself)."""

@@ -49,9 +49,10 @@ def step_log(log: list):
 # ----- ARM is batch-proof by default --------------------------------------------------------------
 def test_arm_defaults_to_per_row_and_declares_its_capabilities():
     arm = lp.ARM(c=0.1, percentile=95)
-    assert arm.per_row and not arm.batch_dependent and lp.ARM.preset("Qwen/Qwen2.5-Math-7B").per_row
+    assert arm.per_row and not arm.capabilities.batch_dependent and lp.ARM.preset("Qwen/Qwen2.5-Math-7B").per_row
     whole = lp.ARM(c=0.1, percentile=95, per_row=False)
-    assert whole.batch_dependent and batch_dependent([arm, whole, ("x", print)]) == [whole]
+    assert whole.capabilities.batch_dependent and batch_dependent([arm, whole, ("x", print)]) == [whole]
+    assert arm.capabilities == lp.Capabilities(rounding_sensitive_layer=0, seeded=True)
     seeded = with_default_seed([arm, lp.ARM(c=0.1, percentile=95, seed=7), ("x", print)], 5)
     assert [getattr(i, "seed", None) for i in seeded] == [5, 7, None]
 
