@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 from lensprobe.core.capabilities import capabilities
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.jsonable import json_digest, stable_repr
+from lensprobe.core.identity import identity, identity_digest
 from lensprobe.core.prompts import (
     MATH_SYSTEM_PROMPT,
     PAPER_SYSTEM_PROMPT,
@@ -177,22 +177,30 @@ class Condition:
         return build
 
     def describe(self, model) -> dict:
-        """JSON-able description: the exact prompt template and the attached objects.
+        """JSON-able identity: the exact prompt template and the attached objects by content.
 
         The template is the prompt built with the question ``"{question}"``; interventions
-        and generation settings are described by :func:`~lensprobe.core.jsonable.stable_repr`.
+        and generation settings are described by :func:`~lensprobe.core.identity.identity`
+        (so two interventions whose tensors differ in one element are two conditions).
+
+        Raises:
+            LensprobeError: an intervention or generation setting that cannot be identified.
+
+        Example:
+            >>> Condition("w/o").describe(model)["interventions"]
+            []
         """
         template = self.prompt_builder(model)(QUESTION_PLACEHOLDER).text
         return {
             "name": self.name,
             "prompt_template": template,
-            "interventions": [stable_repr(i) for i in self.interventions],
-            "generate_kwargs": {k: stable_repr(v) for k, v in sorted(self.generate_kwargs.items())},
+            "interventions": identity(list(self.interventions)),
+            "generate_kwargs": identity(dict(sorted(self.generate_kwargs.items()))),
         }
 
     def fingerprint(self, model) -> str:
         """Short hash of :meth:`describe`: same fingerprint, same condition."""
-        return json_digest(self.describe(model))
+        return identity_digest(self.describe(model))
 
 
 def bind_interventions(interventions: Sequence[Any], prompt) -> tuple[tuple, bool]:

@@ -27,20 +27,15 @@ Example:
     {'a': 1, 'b': 1}
 """
 
-import dataclasses
-import hashlib
-import json
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
 from tqdm.auto import tqdm
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.jsonable import digest, stable_repr
-from lensprobe.core.models import model_label
-from lensprobe.core.prompts import Prompt, prompt_json
+from lensprobe.core.identity import check_identity_rule
 
 # The results store, re-exported from its old home (lensprobe.core.shards.ShardStore ...).
 from lensprobe.core.store import POLL_SECONDS as POLL_SECONDS
@@ -49,9 +44,9 @@ from lensprobe.core.store import STALL_TIMEOUT as STALL_TIMEOUT
 from lensprobe.core.store import ShardStore as ShardStore
 from lensprobe.core.store import atomic_file as atomic_file
 from lensprobe.core.store import atomic_write_json as atomic_write_json
+from lensprobe.core.store import open_folder, read_json
 
-__all__ = ["bind_local_gpu", "check_shard", "content_digest", "model_fingerprint", "my_units", "run_sharded",
-           "shard_info"]
+__all__ = ["bind_local_gpu", "check_shard", "my_units", "run_sharded", "shard_info"]
 
 T = TypeVar("T")
 
@@ -147,74 +142,6 @@ def bind_local_gpu() -> int | None:
     return index
 
 
-def model_fingerprint(model, name: str | None = None) -> dict:
-    """Identity of a model for a run's settings hash: name, shape and a hash of its first embedding rows.
-
-    Example:
-        >>> model_fingerprint(model)["n_layers"]
-        30
-    """
-    cfg = model.cfg
-    if name is None:
-        name = model_label(model)
-    weights = None
-    with torch.no_grad():
-        emb = None
-        hf = getattr(model, "original_model", None)
-        if hf is not None and hasattr(hf, "get_input_embeddings"):
-            emb = hf.get_input_embeddings().weight
-        elif hasattr(model, "W_E"):
-            emb = model.W_E
-        if emb is not None:
-            rows = emb[: min(64, emb.shape[0])].detach().to("cpu", torch.float32).contiguous()
-            weights = hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
-    return {"name": str(name), "n_layers": int(cfg.n_layers), "n_heads": int(cfg.n_heads),
-            "d_model": int(cfg.d_model), "d_vocab": int(cfg.d_vocab), "embedding_hash": weights}
-
-
-def content_digest(value: Any) -> str:
-    """A short hash of what ``value`` holds, the same in every process.
-
-    Tensors are hashed by shape, dtype and values; a :class:`~lensprobe.core.prompts.Prompt`
-    by its text, token ids and segments; dataclasses, mappings and sequences item by item;
-    anything else by :func:`~lensprobe.core.jsonable.stable_repr`.
-
-    Example:
-        >>> content_digest(torch.zeros(2)) == content_digest(torch.zeros(2))
-        True
-    """
-    return digest(*_chunks(value))
-
-
-def _chunks(value: Any) -> Iterator[str | bytes]:
-    if isinstance(value, torch.Tensor):
-        t = value.detach().to("cpu")
-        yield f"tensor{tuple(t.shape)}{t.dtype};"
-        yield (t.float() if t.is_floating_point() else t).contiguous().numpy().tobytes()
-    elif isinstance(value, Prompt):
-        yield "prompt" + json.dumps(prompt_json(value), sort_keys=True)
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        yield type(value).__name__ + "("
-        for f in dataclasses.fields(value):
-            yield f.name + "="
-            yield from _chunks(getattr(value, f.name))
-        yield ")"
-    elif isinstance(value, Mapping):
-        yield "{"
-        for k in value:
-            yield f"{k!r}:"
-            yield from _chunks(value[k])
-        yield "}"
-    elif isinstance(value, (list, tuple)):
-        yield "["
-        for v in value:
-            yield from _chunks(v)
-            yield ","
-        yield "]"
-    else:
-        yield stable_repr(value) + ";"
-
-
 def run_sharded(units: Sequence[str], compute: Callable[[str], Any], *, out: str | os.PathLike | None,
                 kind: str, settings: Mapping[str, Any], rank: int | None = None, world_size: int | None = None,
                 progress: bool | str = False, stall_timeout: float | None = None) -> dict[str, Any]:
@@ -225,7 +152,9 @@ def run_sharded(units: Sequence[str], compute: Callable[[str], Any], *, out: str
         compute: ``unit -> JSON-able result``; called only for this rank's units not on disk.
         out: the folder where the processes' results meet (see :class:`~lensprobe.core.store.ShardStore`);
             ``None`` computes every unit in memory (no sharding, no resuming).
-        kind, settings: what the run computes, for refusing a folder of another run.
+        kind, settings: what the run computes, for refusing a folder of another run. Settings
+            built by :func:`~lensprobe.core.identity.run_identity` name their identity rule, and a
+            folder written under another rule is refused (:func:`~lensprobe.core.identity.check_identity_rule`).
         rank, world_size: this process's shard; default from the environment (:func:`shard_info`).
         progress: a progress bar over the units this process computes (a string: its label).
         stall_timeout: how long rank 0 waits without news from the other ranks (default
@@ -237,7 +166,8 @@ def run_sharded(units: Sequence[str], compute: Callable[[str], Any], *, out: str
         from JSON (tuples become lists), whether computed now or found on disk.
 
     Raises:
-        LensprobeError: a bad shard, a sharded run without ``out``, a folder of another run,
+        LensprobeError: a bad shard, a sharded run without ``out``, a folder of another run (or
+            of an older identity rule),
             units named twice, or (rank 0) other ranks that stall (see
             :func:`~lensprobe.core.store.wait_for_units`).
 
@@ -253,6 +183,9 @@ def run_sharded(units: Sequence[str], compute: Callable[[str], Any], *, out: str
     if out is None:
         with tqdm(units, desc=label, unit="unit", disable=not progress) as bar:
             return {u: compute(u) for u in bar}
+    recorded = open_folder(out) / SETTINGS_FILE
+    if "identity" in settings and recorded.is_file():
+        check_identity_rule(read_json(recorded).get("settings") or {}, out)
     with ShardStore(out, kind, settings, rank=rank) as store:
         done = store.done()
         mine = my_units(units, rank, world_size)

@@ -5,12 +5,12 @@ runner (:mod:`lensprobe.evals.running`) both import it from here.
 
 Example:
     >>> cfg = EvalConfig(max_new_tokens=256, batch_size=4)
-    >>> cfg.hashed()["max_new_tokens"]
-    256
+    >>> identity(cfg)                        # batch_size does not change results: not in the identity
+    {'.type': 'lensprobe.evals.config.EvalConfig', 'max_new_tokens': 256}
 """
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lensprobe.core.conditions import (
@@ -18,7 +18,6 @@ from lensprobe.core.conditions import (
     PromptFormat,
 )
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.jsonable import stable_repr
 from lensprobe.evals.grading import check_extract
 from lensprobe.evals.mathverify import GRADE_TIMEOUT, check_timeout
 from lensprobe.evals.protocols import get_protocol
@@ -37,31 +36,30 @@ class EvalConfig(GenerationConfig):
     Attributes:
         max_new_tokens: generated tokens per answer at most (default 512).
         batch_size: rows generated at once; a finished row's slot takes the next prompt
-            (continuous batching). Does not change greedy results and is not part of the
-            configuration hash.
+            (continuous batching). Does not change results, so it is declared out of the run's
+            identity (``metadata={"identity": False}``).
         seed: base seed of sampling (default 0; used only when sampling).
         n_samples: answers per problem, for pass@k (more than one needs sampling: ``do_sample=True``,
             ``--sample``).
         prompt_format: how the built-in conditions build their prompts: ``"chat"``, the model's
             chat template (default), or ``"paper"``, the authors' raw string (no chat template;
             their system prompt + filler + problem as one string), generating up to 2048 new
-            tokens with the model's own sampling settings unless given. Part of the
-            configuration hash only when it is not ``"chat"``. The generation defaults of the paper format are applied by
+            tokens with the model's own sampling settings unless given. The generation defaults of the paper format are applied by
             :func:`evaluate` when settings are passed as keywords, or by
             :meth:`EvalConfig.paper`.
         extract: how the answer is read from the generated text: ``"boxed"`` (the last
             ``\\boxed{...}``, default) or ``"last-number"`` (the last number, lm-eval's flexible
-            extraction; :func:`~lensprobe.evals.grading.extract_last_number`). Part of the
-            configuration hash only when it is not ``"boxed"``.
-        protocol: one of the authors' protocols, recorded in the configuration hash when set;
-            its settings (prompt format, tokens, sampling, samples) apply where none are given.
+            extraction; :func:`~lensprobe.evals.grading.extract_last_number`).
+        protocol: one of the authors' protocols; its settings (prompt format, tokens, sampling, samples) apply where none are given.
             The protocols are :data:`~lensprobe.evals.protocols.PROTOCOLS`; :func:`evaluate` and
             :meth:`EvalConfig.paper` apply their settings.
         grade_timeout: whole seconds math-verify may spend on each step of grading an answer
             (default 5); a timeout is no verdict, counted and reported. The default is
             :data:`~lensprobe.evals.mathverify.GRADE_TIMEOUT`, ``None`` sets no limit, and a
-            timed-out verdict is ``None``. Part of the configuration hash only when it is not
-            the default.
+            timed-out verdict is ``None``.
+
+    The run's identity (:func:`~lensprobe.core.identity.identity`) holds the fields that differ
+    from their defaults, so a folder written before a field was added keeps its identity.
 
     The other fields (``do_sample``, ``temperature``, ``top_p``, ``stop_at_eos``, ``thinking``,
     ``think_when``) are :class:`~lensprobe.GenerationConfig`'s.
@@ -69,7 +67,7 @@ class EvalConfig(GenerationConfig):
 
     max_new_tokens: int = 512
     seed: int = 0
-    batch_size: int = 8
+    batch_size: int = field(default=8, metadata={"identity": False})
     prompt_format: PromptFormat = "chat"
     extract: str = "boxed"
     protocol: str | None = None
@@ -110,31 +108,6 @@ class EvalConfig(GenerationConfig):
         """The settings :func:`lensprobe.generate` runs with (the seed only when sampling)."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(GenerationConfig)}
         return GenerationConfig(**{**fields, "seed": self.seed if self.do_sample else None})
-
-    def hashed(self) -> dict:
-        """The settings that change results (everything but ``batch_size``)."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "batch_size"}
-        if self.prompt_format == "chat":  # absent by default: chat-format folders keep their hash
-            d.pop("prompt_format")
-        if self.extract == "boxed":  # absent by default: boxed-answer folders keep their hash
-            d.pop("extract")
-        if self.protocol is None:  # absent when unset: older folders keep their hash
-            d.pop("protocol")
-        if self.grade_timeout == GRADE_TIMEOUT:  # absent by default: older folders keep their hash
-            d.pop("grade_timeout")
-        if not self.do_sample:
-            d.pop("temperature")
-            d.pop("top_p")
-            d.pop("top_k")
-            d.pop("min_p")
-        for name, neutral in (("top_k", 0), ("min_p", None), ("repetition_penalty", 1.0)):
-            if name in d and d[name] == neutral:  # absent when neutral: older folders keep their hash
-                d.pop(name)
-        for name in ("thinking", "think_when", "eos_token_id"):  # absent when unset: older folders keep their hash
-            value = d.pop(name)
-            if value is not None:
-                d[name] = stable_repr(value)
-        return d
 
 
 TRANSFORMERS4_TOP_K = 50

@@ -30,8 +30,14 @@ sentence`` (no chat template, :data:`~lensprobe.core.prompts.PAPER_SYSTEM_PROMPT
 problem, tokenized as one string) and, for settings not given, generates as the authors do:
 ``max_new_tokens=2048`` and ``do_sample``/``temperature``/``top_p`` from the model's own
 generation config (:func:`paper_generation_settings`). Conditions passed as objects are used
-as they are. The format is recorded in ``config.json`` (only when it is not ``"chat"``, so
-chat-format folders keep their configuration hash).
+as they are. The format is recorded in ``config.json`` (only when it is not ``"chat"``: the
+run's identity holds the settings that differ from their defaults).
+
+**Identity.** A folder is one run: its ``config.json`` holds the run's identity by content
+(:mod:`lensprobe.core.identity`: the model's weights, the settings that change results, each
+condition's prompt template, interventions and generation settings by value) and a hash of it;
+a run of another identity is refused, and so is a folder written before identities were by
+content (its results cannot be checked against this run's).
 
 **ARM.** ``"ARM"`` and ``"<name>+ARM"`` attach the paper's ARM module
 (:class:`~lensprobe.ARM`): ``evaluate(arm=...)``, or else the authors' preset for the model.
@@ -70,8 +76,9 @@ from lensprobe.core.conditions import (
 )
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks import with_default_seed
-from lensprobe.core.jsonable import json_digest
-from lensprobe.core.shards import check_shard, model_fingerprint, my_units
+from lensprobe.core.identity import IDENTITY_VERSION, identity, identity_digest, model_identity
+from lensprobe.core.models import model_label
+from lensprobe.core.shards import check_shard, my_units
 from lensprobe.core.shards import shard_info as shard_info  # its old home: lensprobe.evals.harness.shard_info
 from lensprobe.evals.benchmarks import resolve_benchmark
 from lensprobe.evals.config import EvalConfig, with_format_defaults
@@ -91,7 +98,7 @@ from lensprobe.evals.verdicts import default_grader, mark_default_grader
 from lensprobe.interventions.arm import ARM
 
 DEFAULT_CONDITIONS = "w/o,w/ Mless,w/ Mful"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: identities by content (lensprobe.core.identity); folders of format 1 are refused
 def _check_problems(problems) -> list[Problem]:
     if isinstance(problems, Problem):
         problems = [problems]
@@ -189,17 +196,21 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
                                arm=arm if arm is not None else (lambda: ARM.preset(model, bench)))
     conds = [dataclasses.replace(c, interventions=with_default_seed(c.interventions, config.seed)) for c in conds]
     rank, world_size = check_shard(rank, world_size, out)
-    fingerprint = model_fingerprint(model, model_name)
-    run = {"format": FORMAT_VERSION, "model": fingerprint, "generation": config.hashed()}
+    name = str(model_name) if model_name is not None else model_label(model)
+    # The run's identity, by content (the model's weights, every setting that changes results);
+    # the model's name is a label beside it.
+    run = {"format": FORMAT_VERSION, "identity": IDENTITY_VERSION, "model": model_identity(model),
+           "generation": identity(config)}
     cond_desc = {}
     for c in conds:
         desc = c.describe(model)
-        cond_desc[c.name] = {**desc, "hash": json_digest(desc)}
-    info = RunInfo(fingerprint["name"], json_digest(run), {n: d["hash"] for n, d in cond_desc.items()}, rank)
+        cond_desc[c.name] = {**desc, "hash": identity_digest(desc)}
+    info = RunInfo(name, identity_digest(run), {n: d["hash"] for n, d in cond_desc.items()}, rank)
     done: dict[tuple, dict] = {}
     with _nothing_left_if_refused(out, world_size):  # checks after the folder is prepared: intervention positions
         if out is not None:
-            out = prepare_folder(out, run, info.run_hash, cond_desc, resume=resume or rank != 0)
+            out = prepare_folder(out, run, info.run_hash, cond_desc, resume=resume or rank != 0,
+                                 labels={"model": name})
             done = finished_rows(out, problems)
         mine = my_units(problems, rank, world_size)
         plan = plan_rows(model, mine, conds, done, config)

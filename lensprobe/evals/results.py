@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.identity import check_identity_rule
 from lensprobe.core.lazy import pandas
 from lensprobe.core.rowfiles import RowWriter as RowWriter  # its old home: lensprobe.evals.results.RowWriter
 from lensprobe.core.rowfiles import read_row_files
@@ -85,27 +86,35 @@ def _refuse_rows_without_config(out: Path) -> None:
 
 
 def prepare_folder(out_dir: str | os.PathLike, run: dict, run_hash: str, conditions: dict[str, dict],
-                   *, resume: bool = True) -> Path:
+                   *, resume: bool = True, labels: dict | None = None) -> Path:
     """Create or check an output folder for a run.
 
     Args:
         out_dir: the folder.
-        run: run configuration (model, generation settings) as JSON-able data.
+        run: the run's identity (model, generation settings; :mod:`lensprobe.core.identity`).
         run_hash: hash of ``run``.
-        conditions: name -> description (with a ``"hash"`` entry) of each condition.
+        conditions: name -> identity (with a ``"hash"`` entry) of each condition.
         resume: ``False`` refuses a folder that already holds results.
+        labels: names for people (the model's name), kept beside the identity and not compared.
 
     Raises:
-        LensprobeError: the folder holds another configuration, or results when
-            ``resume=False``.
+        LensprobeError: the folder holds another configuration, was written under an older
+            identity rule (:func:`~lensprobe.core.identity.check_identity_rule`), or holds
+            results when ``resume=False``.
+
+    Example:
+        >>> prepare_folder("runs/x", {"identity": IDENTITY_VERSION}, "abc", {}).name
+        'x'
     """
     out = open_folder(out_dir)
     path = out / CONFIG_FILE
     if not path.is_file():
         _refuse_rows_without_config(out)  # rows are never adopted by a new config.json
-    merged = dict(conditions)
+    merged, kept = dict(conditions), dict(labels or {})
     if path.is_file():
         old = read_config(out)
+        check_identity_rule(old.get("run") or {}, out)
+        kept = old.get("labels") or kept
         if old.get("config_hash") != run_hash:
             raise other_run_error(f"{out} holds results of another configuration (hash {old.get('config_hash')}, "
                                   f"this run {run_hash})", diff_lines(settings_diff(old.get("run", {}), run)) or ["(details differ)"])
@@ -121,7 +130,7 @@ def prepare_folder(out_dir: str | os.PathLike, run: dict, run_hash: str, conditi
         if merged == old.get("conditions"):
             return out
     # Keys keep their order: the conditions are listed in the order they were first run.
-    atomic_write_json(path, {"config_hash": run_hash, "run": run, "conditions": merged}, indent=2)
+    atomic_write_json(path, {"config_hash": run_hash, "run": run, "labels": kept, "conditions": merged}, indent=2)
     return out
 
 

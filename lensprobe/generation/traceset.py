@@ -17,7 +17,6 @@ Example:
     >>> lp.load_trace("runs/traces/traces/trace-00001.parquet")  # prompt 1's, from disk
 """
 
-import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -25,13 +24,11 @@ from typing import Any
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.forward import as_prompts
-from lensprobe.core.jsonable import describe_setting, stable_repr
-from lensprobe.core.shards import content_digest, model_fingerprint, run_sharded
+from lensprobe.core.identity import run_identity
+from lensprobe.core.shards import run_sharded
 from lensprobe.core.store import atomic_file
 from lensprobe.generation.config import GenerationConfig, generation_config
 from lensprobe.generation.loop import trace_generation
-from lensprobe.generation.schedule import Rule
-from lensprobe.generation.thinking import LatentFusion, Pause
 from lensprobe.generation.trace import GenerationTrace, load_trace
 
 __all__ = ["TRACE_FOLDER", "trace_jobs", "trace_prompts"]
@@ -144,11 +141,9 @@ def trace_prompts(model, prompts, config: GenerationConfig | None = None, *, out
     def job(name: str) -> Callable[[], GenerationTrace]:
         return lambda: _trace_one(model, by_name[name], cfg, track, interventions, layers, engine)
 
-    described = None if out is None else {
-        "model": model_fingerprint(model), "prompts": [content_digest(p) for p in items],
-        "generation": {f.name: _describe(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}, "track": _describe(track),
-        "interventions": [stable_repr(i) for i in interventions], "layers": _describe(layers), "engine": engine,
-    }
+    described = None if out is None else run_identity(
+        model, prompts=items, generation=cfg, track=track, interventions=list(interventions), layers=layers,
+        engine=engine)
     traces = trace_jobs({name: job(name) for name in by_name}, out=out, settings=described, rank=rank,
                         world_size=world_size, progress="trace set" if progress else False)
     return {key: traces[str(key)] for key in keys if str(key) in traces}
@@ -164,7 +159,3 @@ def _one_prompt(model, prompt, name: str):
     if len(items) != 1:
         raise LensprobeError(f"prompt {name!r} holds {len(items)} prompts: give one prompt per name.")
     return items[0]
-
-
-def _describe(value: Any) -> Any:
-    return describe_setting(value, structured=(LatentFusion, Pause, Rule))

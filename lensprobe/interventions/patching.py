@@ -30,10 +30,10 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks import ActivationRecorder, resolve_hooks
-from lensprobe.core.jsonable import describe_setting
+from lensprobe.core.identity import run_identity
 from lensprobe.core.lazy import pandas
 from lensprobe.core.measures import logits_needed, resolve_measure, run_logits, run_measure
-from lensprobe.core.shards import check_shard, content_digest, model_fingerprint, run_sharded
+from lensprobe.core.shards import check_shard, run_sharded
 
 __all__ = ["PatchHook", "PatchResult", "check_hook_names", "patch", "patch_hooks", "site_rows"]
 
@@ -185,9 +185,8 @@ def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], 
         values, kl = run([[], groups[unit]])
         return {"clean": float(values[0]), "patched": float(values[1]), "kl": float(kl[1])}
 
-    settings = {"model": model_fingerprint(model), "source": content_digest(source_prompt),
-                "target": content_digest(target_prompt), "sites": list(groups), "metric": describe_setting(metric),
-                "answer": answer}
+    settings = run_identity(model, source=source_prompt, target=target_prompt, sites=list(groups), metric=metric,
+                            answer=answer)
     got = run_sharded(list(groups), compute, out=out, kind="patch", settings=settings, rank=rank,
                       world_size=world_size)
     clean = next((r["clean"] for r in got.values()), float("nan"))

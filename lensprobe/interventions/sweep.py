@@ -27,7 +27,7 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.forward import as_prompts
 from lensprobe.core.heads import head_label, resolve_heads, resolve_positions
 from lensprobe.core.hooks import batch_dependent
-from lensprobe.core.jsonable import describe_setting, stable_repr
+from lensprobe.core.identity import run_identity
 from lensprobe.core.lazy import pandas
 from lensprobe.core.measures import (
     AnswerLogProb,
@@ -38,7 +38,7 @@ from lensprobe.core.measures import (
     resolve_measure,
     run_measure,
 )
-from lensprobe.core.shards import check_shard, content_digest, model_fingerprint, run_sharded
+from lensprobe.core.shards import check_shard, run_sharded
 from lensprobe.core.store import atomic_file
 from lensprobe.interventions.ablation import RowHeadAblation
 from lensprobe.interventions.replacement import Method, ablation_source, check_method
@@ -271,12 +271,10 @@ def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all
                                             state["share"], None, interventions)
         return flat.tolist()
 
-    settings = {} if out is None else {
-        "model": model_fingerprint(model), "prompts": [content_digest(p) for p in items],
-        "metric": describe_setting(metric), "answers": answers, "heads": pairs, "method": method,
-        "reference": content_digest(source), "positions": describe_setting(positions), "batch_size": batch_size,
-        "share_prefix": share_prefix, "interventions": [stable_repr(i) for i in interventions],
-    }
+    # batch_size stays in the identity: units are numbered by batch (prompt p, batch c of batch_size rows).
+    settings = {} if out is None else run_identity(
+        model, prompts=items, metric=metric, answers=answers, heads=pairs, method=method, reference=source,
+        positions=positions, batch_size=batch_size, share_prefix=share_prefix, interventions=list(interventions))
     values = run_sharded(list(units), compute, out=out, kind="ablation sweep", settings=settings, rank=rank,
                          world_size=world_size, progress="ablation sweep" if progress else False)
     baseline = torch.full((len(items),), float("nan"), device="cpu")

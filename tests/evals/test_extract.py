@@ -7,6 +7,7 @@ import json
 import pytest
 
 import lensprobe as lp
+from lensprobe.core.identity import identity
 from lensprobe.evals.grading import extract_answer, extract_boxed, extract_last_number
 from lensprobe.evals.harness import EvalConfig
 
@@ -50,12 +51,12 @@ def test_extract_answer_dispatches_and_refuses_unknown_methods():
         lp.evaluate(None, [], extract="flexible")
 
 
-def test_extract_is_hashed_only_when_not_the_default():
+def test_extract_is_in_the_identity_only_when_not_the_default():
     boxed = EvalConfig(max_new_tokens=4)
-    assert boxed.hashed() == EvalConfig(max_new_tokens=4, extract="boxed").hashed()
-    assert "extract" not in boxed.hashed()
-    assert EvalConfig(max_new_tokens=4, extract="last-number").hashed() == {**boxed.hashed(),
-                                                                          "extract": "last-number"}
+    assert identity(boxed) == identity(EvalConfig(max_new_tokens=4, extract="boxed"))
+    assert "extract" not in identity(boxed)
+    assert identity(EvalConfig(max_new_tokens=4, extract="last-number")) == {**identity(boxed),
+                                                                           "extract": "last-number"}
 
 
 def test_evaluate_reads_the_answer_with_the_chosen_extractor(tiny, tmp_path):

@@ -6,6 +6,7 @@ import logging
 import pytest
 
 import lensprobe as lp
+from lensprobe.core.identity import identity
 from lensprobe.evals import grading
 from lensprobe.evals.mathverify import excerpt
 
@@ -61,14 +62,14 @@ def test_excerpt_cuts_and_says_the_length():
     assert excerpt("a" * 100, 10) == "'aaaaaaaaaa' ... (100 characters)"
 
 
-def test_the_grade_timeout_is_a_setting_of_the_run_hashed_only_when_not_the_default():
+def test_the_grade_timeout_is_a_setting_of_the_run_identified_only_when_not_the_default():
     from lensprobe.evals.mathverify import GRADE_TIMEOUT
 
     assert lp.evals.EvalConfig().grade_timeout == GRADE_TIMEOUT
-    assert "grade_timeout" not in lp.evals.EvalConfig().hashed()  # older folders keep their hash
-    assert lp.evals.EvalConfig(grade_timeout=GRADE_TIMEOUT).hashed() == lp.evals.EvalConfig().hashed()
-    assert lp.evals.EvalConfig(grade_timeout=30).hashed()["grade_timeout"] == 30
-    assert lp.evals.EvalConfig(grade_timeout=None).hashed()["grade_timeout"] is None  # no limit
+    assert "grade_timeout" not in identity(lp.evals.EvalConfig())  # a default is left out of the identity
+    assert identity(lp.evals.EvalConfig(grade_timeout=GRADE_TIMEOUT)) == identity(lp.evals.EvalConfig())
+    assert identity(lp.evals.EvalConfig(grade_timeout=30))["grade_timeout"] == 30
+    assert identity(lp.evals.EvalConfig(grade_timeout=None))["grade_timeout"] is None  # no limit
     with pytest.raises(lp.LensprobeError, match="timeout must be a whole number of seconds >= 1"):
         lp.evals.EvalConfig(grade_timeout=0)
 

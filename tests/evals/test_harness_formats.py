@@ -7,6 +7,7 @@ import pytest
 
 import lensprobe as lp
 from lensprobe.core.conditions import paper_conditions
+from lensprobe.core.identity import identity
 from lensprobe.core.prompts import PAPER_SYSTEM_PROMPT
 from lensprobe.evals import Problem, load_results
 from lensprobe.evals.config import EvalConfig, paper_generation_settings
@@ -52,12 +53,12 @@ def test_paper_format_rows_hold_the_authors_string(tiny, tmp_path):
 
 
 @pytest.mark.unchecked
-def test_chat_format_folders_keep_their_hash(tiny, tmp_path):
+def test_the_chat_format_is_left_out_of_the_identity(tiny, tmp_path):
     lp.evaluate(tiny, problems(1), "w/o", out=tmp_path, max_new_tokens=4, progress=False)
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert "prompt_format" not in cfg["run"]["generation"]
-    assert EvalConfig(max_new_tokens=4).hashed() == EvalConfig(max_new_tokens=4, prompt_format="chat").hashed()
-    assert EvalConfig(max_new_tokens=4, prompt_format="paper").hashed()["prompt_format"] == "paper"
+    assert identity(EvalConfig(max_new_tokens=4)) == identity(EvalConfig(max_new_tokens=4, prompt_format="chat"))
+    assert identity(EvalConfig(max_new_tokens=4, prompt_format="paper"))["prompt_format"] == "paper"
     with pytest.raises(lp.LensprobeError, match=r"unknown prompt_format 'raw': use one of \('chat', 'paper'\)"):
         EvalConfig(prompt_format="raw")
 
@@ -91,7 +92,7 @@ def test_paper_generation_settings_follow_the_models_generation_config(tiny):
         "max_new_tokens": 2048, "do_sample": False, "repetition_penalty": 1.05}
     assert paper_generation_settings(fake_model(do_sample=True, top_k=0, min_p=0.05)) == {
         "max_new_tokens": 2048, "do_sample": True, "top_k": 0, "min_p": 0.05}
-    assert EvalConfig.paper(qwen, max_new_tokens=8).hashed()["repetition_penalty"] == 1.05
+    assert identity(EvalConfig.paper(qwen, max_new_tokens=8))["repetition_penalty"] == 1.05
     # settings given win over the model's
     cfg = EvalConfig.paper(sampled, temperature=0.5, batch_size=2)
     assert (cfg.do_sample, cfg.temperature, cfg.top_p, cfg.batch_size) == (True, 0.5, 0.8, 2)
@@ -149,7 +150,7 @@ def test_arm_names_attach_the_given_arm(tiny, tmp_path):
     cfg = json.loads((tmp_path / "config.json").read_text())
     for name in ("ARM", "w/ Mless+ARM"):
         (desc,) = cfg["conditions"][name]["interventions"]
-        assert desc.startswith("ARM(") and "c=0.5" in desc and "seed=0" in desc  # the run's seed
+        assert desc == {".type": "lensprobe.interventions.arm.ARM", "c": 0.5, "percentile": 95, "seed": 0}  # run's seed
     assert cfg["conditions"]["ARM"]["prompt_template"] == cfg["conditions"]["w/o"]["prompt_template"]
     assert cfg["conditions"]["w/o"]["interventions"] == []
 
@@ -204,7 +205,8 @@ def test_cli_prompt_format_and_arm_options(tmp_path, capsys):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["run"]["generation"]["prompt_format"] == "paper" and cfg["run"]["generation"]["max_new_tokens"] == 4
     assert cfg["conditions"]["w/ Mless"]["prompt_template"] == PAPER_SYSTEM_PROMPT + MLESS + "{question}"
-    assert "ARM(" in cfg["conditions"]["ARM"]["interventions"][0]
+    assert cfg["conditions"]["ARM"]["interventions"][0] == {".type": "lensprobe.interventions.arm.ARM", "c": 0.5,
+                                                            "percentile": 95, "seed": 0}  # as lp.ARM(c=0.5, percentile=95)
     assert "paper-exact" in load_results(out).columns
     assert main(["eval", "--model", "tiny", "--data", str(data), "--conditions", "ARM", "--arm-c", "0.5",
                  "--out", str(tmp_path / "x"), "--no-progress"]) == 2

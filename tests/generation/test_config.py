@@ -3,6 +3,7 @@
 import pytest
 
 import lensprobe as lp
+from lensprobe.core.identity import identity
 from lensprobe.evals.harness import EvalConfig
 from lensprobe.generation.config import generation_config
 from lensprobe.studies.thinking import compare_thinking
@@ -55,16 +56,18 @@ def test_thinking_gets_the_emitted_schedule_and_loses_it_with_the_thinking():
         generation_config({"max_new_tokens": 3}, {})
 
 
-def test_eval_config_is_a_generation_config_with_the_old_hash():
+def test_eval_config_is_a_generation_config_identified_by_the_settings_it_changes():
     cfg = EvalConfig(max_new_tokens=64, batch_size=4)
     assert isinstance(cfg, lp.GenerationConfig)
-    # the keys an evaluation folder's configuration hash was built from before thinking settings existed
-    assert cfg.hashed() == {"max_new_tokens": 64, "do_sample": False, "n_samples": 1, "seed": 0, "stop_at_eos": True}
+    # the settings that differ from their defaults; batch_size is declared out of the identity
+    assert identity(cfg) == {".type": "lensprobe.evals.config.EvalConfig", "max_new_tokens": 64}
     sampled = EvalConfig(do_sample=True, n_samples=2, seed=5)
     assert sampled.generation().seed == 5 and cfg.generation().seed is None
-    assert "batch_size" not in sampled.hashed() and sampled.hashed()["temperature"] == 1.0
+    assert identity(sampled) == {".type": "lensprobe.evals.config.EvalConfig", "do_sample": True, "n_samples": 2,
+                                 "seed": 5}
     thinking = EvalConfig(thinking=lp.Pause(), think_when=lp.schedule.every(4))
-    assert thinking.hashed()["thinking"].startswith("Pause(") and "think_when" in thinking.hashed()
+    assert identity(thinking)["thinking"] == {".type": "lensprobe.generation.thinking.Pause"}
+    assert identity(thinking)["think_when"] != identity(thinking.replace(think_when=lp.schedule.every(5)))["think_when"]
     with pytest.raises(lp.LensprobeError, match="batch_size must be a positive integer"):
         EvalConfig(batch_size=0)
     with pytest.raises(lp.LensprobeError, match="n_samples=3 with greedy decoding"):
