@@ -1,0 +1,174 @@
+"""Identity by content: what a run depends on is identified by value, never by repr() or a name, and
+what cannot be described is refused."""
+
+import dataclasses
+import functools
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import lensprobe as lp
+import lensprobe.core.identity as identity_module
+from lensprobe.core.identity import (
+    check_identity_rule,
+    identity,
+    identity_digest,
+    model_identity,
+    weights_digest,
+)
+from lensprobe.core.jsonable import stable_repr
+from lensprobe.core.testing import tiny_model
+
+
+@dataclasses.dataclass(frozen=True)
+class AddVector:
+    """An intervention holding a tensor: adds ``vector`` to the residual stream after layer 0."""
+
+    vector: torch.Tensor
+
+    def hooks(self, model):
+        return [("blocks.0.hook_resid_post", lambda act, hook: act + self.vector.to(act.dtype))]
+
+
+class Plain:
+    """A class with no ``__repr__`` and no declared identity."""
+
+    def __init__(self, factor):
+        self.factor = factor
+
+
+class Declared:
+    def __init__(self, name, cache):
+        self.name, self.cache = name, cache
+
+    def __lensprobe_identity__(self):
+        return {"name": self.name}  # the cache does not change results
+
+
+def scale(factor):
+    return lambda x: x * factor
+
+
+def logprob_of(token_id):
+    def metric(logits, prompt):
+        return logits[:, -1].log_softmax(-1)[:, token_id]
+
+    return metric
+
+
+def test_interventions_differing_in_one_tensor_element_differ():
+    a = torch.zeros(2000)
+    b = a.clone()
+    b[1234] = 1.0
+    assert stable_repr(AddVector(a)) == stable_repr(AddVector(b))  # torch summarises: the repr cannot tell
+    assert identity(AddVector(a)) != identity(AddVector(b))
+    assert identity(AddVector(a)) == identity(AddVector(a.clone()))
+    assert identity(a.double()) != identity(a)  # the dtype is content
+
+
+def test_closures_metrics_and_plain_objects_differ_by_what_they_hold():
+    assert stable_repr(scale(1.0)) == stable_repr(scale(40.0))
+    assert identity(scale(1.0)) != identity(scale(40.0))
+    assert identity(scale(1.0)) == identity(scale(1.0))
+    assert identity(logprob_of(3)) != identity(logprob_of(4))
+    assert stable_repr(Plain(1)) == stable_repr(Plain(2))
+    assert identity(Plain(1)) != identity(Plain(2)) and identity(Plain(1)) == identity(Plain(1))
+    assert identity(functools.partial(max, 1)) != identity(functools.partial(max, 2))
+    assert identity(Declared("a", [1])) == identity(Declared("a", [2])) != identity(Declared("b", [1]))
+
+
+def test_functions_are_identified_by_their_code():
+    def one(x):
+        return x + 1
+
+    def two(x):
+        return x + 2
+
+    assert identity(one)["code"] != identity(two)["code"]
+    assert identity(torch.softmax) == {".function": "torch._VariableFunctionsClass.softmax"}  # a library's by name
+
+
+def test_the_same_lambda_has_the_same_identity_in_another_process():
+    code = ("import json\nfrom lensprobe.core.identity import identity\n"
+            "def make(f):\n    return lambda x: x * f + len({'a', 'b'})\n"
+            "print(json.dumps(identity(make(3.5))))")
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            for _ in range(2)]
+    assert runs[0] == runs[1] and json.loads(runs[0])["closure"] == {"f": 3.5}
+
+
+def test_undescribable_objects_are_refused_with_what_to_do():
+    with pytest.raises(lp.LensprobeError, match=r"cannot identify torch._C.Generator at x: .*__lensprobe_identity__"):
+        identity({"x": torch.Generator()})
+    gen = torch.Generator()
+    with pytest.raises(lp.LensprobeError, match="closure variable 'gen'.*make it a dataclass"):
+        identity(lambda: gen.seed())
+    loop: list = []
+    loop.append(loop)
+    with pytest.raises(lp.LensprobeError, match="contains itself"):
+        identity(loop)
+
+
+def test_dataclass_fields_at_their_defaults_and_declared_out_are_left_out():
+    assert identity(lp.evals.EvalConfig()) == {".type": "lensprobe.evals.config.EvalConfig"}
+    assert identity(lp.evals.EvalConfig(batch_size=2)) == identity(lp.evals.EvalConfig())  # identity=False
+    assert identity(lp.evals.EvalConfig(max_new_tokens=9))["max_new_tokens"] == 9
+
+    @dataclasses.dataclass
+    class Settings:
+        n: int = 1
+
+    before = identity(Settings(n=2))
+
+    @dataclasses.dataclass
+    class Settings:  # type: ignore[no-redef]  # the same class with a new field
+        n: int = 1
+        extra: float = 0.5
+
+    assert identity(Settings(n=2)) == before  # a new field with a default leaves older identities as they were
+    assert identity(Settings(n=2, extra=1.0)) != before
+
+
+def test_identity_digest_is_the_sha256_of_the_sorted_identity():
+    assert identity_digest({"b": [1, 2], "a": torch.ones(2)}) == identity_digest({"a": torch.ones(2), "b": (1, 2)})
+    assert identity(identity(AddVector(torch.ones(3)))) == identity(AddVector(torch.ones(3)))
+
+
+def test_models_differing_after_the_first_embedding_rows_differ():
+    a, b = tiny_model(seed=0), tiny_model(seed=0)
+    assert model_identity(a) == model_identity(b)
+    emb = b.original_model.get_input_embeddings().weight
+    kept = float(emb[100, 0].detach())
+    with torch.no_grad():
+        emb[100, 0] = kept + 1.0  # a row past the first 64, which the old fingerprint hashed
+    assert torch.equal(emb[:64], a.original_model.get_input_embeddings().weight[:64])
+    assert model_identity(a)["weights"] != model_identity(b)["weights"]  # the cache saw the in-place change
+    with torch.no_grad():
+        emb[100, 0] = kept
+    assert model_identity(a) == model_identity(b)
+    for name, tensor in (("model.layers.1.", dict(b.named_parameters())), ("inv_freq", dict(b.named_buffers()))):
+        key = next(k for k in tensor if name in k)  # the last layer's weights, and a buffer
+        kept = tensor[key].detach().clone()
+        with torch.no_grad():
+            tensor[key].view(-1)[-1] += 1.0
+        assert model_identity(a) != model_identity(b), key
+        with torch.no_grad():
+            tensor[key].copy_(kept)
+        assert model_identity(a) == model_identity(b)
+    assert model_identity(a)["n_layers"] == 2 and model_identity(a)["dtype"] == "torch.float32"  # labels beside
+
+
+def test_the_weights_digest_stays_through_generation(tiny):
+    before = weights_digest(tiny)
+    lp.generate(tiny, lp.build_prompt(tiny, "What is 2+2?"), max_new_tokens=3)
+    identity_module._WEIGHTS.pop(tiny, None)  # computed again from scratch: no buffer changed
+    assert weights_digest(tiny) == before
+
+
+def test_a_folder_of_another_identity_rule_is_refused():
+    check_identity_rule({"identity": 1}, "runs/x")
+    with pytest.raises(lp.LensprobeError, match=r"runs/x was written by an older lensprobe.*new output folder"):
+        check_identity_rule({"model": {"name": "m"}}, "runs/x")

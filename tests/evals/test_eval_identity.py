@@ -1,0 +1,48 @@
+"""Evaluations resume only a folder of the same run, identified by content: a condition whose intervention
+differs only where its repr cannot tell is refused, settings that do not change results (batch size) are
+not part of the identity, and a folder the previous format wrote is refused."""
+
+import json
+
+import pytest
+from identities import AddRow, Shift, old_folder, snapshot, two_tables
+
+import lensprobe as lp
+from lensprobe.evals.data import Problem
+
+PROBLEMS = [Problem(id="q0", problem="What is 1+1?", answer="2", level=1, subject="S")]
+
+
+def run(tiny, conditions, out, **settings):
+    return lp.evaluate(tiny, PROBLEMS, conditions, out=out, max_new_tokens=3, progress=False, **settings)
+
+
+def test_a_condition_of_another_intervention_is_refused(tiny, tmp_path):
+    a, b = two_tables()
+    first = run(tiny, [lp.Condition("steered", interventions=(AddRow(a),))], tmp_path)
+    again = run(tiny, [lp.Condition("steered", interventions=(AddRow(a.clone()),))], tmp_path, batch_size=3)
+    assert list(again["generation"]) == list(first["generation"])  # same content, other batch size: resumed
+    before = snapshot(tmp_path)
+    with pytest.raises(lp.LensprobeError, match="already holds condition 'steered' with a different definition"):
+        run(tiny, [lp.Condition("steered", interventions=(AddRow(b),))], tmp_path)
+    with pytest.raises(lp.LensprobeError, match="already holds condition 'steered' with a different definition"):
+        run(tiny, [lp.Condition("steered", interventions=(Shift(0.5),))], tmp_path)
+    assert snapshot(tmp_path) == before
+
+
+def test_the_model_name_is_a_label_beside_the_identity(tiny, tmp_path):
+    run(tiny, "w/o", tmp_path, model_name="mine")
+    run(tiny, "w/o", tmp_path, model_name="renamed")  # the same weights: the same run
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["labels"] == {"model": "mine"} and "name" not in config["run"]["model"]
+    assert config["run"]["identity"] == 1 and len(config["run"]["model"]["weights"]) == 16
+
+
+def test_an_evaluation_of_the_previous_format_is_refused_with_why(tiny, tmp_path):
+    old = old_folder("eval", tmp_path)
+    before = snapshot(old)
+    with pytest.raises(lp.LensprobeError, match=r"written by an older lensprobe, which identified runs by repr\(\) "
+                                                r"and the model's name.*Rerun into a new output folder"):
+        run(tiny, "w/o", old)
+    assert snapshot(old) == before
+    assert len(lp.evals.load_results(old)) == 1  # its rows still read
