@@ -3,9 +3,10 @@
 - :func:`to_jsonable`: numbers, tensors, arrays, DataFrames, tuples and paths as plain JSON
   types (NaN -> null), for report data and summary files;
 - :func:`stable_repr`: an object as a string that is the same in every process (no memory
-  addresses), for describing interventions and settings in configuration files;
+  addresses), a label for people; never an identity (two objects with the same repr can differ:
+  runs are identified by :mod:`lensprobe.core.identity`);
 - :func:`digest` and :func:`json_digest`: short content hashes (same content, same digest);
-- :func:`describe_setting`: a setting as JSON (what a generation trace's ``meta`` records).
+- :func:`describe_setting`: a setting as JSON for people (what a generation trace's ``meta`` records).
 """
 
 import dataclasses
