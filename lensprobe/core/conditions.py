@@ -194,8 +194,8 @@ class Condition:
         return {
             "name": self.name,
             "prompt_template": template,
-            "interventions": identity(list(self.interventions)),
-            "generate_kwargs": identity(dict(sorted(self.generate_kwargs.items()))),
+            "interventions": identity(list(self.interventions), f"condition {self.name!r} interventions"),
+            "generate_kwargs": identity(dict(sorted(self.generate_kwargs.items())), f"condition {self.name!r}"),
         }
 
     def fingerprint(self, model) -> str:

@@ -28,7 +28,7 @@ could reuse another run's results.
 
 Example:
     >>> identity(lp.ablate_heads("L0H3"))
-    {'.type': 'lensprobe.interventions.ablation.HeadAblation', 'heads': 'L0H3'}
+    {'.type': 'lensprobe.interventions.ablation.HeadAblation', 'heads': [[0, 3]]}
     >>> identity_digest(torch.zeros(2)) == identity_digest(torch.zeros(2))
     True
 """
@@ -50,8 +50,8 @@ import torch
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.prompts import Prompt, prompt_json
 
-__all__ = ["IDENTITY_METHOD", "IDENTITY_VERSION", "check_identity_rule", "identity", "identity_digest",
-           "model_identity", "run_identity", "weights_digest"]
+__all__ = ["IDENTITY_METHOD", "IDENTITY_VERSION", "IdentityError", "check_identity_rule", "identity",
+           "identity_digest", "model_identity", "run_identity", "weights_digest"]
 
 IDENTITY_VERSION = 1
 """The identity rule folders record (``"identity"`` in their settings); folders written before it
@@ -63,13 +63,21 @@ LIBRARIES = ("builtins", "math", "cmath", "operator", "_operator", "functools", 
 HOW_TO = (f"give its class a {IDENTITY_METHOD}() method returning JSON-able data that determines its "
           "results, or make it a dataclass")
 _NO_DEFAULT = object()
+
+
+class IdentityError(LensprobeError):
+    """Something a run depends on cannot be identified by content (the message names it and says how
+    to describe it). A resumable run refuses it; a run kept in memory may go on without an identity."""
+
+
 _WEIGHTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]]" = weakref.WeakKeyDictionary()
 
 
-def identity(obj: Any) -> Any:
+def identity(obj: Any, where: str = "") -> Any:
     """The identity of ``obj`` as JSON-able data: equal for equal content, in every process.
 
-    See the module's documentation for how each kind of object is described.
+    See the module's documentation for how each kind of object is described. ``where`` names
+    ``obj`` in errors (e.g. ``"condition 'x' interventions"``).
 
     Raises:
         LensprobeError: ``obj`` holds something that cannot be described (named in the
@@ -81,7 +89,7 @@ def identity(obj: Any) -> Any:
         >>> identity(scale(1.0)) == identity(scale(40.0))
         False
     """
-    return _describe(obj, "", frozenset())
+    return _describe(obj, where, frozenset())
 
 
 def identity_digest(obj: Any, length: int = 16) -> str:
@@ -118,7 +126,7 @@ def run_identity(model, **parts: Any) -> dict:
         1
     """
     return {"identity": IDENTITY_VERSION, "model": model_identity(model),
-            **{name: identity(value) for name, value in parts.items()}}
+            **{name: identity(value, name) for name, value in parts.items()}}
 
 
 def weights_digest(module: torch.nn.Module) -> str:
@@ -204,7 +212,8 @@ def _describe(obj: Any, where: str, active: frozenset[int]) -> Any:
 def _content(obj: Any) -> Any:
     """Objects described by a digest of their content, or by a name that fixes them; else ``None``."""
     if isinstance(obj, torch.Tensor):
-        return {".tensor": _digest(str(obj.dtype).encode(), _tensor_bytes(obj)), "shape": list(obj.shape), "dtype": str(obj.dtype)}
+        return {".tensor": _digest(str(obj.dtype).encode(), _tensor_bytes(obj)), "shape": list(obj.shape),
+                "dtype": str(obj.dtype)}
     if type(obj).__module__ == "numpy" and hasattr(obj, "dtype") and hasattr(obj, "tobytes"):
         array = obj.__array__() if hasattr(obj, "__array__") else obj
         if array.dtype.kind == "O":  # Python objects: their bytes are addresses
@@ -231,8 +240,9 @@ def _content(obj: Any) -> Any:
         return {".ellipsis": True}
     if isinstance(obj, complex):
         return {".complex": [_describe(obj.real, "", frozenset()), _describe(obj.imag, "", frozenset())]}
-    if isinstance(obj, (int, float)):  # subclasses (numpy scalars are caught above)
-        return _describe(int(obj) if isinstance(obj, int) else float(obj), "", frozenset())
+    if isinstance(obj, (int, float, str)):  # subclasses (numpy scalars are caught above)
+        plain = int(obj) if isinstance(obj, int) else float(obj) if isinstance(obj, float) else str(obj)
+        return _describe(plain, "", frozenset())
     return None
 
 
@@ -338,7 +348,7 @@ def _builtin(obj, where: str, active: frozenset[int]) -> dict:
     return {".function": name}
 
 
-def _unknown_builtin(obj, where: str) -> LensprobeError:
+def _unknown_builtin(obj, where: str) -> IdentityError:
     return _refuse(obj, where, "it is a compiled function of a library lensprobe does not know (its code cannot be "
                                "read); wrap it in a Python function or a dataclass with __call__")
 
@@ -387,9 +397,9 @@ def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _refuse(obj: Any, where: str, why: str) -> LensprobeError:
+def _refuse(obj: Any, where: str, why: str) -> IdentityError:
     at = f" at {where}" if where else ""
-    return LensprobeError(
+    return IdentityError(
         f"cannot identify {_qualname(type(obj))}{at}: {why}. A resumable run identifies everything it depends on "
         f"by content, so that a folder is never reused for another run: {HOW_TO}."
     )

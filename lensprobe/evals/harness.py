@@ -76,7 +76,7 @@ from lensprobe.core.conditions import (
 )
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks import with_default_seed
-from lensprobe.core.identity import IDENTITY_VERSION, identity, identity_digest, model_identity
+from lensprobe.core.identity import IdentityError, identity_digest, run_identity
 from lensprobe.core.models import model_label
 from lensprobe.core.shards import check_shard, my_units
 from lensprobe.core.shards import shard_info as shard_info  # its old home: lensprobe.evals.harness.shard_info
@@ -197,19 +197,13 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
     conds = [dataclasses.replace(c, interventions=with_default_seed(c.interventions, config.seed)) for c in conds]
     rank, world_size = check_shard(rank, world_size, out)
     name = str(model_name) if model_name is not None else model_label(model)
-    # The run's identity, by content (the model's weights, every setting that changes results);
-    # the model's name is a label beside it.
-    run = {"format": FORMAT_VERSION, "identity": IDENTITY_VERSION, "model": model_identity(model),
-           "generation": identity(config)}
-    cond_desc = {}
-    for c in conds:
-        desc = c.describe(model)
-        cond_desc[c.name] = {**desc, "hash": identity_digest(desc)}
-    info = RunInfo(name, identity_digest(run), {n: d["hash"] for n, d in cond_desc.items()}, rank)
+    run, cond_desc = _identities(model, conds, config, out)
+    info = RunInfo(name, identity_digest(run) if "identity" in run else None,
+                   {n: d["hash"] for n, d in cond_desc.items()}, rank)
     done: dict[tuple, dict] = {}
     with _nothing_left_if_refused(out, world_size):  # checks after the folder is prepared: intervention positions
         if out is not None:
-            out = prepare_folder(out, run, info.run_hash, cond_desc, resume=resume or rank != 0,
+            out = prepare_folder(out, run, identity_digest(run), cond_desc, resume=resume or rank != 0,
                                  labels={"model": name})
             done = finished_rows(out, problems)
         mine = my_units(problems, rank, world_size)
@@ -224,6 +218,24 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
         wait_for_rows(out, expected, [p.id for p in problems], world_size)
     rows = [r for r in read_rows(out) if (r["condition"], r["problem_id"], r["sample"]) in expected]
     return mark_default_grader(result_table(rows, conds, problems), grader)
+
+
+def _identities(model, conds, config: EvalConfig, out) -> tuple[dict, dict[str, dict]]:
+    """The run's identity and each condition's (with its ``"hash"``), by content; the model's name is a label
+    beside them. A run kept in memory (``out=None``) resumes nothing: when something it depends on cannot be
+    identified it runs without an identity (``None`` hashes), where a resumable run is refused."""
+    try:
+        run = {"format": FORMAT_VERSION, **run_identity(model, generation=config)}
+        conditions = {}
+        for c in conds:
+            desc = c.describe(model)
+            conditions[c.name] = {**desc, "hash": identity_digest(desc)}
+        return run, conditions
+    except IdentityError:
+        if out is not None:
+            raise
+    generation = {"prompt_format": config.prompt_format, "protocol": config.protocol}  # what default_grader reads
+    return {"format": FORMAT_VERSION, "generation": generation}, {c.name: {"hash": None} for c in conds}
 
 
 @contextlib.contextmanager

@@ -89,8 +89,8 @@ class RunInfo:
     """What every row of a run records besides its own result."""
 
     model_name: str
-    run_hash: str
-    condition_hashes: dict[str, str]
+    run_hash: str | None  # None: a run kept in memory whose identity could not be described
+    condition_hashes: dict[str, str | None]
     rank: int
 
 

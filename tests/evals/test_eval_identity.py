@@ -46,3 +46,25 @@ def test_an_evaluation_of_the_previous_format_is_refused_with_why(tiny, tmp_path
         run(tiny, "w/o", old)
     assert snapshot(old) == before
     assert len(lp.evals.load_results(old)) == 1  # its rows still read
+
+
+class Opaque:
+    """An intervention with no attributes to describe it by (slots) and no declared identity."""
+
+    __slots__ = ("by",)
+
+    def __init__(self, by: float):
+        self.by = by
+
+    def hooks(self, model):
+        return [("blocks.0.hook_resid_post", lambda act, hook: act + self.by)]
+
+
+def test_what_cannot_be_identified_is_refused_for_a_folder_and_runs_in_memory(tiny, tmp_path):
+    cond = lp.Condition("opaque", interventions=(Opaque(0.5),))
+    with pytest.raises(lp.LensprobeError, match=r"cannot identify .*Opaque at condition 'opaque' "
+                                                r"interventions\[0\]: .*__lensprobe_identity__"):
+        run(tiny, [cond], tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # nothing left behind
+    rows = lp.evaluate(tiny, PROBLEMS, [cond], max_new_tokens=3, progress=False)  # nothing to resume: it runs
+    assert len(rows) == 1 and rows["config_hash"].isna().all()
