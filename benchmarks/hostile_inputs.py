@@ -35,6 +35,7 @@ import pandas as pd
 import lensprobe as lp
 from lensprobe.app import common
 from lensprobe.app.cli import main, write_error_log
+from lensprobe.core.identity import identity
 from lensprobe.core.testing import tiny_model
 from lensprobe.evals import Problem, hub, running
 from lensprobe.evals.results import load_results, results_file
@@ -260,8 +261,8 @@ def library_cases(tiny, work: Path) -> list[tuple[str, object]]:
         ("ablate_kv_group([])", lambda: refuses(lambda: lp.ablate_kv_group([]))),
         ("EvalConfig(grade_timeout=0)", lambda: refuses(lambda: lp.EvalConfig(grade_timeout=0))),
         ("EvalConfig(grade_timeout=2.5)", lambda: refuses(lambda: lp.EvalConfig(grade_timeout=2.5))),
-        ("grade_timeout at its default keeps the hash", lambda: equals(
-            lambda: lp.EvalConfig(grade_timeout=5).hashed() == lp.EvalConfig().hashed(), True)),
+        ("grade_timeout at its default keeps the identity", lambda: equals(
+            lambda: identity(lp.EvalConfig(grade_timeout=5)) == identity(lp.EvalConfig()), True)),
     ]
 
 
