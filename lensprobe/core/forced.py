@@ -10,8 +10,10 @@ and ``NaN`` when the logits they read are not finite.
 - :class:`ContinuationLogProb`: summed log-probability of the continuation's tokens;
 - :class:`ContinuationEntropy`: mean next-token entropy over the positions that predict them.
 
-:func:`resolve_measures` turns the names the attribution and verification functions take
-into one measure per prompt.
+:func:`resolve_measures` is the one vocabulary of metrics (:data:`METRICS`): sweeps, patching,
+attribution and its verification all turn the metric they are given into one measure per prompt
+through it, so every name works wherever the math allows (attribution needs a gradient, so it
+refuses the attention metrics, saying why).
 
 Example:
     >>> m = ContinuationEntropy((271, 374, 220))
@@ -27,14 +29,14 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.forward import as_tokens
-from lensprobe.core.measures import Measure, resolve_measure
+from lensprobe.core.measures import MEASURE_NAMES, Measure, resolve_measure
 from lensprobe.core.metrics import entropy, nonfinite_rows
 
-__all__ = ["FORCED_METRICS", "Continuation", "ContinuationEntropy", "ContinuationLogProb", "LogitDiff", "resolve_measures",
+__all__ = ["METRICS", "Continuation", "ContinuationEntropy", "ContinuationLogProb", "LogitDiff", "resolve_measures",
            "token_id"]
 
-FORCED_METRICS = ("entropy", "logprob", "logit_diff")
-"""Metric names :func:`resolve_measures` takes (besides a measure or a callable)."""
+METRICS = MEASURE_NAMES
+"""The metric names every head study takes (besides a measure object or a callable), see :func:`resolve_measures`."""
 
 
 def token_id(model, token: int | str) -> int:
@@ -149,14 +151,18 @@ def _per_prompt(value, n: int, what: str) -> list:
 
 
 def resolve_measures(model, metric: Any, n: int, *, answers: str | Sequence[str] | None = None,
-                     tokens: Sequence[int | str] | None = None, continuation: Any = None) -> list[Measure]:
-    """One differentiable measure per prompt, from the names attribution and verification take.
+                     tokens: Sequence[int | str] | None = None, continuation: Any = None,
+                     gradient: bool = False) -> list[Measure]:
+    """One measure per prompt from a metric name, a measure or a callable: the one metric vocabulary
+    of sweeps, patching, attribution and verification.
 
     Args:
         model: the model (its tokenizer turns strings into ids).
         metric: ``"entropy"`` (next-token entropy at the last prompt position, nats),
             ``"logprob"`` (summed log-probability of ``answers`` fed after the prompt),
             ``"logit_diff"`` (``logit[a] - logit[b]`` at the last position, ``tokens=(a, b)``),
+            ``"attention:<segment>"`` (attention proportion onto a prompt segment, e.g.
+            ``"attention:filler"``; not with ``gradient``),
             a :class:`~lensprobe.core.measures.Measure`, or a callable
             ``fn(logits [batch, pos, vocab], prompt) -> [batch]`` (row by row).
         n: the number of prompts.
@@ -165,10 +171,12 @@ def resolve_measures(model, metric: Any, n: int, *, answers: str | Sequence[str]
         continuation: token ids (or text) fed after each prompt, one for all or one per prompt:
             ``"entropy"`` is then the mean entropy over the positions that predict them,
             ``"logprob"`` their summed log-probability (teacher forcing over a generation).
+        gradient: the caller differentiates the measure (attribution): attention metrics,
+            read from recorded patterns that carry no gradient, are refused.
 
     Raises:
         LensprobeError: an unknown metric, a missing ``answers``/``tokens``, an attention
-            metric (its recorders are not differentiable), or a list of the wrong length.
+            metric with ``gradient``, or a list of the wrong length.
 
     Example:
         >>> resolve_measures(model, "logit_diff", 2, tokens=(" 7", " 8"))
@@ -186,10 +194,11 @@ def resolve_measures(model, metric: Any, n: int, *, answers: str | Sequence[str]
         if tokens is None or isinstance(tokens, str) or len(tokens) != 2:
             raise LensprobeError("metric 'logit_diff' needs tokens=(a, b): two token ids or one-token strings.")
         return [LogitDiff(token_id(model, tokens[0]), token_id(model, tokens[1]))] * n
-    if isinstance(metric, str) and metric.strip().lower().startswith("attention:"):
+    if gradient and isinstance(metric, str) and metric.strip().lower().startswith("attention:"):
         raise LensprobeError(
-            f"metric {metric!r} reads recorded attention, which carries no gradient: use 'entropy', 'logprob', "
-            "'logit_diff' or a callable of the logits."
+            f"metric {metric!r} reads recorded attention, which carries no gradient, so attribution cannot "
+            "estimate it: use 'entropy', 'logprob', 'logit_diff' or a callable of the logits, or measure it "
+            "exactly with lp.ablation_sweep."
         )
     return [resolve_measure(metric, answer=a) for a in _per_prompt(answers, n, "answers")]
 

@@ -185,7 +185,8 @@ class CallableMeasure:
         return out.masked_fill(broken, torch.nan)
 
 
-MEASURE_NAMES = ("entropy", "logprob", "attention:<segment>")
+MEASURE_NAMES = ("entropy", "logprob", "logit_diff", "attention:<segment>")
+"""The metric names of :func:`lensprobe.core.forced.resolve_measures` (``logit_diff`` needs the model)."""
 
 
 def resolve_measure(metric: Any, *, answer: str | None = None) -> Measure:
@@ -213,13 +214,18 @@ def resolve_measure(metric: Any, *, answer: str | None = None) -> Measure:
                     "metric 'logprob' needs the answer: pass answer='...' (or answers=[...] to a sweep)."
                 )
             return AnswerLogProb(answer)
+        if key.lower() == "logit_diff":
+            raise LensprobeError(
+                "metric 'logit_diff' needs the model and two tokens: resolve it with "
+                "lensprobe.core.forced.resolve_measures(model, 'logit_diff', n, tokens=(a, b))."
+            )
         if key.lower().startswith("attention:") and key.split(":", 1)[1].strip():
             seg = key.split(":", 1)[1].strip()
             return AttentionTo(seg, name=f"attention onto {seg}")
     elif callable(metric):
         return CallableMeasure(metric, name=getattr(metric, "__name__", "custom"))
     raise LensprobeError(
-        f"unknown metric {metric!r}: use one of {MEASURE_NAMES}, a Measure, or a callable "
+        f"unknown metric {metric!r}: use one of {', '.join(MEASURE_NAMES)}, a Measure, or a callable "
         "fn(logits, prompt) -> [batch]."
     )
 

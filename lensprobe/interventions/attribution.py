@@ -223,7 +223,8 @@ def attribute_heads(model, prompts, metric: Any = "entropy", *, method: Attribut
         raise LensprobeError(f"batch_size must be a positive integer, got {batch_size!r}.")
     units = _units(model, heads, unit)
     items = as_prompts(model, prompts, build_strings=True)
-    measures = resolve_measures(model, metric, len(items), answers=answers, tokens=tokens, continuation=continuation)
+    measures = resolve_measures(model, metric, len(items), answers=answers, tokens=tokens, continuation=continuation,
+                                gradient=True)
     kind, sources = attribution_sources(model, len(items), ablation, reference, per_position, [u[0] for u in units])
     star = method == "atp*"
     n_layers = int(model.cfg.n_layers)

@@ -29,10 +29,11 @@ import torch
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.forced import resolve_measures
 from lensprobe.core.hooks import ActivationRecorder, resolve_hooks
 from lensprobe.core.identity import run_identity
 from lensprobe.core.lazy import pandas
-from lensprobe.core.measures import logits_needed, resolve_measure, run_logits, run_measure
+from lensprobe.core.measures import logits_needed, run_logits, run_measure
 from lensprobe.core.shards import check_shard, run_sharded
 
 __all__ = ["PatchHook", "PatchResult", "check_hook_names", "patch", "patch_hooks", "site_rows"]
@@ -112,7 +113,7 @@ def _aligned(source, target, src_len: int, tgt_len: int, segment: str | None) ->
 
 def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], *,
           segments: str | Sequence[str] | None = None, metric: Any = "entropy", answer: str | None = None,
-          combined: bool = True, out: str | os.PathLike | None = None, rank: int | None = None,
+          tokens: Sequence[int | str] | None = None, continuation: Any = None, combined: bool = True, out: str | os.PathLike | None = None, rank: int | None = None,
           world_size: int | None = None) -> PatchResult:
     """Run ``target_prompt`` with activations copied from ``source_prompt``; measure each site.
 
@@ -125,9 +126,12 @@ def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], 
             ``[batch, pos, ...]`` (not attention patterns).
         segments: segment name(s) to copy, aligned by name across the prompts; ``None``
             copies every position (equal lengths needed).
-        metric: what to measure (see :func:`~lensprobe.core.measures.resolve_measure`):
-            ``"entropy"``, ``"logprob"`` with ``answer``, ``"attention:<segment>"``, or a callable.
+        metric: what to measure, a name of the one metric vocabulary
+            (:func:`~lensprobe.core.forced.resolve_measures`): ``"entropy"``, ``"logprob"`` with
+            ``answer``, ``"logit_diff"`` with ``tokens``, ``"attention:<segment>"``, a measure or a callable.
         answer: the answer for ``"logprob"`` (appended to both prompts).
+        tokens, continuation: the two tokens of ``"logit_diff"``; token ids fed after both prompts
+            (``"entropy"``/``"logprob"`` over a teacher-forced continuation).
         combined: also report a row with every site patched at once (when there are
             several sites).
         out: a folder where each site's result is saved as soon as it is computed: a rerun
@@ -157,7 +161,7 @@ def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], 
     rank, world_size = check_shard(rank, world_size, out)
     segs: list[str | None] = [None] if segments is None else (
         [segments] if isinstance(segments, str) else list(segments))
-    measure = resolve_measure(metric, answer=answer)
+    [measure] = resolve_measures(model, metric, 1, answers=answer, tokens=tokens, continuation=continuation)
     src_tokens = measure.inputs(model, source_prompt)
     tgt_tokens = measure.inputs(model, target_prompt)
     S, T = src_tokens.shape[1], tgt_tokens.shape[1]
@@ -186,7 +190,7 @@ def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], 
         return {"clean": float(values[0]), "patched": float(values[1]), "kl": float(kl[1])}
 
     settings = run_identity(model, source=source_prompt, target=target_prompt, sites=list(groups), metric=metric,
-                            answer=answer)
+                            answer=answer, tokens=tokens, continuation=continuation)
     got = run_sharded(list(groups), compute, out=out, kind="patch", settings=settings, rank=rank,
                       world_size=world_size)
     clean = next((r["clean"] for r in got.values()), float("nan"))

@@ -24,6 +24,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.forced import LogitDiff, resolve_measures
 from lensprobe.core.forward import as_prompts
 from lensprobe.core.heads import head_label, resolve_heads, resolve_positions
 from lensprobe.core.hooks import batch_dependent
@@ -35,7 +36,6 @@ from lensprobe.core.measures import (
     CallableMeasure,
     Entropy,
     Measure,
-    resolve_measure,
     run_measure,
 )
 from lensprobe.core.shards import check_shard, run_sharded
@@ -45,7 +45,7 @@ from lensprobe.interventions.replacement import Method, ablation_source, check_m
 
 __all__ = ["SweepResult", "ablation_sweep", "sweep_prompt"]
 
-_PREFIX_SAFE = (Entropy, AnswerLogProb, AttentionTo, CallableMeasure)
+_PREFIX_SAFE = (Entropy, AnswerLogProb, AttentionTo, CallableMeasure, LogitDiff)
 """Measures that cope with batch-1 activations below the shared prefix's end."""
 
 
@@ -134,17 +134,6 @@ class SweepResult:
         return path
 
 
-def _measures(metric, n: int, answers) -> list[Measure]:
-    """One measure per prompt (``answers``: one answer for all, or one per prompt)."""
-    if answers is None or isinstance(answers, str):
-        one = resolve_measure(metric, answer=answers)
-        return [one] * n
-    answers = list(answers)
-    if len(answers) != n:
-        raise LensprobeError(f"got {len(answers)} answers for {n} prompts: pass one answer per prompt.")
-    return [resolve_measure(metric, answer=a) for a in answers]
-
-
 def _row_independent(interventions) -> tuple:
     """The sweep's extra interventions; refuses those whose result depends on the other batch rows."""
     interventions = tuple(interventions or ())
@@ -193,7 +182,8 @@ def sweep_prompt(model, prompt, measure: Measure, chunks: list[list[tuple[int, i
 
 def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all", method: Method = "zero",
                    reference: Any = None, per_position: bool = False, positions: Any = None,
-                   answers: str | Sequence[str] | None = None, batch_size: int = 32,
+                   answers: str | Sequence[str] | None = None, tokens: Sequence[int | str] | None = None,
+                   continuation: Any = None, batch_size: int = 32,
                    progress: bool = True, share_prefix: bool = True, interventions: Sequence = (),
                    out: str | Path | None = None, rank: int | None = None,
                    world_size: int | None = None) -> SweepResult:
@@ -203,16 +193,20 @@ def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all
         model: a TransformerLens model.
         prompts: a :class:`~lensprobe.core.prompts.Prompt`, a question string (built with the chat
             template), token ids, or a list of them.
-        metric: ``"entropy"`` (next-token entropy at the last prompt position), ``"logprob"``
-            (log-probability of ``answers``), ``"attention:<segment>"`` (attention proportion
-            onto a segment, mean over layers and heads), a
-            :class:`~lensprobe.core.measures.Measure`, or a callable ``fn(logits, prompt) -> [batch]``.
+        metric: a name of the one metric vocabulary (:func:`~lensprobe.core.forced.resolve_measures`):
+            ``"entropy"`` (next-token entropy at the last prompt position), ``"logprob"``
+            (log-probability of ``answers``), ``"logit_diff"`` (``tokens=(a, b)``),
+            ``"attention:<segment>"`` (attention proportion onto a segment, mean over layers and
+            heads), a :class:`~lensprobe.core.measures.Measure`, or a callable
+            ``fn(logits, prompt) -> [batch]``.
         heads: heads to sweep, ``"all"`` or any spec :func:`~lensprobe.interventions.ablation.ablate_heads`
             takes.
         method: ``"zero"``, ``"mean"`` or ``"resample"`` (these two need ``reference``).
         reference, per_position: as in :func:`~lensprobe.interventions.ablation.ablate_heads`.
         positions: restrict the ablation to positions or a segment name (per prompt).
         answers: the answer text for ``"logprob"``, one string or one per prompt.
+        tokens, continuation: the two tokens of ``"logit_diff"``; token ids fed after each prompt
+            (``"entropy"``/``"logprob"`` over a teacher-forced continuation), as attribution takes them.
         batch_size: batch rows per forward pass, i.e. heads ablated per forward.
         progress: show a progress bar.
         share_prefix: run the layers below a batch's lowest ablated head once (batch 1)
@@ -254,7 +248,7 @@ def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all
     if not pairs:
         raise LensprobeError("no heads to sweep: pass heads='all' or a list of heads.")
     items = as_prompts(model, prompts, build_strings=True)
-    measures = _measures(metric, len(items), answers)
+    measures = resolve_measures(model, metric, len(items), answers=answers, tokens=tokens, continuation=continuation)
     source = ablation_source(model, method, reference, [layer for layer, _ in pairs], per_position)
     # Heads in layer order, so a batch's rows share the unablated layers below their heads.
     order = sorted(range(len(pairs)), key=lambda i: pairs[i])
@@ -273,7 +267,7 @@ def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all
 
     # batch_size stays in the identity: units are numbered by batch (prompt p, batch c of batch_size rows).
     settings = {} if out is None else run_identity(
-        model, prompts=items, metric=metric, answers=answers, heads=pairs, method=method, reference=source,
+        model, prompts=items, metric=metric, answers=answers, tokens=tokens, continuation=continuation, heads=pairs, method=method, reference=source,
         positions=positions, batch_size=batch_size, share_prefix=share_prefix, interventions=list(interventions))
     values = run_sharded(list(units), compute, out=out, kind="ablation sweep", settings=settings, rank=rank,
                          world_size=world_size, progress="ablation sweep" if progress else False)
