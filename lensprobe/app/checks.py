@@ -10,12 +10,13 @@ import argparse
 import math
 from pathlib import Path
 
+from lensprobe.core.conditions import BUILTIN_CONDITIONS, canonical_condition_name
 from lensprobe.core.devices import check_device
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.text import surrogate_at
 from lensprobe.generation.config import MIN_TEMPERATURE
 
-__all__ = ["MAX_TOKENS", "check_common", "check_text_arguments", "finite_number", "head_list", "int_list",
+__all__ = ["FILLER_ALIASES", "MAX_TOKENS", "check_common", "filler_condition", "check_text_arguments", "finite_number", "head_list", "int_list",
            "layer_list", "out_folder", "positive_int", "positive_number", "probability", "str_list", "temperature",
            "text", "top_k", "whole"]
 
@@ -167,3 +168,23 @@ def check_common(args: argparse.Namespace) -> None:
     if getattr(args, "no_system", False) and getattr(args, "system", None) is not None:
         raise LensprobeError("--no-system and --system were both given: drop one (--no-system runs without a "
                              "system prompt).")
+
+
+FILLER_ALIASES = ("none", "meaningless", "meaningful", "random")
+"""The older ``--filler`` spellings, still accepted (``none`` is ``w/o``, ``meaningless`` is ``w/ Mless``, ...)."""
+
+
+def filler_condition(choices: tuple[str, ...] = tuple(BUILTIN_CONDITIONS)):
+    """An argparse ``type`` for ``--filler``: a built-in condition among ``choices``, any spelling,
+    returned in its canonical spelling (``"meaningless"`` -> ``"w/ Mless"``)."""
+    def parse(text: str) -> str:
+        name = canonical_condition_name(text)
+        if name not in choices:
+            old = [a for a in FILLER_ALIASES if canonical_condition_name(a) in choices]
+            raise argparse.ArgumentTypeError(
+                f"invalid choice: {text!r} (choose from {', '.join(repr(c) for c in choices)}; "
+                f"or the older {', '.join(old)})")
+        return name
+
+    parse.__name__ = "filler condition"
+    return parse

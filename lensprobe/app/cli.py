@@ -8,8 +8,13 @@ disk, a folder without write permission) print one line on stderr and exit with 
 does bad command-line input. Any other exception is a bug: one line names it and the log file
 holding its traceback (exit code 1); ``--debug`` prints tracebacks instead.
 
+The options of each subcommand are read from its configuration dataclasses by simple-parsing
+(:mod:`lensprobe.app.parsing`); a configuration's ``__post_init__`` checks the values while the command
+line is parsed, and its error names the option. Every subcommand's ``--help`` ends with an example
+(:mod:`lensprobe.app.examples`); ``lensprobe --help`` lists the subcommands by study.
+
 Examples:
-    lensprobe attention --question "What is 12+7?" --filler meaningless --layers 0 --heads 0,1,7 --out attn
+    lensprobe attention --question "What is 12+7?" --filler "w/ Mless" --layers 0 --heads L0H1,L0H7 --out attn
     lensprobe demo --out lensprobe-report
 """
 
@@ -22,6 +27,8 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import simple_parsing
+
 from lensprobe.app.checks import check_common
 from lensprobe.app.commands.attention import add_attention
 from lensprobe.app.commands.attribution import add_attribute
@@ -31,6 +38,8 @@ from lensprobe.app.commands.heads import add_ablate, add_sweep
 from lensprobe.app.commands.mechanism import add_mechanism
 from lensprobe.app.commands.reproduce import add_reproduce
 from lensprobe.app.commands.trace import add_trace
+from lensprobe.app.examples import studies_text
+from lensprobe.app.parsing import PARSER_SETTINGS, flatten, renamed_flags, setting_message
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models import cache_dir
 from lensprobe.core.version import __version__
@@ -40,8 +49,17 @@ SUBCOMMANDS: list[Callable] = [add_attention, add_demo, add_eval, add_eval_repor
 """Functions that register one subcommand each; add yours here."""
 
 
-class OneLineErrorParser(argparse.ArgumentParser):
-    """An argument parser whose usage errors are one line (with where to find the usage), exit code 2."""
+class OneLineErrorParser(simple_parsing.ArgumentParser):
+    """An argument parser (simple-parsing's, with :data:`~lensprobe.app.parsing.PARSER_SETTINGS`) whose
+    usage errors are one line (with where to find the usage), exit code 2."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{**PARSER_SETTINGS, **kwargs})
+
+    def parse_known_args(self, args=None, namespace=None):
+        """Parsed as simple-parsing does, with the configurations' fields also on the namespace (:func:`flatten`)."""
+        parsed, rest = super().parse_known_args(args, namespace)
+        return flatten(parsed), rest
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
@@ -54,15 +72,26 @@ def build_parser() -> argparse.ArgumentParser:
                     "Layers and heads are 0-based (TransformerLens); papers count from 1.")
     parser.add_argument("--version", action="version", version=f"lensprobe {__version__}")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands",
+                                       description="run `lensprobe COMMAND --help` for a command's options")
     for add in SUBCOMMANDS:
         add(subparsers)
     for sub in subparsers.choices.values():  # also accepted after the command's name
         sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+        sub._preprocessing()  # simple-parsing adds the fields' options now, not at the first parse
+    helps = {a.dest: a.help or "" for a in subparsers._choices_actions}
+    subparsers._choices_actions = []  # listed by study instead, below
+    parser.epilog = studies_text(helps)
     return parser
 
 
 DEBUG_HELP = "print the full traceback of an error (by default: one line, and unexpected errors are logged)"
+
+
+def subcommand_names(parser: argparse.ArgumentParser) -> list[str]:
+    """The subcommands' names."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return list(sub.choices)
 
 
 def write_error_log(command: str, text: str) -> Path:
@@ -100,10 +129,16 @@ def _os_error_line(err: OSError) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lensprobe`` console script; returns the exit code."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(renamed_flags(argv, subcommand_names(parser)))
     except SystemExit as exc:  # bad arguments (code 2) or --help/--version (code 0)
         return int(exc.code or 0)
+    except LensprobeError as err:  # a configuration refused a value while the command line was read
+        if "--debug" in argv:
+            traceback.print_exc()
+        print(f"lensprobe: error: {one_line(setting_message(err))}", file=sys.stderr)
+        return 2
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2

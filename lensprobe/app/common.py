@@ -11,12 +11,14 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from lensprobe.app.checks import FILLER_ALIASES as FILLER_ALIASES
+from lensprobe.app.checks import filler_condition as filler_condition
 from lensprobe.app.checks import int_list as int_list  # the list parsers' old home
 from lensprobe.app.checks import layer_list as layer_list
 from lensprobe.app.checks import str_list as str_list
 from lensprobe.app.option_groups import ModelOptions, SystemOptions
 from lensprobe.app.options import add_options
-from lensprobe.core.conditions import BUILTIN_CONDITIONS, canonical_condition_name
+from lensprobe.app.parsing import add_config
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models import load_model
 from lensprobe.core.outfolder import lock_folder, replace_pages
@@ -26,26 +28,6 @@ from lensprobe.core.testing import tiny_model
 
 TEST_MODEL = "tiny"
 """``--model tiny``: lensprobe's tiny random test model (seeded; answers are gibberish)."""
-
-FILLER_ALIASES = ("none", "meaningless", "meaningful", "random")
-"""The older ``--filler`` spellings, still accepted (``none`` is ``w/o``, ``meaningless`` is ``w/ Mless``, ...)."""
-
-
-def filler_condition(choices: tuple[str, ...] = tuple(BUILTIN_CONDITIONS)):
-    """An argparse ``type`` for ``--filler``: a built-in condition among ``choices``, any spelling,
-    returned in its canonical spelling (``"meaningless"`` -> ``"w/ Mless"``)."""
-    def parse(text: str) -> str:
-        name = canonical_condition_name(text)
-        if name not in choices:
-            old = [a for a in FILLER_ALIASES if canonical_condition_name(a) in choices]
-            raise argparse.ArgumentTypeError(
-                f"invalid choice: {text!r} (choose from {', '.join(repr(c) for c in choices)}; "
-                f"or the older {', '.join(old)})")
-        return name
-
-    parse.__name__ = "filler condition"
-    return parse
-
 
 def add_model_argument(parser: argparse.ArgumentParser) -> None:
     """``--model``: a path, hub name, ``tiny``, or nothing for the embedded model; ``--device``, ``--dtype``
@@ -57,6 +39,18 @@ def add_system_arguments(parser: argparse.ArgumentParser) -> None:
     """``--system`` (default: the paper's MATH prompt) and ``--no-system``
     (:class:`~lensprobe.app.option_groups.SystemOptions`)."""
     add_options(parser, SystemOptions)
+
+
+def add_inputs(parser, *groups: type) -> None:
+    """The options of the command-line-only dataclasses ``groups`` (:mod:`lensprobe.app.option_groups`),
+    each under ``args.<class name>``; the model's options first."""
+    for cls in (ModelOptions, *groups):
+        add_config(parser, cls, cls.__name__)
+
+
+def out_of(args, command: str) -> Path:
+    """The ``--out`` folder: the one given, else ``lensprobe-<command>``."""
+    return args.out if args.out is not None else Path(f"lensprobe-{command}")
 
 
 def system_of(args) -> str | None:

@@ -18,6 +18,7 @@ from typing import Literal
 
 from lensprobe.app.checks import (
     MAX_TOKENS,
+    filler_condition,
     int_list,
     layer_list,
     out_folder,
@@ -31,7 +32,7 @@ from lensprobe.app.options import Option, option
 from lensprobe.evals.grading import EXTRACT_METHODS
 from lensprobe.evals.protocols import PROTOCOLS
 
-__all__ = ["EVAL_OPTIONS", "FILLER_OPTIONS", "GENERATION_OPTIONS", "ModelOptions", "OutputOptions", "QuestionOptions",
+__all__ = ["EVAL_OPTIONS", "ComparedFillerOptions", "FillerOptions", "Math500Options", "QuestionsOptions", "ReferenceOptions", "FILLER_OPTIONS", "GENERATION_OPTIONS", "ModelOptions", "OutputOptions", "QuestionOptions",
            "SiteOptions", "SystemOptions"]
 
 
@@ -44,7 +45,8 @@ class ModelOptions:
     random test model"""
     device: str | None = None
     """device for the weights, e.g. cuda, cuda:1, mps, cpu (default: CUDA, then MPS, else CPU)"""
-    dtype: Literal["fp32", "bf16", "fp16"] | None = None
+    dtype: Literal["fp32", "bf16", "fp16"] | None = field(default=None, metadata={
+        "custom_args": {"choices": ("fp32", "bf16", "fp16")}})
     """weight dtype (default: fp32); attention and entropy are recorded in fp32 either way"""
 
 
@@ -62,8 +64,56 @@ class SystemOptions:
 class QuestionOptions:
     """The one question a command runs."""
 
-    question: str = field(metadata=option(type=text))
+    question: str = field(metadata={**option(type=text), "custom_args": {"type": text, "metavar": "TEXT"}})
     """the question text"""
+
+
+@dataclass(frozen=True)
+class QuestionsOptions:
+    """The questions a command runs, and their answers."""
+
+    question: list[str] | None = field(default=None, metadata={
+        "custom_args": {"action": "append", "type": text, "metavar": "TEXT", "nargs": None}})
+    """a question (repeat for several; default: a level-1 MATH-500 problem)"""
+    answer: list[str] | None = field(default=None, metadata={
+        "custom_args": {"action": "append", "metavar": "TEXT", "nargs": None}})
+    """the answer for --metric logprob (one, or one per question)"""
+
+
+@dataclass(frozen=True)
+class Math500Options:
+    """MATH-500 problems as the questions."""
+
+    math500: int | None = field(default=None, metadata={"custom_args": {"type": positive_int, "metavar": "N"}})
+    """use N MATH-500 problems (seeded draw) instead of --question"""
+
+
+@dataclass(frozen=True)
+class ReferenceOptions:
+    """The reference questions of a mean or resample ablation."""
+
+    reference: list[str] | None = field(default=None, metadata={
+        "custom_args": {"action": "append", "type": text, "metavar": "TEXT", "nargs": None}})
+    """a reference question for --ablation mean (repeat for several) or resample (once)"""
+
+
+@dataclass(frozen=True)
+class FillerOptions:
+    """The filler condition of the prompt."""
+
+    filler: str = field(default="w/o", metadata={"custom_args": {"type": filler_condition(), "metavar": "CONDITION"}})
+    """filler between system prompt and question: 'w/o' (none), 'w/ Mless' ('/' x 55), 'w/ Mful' ('he' x 55) or
+    'random sentence'; also none, meaningless, meaningful, random (default w/o)"""
+
+
+@dataclass(frozen=True)
+class ComparedFillerOptions:
+    """The filler condition compared with no filler."""
+
+    filler: str = field(default="w/ Mless", metadata={
+        "custom_args": {"type": filler_condition(), "metavar": "CONDITION"}})
+    """filler condition compared with no filler: 'w/ Mless' ('/' x 55), 'w/ Mful' ('he' x 55), 'random
+    sentence', or 'w/o' (no filler only); also meaningless, meaningful, random, none (default w/ Mless)"""
 
 
 @dataclass(frozen=True)
@@ -80,8 +130,9 @@ class SiteOptions:
 class OutputOptions:
     """Where a command writes, and whether it shows progress bars."""
 
-    out: Path | None = field(default=None, metadata=option(type=out_folder))
-    """output folder"""
+    out: Path | None = field(default=None, metadata={
+        **option(type=out_folder), "custom_args": {"type": out_folder, "metavar": "FOLDER"}})
+    """output folder (default: lensprobe-COMMAND, e.g. lensprobe-sweep)"""
     no_progress: bool = False
     """no progress bar"""
 

@@ -37,7 +37,7 @@ from lensprobe.core.conditions import (
     paper_conditions,
     resolve_conditions,
 )
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.core.forward import attention_patterns
 from lensprobe.core.heads import head_label
 from lensprobe.core.lazy import pandas
@@ -89,6 +89,10 @@ def normalize_conditions(conditions: Sequence[str | Condition] | str | Condition
     return tuple(out)
 
 
+MAX_COUNT = 10_000_000
+"""No model's context holds more filler tokens: a larger count is a typo."""
+
+
 @dataclass(frozen=True)
 class FillerSetup:
     """Which conditions the study runs, and the filler settings of the built-in ones (defaults:
@@ -112,21 +116,22 @@ class FillerSetup:
         ('w/o', 'w/ Mless')
     """
 
-    conditions: tuple[str | Condition, ...] = CONDITIONS
-    system: str | None = MATH_SYSTEM_PROMPT
+    conditions: tuple[str | Condition, ...] = field(default=CONDITIONS, metadata={"cmd": False})  # --filler
+    system: str | None = field(default=MATH_SYSTEM_PROMPT, metadata={"cmd": False})  # --system, --no-system
     count: int = 55
     symbol: str = "/"
     word: str = "he"
     seed: int = 0
     placement: Placement = "between"
-    chat: bool = True
+    chat: bool = field(default=True, metadata={"cmd": False})
 
     def __post_init__(self):
         object.__setattr__(self, "conditions", normalize_conditions(self.conditions))
-        if not isinstance(self.count, int) or self.count <= 0:
-            raise LensprobeError(f"filler count must be a positive integer, got {self.count!r}.")
+        if not isinstance(self.count, int) or isinstance(self.count, bool) or not 0 < self.count <= MAX_COUNT:
+            raise SettingError("count", f"filler repetitions must be a positive integer (at most {MAX_COUNT:,}), "
+                                        f"got {self.count!r}")
         if self.placement not in PLACEMENTS:
-            raise LensprobeError(f"unknown placement {self.placement!r}: use one of {PLACEMENTS}.")
+            raise SettingError("placement", f"unknown placement {self.placement!r}: use one of {PLACEMENTS}.")
 
     def resolve(self) -> list[Condition]:
         """The :class:`~lensprobe.core.conditions.Condition` of each entry of ``conditions``, in order."""

@@ -78,7 +78,7 @@ def test_bad_filler_is_a_usage_error(capsys):
 
 def test_bad_heads_and_missing_question(capsys):
     assert main(["attention", "--question", "x", "--heads", "a,b"]) == 2
-    assert "comma-separated integers" in capsys.readouterr().err
+    assert "'a' is not a head label" in capsys.readouterr().err
     assert main(["attention"]) == 2
     assert "--question" in capsys.readouterr().err
 

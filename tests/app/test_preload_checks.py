@@ -67,7 +67,7 @@ TABLE = [
     ("sweep", "--heads {}", ["''"], "--heads: expected at least one head"),
     ("mechanism", "--bins {}", ["0"], "--bins"),
     ("mechanism", "--eps {}", ["-1", "0", "nan"], "--eps"),
-    ("mechanism", "--c {}", ["inf"], "--c"),
+    ("mechanism", "--arm-c {}", ["inf"], "--arm-c"),
     ("mechanism", "--layer {}", ["-1"], "--layer"),
     ("eval-report", "--out {}", ["''"], "--out: expected a folder path"),
     ("demo", "--device {}", ["cuda"], "no CUDA GPU"),

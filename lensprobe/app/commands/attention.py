@@ -1,66 +1,57 @@
 """``lensprobe attention``: average attention received per position, with vs without filler."""
 
+from dataclasses import replace
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from lensprobe.app.common import (
-    add_model_argument,
-    add_system_arguments,
+    add_inputs,
     check_out_dir,
-    filler_condition,
     load_cli_model,
+    out_of,
     print_files,
     system_of,
     write_figure,
     writing_out_dir,
 )
-from lensprobe.app.option_groups import FILLER_OPTIONS, OutputOptions, QuestionOptions, SiteOptions
-from lensprobe.app.options import Option, add_options, option_values
+from lensprobe.app.examples import describe
+from lensprobe.app.option_groups import ComparedFillerOptions, OutputOptions, QuestionOptions, SystemOptions
+from lensprobe.app.parsing import add_config
 from lensprobe.core.jsonable import to_jsonable
-from lensprobe.core.models import check_heads, check_layers
 from lensprobe.core.store import atomic_file, atomic_write_json, atomic_write_text
 from lensprobe.studies import filler as fs
 from lensprobe.studies.filler import FillerSetup
+from lensprobe.studies.settings import AttentionConfig
 from lensprobe.viz import attention_received_figure, attention_view_html
-
-FILLER_CHOICES = ("w/ Mless", "w/ Mful", "random sentence", "w/o")
-"""``--filler``: the condition compared with ``w/o`` (older spellings: meaningless, meaningful, random, none)."""
 
 
 def add_attention(subparsers) -> None:
     """Register ``lensprobe attention``."""
-    p = subparsers.add_parser(
+    p = subparsers.add_parser("attention", **describe(
         "attention", help="average attention received per position, with vs without filler",
         description="Run a question with and without filler tokens and write, per layer, the average "
                     "attention each position receives (aligned and with the filler span shaded) as HTML "
                     "figures, a circuitsvis view, and the numbers as CSV/JSON. Layers and heads are "
-                    "0-based (TransformerLens); papers count from 1.")
-    add_model_argument(p)
-    add_options(p, QuestionOptions)
-    p.add_argument("--filler", default="w/ Mless", type=filler_condition(FILLER_CHOICES), metavar="CONDITION",
-                   help="filler condition compared with no filler: 'w/ Mless' ('/' x 55; the default), 'w/ Mful' "
-                        "('he' x 55), 'random sentence', or 'w/o' (no filler only); also meaningless, meaningful, "
-                        "random, none")
-    add_system_arguments(p)
-    add_options(p, FillerSetup, FILLER_OPTIONS)
-    add_options(p, SiteOptions)
-    add_options(p, OutputOptions, ["out"], out=Option(default=Path("lensprobe-attention")))
+                    "0-based (TransformerLens); papers count from 1."))
+    add_inputs(p, QuestionOptions, ComparedFillerOptions, SystemOptions, OutputOptions)
+    add_config(p, FillerSetup, "filler_setup")
+    add_config(p, AttentionConfig, "config")
     p.set_defaults(func=run_attention)
 
 
 def run_attention(args) -> int:
-    check_out_dir(args.out, "attention")  # before the model loads
+    args.out = check_out_dir(out_of(args, "attention"), "attention")  # before the model loads
     conditions = ("w/o",) if args.filler == "w/o" else ("w/o", args.filler)
-    setup = FillerSetup(conditions=conditions, system=system_of(args), **option_values(args, FillerSetup, FILLER_OPTIONS))
+    setup = replace(args.filler_setup, conditions=conditions, system=system_of(args))
     with writing_out_dir(args.out, "attention") as files:
         return _attention(args, setup, files)
 
 
 def _attention(args, setup: FillerSetup, files: list[Path]) -> int:
     model = load_cli_model(args)
-    layers = check_layers(model, args.layers)
-    heads = check_heads(model, args.heads)
+    layers = args.config.layer_list(model)
+    heads = args.config.head_list(model, layers)
     res = fs.attention_received(model, args.question, layers=layers, heads=heads, setup=setup, progress=True)
     out: Path = args.out
     shade = args.filler if args.filler != "w/o" else None

@@ -1,22 +1,28 @@
 """``lensprobe ablate`` and ``lensprobe sweep``: head ablation on one question, and every head one at a time."""
 
 
-from lensprobe.app.checks import head_list, positive_int, text, top_k
 from lensprobe.app.common import (
-    add_model_argument,
-    add_system_arguments,
+    add_inputs,
     check_out_dir,
-    filler_condition,
     load_cli_model,
+    out_of,
     system_of,
     write_figure,
     writing_out_dir,
 )
-from lensprobe.app.option_groups import OutputOptions, QuestionOptions
-from lensprobe.app.options import Option, add_options
+from lensprobe.app.examples import describe
+from lensprobe.app.option_groups import (
+    FillerOptions,
+    OutputOptions,
+    QuestionOptions,
+    QuestionsOptions,
+    ReferenceOptions,
+    SystemOptions,
+)
+from lensprobe.app.parsing import add_config
 from lensprobe.app.sections.filler import demo_question
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.heads import head_label, parse_heads, resolve_heads
+from lensprobe.core.heads import head_label, resolve_heads
 from lensprobe.core.jsonable import to_jsonable
 from lensprobe.core.measures import resolve_measure
 from lensprobe.core.models import model_label
@@ -24,26 +30,14 @@ from lensprobe.core.prompts import prompt_json
 from lensprobe.core.shards import bind_local_gpu, shard_info
 from lensprobe.core.store import atomic_file, atomic_write_json
 from lensprobe.interventions.ablation import ablate_heads
+from lensprobe.interventions.head_settings import AblateConfig, SweepConfig
 from lensprobe.interventions.sweep import ablation_sweep
 from lensprobe.studies.filler import FillerSetup, attention_received
 from lensprobe.studies.heads import ablation_effect
 from lensprobe.viz import head_attention_figure, next_token_figure, sweep_heatmap
 
-FILLER_CHOICES = ("w/o", "w/ Mless", "w/ Mful")
-"""``--filler`` of ``ablate`` and ``sweep`` (older spellings: none, meaningless, meaningful)."""
-
-
-def add_prompt_arguments(p) -> None:
-    """The model, prompt, ablation method and output arguments ``ablate`` and ``sweep`` share."""
-    add_model_argument(p)
-    add_system_arguments(p)
-    p.add_argument("--filler", default="w/o", type=filler_condition(FILLER_CHOICES), metavar="CONDITION",
-                   help="filler between system prompt and question: 'w/o' (none; the default), 'w/ Mless' "
-                        "('/' x 55) or 'w/ Mful' ('he' x 55); also none, meaningless, meaningful")
-    p.add_argument("--method", default="zero", choices=("zero", "mean", "resample"), help="ablation method")
-    p.add_argument("--reference", action="append", default=None, metavar="TEXT",
-                   help="a reference question for --method mean (repeat for several) or resample (once)")
-    add_options(p, OutputOptions, ["out"], out=Option(required=True))
+PROMPT_INPUTS = (SystemOptions, FillerOptions, ReferenceOptions, OutputOptions)
+"""The prompt, reference and output options ``ablate``, ``sweep`` and ``attribute`` share."""
 
 
 def prompt_of(model, args, question: str):
@@ -51,39 +45,39 @@ def prompt_of(model, args, question: str):
     return FillerSetup(system=system_of(args)).condition(args.filler).prompt_builder(model)(question)
 
 
-def reference_of(model, args):
-    """The ``--reference`` prompts of a mean or resample ablation (``None`` for zero ablation)."""
-    if args.method != "zero" and not args.reference:
+def check_reference(args) -> None:
+    """A mean or resample ablation needs ``--reference`` (before the model loads)."""
+    if args.ablation != "zero" and not args.reference:
         raise LensprobeError(
-            f"--method {args.method} needs --reference TEXT: a question whose head outputs are "
-            + ("averaged (repeat --reference for several)." if args.method == "mean" else "copied in.")
+            f"--ablation {args.ablation} needs --reference TEXT: a question whose head outputs are "
+            + ("averaged (repeat --reference for several)." if args.ablation == "mean" else "copied in.")
         )
+
+
+def reference_of(model, args):
+    """The ``--reference`` prompts of a mean or resample ablation (``None`` when none is given)."""
     if not args.reference:
         return None
     refs = [prompt_of(model, args, q) for q in args.reference]
-    return refs[0] if args.method == "resample" and len(refs) == 1 else refs
+    return refs[0] if args.ablation == "resample" and len(refs) == 1 else refs
 
 
 def add_ablate(subparsers) -> None:
     """Register ``lensprobe ablate``."""
-    p = subparsers.add_parser(
+    p = subparsers.add_parser("ablate", **describe(
         "ablate", help="ablate attention heads: next-token entropy and logit change, attention figures",
         description="Ablate heads at blocks.{l}.attn.hook_z (per query head, GQA-correct) on one question and "
                     "write the next-token entropy and logit change (JSON/CSV, a bar chart) and, per ablated "
                     "head, its average attention per token position. Heads are 0-based: L0H13 is the papers' "
-                    "layer 1, head 14.")
-    p.add_argument("--heads", required=True, type=head_list, help="heads, e.g. L0H3,L1H2 or H13 (head 13 in every layer)")
-    add_options(p, QuestionOptions)
-    p.add_argument("--positions", default=None,
-                   help="restrict the ablation to a prompt segment (e.g. question) or positions (e.g. 3,4,5)")
-    p.add_argument("--top-k", type=top_k, default=10, help="tokens to list (default 10, at most 10,000)")
-    add_prompt_arguments(p)
+                    "layer 1, head 14."))
+    add_inputs(p, QuestionOptions, *PROMPT_INPUTS)
+    add_config(p, AblateConfig, "config")
     p.set_defaults(func=run_ablate_command)
 
 
 def run_ablate_command(args) -> int:
-    check_out_dir(args.out, "ablate")  # before the model loads
-    parse_heads(args.heads)
+    args.out = check_out_dir(out_of(args, "ablate"), "ablate")  # before the model loads
+    check_reference(args)
     with writing_out_dir(args.out, "ablate") as files:
         return _ablate(args, files)
 
@@ -95,23 +89,21 @@ def _ablate(args, files: list) -> int:
         raise LensprobeError(f"--top-k {args.top_k} is more tokens than the model's vocabulary of {vocab}: give "
                              f"--top-k {vocab} or less.")
     prompt = prompt_of(model, args, args.question)
-    positions = args.positions
-    if positions is not None and all(part.strip().isdigit() for part in positions.split(",")):
-        positions = [int(part) for part in positions.split(",")]
-    abl = ablate_heads(args.heads, method=args.method, reference=reference_of(model, args),
-                       positions=positions, prompt=prompt)
+    config: AblateConfig = args.config
+    abl = ablate_heads(config.heads, method=config.ablation, reference=reference_of(model, args),
+                       positions=config.position_spec(), prompt=prompt)
     pairs = abl.resolve(model)
     effect = ablation_effect(model, prompt, abl, top_k=args.top_k)
     out = args.out
     files += [out / "ablation.json", out / "next_tokens.csv", out / "next_tokens.html"]
     atomic_write_json(files[0], to_jsonable({
-        "model": model_label(model), "heads": [head_label(*hp) for hp in pairs], "method": args.method,
+        "model": model_label(model), "heads": [head_label(*hp) for hp in pairs], "method": args.ablation,
         "positions": args.positions, "filler": args.filler, "prompt": prompt_json(prompt), **effect.summary,
         "indexing": "0-based layers and heads (L0H13 = papers' layer 1, head 14)",
     }))
     with atomic_file(files[1]) as tmp:
         effect.tokens.to_csv(tmp, index=False)
-    write_figure(next_token_figure(effect, title=f"Next token, {args.heads} {args.method}-ablated"), files[2])
+    write_figure(next_token_figure(effect, title=f"Next token, {args.heads} {args.ablation}-ablated"), files[2])
     conditions = ("w/o",) if args.filler == "w/o" else ("w/o", args.filler)
     setup = FillerSetup(conditions=conditions, system=system_of(args))
     layers = sorted({lay for lay, _ in pairs})
@@ -134,28 +126,21 @@ def _ablate(args, files: list) -> int:
 
 def add_sweep(subparsers) -> None:
     """Register ``lensprobe sweep``."""
-    p = subparsers.add_parser(
+    p = subparsers.add_parser("sweep", **describe(
         "sweep", help="ablate every head one at a time: [layer, head] table of metric changes",
         description="Ablate each head on its own (batched: one forward serves --batch-size heads) and write "
                     "the [layer, head] table of metric changes as CSV, a heatmap and a JSON summary. Heads "
                     "are 0-based: L0H13 is the papers' layer 1, head 14. Under `torchrun --nproc-per-node N -m "
                     "lensprobe sweep ...` each process sweeps its share of (question, batch of heads) units; they "
-                    "meet in --out/shards, and a rerun resumes.")
-    p.add_argument("--metric", default="entropy",
-                   help="entropy | logprob (needs --answer) | attention:<segment>, e.g. attention:system")
-    p.add_argument("--question", action="append", default=None, metavar="TEXT", type=text,
-                   help="a question (repeat for several; default: a level-1 MATH-500 problem)")
-    p.add_argument("--answer", action="append", default=None, metavar="TEXT",
-                   help="the answer for --metric logprob (one, or one per --question)")
-    p.add_argument("--heads", default="all", type=head_list, help="heads to sweep (default all), e.g. L0H0,L0H1 or H3")
-    p.add_argument("--batch-size", type=positive_int, default=32, help="heads per forward pass (default 32)")
-    add_prompt_arguments(p)
+                    "meet in --out/shards, and a rerun resumes."))
+    add_inputs(p, QuestionsOptions, *PROMPT_INPUTS)
+    add_config(p, SweepConfig, "config")
     p.set_defaults(func=run_sweep_command)
 
 
 def run_sweep_command(args) -> int:
-    check_out_dir(args.out, "sweep")  # before the model loads
-    parse_heads(args.heads)
+    args.out = check_out_dir(out_of(args, "sweep"), "sweep")  # before the model loads
+    check_reference(args)
     for answer in args.answer or [None]:
         resolve_measure(args.metric, answer=answer)
     rank, world = shard_info()  # under torchrun / accelerate launch: this process's share of the sweep
@@ -174,9 +159,9 @@ def _sweep(args, rank: int, world: int, files: list) -> int:
     answers = None
     if args.answer:
         answers = args.answer[0] if len(args.answer) == 1 else args.answer
-    res = ablation_sweep(model, prompts, args.metric, heads=args.heads, method=args.method,
-                         reference=reference_of(model, args), answers=answers, batch_size=args.batch_size,
-                         progress=True, out=shards)
+    res = ablation_sweep(model, prompts, args.metric, **args.config.sweep_kwargs(),
+                         reference=reference_of(model, args), answers=answers, progress=not args.no_progress,
+                         out=shards)
     if rank != 0:
         print(f"rank {rank} of {world}: its share of the sweep is in {(args.out / 'shards').resolve()}; rank 0 writes the table")
         return 0
@@ -184,7 +169,7 @@ def _sweep(args, rank: int, world: int, files: list) -> int:
     csv = res.to_csv(out / "sweep.csv")
     files += [csv, csv.with_name(csv.stem + "_long.csv"), write_figure(sweep_heatmap(res), out / "sweep_heatmap.html")]
     files.append(atomic_write_json(out / "sweep.json", to_jsonable({
-        "model": model_label(model), "metric": res.metric, "method": args.method, "filler": args.filler,
+        "model": model_label(model), "metric": res.metric, "method": args.ablation, "filler": args.filler,
         "baseline": res.baseline.tolist(), "heads_swept": len(res.heads),
         "top_heads": res.top(10).to_dict(orient="records"), "prompts": [prompt_json(p) for p in prompts],
         "indexing": "0-based layers and heads (L0H13 = papers' layer 1, head 14)",

@@ -1,34 +1,34 @@
 """``lensprobe mechanism``: how filler tokens rescale one layer's attention, and where its MLP activations go."""
 
 from pathlib import Path
+from typing import Any
 
-from lensprobe.app.checks import positive_int, positive_number, whole
 from lensprobe.app.common import (
-    add_model_argument,
-    add_system_arguments,
+    add_inputs,
     check_out_dir,
     load_cli_model,
+    out_of,
     print_files,
     system_of,
     write_figure,
     writing_out_dir,
 )
-from lensprobe.app.option_groups import FILLER_OPTIONS, OutputOptions, QuestionOptions, SiteOptions
-from lensprobe.app.options import Option, add_options
+from lensprobe.app.examples import describe
+from lensprobe.app.option_groups import OutputOptions, QuestionOptions, SystemOptions
+from lensprobe.app.parsing import add_config
 from lensprobe.app.sections.mechanism import MECHANISM_ARM
 from lensprobe.core.jsonable import stable_repr, to_jsonable
-from lensprobe.core.models import check_heads, check_layers, model_label
+from lensprobe.core.models import check_layers, model_label
 from lensprobe.core.prompts import prompt_json
 from lensprobe.core.store import atomic_file, atomic_write_json
 from lensprobe.interventions.arm import ARM
-from lensprobe.studies.filler import FillerSetup
 from lensprobe.studies.mechanism import (
-    WHERE,
     activation_stats,
     affine_fit_summary,
     filler_affine_fit,
     mechanism_prompts,
 )
+from lensprobe.studies.settings import MechanismConfig, heads_in_layers
 from lensprobe.viz import activation_histogram_figure, affine_fit_figure
 
 ARM_CONDITION = "w/o + ARM"
@@ -36,49 +36,35 @@ ARM_CONDITION = "w/o + ARM"
 
 def add_mechanism(subparsers) -> None:
     """Register ``lensprobe mechanism``."""
-    p = subparsers.add_parser(
+    p = subparsers.add_parser("mechanism", **describe(
         "mechanism", help="filler tokens rescale attention (lambda, bias) and move MLP activations from zero",
         description="Run a question with and without the Mless filler ('/' x 55) and write, for one layer: per "
                     "head and question position, lambda = 1 - attention on the filler and the error of "
                     "out_with = lambda * out_without + bias; and the MLP activation histograms over the question "
                     "(w/o, w/ Mless, and w/o + ARM) with the share near zero. Tables as CSV, figures as HTML. "
-                    "Layers and heads are 0-based (TransformerLens); papers count from 1.")
-    add_model_argument(p)
-    add_options(p, QuestionOptions)
-    p.add_argument("--layer", type=whole(0), default=0, help="0-based layer (default 0, as in the paper)")
-    add_options(p, SiteOptions, ["heads"])
-    add_options(p, FillerSetup, {"count": FILLER_OPTIONS["count"]})
-    add_system_arguments(p)
-    p.add_argument("--where", default="act_fn(gate)", choices=WHERE,
-                   help="activation measured: act_fn(gate_proj(x)) (what ARM edits; the default) or hook_post "
-                        "(act_fn(gate) * up)")
-    p.add_argument("--c", type=positive_number, default=None,
-                   help="scale of the near-zero band eps = 1.4826 * MAD(|a|) * c, from the w/o run (default: the "
-                        "ARM preset's c, else 0.1)")
-    p.add_argument("--eps", type=positive_number, default=None, help="half-width of the near-zero band (overrides --c)")
-    p.add_argument("--bins", type=positive_int, default=80, help="histogram bins (default 80)")
-    p.add_argument("--no-arm", action="store_true", help="leave out the w/o + ARM condition")
-    p.add_argument("--seed", type=int, default=0, help="seed of ARM's draws")
-    add_options(p, OutputOptions, ["out"], out=Option(default=Path("lensprobe-mechanism")))
+                    "Layers and heads are 0-based (TransformerLens); papers count from 1."))
+    add_inputs(p, QuestionOptions, SystemOptions, OutputOptions)
+    add_config(p, MechanismConfig, "config")
     p.set_defaults(func=run_mechanism)
 
 
 def run_mechanism(args) -> int:
-    check_out_dir(args.out, "mechanism")  # before the model loads
+    args.out = check_out_dir(out_of(args, "mechanism"), "mechanism")  # before the model loads
     with writing_out_dir(args.out, "mechanism") as files:
         return _mechanism(args, files)
 
 
 def _mechanism(args, files: list[Path]) -> int:
     model = load_cli_model(args)
-    layer = check_layers(model, [args.layer])[0]
-    heads = check_heads(model, args.heads)
-    prompts = mechanism_prompts(model, args.question, system=system_of(args), count=args.count)
+    config: MechanismConfig = args.config
+    layer = check_layers(model, [config.layer])[0]
+    heads = heads_in_layers(model, config.heads, [layer])
+    prompts = mechanism_prompts(model, args.question, system=system_of(args), count=config.count)
     fit = filler_affine_fit(model, prompts["w/ Mless"], prompts["w/o"], layer=layer, heads=heads)
     summary = affine_fit_summary(fit)
-    arm = None if args.no_arm else ARM.preset(model, fallback=MECHANISM_ARM, layer=layer, seed=args.seed)
-    arm_c = arm.c if arm is not None and arm.variant == "default" else None
-    c = args.c if args.c is not None else (arm_c if arm_c is not None else 0.1)
+    given: dict[str, Any] = {"c": config.arm_c} if config.arm_c is not None else {}
+    arm = None if config.no_arm else ARM.preset(model, fallback=MECHANISM_ARM, layer=layer, seed=config.seed, **given)
+    c = config.band_c(arm)
     runs = dict(prompts)
     ivs = {}
     if arm is not None:

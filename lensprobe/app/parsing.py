@@ -1,0 +1,156 @@
+"""Command-line options read from configuration dataclasses, with simple-parsing.
+
+A command adds each of its dataclasses with :func:`add_config`; simple-parsing makes one option per
+field: the flag from the name (``batch_size`` -> ``--batch-size``), the type and choices from the
+annotation (a ``Literal`` gives its values), the default from the field (a field without one is a
+required option; ``None`` stays ``None`` when the option is not given), the help from the docstring
+under the field or its entry in the class's ``Attributes:`` section. What a field needs beyond that
+is plain ``dataclasses.field`` metadata that simple-parsing reads: ``{"custom_args": {"type": ...,
+"metavar": ..., "action": "append"}}``, ``{"alias": ["--sample"]}``, ``{"cmd": False}`` (not an
+option). The parsed namespace holds one configuration object per dataclass, made (and so checked by
+its ``__post_init__``) while parsing; :func:`flatten` also copies their fields onto the namespace.
+
+Renamed flags stay accepted as hidden aliases (:data:`RENAMED`): :func:`renamed_flags` rewrites them
+before parsing and prints a one-line note.
+
+Example:
+    >>> parser = new_parser(prog="lensprobe sweep")
+    >>> add_config(parser, SweepConfig, "config")
+    >>> parser.parse_args(["--heads", "L0H1", "--ablation", "mean"]).config
+    SweepConfig(metric='entropy', heads='L0H1', ablation='mean', batch_size=32)
+"""
+
+import argparse
+import dataclasses
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import simple_parsing
+from simple_parsing import DashVariant
+from simple_parsing.wrappers import DataclassWrapper
+
+from lensprobe.app.options import field_docs
+
+__all__ = ["PARSER_SETTINGS", "RENAMED", "ConfigHelpFormatter", "add_config", "flag_of", "flatten", "new_parser",
+           "renamed_flags", "setting_message"]
+
+
+class ConfigHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help with the option's own metavar (``--batch-size BATCH_SIZE``), ``(default: x)`` added when the
+    help does not give one and there is one to give, and descriptions and examples kept as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text.lower() or default in (None, False, [], ()) or default is argparse.SUPPRESS
+                or not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)"
+
+    def _format_args(self, action: argparse.Action, default_metavar: str | None) -> str:
+        if "." not in str(action.dest):  # an option that is not a field's
+            return super()._format_args(action, default_metavar)  # type: ignore[arg-type]
+        if getattr(action.type, "__name__", "") == "str2bool":
+            return ""  # a flag: --no-system
+        if action.choices is not None:
+            return "{" + ",".join(str(c) for c in action.choices) + "}"
+        given = str(action.metavar or "")
+        return given if given and not given.startswith("[") else action.dest.rsplit(".", 1)[-1].upper()
+
+
+class _Group(DataclassWrapper):
+    """A dataclass's options under the first line of its docstring (not ``ClassName ['dest']``)."""
+
+    @property
+    def title(self) -> str:
+        doc = (self.dataclass.__doc__ or self.dataclass.__name__).strip().splitlines()[0]
+        return doc.rstrip(".").replace("``", "")
+
+    @property
+    def description(self) -> str:
+        return ""
+
+
+PARSER_SETTINGS: dict[str, Any] = {"add_option_string_dash_variants": DashVariant.DASH, "add_config_path_arg": False,
+                                   "formatter_class": ConfigHelpFormatter}
+"""The keywords every ``lensprobe`` parser and subparser is made with."""
+
+
+def new_parser(**kwargs) -> simple_parsing.ArgumentParser:
+    """A simple-parsing argument parser with :data:`PARSER_SETTINGS`."""
+    return simple_parsing.ArgumentParser(**{**PARSER_SETTINGS, **kwargs})
+
+
+def add_config(parser: Any, cls: type, dest: str) -> None:
+    """One option per field of the dataclass ``cls``; ``args.<dest>`` holds the ``cls`` object made
+    from them (its ``__post_init__`` checks the values while parsing).
+
+    Example:
+        >>> add_config(parser, AttributionConfig, "config")
+    """
+    group = parser.add_arguments(cls, dest=dest, dataclass_wrapper_class=_Group)
+    docs = field_docs(cls)  # also the docstrings under fields written over several lines
+    for wrapper in group.fields:
+        if not wrapper.help and docs.get(wrapper.name):
+            wrapper.help = " ".join(docs[wrapper.name].split())
+
+
+def flatten(args: argparse.Namespace) -> argparse.Namespace:
+    """Copy the fields of every configuration object in ``args`` onto ``args`` itself
+    (``args.config.heads`` is also ``args.heads``), so that shared helpers read ``args.model``."""
+    for value in list(vars(args).values()):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for f in dataclasses.fields(value):
+                if f.metadata.get("cmd", True):  # not a field that is no option
+                    setattr(args, f.name, getattr(value, f.name))
+    return args
+
+
+def flag_of(name: str) -> str:
+    """The option of field ``name``: ``"batch_size"`` -> ``"--batch-size"``."""
+    return "--" + name.replace("_", "-")
+
+
+def setting_message(err: Exception) -> str:
+    """The message of a configuration's error with its field named as the option that sets it.
+
+    Example:
+        >>> setting_message(SettingError("batch_size", "expected a whole number >= 1, got 0"))
+        '--batch-size: expected a whole number >= 1, got 0'
+    """
+    text = str(err)
+    setting = getattr(err, "setting", None)
+    if setting is not None:  # the field named in the reason too: "needs tokens A,B" -> "needs --tokens A,B"
+        reason = re.sub(rf"(?<![\w-]){re.escape(setting)}(?!\w)", flag_of(setting), getattr(err, "reason", text))
+        return f"{flag_of(setting)}: {reason}"
+    first = re.match(r"(?:filler )?([a-z][a-z0-9]*(?:_[a-z0-9]+)*) (must|is|should)\b", text)
+    if first:  # "max_new_tokens must be ..." -> "--max-new-tokens must be ..."
+        return flag_of(first.group(1)) + text[first.end(1):]
+    return text
+
+
+RENAMED: dict[tuple[str, str], str] = {
+    ("ablate", "--method"): "--ablation",
+    ("sweep", "--method"): "--ablation",
+    ("attribute", "--method"): "--attribution",
+    ("mechanism", "--c"): "--arm-c",
+}
+"""(command, old flag) -> its flag now; the old one still works, with a note."""
+
+
+def renamed_flags(argv: Sequence[str], commands: Sequence[str]) -> list[str]:
+    """``argv`` with the old spellings of :data:`RENAMED` replaced; one note on stderr per flag replaced."""
+    argv = list(argv)
+    command = next((a for a in argv if a in commands), None)
+    out = []
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        new = RENAMED.get((command or "", flag))
+        if new is not None:
+            print(f"lensprobe: note: `{command} {flag}` is now {new} (the old spelling will be removed)",
+                  file=sys.stderr)
+            arg = new + eq + value
+        out.append(arg)
+    return out

@@ -1,0 +1,196 @@
+"""The settings of the head studies, one frozen dataclass each: :class:`AblateConfig`
+(:func:`~lensprobe.interventions.ablation.ablate_heads` on one question), :class:`SweepConfig`
+(:func:`~lensprobe.interventions.sweep.ablation_sweep`) and :class:`AttributionConfig`
+(:func:`~lensprobe.interventions.attribution.attribute_heads`, then
+:func:`~lensprobe.interventions.verify.verify_attribution`). Their defaults are the functions';
+``lensprobe ablate``, ``sweep`` and ``attribute`` read their options from these fields.
+
+Example:
+    >>> cfg = SweepConfig(heads="L0H0,L0H1", ablation="mean")
+    >>> lp.ablation_sweep(model, prompts, cfg.metric, **cfg.sweep_kwargs(), reference=refs)
+"""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from lensprobe.core.errors import LensprobeError, SettingError
+from lensprobe.core.heads import parse_heads
+
+__all__ = ["ABLATION_METHODS", "ATTRIBUTION_METHODS", "AblateConfig", "AblationMethod", "AttributionConfig",
+           "AttributionMethod", "HEADS", "SweepConfig", "check_heads_setting", "head_spec"]
+
+AblationMethod = Literal["zero", "mean", "resample"]
+"""How a head is ablated: its output at ``hook_z`` set to 0, to its mean over reference prompts, or to its
+output on a reference prompt."""
+ABLATION_METHODS: tuple[str, ...] = ("zero", "mean", "resample")
+
+AttributionMethod = Literal["atp", "atp*"]
+"""AtP (one forward and one backward pass) or AtP* (with the QK fix and GradDrop)."""
+ATTRIBUTION_METHODS: tuple[str, ...] = ("atp", "atp*")
+
+TOP_K_MAX = 10_000
+
+
+def head_spec(text: str) -> str:
+    """A head list as typed on a command line: plain numbers are heads in every layer (``"0,7"`` ->
+    ``"H0,H7"``, the older ``--heads`` of ``attention`` and ``mechanism``); labels stay as they are.
+
+    Example:
+        >>> head_spec("0,L1H2")
+        'H0,L1H2'
+    """
+    return ",".join(f"H{p.strip()}" if p.strip().isascii() and p.strip().isdigit() else p for p in text.split(","))
+
+
+HEADS = {"custom_args": {"type": head_spec, "metavar": "HEADS"}}
+"""The metadata of a ``heads`` field: on the command line plain numbers are heads in every layer."""
+
+
+def check_heads_setting(heads: str) -> str:
+    """``heads`` checked as :func:`~lensprobe.core.heads.parse_heads` reads it (no model needed).
+
+    Raises:
+        SettingError: an empty list, a label that is not one, or a head named twice.
+
+    Example:
+        >>> check_heads_setting("L0H3,L1H2")
+        'L0H3,L1H2'
+    """
+    if not isinstance(heads, str) or not heads.replace(",", "").strip():
+        raise SettingError("heads", f"expected at least one head, e.g. L0H1, got {heads!r} (an empty list would "
+                                    "ablate nothing; to run without ablation leave it out)")
+    try:
+        selectors = parse_heads(heads)
+    except LensprobeError as err:
+        raise SettingError("heads", str(err)) from None
+    twice = sorted({s for s in selectors if selectors.count(s) > 1}, key=str)
+    if twice:
+        raise SettingError("heads", f"{heads!r} names a head twice ({twice[0]}): name each once")
+    return heads
+
+
+def _count(name: str, value: int, low: int, high: int | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+        bound = f"between {low} and {high:,}" if high is not None else f">= {low}"
+        raise SettingError(name, f"expected a whole number {bound}, got {value!r}")
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise SettingError(name, f"expected one of {', '.join(choices)}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class AblateConfig:
+    """Which heads ``lensprobe ablate`` ablates on one question, and how.
+
+    Example:
+        >>> AblateConfig(heads="L0H3,L1H2", ablation="zero").top_k
+        10
+    """
+
+    heads: str = field(metadata=HEADS)
+    """heads, e.g. L0H3,L1H2 (0-based), H13 or 13 (head 13 in every layer), or all"""
+    ablation: AblationMethod = "zero"
+    """ablation method: zero, mean (over the --reference questions) or resample (one --reference question)"""
+    positions: str | None = field(default=None, metadata={"custom_args": {"metavar": "POSITIONS"}})
+    """restrict the ablation to a prompt segment (e.g. question) or positions (e.g. 3,4,5); default: every one"""
+    top_k: int = 10
+    """next tokens to list (at most 10,000 and the vocabulary)"""
+
+    def __post_init__(self) -> None:
+        check_heads_setting(self.heads)
+        _choice("ablation", self.ablation, ABLATION_METHODS)
+        _count("top_k", self.top_k, 1, TOP_K_MAX)
+
+    def position_spec(self) -> str | list[int] | None:
+        """``positions`` as :func:`~lensprobe.interventions.ablation.ablate_heads` takes it ("3,4" -> [3, 4])."""
+        parts = (self.positions or "").split(",")
+        if self.positions is not None and all(p.strip().isdigit() for p in parts):
+            return [int(p) for p in parts]
+        return self.positions
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """What ``lensprobe sweep`` ablates one head at a time, and what it measures.
+
+    Example:
+        >>> SweepConfig().batch_size
+        32
+    """
+
+    metric: str = "entropy"
+    """entropy | logprob (needs --answer) | attention:<segment>, e.g. attention:system"""
+    heads: str = field(default="all", metadata=HEADS)
+    """heads to sweep, e.g. L0H3,L1H2 (0-based), H13 or 13 (head 13 in every layer), or all"""
+    ablation: AblationMethod = "zero"
+    """ablation method: zero, mean (over the --reference questions) or resample (one --reference question)"""
+    batch_size: int = 32
+    """heads ablated per forward pass"""
+
+    def __post_init__(self) -> None:
+        check_heads_setting(self.heads)
+        _choice("ablation", self.ablation, ABLATION_METHODS)
+        _count("batch_size", self.batch_size, 1)
+        if not isinstance(self.metric, str) or not self.metric.strip():
+            raise SettingError("metric", f"expected a metric name such as entropy, got {self.metric!r}")
+
+    def sweep_kwargs(self) -> dict:
+        """The keywords of :func:`~lensprobe.interventions.sweep.ablation_sweep` these settings give."""
+        return {"heads": self.heads, "method": self.ablation, "batch_size": self.batch_size}
+
+
+@dataclass(frozen=True)
+class AttributionConfig:
+    """How ``lensprobe attribute`` estimates every head's ablation effect, and how many it verifies.
+
+    Example:
+        >>> AttributionConfig().attribution  # lp.attribute_heads' default
+        'atp'
+    """
+
+    metric: Literal["entropy", "logprob", "logit_diff"] = "entropy"
+    """entropy (next token, last position) | logprob (needs --answer) | logit_diff (needs --tokens)"""
+    attribution: AttributionMethod = "atp"
+    """attribution method: atp, or atp* (with the QK fix and GradDrop)"""
+    ablation: AblationMethod = "zero"
+    """ablation method whose effect is estimated: zero, mean or resample (mean and resample need --reference)"""
+    heads: str = field(default="all", metadata=HEADS)
+    """heads to attribute, e.g. L0H3,L1H2 (0-based), H13 or 13 (head 13 in every layer), or all"""
+    unit: Literal["head", "kv"] = "head"
+    """one row per query head, or per KV group"""
+    verify: int = 20
+    """ablate the K top heads exactly to check the estimates (0: none)"""
+    sample: int = 0
+    """and M other heads drawn at random"""
+    batch_size: int = 32
+    """rows per batched forward"""
+    tokens: str | None = field(default=None, metadata={"custom_args": {"metavar": "A,B"}})
+    """the two tokens of --metric logit_diff, ids or text (e.g. 7,8)"""
+
+    def __post_init__(self) -> None:
+        check_heads_setting(self.heads)
+        _choice("metric", self.metric, ("entropy", "logprob", "logit_diff"))
+        if self.metric == "logit_diff" and not self.tokens:
+            raise SettingError("tokens", "metric logit_diff needs tokens A,B (the two tokens compared, e.g. 7,8)")
+        if self.tokens is not None and len(self.tokens.split(",")) != 2:
+            raise SettingError("tokens", f"takes two tokens separated by a comma (e.g. 7,8 or ' 7',' 8'), got "
+                                         f"{self.tokens!r}")
+        _choice("attribution", self.attribution, ATTRIBUTION_METHODS)
+        _choice("ablation", self.ablation, ABLATION_METHODS)
+        _choice("unit", self.unit, ("head", "kv"))
+        _count("verify", self.verify, 0)
+        _count("sample", self.sample, 0)
+        _count("batch_size", self.batch_size, 1)
+
+    def token_pair(self) -> tuple[int | str, ...] | None:
+        """``tokens`` as :func:`~lensprobe.interventions.attribution.attribute_heads` takes them ("7,8" -> (7, 8))."""
+        if self.tokens is None:
+            return None
+        return tuple(int(s) if s.strip().isdigit() else s for s in self.tokens.split(","))
+
+    def attribution_kwargs(self) -> dict:
+        """The keywords of :func:`~lensprobe.interventions.attribution.attribute_heads` these settings give."""
+        return {"method": self.attribution, "ablation": self.ablation, "heads": self.heads, "unit": self.unit,
+                "batch_size": self.batch_size, "tokens": self.token_pair()}

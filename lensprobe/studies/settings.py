@@ -1,0 +1,148 @@
+"""The settings of the attention studies, one frozen dataclass each: :class:`AttentionConfig`
+(which layers and heads :func:`~lensprobe.studies.filler.attention_received` records) and
+:class:`MechanismConfig` (:func:`~lensprobe.studies.mechanism.filler_affine_fit` and
+:func:`~lensprobe.studies.mechanism.activation_stats`). ``lensprobe attention`` and ``lensprobe
+mechanism`` read their options from these fields (the filler's from
+:class:`~lensprobe.studies.filler.FillerSetup`).
+
+Example:
+    >>> cfg = AttentionConfig(layers="0,5", heads="H1,H7")
+    >>> cfg.layer_list(model), cfg.head_list(model, [0, 5])
+    ([0, 5], [1, 7])
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from lensprobe.core.errors import SettingError
+from lensprobe.core.heads import parse_heads
+from lensprobe.core.models import check_heads, check_layers, n_heads
+from lensprobe.interventions.head_settings import HEADS, check_heads_setting
+
+__all__ = ["AttentionConfig", "MechanismConfig", "heads_in_layers", "parse_layers"]
+
+
+def parse_layers(spec: str) -> list[int] | None:
+    """``"0,5,29"`` -> ``[0, 5, 29]``; ``"all"`` -> ``None`` (every layer).
+
+    Raises:
+        SettingError: not whole numbers >= 0, none, or one given twice.
+    """
+    if spec.strip().lower() == "all":
+        return None
+    parts = [v for v in spec.replace(" ", "").split(",") if v != ""]
+    if not parts or not all(v.isascii() and v.isdigit() for v in parts):
+        raise SettingError("layers", f"expected 0-based layers such as 0 or 0,5,29, or all, got {spec!r}")
+    values = [int(v) for v in parts]
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:
+        raise SettingError("layers", f"{twice[0]} is given twice in {spec!r}: name each once")
+    return values
+
+
+def heads_in_layers(model, spec: str, layers: list[int]) -> list[int]:
+    """The head indices ``spec`` names within ``layers`` (``"H1,H7"``, ``"1,7"``, ``"L0H1"``, ``"all"``),
+    checked against ``model``.
+
+    Raises:
+        LensprobeError: a head out of range, or a head of a layer not among ``layers``.
+    """
+    heads: set[int] = set()
+    for layer, head in parse_heads(spec):
+        if layer is not None and layer not in layers:
+            raise SettingError("heads", f"L{layer}H{head} is in layer {layer}, which is not among the layers "
+                                        f"recorded ({layers}): add it to the layers, or name the head as H{head}")
+        heads.update(range(n_heads(model)) if head is None else [head])
+    return check_heads(model, sorted(heads))
+
+
+def _whole(name: str, value: int, low: int, high: int | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+        bound = f"between {low} and {high:,}" if high is not None else f">= {low}"
+        raise SettingError(name, f"expected a whole number {bound}, got {value!r}")
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None and (not isinstance(value, (int, float)) or not 0 < value < math.inf):
+        raise SettingError(name, f"expected a finite number > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Which layers and heads ``lensprobe attention`` records (0-based, as in TransformerLens).
+
+    Example:
+        >>> AttentionConfig().layers
+        '0'
+    """
+
+    layers: str = "0"
+    """0-based layers, e.g. 0 or 0,5,29, or all"""
+    heads: str = field(default="all", metadata=HEADS)
+    """heads, e.g. L0H3,L0H7 (0-based), H13 or 13 (head 13 in every layer recorded), or all"""
+
+    def __post_init__(self) -> None:
+        parse_layers(self.layers)
+        check_heads_setting(self.heads)
+
+    def layer_list(self, model) -> list[int]:
+        """The layers, checked against ``model``."""
+        return check_layers(model, parse_layers(self.layers))
+
+    def head_list(self, model, layers: list[int]) -> list[int]:
+        """The head indices within ``layers``, checked against ``model``."""
+        return heads_in_layers(model, self.heads, layers)
+
+
+@dataclass(frozen=True)
+class MechanismConfig:
+    """What ``lensprobe mechanism`` measures on one layer.
+
+    Attributes:
+        arm_c: the c of the ARM condition (``w/o + ARM``) and the scale of the near-zero band
+            ``eps = 1.4826 * MAD(|a|) * c`` from the w/o run. ``None``: the model's ARM preset's c (its
+            default variant), else 0.1 (:meth:`band_c`).
+
+    Example:
+        >>> MechanismConfig(layer=0, arm_c=0.2).band_c(None)
+        0.2
+    """
+
+    layer: int = 0
+    """0-based layer (0, as in the paper)"""
+    heads: str = field(default="all", metadata=HEADS)
+    """heads, e.g. L0H3,L0H7 (0-based), H13 or 13 (head 13 of the layer), or all"""
+    count: int = 55
+    """filler length in repetitions of '/' (55 in the paper)"""
+    where: Literal["act_fn(gate)", "hook_post"] = "act_fn(gate)"
+    """activation measured: act_fn(gate_proj(x)) (what ARM edits) or hook_post (act_fn(gate) * up)"""
+    arm_c: float | None = None
+    """c of the ARM module, also the scale of the near-zero band eps = 1.4826 * MAD(|a|) * c (default: the ARM
+    preset's c, else 0.1)"""
+    eps: float | None = None
+    """half-width of the near-zero band (overrides the band from --arm-c)"""
+    bins: int = 80
+    """histogram bins"""
+    no_arm: bool = False
+    """leave out the w/o + ARM condition"""
+    seed: int = 0
+    """seed of ARM's draws"""
+
+    def __post_init__(self) -> None:
+        _whole("layer", self.layer, 0)
+        check_heads_setting(self.heads)
+        _whole("count", self.count, 1, 10_000_000)
+        if self.where not in ("act_fn(gate)", "hook_post"):
+            raise SettingError("where", f"expected act_fn(gate) or hook_post, got {self.where!r}")
+        _positive("arm_c", self.arm_c)
+        _positive("eps", self.eps)
+        _whole("bins", self.bins, 1)
+
+    def band_c(self, arm) -> float:
+        """The c of the near-zero band: ``arm_c`` when given, else ``arm``'s c (the default variant), else 0.1."""
+        if self.arm_c is not None:
+            return self.arm_c
+        if arm is not None and arm.variant == "default" and arm.c is not None:
+            return float(arm.c)
+        return 0.1
