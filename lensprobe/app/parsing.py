@@ -31,6 +31,8 @@ import simple_parsing
 from simple_parsing import DashVariant
 from simple_parsing.wrappers import DataclassWrapper
 
+from lensprobe.app.options import _first_sentence as first_sentence
+from lensprobe.app.options import _plain as plain
 from lensprobe.app.options import field_docs
 
 __all__ = ["PARSER_SETTINGS", "RENAMED", "ConfigHelpFormatter", "add_config", "flag_of", "flatten", "new_parser",
@@ -83,24 +85,29 @@ def new_parser(**kwargs) -> simple_parsing.ArgumentParser:
     return simple_parsing.ArgumentParser(**{**PARSER_SETTINGS, **kwargs})
 
 
-def add_config(parser: Any, cls: type, dest: str) -> None:
+def add_config(parser: Any, cls: type, dest: str, *, prefix: str = "") -> None:
     """One option per field of the dataclass ``cls``; ``args.<dest>`` holds the ``cls`` object made
     from them (its ``__post_init__`` checks the values while parsing).
 
     Example:
         >>> add_config(parser, AttributionConfig, "config")
     """
-    group = parser.add_arguments(cls, dest=dest, dataclass_wrapper_class=_Group)
-    docs = field_docs(cls)  # also the docstrings under fields written over several lines
+    group = parser.add_arguments(cls, dest=dest, prefix=prefix, dataclass_wrapper_class=_Group)
+    if prefix:  # its fields stay on args.<dest> only (flatten): their names are another class's too
+        parser.set_defaults(**{f"_nested_{dest}": True})
+    docs = field_docs(cls)  # the first sentence, without reST markup; also docstrings over several lines
     for wrapper in group.fields:
-        if not wrapper.help and docs.get(wrapper.name):
-            wrapper.help = " ".join(docs[wrapper.name].split())
+        if docs.get(wrapper.name):
+            wrapper.help = first_sentence(plain(docs[wrapper.name]))
 
 
 def flatten(args: argparse.Namespace) -> argparse.Namespace:
     """Copy the fields of every configuration object in ``args`` onto ``args`` itself
-    (``args.config.heads`` is also ``args.heads``), so that shared helpers read ``args.model``."""
-    for value in list(vars(args).values()):
+    (``args.config.heads`` is also ``args.heads``), so that shared helpers read ``args.model``. A field that
+    is no option, and a configuration added with a prefix, stay only on their object."""
+    for dest, value in list(vars(args).items()):
+        if getattr(args, f"_nested_{dest}", False):
+            continue
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             for f in dataclasses.fields(value):
                 if f.metadata.get("cmd", True):  # not a field that is no option
@@ -123,7 +130,7 @@ def setting_message(err: Exception) -> str:
     text = str(err)
     setting = getattr(err, "setting", None)
     if setting is not None:  # the field named in the reason too: "needs tokens A,B" -> "needs --tokens A,B"
-        reason = re.sub(rf"(?<![\w-]){re.escape(setting)}(?!\w)", flag_of(setting), getattr(err, "reason", text))
+        reason = re.sub(rf"(?<=needs ){re.escape(setting)}(?!\w)", flag_of(setting), getattr(err, "reason", text))
         return f"{flag_of(setting)}: {reason}"
     first = re.match(r"(?:filler )?([a-z][a-z0-9]*(?:_[a-z0-9]+)*) (must|is|should)\b", text)
     if first:  # "max_new_tokens must be ..." -> "--max-new-tokens must be ..."
@@ -136,6 +143,9 @@ RENAMED: dict[tuple[str, str], str] = {
     ("sweep", "--method"): "--ablation",
     ("attribute", "--method"): "--attribution",
     ("mechanism", "--c"): "--arm-c",
+    ("trace", "--samples"): "--n-samples",
+    ("trace", "--alpha"): "--fusion-alpha",
+    ("trace", "--token"): "--fusion-token",
 }
 """(command, old flag) -> its flag now; the old one still works, with a note."""
 

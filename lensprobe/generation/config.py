@@ -12,7 +12,7 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lensprobe.core.errors import LensprobeError
@@ -65,7 +65,7 @@ class GenerationConfig:
     """
 
     max_new_tokens: int
-    do_sample: bool = False
+    do_sample: bool = field(default=False, metadata={"alias": ["--sample"]})
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -74,9 +74,10 @@ class GenerationConfig:
     seed: int | None = None
     n_samples: int = 1
     stop_at_eos: bool = True
-    eos_token_id: int | tuple[int, ...] | None = None
-    thinking: LatentFusion | Pause | None = None
-    think_when: Any = None
+    # not command-line options ("cmd": False): objects, or ids a command line has no use for
+    eos_token_id: int | tuple[int, ...] | None = field(default=None, metadata={"cmd": False})
+    thinking: LatentFusion | Pause | None = field(default=None, metadata={"cmd": False})
+    think_when: Any = field(default=None, metadata={"cmd": False})
 
     def __post_init__(self) -> None:
         if not _positive_int(self.max_new_tokens):

@@ -15,12 +15,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from lensprobe.core.errors import SettingError
+from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.core.heads import parse_heads
 from lensprobe.core.models import check_heads, check_layers, n_heads
+from lensprobe.generation.config import GenerationConfig
+from lensprobe.generation.schedule import parse_schedule
 from lensprobe.interventions.head_settings import HEADS, check_heads_setting
+from lensprobe.studies.thinking import SETTING_LABELS, THINKING_SETTINGS, thinking_setting
 
-__all__ = ["AttentionConfig", "MechanismConfig", "heads_in_layers", "parse_layers"]
+__all__ = ["AttentionConfig", "MechanismConfig", "TraceConfig", "heads_in_layers", "parse_layers"]
 
 
 def parse_layers(spec: str) -> list[int] | None:
@@ -146,3 +149,67 @@ class MechanismConfig:
         if arm is not None and arm.variant == "default" and arm.c is not None:
             return float(arm.c)
         return 0.1
+
+
+@dataclass(frozen=True)
+class TraceConfig(GenerationConfig):
+    """How ``lensprobe trace`` generates (a :class:`~lensprobe.GenerationConfig`) and what it traces.
+
+    The thinking inputs of the settings ``fusion``, ``coconut`` and ``soft`` take their ``top_p``,
+    ``temperature`` and token from a :class:`~lensprobe.LatentFusion` (:meth:`settings`).
+
+    Example:
+        >>> TraceConfig(think="fusion,pause", schedule="first:2+every:4").names()
+        ['fusion', 'pause']
+    """
+
+    max_new_tokens: int = 400
+    seed: int | None = 0
+    think: str = "fusion"
+    """thinking setting(s), comma-separated, from fusion, coconut, soft, pause, none"""
+    schedule: str = "every:8"
+    """when to think: every:N, first:K, at:S1,S2, entropy:NATS, emitted (the model emits the token), joined
+    with '+'"""
+    track: str = "system,question"
+    """extra tracked sets, comma-separated: segment names, 'prompt', 'generated', or one-token strings"""
+    smooth: int = 1
+    """moving-average window of the figure, in steps"""
+    format: Literal["parquet", "json"] = "parquet"
+    """trace file format"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.names():
+            raise SettingError("think", f"needs at least one of {', '.join(THINKING_SETTINGS)}")
+        for name in self.names():
+            thinking_setting(name)
+        try:
+            parse_schedule(self.schedule)
+        except LensprobeError as err:
+            raise SettingError("schedule", str(err)) from None
+        if not isinstance(self.smooth, int) or isinstance(self.smooth, bool) or self.smooth < 1:
+            raise SettingError("smooth", f"expected a whole number >= 1, got {self.smooth!r}")
+        if self.format not in ("parquet", "json"):
+            raise SettingError("format", f"expected parquet or json, got {self.format!r}")
+
+    def names(self) -> list[str]:
+        """The thinking settings' names."""
+        return [s.strip() for s in self.think.split(",") if s.strip()]
+
+    def settings(self, fusion) -> dict:
+        """Label -> thinking input of each setting, the latent ones with ``fusion``'s settings."""
+        return {SETTING_LABELS.get(n, n): thinking_setting(n, alpha=fusion.alpha, top_p=fusion.top_p,
+                                                          temperature=fusion.temperature, token=fusion.token)
+                for n in self.names()}
+
+    def tracked(self) -> dict[str, str]:
+        """The extra tracked sets, name -> spec."""
+        return {s.strip(): s.strip() for s in self.track.split(",") if s.strip()}
+
+    def generation(self) -> dict:
+        """The generation settings :func:`~lensprobe.studies.thinking.compare_thinking` takes as keywords (the
+        seed only when sampling), with the schedule."""
+        names = ("max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                 "n_samples", "stop_at_eos")
+        return {**{n: getattr(self, n) for n in names}, "seed": self.seed if self.do_sample else None,
+                "think_when": parse_schedule(self.schedule), "track": self.tracked()}

@@ -55,7 +55,7 @@ TABLE = [
     ("trace", "--schedule {}", ["entropy:nan", "entropy:-1", "bogus:3"], "schedule"),
     ("trace", "--sample --temperature {}", ["inf", "1e-40"], "--temperature"),
     ("trace", "--top-p {}", ["1.5"], "--top-p"),
-    ("trace", "--samples {}", ["0"], "--samples"),
+    ("trace", "--n-samples {}", ["0"], "--n-samples"),
     ("trace", "--max-new-tokens {}", ["0"], "--max-new-tokens"),
     ("trace", "--think {}", ["bogus"], "bogus"),
     ("ablate", "--top-k {}", ["0", "1000000"], "--top-k"),
