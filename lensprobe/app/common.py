@@ -43,8 +43,8 @@ def add_system_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_inputs(parser, *groups: type) -> None:
     """The options of the command-line-only dataclasses ``groups`` (:mod:`lensprobe.app.option_groups`),
-    each under ``args.<class name>``; the model's options first."""
-    for cls in (ModelOptions, *groups):
+    each under ``args.<class name>``."""
+    for cls in groups:
         add_config(parser, cls, cls.__name__)
 
 

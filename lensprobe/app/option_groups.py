@@ -31,8 +31,9 @@ from lensprobe.app.checks import (
 from lensprobe.app.options import Option, option
 from lensprobe.evals.grading import EXTRACT_METHODS
 from lensprobe.evals.protocols import PROTOCOLS
+from lensprobe.evals.verdicts import VERDICT_COLUMNS
 
-__all__ = ["EVAL_OPTIONS", "ComparedFillerOptions", "FillerOptions", "Math500Options", "QuestionsOptions", "ReferenceOptions", "FILLER_OPTIONS", "GENERATION_OPTIONS", "ModelOptions", "OutputOptions", "QuestionOptions",
+__all__ = ["EVAL_OPTIONS", "ComparedFillerOptions", "DemoOptions", "ReportOptions", "FillerOptions", "Math500Options", "QuestionsOptions", "ReferenceOptions", "FILLER_OPTIONS", "GENERATION_OPTIONS", "ModelOptions", "OutputOptions", "QuestionOptions",
            "SiteOptions", "SystemOptions"]
 
 
@@ -132,9 +133,30 @@ class OutputOptions:
 
     out: Path | None = field(default=None, metadata={
         **option(type=out_folder), "custom_args": {"type": out_folder, "metavar": "FOLDER"}})
-    """output folder (default: lensprobe-COMMAND, e.g. lensprobe-sweep)"""
+    """output folder (default: lensprobe-COMMAND, e.g. lensprobe-sweep; demo: lensprobe-report, eval-report:
+    DIR/report, reproduce: reproduce-RECIPE)"""
     no_progress: bool = False
     """no progress bar"""
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """What the demo runs."""
+
+    quick: bool = False
+    """tiny inputs: a fast smoke run"""
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """The evaluation folders a report reads, and what it compares."""
+
+    dirs: list[Path] = field(metadata={"positional": True, "custom_args": {"nargs": "+", "metavar": "DIR"}})
+    """result folder(s) of lensprobe eval (several: one per model)"""
+    grader: str | None = field(default=None, metadata={"custom_args": {"choices": VERDICT_COLUMNS}})
+    """verdict column of the figures (default: paper-exact for folders in the authors' format)"""
+    baseline: str | None = None
+    """condition compared with the others (default: the first)"""
 
 
 GENERATION_OPTIONS: dict[str, Option] = {

@@ -59,7 +59,8 @@ class ConfigHelpFormatter(argparse.RawDescriptionHelpFormatter):
         if action.choices is not None:
             return "{" + ",".join(str(c) for c in action.choices) + "}"
         given = str(action.metavar or "")
-        return given if given and not given.startswith("[") else action.dest.rsplit(".", 1)[-1].upper()
+        name = given if given and not given.startswith("[") else action.dest.rsplit(".", 1)[-1].upper()
+        return f"{name} [{name} ...]" if action.nargs == "+" else name
 
 
 class _Group(DataclassWrapper):

@@ -16,7 +16,13 @@ from lensprobe.app.common import (
     writing_out_dir,
 )
 from lensprobe.app.examples import describe
-from lensprobe.app.option_groups import ComparedFillerOptions, OutputOptions, QuestionOptions, SystemOptions
+from lensprobe.app.option_groups import (
+    ComparedFillerOptions,
+    ModelOptions,
+    OutputOptions,
+    QuestionOptions,
+    SystemOptions,
+)
 from lensprobe.app.parsing import add_config
 from lensprobe.core.jsonable import to_jsonable
 from lensprobe.core.store import atomic_file, atomic_write_json, atomic_write_text
@@ -34,7 +40,7 @@ def add_attention(subparsers) -> None:
                     "attention each position receives (aligned and with the filler span shaded) as HTML "
                     "figures, a circuitsvis view, and the numbers as CSV/JSON. Layers and heads are "
                     "0-based (TransformerLens); papers count from 1."))
-    add_inputs(p, QuestionOptions, ComparedFillerOptions, SystemOptions, OutputOptions)
+    add_inputs(p, ModelOptions, QuestionOptions, ComparedFillerOptions, SystemOptions, OutputOptions)
     add_config(p, FillerSetup, "filler_setup")
     add_config(p, AttentionConfig, "config")
     p.set_defaults(func=run_attention)

@@ -11,7 +11,7 @@ from lensprobe.app.common import (
     writing_out_dir,
 )
 from lensprobe.app.examples import describe
-from lensprobe.app.option_groups import Math500Options, QuestionsOptions
+from lensprobe.app.option_groups import Math500Options, ModelOptions, QuestionsOptions
 from lensprobe.app.parsing import add_config
 from lensprobe.app.sections.filler import demo_question
 from lensprobe.core.errors import LensprobeError
@@ -37,7 +37,7 @@ def add_attribute(subparsers) -> None:
                     "largest scores are ablated exactly. Writes attribution.csv, attribution_heatmap.html, "
                     "verification.csv, attribution_scatter.html and attribution.json. Heads are 0-based: L0H13 "
                     "is the papers' layer 1, head 14."))
-    add_inputs(p, QuestionsOptions, Math500Options, *PROMPT_INPUTS)
+    add_inputs(p, ModelOptions, QuestionsOptions, Math500Options, *PROMPT_INPUTS)
     add_config(p, AttributionConfig, "config")
     p.set_defaults(func=run_attribute_command)
 

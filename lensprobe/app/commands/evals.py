@@ -20,6 +20,7 @@ from lensprobe.app.checks import (
 from lensprobe.app.commands.armargs import add_arm_arguments, add_benchmark_arguments, arm_from_args
 from lensprobe.app.common import (
     TEST_MODEL,
+    add_inputs,
     add_model_argument,
     check_out_dir,
     int_list,
@@ -27,7 +28,8 @@ from lensprobe.app.common import (
     str_list,
     writing_out_dir,
 )
-from lensprobe.app.option_groups import EVAL_OPTIONS, OutputOptions
+from lensprobe.app.examples import describe
+from lensprobe.app.option_groups import EVAL_OPTIONS, OutputOptions, ReportOptions
 from lensprobe.app.options import Option, add_options, option_values
 from lensprobe.core.conditions import PromptFormat, paper_conditions, resolve_conditions
 from lensprobe.core.errors import LensprobeError
@@ -107,15 +109,12 @@ def add_eval(subparsers) -> None:
 
 def add_eval_report(subparsers) -> None:
     """Register ``lensprobe eval-report``."""
-    p = subparsers.add_parser(
+    p = subparsers.add_parser("eval-report", **describe(
         "eval-report", help="rebuild accuracy tables and figures from saved evaluation rows",
         description="Read one or more `lensprobe eval` output folders (several: one per model) and write "
-                    "the accuracy tables (CSV), paired comparisons and figures as an HTML report.")
-    p.add_argument("dirs", nargs="+", type=Path, help="result folder(s)")
-    add_options(p, OutputOptions, ["out"], out=Option(help="report folder (default: DIR/report)"))
-    p.add_argument("--grader", default=None, choices=VERDICT_COLUMNS,
-                   help="verdict column of the figures (default: paper-exact for folders in the authors' format)")
-    p.add_argument("--baseline", default=None, help="condition compared with the others (default: the first)")
+                    "the accuracy tables (CSV), paired comparisons and figures as an HTML report "
+                    "(default --out: DIR/report)."))
+    add_inputs(p, ReportOptions, OutputOptions)
     p.set_defaults(func=run_eval_report)
 
 

@@ -13,6 +13,7 @@ from lensprobe.app.common import (
 from lensprobe.app.examples import describe
 from lensprobe.app.option_groups import (
     FillerOptions,
+    ModelOptions,
     OutputOptions,
     QuestionOptions,
     QuestionsOptions,
@@ -70,7 +71,7 @@ def add_ablate(subparsers) -> None:
                     "write the next-token entropy and logit change (JSON/CSV, a bar chart) and, per ablated "
                     "head, its average attention per token position. Heads are 0-based: L0H13 is the papers' "
                     "layer 1, head 14."))
-    add_inputs(p, QuestionOptions, *PROMPT_INPUTS)
+    add_inputs(p, ModelOptions, QuestionOptions, *PROMPT_INPUTS)
     add_config(p, AblateConfig, "config")
     p.set_defaults(func=run_ablate_command)
 
@@ -133,7 +134,7 @@ def add_sweep(subparsers) -> None:
                     "are 0-based: L0H13 is the papers' layer 1, head 14. Under `torchrun --nproc-per-node N -m "
                     "lensprobe sweep ...` each process sweeps its share of (question, batch of heads) units; they "
                     "meet in --out/shards, and a rerun resumes."))
-    add_inputs(p, QuestionsOptions, *PROMPT_INPUTS)
+    add_inputs(p, ModelOptions, QuestionsOptions, *PROMPT_INPUTS)
     add_config(p, SweepConfig, "config")
     p.set_defaults(func=run_sweep_command)
 

@@ -14,7 +14,7 @@ from lensprobe.app.common import (
     writing_out_dir,
 )
 from lensprobe.app.examples import describe
-from lensprobe.app.option_groups import OutputOptions, QuestionOptions, SystemOptions
+from lensprobe.app.option_groups import ModelOptions, OutputOptions, QuestionOptions, SystemOptions
 from lensprobe.app.parsing import add_config
 from lensprobe.app.sections.mechanism import MECHANISM_ARM
 from lensprobe.core.jsonable import stable_repr, to_jsonable
@@ -43,7 +43,7 @@ def add_mechanism(subparsers) -> None:
                     "out_with = lambda * out_without + bias; and the MLP activation histograms over the question "
                     "(w/o, w/ Mless, and w/o + ARM) with the share near zero. Tables as CSV, figures as HTML. "
                     "Layers and heads are 0-based (TransformerLens); papers count from 1."))
-    add_inputs(p, QuestionOptions, SystemOptions, OutputOptions)
+    add_inputs(p, ModelOptions, QuestionOptions, SystemOptions, OutputOptions)
     add_config(p, MechanismConfig, "config")
     p.set_defaults(func=run_mechanism)
 

@@ -16,7 +16,7 @@ from lensprobe.app.common import (
     writing_out_dir,
 )
 from lensprobe.app.examples import describe
-from lensprobe.app.option_groups import OutputOptions, QuestionOptions, SystemOptions
+from lensprobe.app.option_groups import ModelOptions, OutputOptions, QuestionOptions, SystemOptions
 from lensprobe.app.parsing import add_config
 from lensprobe.core.identity import run_identity
 from lensprobe.core.models import model_label
@@ -42,7 +42,7 @@ def add_trace(subparsers) -> None:
                     "per-step summary as CSV and the two-panel figure as HTML. Step 0 is the last prompt "
                     "position. Layers and heads are 0-based. Under `torchrun --nproc-per-node N -m lensprobe "
                     "trace ...` each process traces its share of the settings; they meet in --out/shards."))
-    add_inputs(p, QuestionOptions, SystemOptions, OutputOptions)
+    add_inputs(p, ModelOptions, QuestionOptions, SystemOptions, OutputOptions)
     add_config(p, TraceConfig, "config")
     add_config(p, LatentFusion, "fusion", prefix="fusion-")
     p.set_defaults(func=run_trace)
