@@ -23,6 +23,21 @@ def _one_thread():
 
 
 @pytest.fixture(autouse=True)
+def _lensprobe_warnings_are_errors():
+    """Every warning lensprobe issues (a ``LensprobeWarning``, whichever frame its ``stacklevel`` names)
+    fails the test; a test that expects one says so with ``pytest.warns``. pyproject.toml's
+    ``error:::lensprobe`` alone would miss them: a warning is credited to the caller its stacklevel
+    names (the user's code, or jaxtyping's checking wrapper), not to lensprobe."""
+    import warnings
+
+    from lensprobe.core.errors import LensprobeWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LensprobeWarning)
+        yield
+
+
+@pytest.fixture(autouse=True)
 def _runtime_type_checks(request):
     """The suite checks lensprobe's annotations at run time (jaxtyping shapes with beartype: the
     ``--jaxtyping-packages`` option in pyproject.toml's addopts). A test marked ``unchecked`` passes

@@ -98,7 +98,8 @@ class Steps:
         """Describe a forward of ``model`` from its inputs (unless a runner publishes steps)."""
         if self.explicit:
             return
-        shape = _input_shape(model, args[0] if args else kwargs.get("input", kwargs.get("input_ids")), kwargs)
+        value = args[0] if args else kwargs.get("input", kwargs.get("input_ids"))
+        shape = _input_shape(model, value, kwargs)
         if shape is None:
             self.current = None
             return
@@ -111,7 +112,8 @@ class Steps:
             width = mask.shape[-1]
             positions = (torch.arange(width, device=mask.device)[None] - first[:, None])[:, width - count:]
         else:
-            positions = torch.arange(past, past + count)[None]
+            device = value.device if isinstance(value, Tensor) else None  # made where the forward runs
+            positions = torch.arange(past, past + count, device=device)[None]
         previous = self.current
         step = previous.step + 1 if past and previous is not None else 0
         self.current = StepContext(step, positions, prefill=past == 0)

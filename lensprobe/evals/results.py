@@ -32,7 +32,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.errors import LensprobeError, LensprobeWarning
 from lensprobe.core.identity import check_identity_rule
 from lensprobe.core.lazy import pandas
 from lensprobe.core.rowfiles import RowWriter as RowWriter  # its old home: lensprobe.evals.results.RowWriter
@@ -315,5 +315,5 @@ def load_many_results(folders) -> "pd.DataFrame":
                                defaults.pop() if len(defaults) == 1 else "math-verify")
 
 
-class DuplicateRowsWarning(UserWarning):
+class DuplicateRowsWarning(LensprobeWarning):
     """The same (model, condition, problem, sample) row was found in several result folders."""

@@ -21,7 +21,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from lensprobe.core.conditions import Condition, bind_interventions
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.errors import LensprobeError, LensprobeWarning
 from lensprobe.core.hooks import batch_dependent, check_positions, resolve_hooks
 from lensprobe.core.jsonable import json_digest
 from lensprobe.core.lazy import pandas
@@ -230,7 +230,7 @@ def run_plan(model, plan, config: EvalConfig, info: RunInfo, tally: dict, *, out
     return new_rows
 
 
-class ErrorRowsWarning(UserWarning):
+class ErrorRowsWarning(LensprobeWarning):
     """Some rows of an evaluation could not run; each is an error row (``finish="error"``)."""
 
 

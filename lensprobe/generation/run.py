@@ -39,7 +39,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lensprobe.core.devices import model_device
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.errors import LensprobeError, NonFiniteWarning
 from lensprobe.core.hooks import Steps, batch_dependent
 from lensprobe.core.metrics import nonfinite_rows
 from lensprobe.generation import cacherows
@@ -363,7 +363,7 @@ class Run:
             f"{', '.join(map(str, which))}: {'they stop' if len(which) > 1 else 'it stops'} there "
             "(finish_reason 'nonfinite', entropy NaN); check the model's weights and any intervention "
             "that writes activations.",
-            RuntimeWarning, stacklevel=5,
+            NonFiniteWarning, stacklevel=5,
         )
 
     def _fail(self, r: int, message: str) -> None:

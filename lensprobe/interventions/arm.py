@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.errors import LensprobeError, LensprobeWarning
 from lensprobe.core.hooks import Capabilities, Hook
 from lensprobe.core.lazy import heavy
 from lensprobe.interventions.arm_presets import ARM_PRESETS, NoPresetError, Source, arm_preset
@@ -57,7 +57,7 @@ class _GateUp:
         self.up = up
 
 
-class BatchDependenceWarning(UserWarning):
+class BatchDependenceWarning(LensprobeWarning):
     """An intervention computed statistics over several rows of one forward (ARM with ``per_row=False``)."""
 
 

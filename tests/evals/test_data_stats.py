@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 import lensprobe as lp
+from lensprobe.core.identity import IDENTITY_VERSION
 from lensprobe.evals import (
     BUILTIN_CONDITIONS,
     Condition,
@@ -270,12 +271,12 @@ def test_one_writer_per_results_file(tmp_path):
 
 
 def test_prepare_folder_refuses_other_configuration(tmp_path):
-    prepare_folder(tmp_path, {"generation": {"max_new_tokens": 16}}, "h1", {"w/o": {"hash": "a"}})
+    prepare_folder(tmp_path, {"identity": IDENTITY_VERSION, "generation": {"max_new_tokens": 16}}, "h1", {"w/o": {"hash": "a"}})
     with pytest.raises(lp.LensprobeError, match=r"(?s)another configuration.*max_new_tokens: folder has 16"):
-        prepare_folder(tmp_path, {"generation": {"max_new_tokens": 32}}, "h2", {"w/o": {"hash": "a"}})
+        prepare_folder(tmp_path, {"identity": IDENTITY_VERSION, "generation": {"max_new_tokens": 32}}, "h2", {"w/o": {"hash": "a"}})
     with pytest.raises(lp.LensprobeError, match="different definition"):
-        prepare_folder(tmp_path, {"generation": {"max_new_tokens": 16}}, "h1", {"w/o": {"hash": "b"}})
+        prepare_folder(tmp_path, {"identity": IDENTITY_VERSION, "generation": {"max_new_tokens": 16}}, "h1", {"w/o": {"hash": "b"}})
     # a new condition joins the folder
-    prepare_folder(tmp_path, {"generation": {"max_new_tokens": 16}}, "h1", {"w/ Mful": {"hash": "c"}})
+    prepare_folder(tmp_path, {"identity": IDENTITY_VERSION, "generation": {"max_new_tokens": 16}}, "h1", {"w/ Mful": {"hash": "c"}})
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert set(cfg["conditions"]) == {"w/o", "w/ Mful"}
