@@ -28,12 +28,13 @@ A declared method that is missing, or a capability written the old way (an attri
 with the fix: generic code never guesses what an intervention can do.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lensprobe.core.errors import LensprobeError
 
-__all__ = ["NONE", "Capabilities", "capabilities"]
+__all__ = ["NONE", "Capabilities", "bind_interventions", "capabilities"]
 
 _METHODS = {"seeded": "with_default_seed", "positions": "check_positions", "binds_to_prompt": "bind"}
 _OLD_ATTRIBUTES = ("batch_dependent", "rounding_sensitive_layer", *_METHODS.values())
@@ -106,3 +107,15 @@ def capabilities(item: Any) -> Capabilities:
         if getattr(declared, flag) and not callable(getattr(item, method, None)):
             raise LensprobeError(f"{name} declares {flag}=True but has no {method}() method: add it, or drop the flag.")
     return declared
+
+
+def bind_interventions(interventions: Sequence[Any], prompt) -> tuple[tuple, bool]:
+    """Interventions bound to ``prompt`` (those that declare ``binds_to_prompt``: their
+    ``bind(prompt)``, see :class:`Capabilities`), and whether binding changed any of
+    them (e.g. positions given as segment names).
+
+    Example:
+        >>> bound, changed = bind_interventions(cond.interventions, prompt)
+    """
+    bound = tuple(i.bind(prompt) if capabilities(i).binds_to_prompt else i for i in interventions)
+    return bound, any(new is not old for new, old in zip(bound, interventions, strict=True))

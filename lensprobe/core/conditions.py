@@ -43,7 +43,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from lensprobe.core.capabilities import capabilities
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.identity import identity, identity_digest
 from lensprobe.core.prompts import (
@@ -201,18 +200,6 @@ class Condition:
     def fingerprint(self, model) -> str:
         """Short hash of :meth:`describe`: same fingerprint, same condition."""
         return identity_digest(self.describe(model))
-
-
-def bind_interventions(interventions: Sequence[Any], prompt) -> tuple[tuple, bool]:
-    """Interventions bound to ``prompt`` (those that declare ``binds_to_prompt``: their
-    ``bind(prompt)``, see :mod:`lensprobe.core.capabilities`), and whether binding changed any of
-    them (e.g. positions given as segment names).
-
-    Example:
-        >>> bound, changed = bind_interventions(cond.interventions, prompt)
-    """
-    bound = tuple(i.bind(prompt) if capabilities(i).binds_to_prompt else i for i in interventions)
-    return bound, any(new is not old for new, old in zip(bound, interventions, strict=True))
 
 
 def paper_conditions(*, prompt_format: PromptFormat = "chat", system: Any = _DEFAULT, count: int = 55,

@@ -10,8 +10,8 @@ whose identity differs. Identities describe content, never ``repr()`` or names:
   new field with a default leaves older identities as they were), each by identity; a field
   declared ``field(..., metadata={"identity": False})`` (``batch_size``, progress flags: settings
   that do not change results) is left out;
-- tensors, numpy arrays, :class:`~lensprobe.core.prompts.Prompt` and bytes: a digest of their
-  content (shape, dtype, every value); a model (any ``torch.nn.Module``): a digest of every
+- tensors, numpy arrays and bytes: a digest of their content (shape, dtype, every value; a
+  :class:`~lensprobe.core.prompts.Prompt` declares a digest of its text, tokens and segments); a model (any ``torch.nn.Module``): a digest of every
   parameter and buffer (:func:`weights_digest`), with its dtype and shape beside;
 - mappings and sequences item by item; numbers (by value: ``95.0`` is ``95``), strings, ``None`` and
   booleans as they are;
@@ -48,7 +48,6 @@ from typing import Any
 import torch
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.prompts import Prompt, prompt_json
 
 __all__ = ["IDENTITY_METHOD", "IDENTITY_VERSION", "IdentityError", "check_identity_rule", "identity",
            "identity_digest", "model_identity", "run_identity", "weights_digest"]
@@ -219,9 +218,6 @@ def _content(obj: Any) -> Any:
         if array.dtype.kind == "O":  # Python objects: their bytes are addresses
             return {".array": _describe(array.tolist(), "", frozenset()), "shape": list(array.shape)}
         return {".array": _digest(array.tobytes()), "shape": list(array.shape), "dtype": str(array.dtype)}
-    if isinstance(obj, Prompt):
-        return {".prompt": _digest(json.dumps(prompt_json(obj), sort_keys=True).encode()),
-                "tokens": int(obj.tokens.shape[-1])}
     if isinstance(obj, torch.nn.Module):
         return {".type": _qualname(type(obj)), "weights": weights_digest(obj), **_model_labels(obj)}
     if isinstance(obj, enum.Enum):

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.fillers import Filler as Filler  # lensprobe.core.prompts.Filler, as before
+from lensprobe.core.jsonable import json_digest
 from lensprobe.core.text import check_text
 
 MATH_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -89,6 +90,10 @@ class Prompt:
 
     def __len__(self) -> int:
         return self.tokens.shape[-1]
+
+    def __lensprobe_identity__(self) -> dict[str, Any]:
+        """What identifies the prompt in a resumable run: a digest of its text, token ids and segments."""
+        return {"digest": json_digest(prompt_json(self)), "tokens": int(self.tokens.shape[-1])}
 
     def positions(self, name: str) -> list[int]:
         """Token positions of segment ``name`` (e.g. ``"filler"``, ``"question"``)."""

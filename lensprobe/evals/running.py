@@ -20,7 +20,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from lensprobe.core.conditions import Condition, bind_interventions
+from lensprobe.core.capabilities import bind_interventions
+from lensprobe.core.conditions import Condition
 from lensprobe.core.errors import LensprobeError, LensprobeWarning
 from lensprobe.core.hooks import batch_dependent, check_positions, resolve_hooks
 from lensprobe.core.jsonable import json_digest

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
+from lensprobe.core.capabilities import bind_interventions
 from lensprobe.core.conditions import (
     BUILTIN_CONDITIONS,
     Condition,
-    bind_interventions,
     canonical_condition_name,
     paper_conditions,
     resolve_conditions,

@@ -5,8 +5,7 @@ import pytest
 import torch
 
 import lensprobe as lp
-from lensprobe.core.capabilities import NONE, capabilities
-from lensprobe.core.conditions import bind_interventions
+from lensprobe.core.capabilities import NONE, bind_interventions, capabilities
 from lensprobe.core.hooks import batch_dependent, check_positions, rounding_sensitive_layer, with_default_seed
 
 

@@ -7,10 +7,10 @@ import json
 import pytest
 
 import lensprobe as lp
+from lensprobe.core.capabilities import bind_interventions
 from lensprobe.core.conditions import (
     BUILTIN_CONDITIONS,
     MatchedRandomSentence,
-    bind_interventions,
     builtin_condition,
     canonical_condition_name,
     paper_conditions,
