@@ -4,7 +4,7 @@ Every fenced block whose info string is exactly ``python`` is one test; the bloc
 order in one namespace (a page's first block loads the model the later ones use), in a fresh temporary
 working folder, on one intra-op thread. A page whose blocks call ``lp.load_model(`` (the embedded
 SmolLM2) is marked ``slow``, every block of it, so ``-m "not slow"`` runs a page whole or not at all;
-the other pages run on the tiny random model (``lensprobe.core.testing.tiny_model``).
+the other pages run on the tiny random model (``lensprobe.core.models.testing.tiny_model``).
 
 A block that only illustrates (it needs a GPU, the hub or a long run) is fenced as ``python notest``:
 Sybil does not collect it (it is not a skipped test), ``tests/test_docs.py`` counts such blocks against

@@ -53,7 +53,7 @@ def setup(steps: int):
     """Model, prompt and the timed methods (name -> zero-argument function returning generated ids)."""
     from transformers import AutoModelForCausalLM
 
-    from lensprobe.core.models import converted_gguf_folder, embedded_gguf_path, quiet
+    from lensprobe.core.models.loading import converted_gguf_folder, embedded_gguf_path, quiet
 
     model = lp.load_model()
     prompt = lp.build_prompt(model, QUESTION, system=lp.MATH_SYSTEM_PROMPT)

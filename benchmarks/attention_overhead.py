@@ -80,7 +80,7 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from lensprobe.core.models import converted_gguf_folder, embedded_gguf_path, quiet
+    from lensprobe.core.models.loading import converted_gguf_folder, embedded_gguf_path, quiet
 
     t0 = time.perf_counter()
     model = lp.load_model()

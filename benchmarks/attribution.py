@@ -54,7 +54,7 @@ import torch  # noqa: E402
 from procmem import reset_peak, rss_kib  # noqa: E402
 
 import lensprobe as lp  # noqa: E402
-from lensprobe.interventions.verify import agreement  # noqa: E402
+from lensprobe.experiments.verify import agreement  # noqa: E402
 
 
 def timed(fn):

@@ -36,8 +36,8 @@ import argparse  # noqa: E402
 import torch  # noqa: E402
 
 import lensprobe as lp  # noqa: E402
-from lensprobe.core.hooks import intervene  # noqa: E402
-from lensprobe.core.metrics import entropy  # noqa: E402
+from lensprobe.core.hooks.attach import intervene  # noqa: E402
+from lensprobe.core.measures.metrics import entropy  # noqa: E402
 
 
 def scale(head: int, factor: float):

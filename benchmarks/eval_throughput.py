@@ -65,7 +65,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 import lensprobe as lp  # noqa: E402
-from lensprobe.core.models import model_label, quiet  # noqa: E402
+from lensprobe.core.models.loading import model_label, quiet  # noqa: E402
 from lensprobe.evals import builtin_condition  # noqa: E402
 from lensprobe.evals.data import math500_path  # noqa: E402
 

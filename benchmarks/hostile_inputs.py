@@ -35,8 +35,8 @@ import pandas as pd
 import lensprobe as lp
 from lensprobe.app import common
 from lensprobe.app.cli import main, write_error_log
-from lensprobe.core.identity import identity
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.models.testing import tiny_model
+from lensprobe.core.storage.identity import identity
 from lensprobe.evals import Problem, hub, running
 from lensprobe.evals.results import load_results, results_file
 
@@ -184,7 +184,7 @@ def size_cases(tiny, work: Path) -> list[tuple[str, object]]:
         ("Filler.random_sentence(10**6) in build_prompt", lambda: refuses(
             lambda: lp.build_prompt(tiny, "q", filler=lp.Filler.random_sentence(10**6)))),
         ("random sentence of 200k tokens", lambda: equals(lambda: len(tiny.tokenizer.encode(
-            lp.core.prompts.random_sentence_text(tiny.tokenizer, 200_000), add_special_tokens=False)), 200_000)),
+            lp.core.prompts.prompt.random_sentence_text(tiny.tokenizer, 200_000), add_special_tokens=False)), 200_000)),
         ("--filler random --count 1000000", lambda: cli(f"attention {q} --filler random --count 1000000 --out {work}/a",
                                                           preload=False)),
         ("--count 10**11", lambda: cli(f"attention {q} --count 100000000000 --out {work}/a")),
@@ -254,7 +254,7 @@ def library_cases(tiny, work: Path) -> list[tuple[str, object]]:
                                                                   max_new_tokens=2, progress=False))),
         ("grade(3, '3')", lambda: refuses(lambda: lp.grade(3, "3"))),
         ("grade timeout=0", lambda: refuses(lambda: lp.grade("1", "1", timeout=0))),
-        ("check_heads -1 message", lambda: equals(lambda: _message(lambda: lp.core.models.check_heads(tiny, [-1])),
+        ("check_heads -1 message", lambda: equals(lambda: _message(lambda: lp.core.models.loading.check_heads(tiny, [-1])),
                                                   True)),
         ("ablate_heads([])", lambda: refuses(lambda: lp.ablate_heads([]))),
         ("ablate_heads('')", lambda: refuses(lambda: lp.ablate_heads(""))),
@@ -315,11 +315,11 @@ def _stale_lock_taken_over(tiny, out: Path, probs) -> bool:
                                 "host": socket.gethostname(), "since": "earlier"}))
     seen = io.StringIO()
     handler = logging.StreamHandler(seen)
-    logging.getLogger("lensprobe.core.locks").addHandler(handler)
+    logging.getLogger("lensprobe.core.storage.locks").addHandler(handler)
     try:
         lp.evaluate(tiny, probs, "w/o", out=out, max_new_tokens=2, model_name="tiny", progress=False)
     finally:
-        logging.getLogger("lensprobe.core.locks").removeHandler(handler)
+        logging.getLogger("lensprobe.core.storage.locks").removeHandler(handler)
     return seen.getvalue().count("took over a stale lock") == 1 and not lock.exists()
 
 

@@ -26,8 +26,8 @@ import time
 import torch
 
 import lensprobe as lp
-from lensprobe.core.measures import Entropy, measure_once
-from lensprobe.core.metrics import entropy
+from lensprobe.core.measures.measure import Entropy, measure_once
+from lensprobe.core.measures.metrics import entropy
 
 QUESTION = "What is the value of $\\sqrt{36 \\times \\sqrt{16}}$?"
 

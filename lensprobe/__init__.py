@@ -19,22 +19,22 @@ Example:
 import importlib
 
 from lensprobe import evals
-from lensprobe.core.conditions import PROMPT_FORMATS, Condition, paper_conditions, with_arm
-from lensprobe.core.devices import default_device, hub_reachable
 from lensprobe.core.errors import LensprobeError, ModelLoadError
-from lensprobe.core.forced import ContinuationEntropy, ContinuationLogProb, LogitDiff
-from lensprobe.core.forward import attention_patterns, forward
-from lensprobe.core.hooks import AttentionRecorder, Capabilities, Intervention, intervene
-from lensprobe.core.measures import AnswerLogProb, AttentionTo, Entropy, measure_once
-from lensprobe.core.metrics import (
+from lensprobe.core.hooks.attach import AttentionRecorder, Capabilities, Intervention, intervene
+from lensprobe.core.hooks.forward import attention_patterns, forward
+from lensprobe.core.measures.forced import ContinuationEntropy, ContinuationLogProb, LogitDiff
+from lensprobe.core.measures.measure import AnswerLogProb, AttentionTo, Entropy, measure_once
+from lensprobe.core.measures.metrics import (
     DEFAULT_TOKEN_CLASSES,
     attention_by_token_class,
     attention_proportion,
     average_attention_received,
     entropy,
 )
-from lensprobe.core.models import cache_dir, load_model, model_label
-from lensprobe.core.prompts import (
+from lensprobe.core.models.devices import default_device, hub_reachable
+from lensprobe.core.models.loading import cache_dir, load_model, model_label
+from lensprobe.core.prompts.conditions import PROMPT_FORMATS, Condition, paper_conditions, with_arm
+from lensprobe.core.prompts.prompt import (
     MATH_SYSTEM_PROMPT,
     PAPER_SYSTEM_PROMPT,
     Filler,
@@ -56,6 +56,10 @@ from lensprobe.evals import (
     load_results,
     math500_path,
 )
+from lensprobe.experiments.attribution import Attribution, attribute_heads
+from lensprobe.experiments.patching import PatchResult, patch
+from lensprobe.experiments.sweep import SweepResult, ablation_sweep
+from lensprobe.experiments.verify import Verification, verify_attribution
 from lensprobe.generation import (
     FinishedRow,
     GenerationConfig,
@@ -70,11 +74,7 @@ from lensprobe.generation.trace import GenerationTrace, load_trace, trace_summar
 from lensprobe.generation.traceset import trace_prompts
 from lensprobe.interventions.ablation import HeadAblation, ablate_heads, ablate_kv_group
 from lensprobe.interventions.arm import ARM, arm_redistribute
-from lensprobe.interventions.attribution import Attribution, attribute_heads
-from lensprobe.interventions.patching import PatchResult, patch
 from lensprobe.interventions.replacement import HeadMeans, head_means
-from lensprobe.interventions.sweep import SweepResult, ablation_sweep
-from lensprobe.interventions.verify import Verification, verify_attribution
 from lensprobe.studies.filler import (
     FillerSetup,
     ascii_grid,

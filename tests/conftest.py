@@ -58,7 +58,7 @@ def _runtime_type_checks(request):
 
 @pytest.fixture(scope="session")
 def tiny():
-    from lensprobe.core.testing import tiny_model
+    from lensprobe.core.models.testing import tiny_model
 
     return tiny_model(seed=0)
 
@@ -109,7 +109,7 @@ def _unavailable() -> dict[str, str]:
 
     import torch
 
-    from lensprobe.core.kinds import hooked_transformer_class
+    from lensprobe.core.models.kinds import hooked_transformer_class
 
     out = {}
     if hooked_transformer_class() is None:
@@ -148,7 +148,7 @@ def _fast_tests_never_load_the_embedded_model(request, monkeypatch):
     """Outside ``slow`` tests, loading the embedded SmolLM2 fails: the fast tier stays fast."""
     if request.node.get_closest_marker("slow") is not None:
         return
-    import lensprobe.core.models as models
+    import lensprobe.core.models.loading as models
 
     embedded = models.embedded_gguf_path().resolve()
     convert = models.converted_gguf_folder
@@ -175,7 +175,7 @@ def smol_hf(smol):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from lensprobe.core.models import converted_gguf_folder, embedded_gguf_path, quiet
+    from lensprobe.core.models.loading import converted_gguf_folder, embedded_gguf_path, quiet
 
     with quiet():
         hf = AutoModelForCausalLM.from_pretrained(

@@ -57,15 +57,15 @@ def test_the_strict_build_exits_0_without_warnings(built):
 def test_every_public_module_has_a_reference_page(built):
     _, out = built
     modules = _modules()
-    assert "lensprobe.core.models" in modules and "lensprobe.__main__" not in modules
+    assert "lensprobe.core.models.loading" in modules and "lensprobe.__main__" not in modules
     missing = [m for m in modules if not (out / "reference" / m / "index.html").is_file()]
     assert not missing
 
 
 def test_load_model_is_documented_from_its_docstring(built):
     _, out = built
-    page = out / "reference" / "lensprobe.core.models" / "index.html"
-    assert 'id="lensprobe.core.models.load_model"' in page.read_text(encoding="utf-8")
+    page = out / "reference" / "lensprobe.core.models.loading" / "index.html"
+    assert 'id="lensprobe.core.models.loading.load_model"' in page.read_text(encoding="utf-8")
     first_line = inspect.getdoc(lensprobe.load_model).splitlines()[0]
     first_line = ROLE.sub(lambda m: m.group(3).rpartition(".")[2] if m.group(2) else m.group(3), first_line)
     assert first_line.replace("``", "") in _text(page).replace("()", "")
@@ -76,9 +76,9 @@ def test_docstring_roles_are_rendered_as_links_not_role_text(built):
     left = [str(p.relative_to(out)) for p in (out / "reference").rglob("*.html")
             if ":func:`" in p.read_text(encoding="utf-8") or ":class:`" in p.read_text(encoding="utf-8")]
     assert not left
-    page = (out / "reference" / "lensprobe.core.hooks" / "index.html").read_text(encoding="utf-8")
+    page = (out / "reference" / "lensprobe.core.hooks.attach" / "index.html").read_text(encoding="utf-8")
     # hooks.py's module docstring says :func:`intervene`: a link to its anchor on the same page
-    assert 'href="#lensprobe.core.hooks.intervene"' in page
+    assert 'href="#lensprobe.core.hooks.attach.intervene"' in page
 
 
 def test_every_embedded_figure_was_drawn_by_the_build(built):

@@ -1,18 +1,42 @@
 """The codebase's shape, checked so it stays changeable: modules of at most 450 lines, functions of at
-most 60 lines of code, imports that flow one way by role (core -> interventions / generation ->
-studies / evals -> viz -> app) with no import circle, and no type check on a concrete intervention
-outside its own module (the loop and harness read capabilities instead)."""
+most 60 lines of code, imports that flow one way by role in exactly the order CONTRIBUTING.md writes (its
+first code block: the core's concerns, then interventions -> generation -> experiments -> studies, evals
+-> viz -> app) with no import circle, and no type check on a concrete intervention outside its own module
+(the loop and harness read capabilities instead)."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "lensprobe"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "lensprobe"
 MODULES = sorted(PACKAGE.rglob("*.py"))
 MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 60
-RANK = {"core": 0, "interventions": 1, "generation": 1, "studies": 2, "evals": 2, "viz": 3, "app": 4}
+
+
+def written_order() -> dict[str, int]:
+    """Role -> rank from CONTRIBUTING.md's first code block (``a -> b, c -> d``: b and c side by side)."""
+    block = re.search(r"```\n(.*?)```", (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8"), re.DOTALL)
+    assert block, "CONTRIBUTING.md has no code block with the import order"
+    steps = [s.strip() for s in block.group(1).replace("\n", " ").split("->")]
+    return {role.strip(): rank for rank, step in enumerate(steps) for role in step.split(",")}
+
+
+RANK = written_order()
+
+
+def role_of(module: str) -> str | None:
+    """``core.<concern>`` for a module of a core subpackage, ``core`` for the core's base modules, else the
+    top-level folder (``None``: the package itself)."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return None
+    if parts[0] == "core":
+        return f"core.{parts[1]}" if len(parts) > 1 and f"core.{parts[1]}" in RANK else "core"
+    return parts[0]
 
 
 def module_name(path: Path) -> str:
@@ -67,13 +91,19 @@ def test_the_checker_counts_code_lines_only():
     assert code_lines(fn, source) == 3
 
 
+def test_every_folder_has_its_place_in_the_written_order():
+    folders = {role_of(module_name(p)) for p in MODULES if p.parent != PACKAGE}  # __init__, __main__: the package
+    assert folders <= set(RANK), f"add these to CONTRIBUTING.md's import order: {sorted(folders - set(RANK))}"
+    assert RANK["core"] < RANK["core.storage"] < RANK["core.measures"] < RANK["interventions"] < RANK["app"]
+
+
 def test_imports_flow_one_way_by_role_and_form_no_circle():
     graph = {module_name(p): imports_of(p) for p in MODULES}
     upward = []
     for mod, deps in graph.items():
-        role = mod.split(".")[1] if mod.count(".") else None
+        role = role_of(mod)
         for dep in deps:
-            dep_role = dep.split(".")[1] if dep.count(".") else None
+            dep_role = role_of(dep)
             if role in RANK and dep_role in RANK and RANK[dep_role] > RANK[role]:
                 upward.append((mod, dep))
     assert upward == []

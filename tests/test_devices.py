@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import lensprobe as lp
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.models.testing import tiny_model
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 TOL = 1e-4  # float32; a GPU's kernels round differently from the CPU's

@@ -136,5 +136,5 @@ def test_the_site_turns_roles_into_references_to_where_objects_are_defined():
     text = "See :func:`~lensprobe.generate`, :class:`StepContext` and :func:`nowhere_at_all`."
     assert griffe_roles.rewrite(text, hooks, pkg) == (
         "See [`generate()`][lensprobe.generation.loop.generate], "
-        "[`StepContext`][lensprobe.core.hooks.StepContext] and "
+        "[`StepContext`][lensprobe.core.hooks.hookpoint.StepContext] and "
         "[`nowhere_at_all()`][nowhere_at_all].")  # names nothing: autorefs reports it, the strict build fails

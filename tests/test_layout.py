@@ -11,8 +11,8 @@ import torch
 import lensprobe as lp
 from lensprobe.app.cli import main
 from lensprobe.app.common import filler_condition
-from lensprobe.core.forward import as_tokens
-from lensprobe.core.hooks import ActivationRecorder, AttentionRecorder, intervene
+from lensprobe.core.hooks.attach import ActivationRecorder, AttentionRecorder, intervene
+from lensprobe.core.hooks.forward import as_tokens
 from lensprobe.core.lazy import HEAVY, heavy
 
 ROOT = Path(__file__).resolve().parents[1]

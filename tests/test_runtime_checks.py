@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import lensprobe as lp
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.models.testing import tiny_model
 from lensprobe.studies.mechanism import mad_eps
 
 

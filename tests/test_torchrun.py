@@ -21,8 +21,8 @@ import json, sys
 from pathlib import Path
 import torch
 import lensprobe as lp
-from lensprobe.core.shards import shard_info
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.storage.shards import shard_info
+from lensprobe.core.models.testing import tiny_model
 
 questions, out = json.loads(sys.argv[1]), Path(sys.argv[2])
 model = tiny_model(seed=0)

@@ -1,7 +1,7 @@
 """mkdocs hook: one API reference page per public module of lensprobe, generated from the docstrings.
 
 Each page is a generated file ``reference/<dotted.name>.md`` holding one mkdocstrings directive
-(``::: lensprobe.core.models``); ``reference/index.md`` lists them, and the nav's "API reference" section
+(``::: lensprobe.core.models.loading``); ``reference/index.md`` lists them, and the nav's "API reference" section
 gets one entry per module, grouped by subpackage. Public means: no part of the dotted name starts with
 ``_`` (``__main__`` is skipped). The package is listed from its files, so nothing is imported here.
 """

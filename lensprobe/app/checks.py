@@ -10,10 +10,10 @@ import argparse
 import math
 from pathlib import Path
 
-from lensprobe.core.conditions import BUILTIN_CONDITIONS, canonical_condition_name
-from lensprobe.core.devices import check_device
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.text import surrogate_at
+from lensprobe.core.models.devices import check_device
+from lensprobe.core.prompts.conditions import BUILTIN_CONDITIONS, canonical_condition_name
+from lensprobe.core.prompts.text import surrogate_at
 from lensprobe.generation.config import MIN_TEMPERATURE
 
 __all__ = ["FILLER_ALIASES", "MAX_TOKENS", "check_common", "filler_condition", "check_text_arguments", "finite_number", "head_list", "int_list",

@@ -41,7 +41,7 @@ from lensprobe.app.commands.trace import add_trace
 from lensprobe.app.examples import studies_text
 from lensprobe.app.parsing import PARSER_SETTINGS, flatten, renamed_flags, setting_message
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.models import cache_dir
+from lensprobe.core.models.loading import cache_dir
 from lensprobe.core.version import __version__
 
 SUBCOMMANDS: list[Callable] = [add_attention, add_demo, add_eval, add_eval_report, add_trace, add_ablate, add_sweep,

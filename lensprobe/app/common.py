@@ -20,11 +20,11 @@ from lensprobe.app.option_groups import ModelOptions, SystemOptions
 from lensprobe.app.options import add_options
 from lensprobe.app.parsing import add_config
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.models import load_model
-from lensprobe.core.outfolder import lock_folder, replace_pages
-from lensprobe.core.prompts import MATH_SYSTEM_PROMPT
-from lensprobe.core.store import atomic_file, atomic_write_text
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.models.loading import load_model
+from lensprobe.core.models.testing import tiny_model
+from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT
+from lensprobe.core.storage.outfolder import lock_folder, replace_pages
+from lensprobe.core.storage.store import atomic_file, atomic_write_text
 
 TEST_MODEL = "tiny"
 """``--model tiny``: lensprobe's tiny random test model (seeded; answers are gibberish)."""
@@ -138,12 +138,12 @@ def check_out_dir(out: str | os.PathLike, kind: str) -> Path:
 
 @contextlib.contextmanager
 def writing_out_dir(out: Path, command: str, *, rank: int = 0, pages: bool = True) -> Iterator[list[Path]]:
-    """Hold the ``--out`` folder's lock while a command runs (:func:`~lensprobe.core.outfolder.lock_folder`).
+    """Hold the ``--out`` folder's lock while a command runs (:func:`~lensprobe.core.storage.outfolder.lock_folder`).
 
     A second command into the same folder is refused at once (it does not wait), naming the folder
     and the fix: wait for the first, or use another ``--out``. The command appends every file it
     writes to the yielded list; when it ends without an error, the files an earlier run listed and
-    this one did not write again are deleted (:func:`~lensprobe.core.outfolder.replace_pages`), so a
+    this one did not write again are deleted (:func:`~lensprobe.core.storage.outfolder.replace_pages`), so a
     rerun with other settings leaves no page of the earlier run behind. Ranks other than 0 of a
     sharded run write only into the store's shard files: they take no lock. A folder this call
     created is removed again when the command leaves it empty.
@@ -178,7 +178,7 @@ def writing_out_dir(out: Path, command: str, *, rank: int = 0, pages: bool = Tru
 
 def write_figure(fig, path: Path) -> Path:
     """Write a plotly figure as HTML, with ``plotly.min.js`` once beside it (works offline); both
-    written atomically (:func:`~lensprobe.core.store.atomic_file`)."""
+    written atomically (:func:`~lensprobe.core.storage.store.atomic_file`)."""
     bundle = path.parent / "plotly.min.js"
     if not bundle.exists():
         from plotly.offline import get_plotlyjs

@@ -16,7 +16,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from lensprobe.app.sections import attribution, evals, filler, heads, mechanism, thinking
-from lensprobe.core.models import is_hooked_model, load_model, model_label
+from lensprobe.core.models.loading import is_hooked_model, load_model, model_label
 from lensprobe.viz.report import Section, write_report
 
 DEMO_SECTIONS: list[Callable] = [filler.build_demo_sections, mechanism.build_demo_section, heads.build_section,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.prompts import PLACEMENTS
+from lensprobe.core.prompts.prompt import PLACEMENTS
 from lensprobe.evals.protocols import PROTOCOLS
 from lensprobe.interventions.arm_presets import benchmark_key
 

@@ -32,8 +32,8 @@ from lensprobe.app.reproduce_tables import (
 )
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
-from lensprobe.core.models import model_label
-from lensprobe.core.store import atomic_file, atomic_write_text
+from lensprobe.core.models.loading import model_label
+from lensprobe.core.storage.store import atomic_file, atomic_write_text
 from lensprobe.evals.harness import evaluate
 from lensprobe.evals.protocols import get_protocol
 from lensprobe.evals.stats import accuracy

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from lensprobe.app.recipe import Recipe
-from lensprobe.core.conditions import PromptFormat, paper_conditions, resolve_conditions
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
-from lensprobe.core.models import model_label
+from lensprobe.core.models.loading import model_label
+from lensprobe.core.prompts.conditions import PromptFormat, paper_conditions, resolve_conditions
 from lensprobe.evals.data import load_math500, load_problems
 from lensprobe.evals.protocols import get_protocol
 from lensprobe.evals.published import published_table

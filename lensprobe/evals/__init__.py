@@ -5,7 +5,7 @@
   :class:`Problem`.
 - :mod:`~lensprobe.evals.arithmetic`: :func:`arithmetic_problems`, one- and two-step integer
   problems drawn from a seed (a set small models solve part of the time).
-- :mod:`~lensprobe.core.conditions` (re-exported here): :class:`Condition` and the built-in
+- :mod:`~lensprobe.core.prompts.conditions` (re-exported here): :class:`Condition` and the built-in
   conditions ``"w/o"``, ``"w/ Mless"``, ``"w/ Mful"``, ``"random sentence"``.
 - :mod:`~lensprobe.evals.grading`: :func:`extract_boxed`, :func:`extract_last_number`
   (``extract="last-number"``), :func:`grade` (math-verify and the MATH paper's string grader).
@@ -31,7 +31,7 @@ Example:
 May import: :mod:`lensprobe.core`, :mod:`lensprobe.interventions`, :mod:`lensprobe.generation`.
 """
 
-from lensprobe.core.conditions import (
+from lensprobe.core.prompts.conditions import (
     BUILTIN_CONDITIONS,
     Condition,
     MatchedRandomSentence,

@@ -13,11 +13,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from lensprobe.core.conditions import (
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.prompts.conditions import (
     PROMPT_FORMATS,
     PromptFormat,
 )
-from lensprobe.core.errors import LensprobeError
 from lensprobe.evals.grading import check_extract
 from lensprobe.evals.mathverify import GRADE_TIMEOUT, check_timeout
 from lensprobe.evals.protocols import get_protocol
@@ -58,7 +58,7 @@ class EvalConfig(GenerationConfig):
             :data:`~lensprobe.evals.mathverify.GRADE_TIMEOUT`, ``None`` sets no limit, and a
             timed-out verdict is ``None``.
 
-    The run's identity (:func:`~lensprobe.core.identity.identity`) holds the fields that differ
+    The run's identity (:func:`~lensprobe.core.storage.identity.identity`) holds the fields that differ
     from their defaults, so a folder written before a field was added keeps its identity.
 
     The other fields (``do_sample``, ``temperature``, ``top_p``, ``stop_at_eos``, ``thinking``,

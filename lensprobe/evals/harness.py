@@ -9,11 +9,11 @@ configuration is refused.
 
 **Sharding.** Under ``accelerate launch`` (or ``torchrun``, or ``mpirun``) every process
 reads its rank and the number of processes from the environment (``RANK``/``WORLD_SIZE``,
-or the MPI equivalents; :func:`lensprobe.core.shards.shard_info`), takes every
-``world_size``-th problem starting at its rank (:func:`~lensprobe.core.shards.my_units`), and
+or the MPI equivalents; :func:`lensprobe.core.storage.shards.shard_info`), takes every
+``world_size``-th problem starting at its rank (:func:`~lensprobe.core.storage.shards.my_units`), and
 writes its own ``results-rank{R}.jsonl``. Rank 0 then waits for the other shards and
 returns the merged table; when no row reaches the folder for an hour
-(:data:`~lensprobe.core.store.STALL_TIMEOUT`) it stops with an error naming the ranks and
+(:data:`~lensprobe.core.storage.store.STALL_TIMEOUT`) it stops with an error naming the ranks and
 problems missing (:func:`~lensprobe.evals.results.wait_for_rows`, the results store's one wait):
 every row written stays, and rerunning the same command finishes the others. The result rows do
 not depend on the number of processes.
@@ -26,7 +26,7 @@ and every condition sees the same random numbers (paired comparisons).
 **Prompt formats.** ``prompt_format="chat"`` (the default) builds the built-in conditions in
 the model's chat template with lensprobe's system prompt. ``prompt_format="paper"`` builds the
 meaningless-tokens authors' string for ``w/o``, ``w/ Mless``, ``w/ Mful`` and ``random
-sentence`` (no chat template, :data:`~lensprobe.core.prompts.PAPER_SYSTEM_PROMPT` + filler +
+sentence`` (no chat template, :data:`~lensprobe.core.prompts.prompt.PAPER_SYSTEM_PROMPT` + filler +
 problem, tokenized as one string) and, for settings not given, generates as the authors do:
 ``max_new_tokens=2048`` and ``do_sample``/``temperature``/``top_p`` from the model's own
 generation config (:func:`paper_generation_settings`). Conditions passed as objects are used
@@ -34,7 +34,7 @@ as they are. The format is recorded in ``config.json`` (only when it is not ``"c
 run's identity holds the settings that differ from their defaults).
 
 **Identity.** A folder is one run: its ``config.json`` holds the run's identity by content
-(:mod:`lensprobe.core.identity`: the model's weights, the settings that change results, each
+(:mod:`lensprobe.core.storage.identity`: the model's weights, the settings that change results, each
 condition's prompt template, interventions and generation settings by value) and a hash of it;
 a run of another identity is refused, and so is a folder written before identities were by
 content (its results cannot be checked against this run's).
@@ -70,16 +70,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lensprobe.core.conditions import (
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.hooks.attach import with_default_seed
+from lensprobe.core.models.loading import model_label
+from lensprobe.core.prompts.conditions import (
     paper_conditions,
     resolve_conditions,
 )
-from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import with_default_seed
-from lensprobe.core.identity import IdentityError, identity_digest, run_identity
-from lensprobe.core.models import model_label
-from lensprobe.core.shards import check_shard, my_units
-from lensprobe.core.shards import shard_info as shard_info  # its old home: lensprobe.evals.harness.shard_info
+from lensprobe.core.storage.identity import IdentityError, identity_digest, run_identity
+from lensprobe.core.storage.shards import check_shard, my_units
+from lensprobe.core.storage.shards import (
+    shard_info as shard_info,  # its old home: lensprobe.evals.harness.shard_info
+)
 from lensprobe.evals.benchmarks import resolve_benchmark
 from lensprobe.evals.config import EvalConfig, with_format_defaults
 from lensprobe.evals.config import paper_generation_settings as paper_generation_settings  # its old home
@@ -98,7 +100,7 @@ from lensprobe.evals.verdicts import default_grader, mark_default_grader
 from lensprobe.interventions.arm import ARM
 
 DEFAULT_CONDITIONS = "w/o,w/ Mless,w/ Mful"
-FORMAT_VERSION = 2  # 2: identities by content (lensprobe.core.identity); folders of format 1 are refused
+FORMAT_VERSION = 2  # 2: identities by content (lensprobe.core.storage.identity); folders of format 1 are refused
 def _check_problems(problems) -> list[Problem]:
     if isinstance(problems, Problem):
         problems = [problems]

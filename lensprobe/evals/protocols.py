@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.prompts import PAPER_SYSTEM_PROMPT
+from lensprobe.core.prompts.prompt import PAPER_SYSTEM_PROMPT
 
 __all__ = ["PASS3_SYSTEM_PROMPT", "PROTOCOLS", "Protocol", "get_protocol", "grades_prompt"]
 

@@ -17,14 +17,14 @@ against the folder's ``config.json`` whenever it is read (:func:`read_rows`: by 
 :func:`load_results` and ``eval-report``): a row of another run is refused, naming its file and
 both identities, and so is a folder that holds rows but no ``config.json`` (a new one would
 adopt them). Rows of one (condition, problem, sample) merge by the results store's one rule
-(:func:`~lensprobe.core.store.merge_rows`, :func:`settled_rows`).
+(:func:`~lensprobe.core.storage.store.merge_rows`, :func:`settled_rows`).
 
 The folder is kept by the results store, as sweeps, patching and trace sets are:
-``config.json`` is replaced atomically (:func:`~lensprobe.core.store.atomic_write_json`), rows
-are appended by a :class:`~lensprobe.core.rowfiles.RowWriter` (one locked file per process),
-the settings are compared with :func:`~lensprobe.core.store.settings_diff`, and rank 0 of a
+``config.json`` is replaced atomically (:func:`~lensprobe.core.storage.store.atomic_write_json`), rows
+are appended by a :class:`~lensprobe.core.storage.rowfiles.RowWriter` (one locked file per process),
+the settings are compared with :func:`~lensprobe.core.storage.store.settings_diff`, and rank 0 of a
 sharded run waits for the other ranks with :func:`wait_for_rows`
-(:func:`~lensprobe.core.store.wait_for_units`).
+(:func:`~lensprobe.core.storage.store.wait_for_units`).
 """
 
 import os
@@ -33,11 +33,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lensprobe.core.errors import LensprobeError, LensprobeWarning
-from lensprobe.core.identity import check_identity_rule
 from lensprobe.core.lazy import pandas
-from lensprobe.core.rowfiles import RowWriter as RowWriter  # its old home: lensprobe.evals.results.RowWriter
-from lensprobe.core.rowfiles import read_row_files
-from lensprobe.core.store import (
+from lensprobe.core.storage.identity import check_identity_rule
+from lensprobe.core.storage.rowfiles import (
+    RowWriter as RowWriter,  # its old home: lensprobe.evals.results.RowWriter
+)
+from lensprobe.core.storage.rowfiles import read_row_files
+from lensprobe.core.storage.store import (
     atomic_write_json,
     diff_lines,
     merge_rows,
@@ -91,7 +93,7 @@ def prepare_folder(out_dir: str | os.PathLike, run: dict, run_hash: str, conditi
 
     Args:
         out_dir: the folder.
-        run: the run's identity (model, generation settings; :mod:`lensprobe.core.identity`).
+        run: the run's identity (model, generation settings; :mod:`lensprobe.core.storage.identity`).
         run_hash: hash of ``run``.
         conditions: name -> identity (with a ``"hash"`` entry) of each condition.
         resume: ``False`` refuses a folder that already holds results.
@@ -99,7 +101,7 @@ def prepare_folder(out_dir: str | os.PathLike, run: dict, run_hash: str, conditi
 
     Raises:
         LensprobeError: the folder holds another configuration, was written under an older
-            identity rule (:func:`~lensprobe.core.identity.check_identity_rule`), or holds
+            identity rule (:func:`~lensprobe.core.storage.identity.check_identity_rule`), or holds
             results when ``resume=False``.
 
     Example:
@@ -136,7 +138,7 @@ def prepare_folder(out_dir: str | os.PathLike, run: dict, run_hash: str, conditi
 
 def read_rows(out_dir: str | os.PathLike) -> list[dict]:
     """Every complete row of every results file in the folder (rank files merged,
-    :func:`~lensprobe.core.rowfiles.read_row_files`), in reading order, each checked: against the
+    :func:`~lensprobe.core.storage.rowfiles.read_row_files`), in reading order, each checked: against the
     folder's identity (:func:`~lensprobe.evals.rows_check.check_row_identity`: rows of another run
     are refused), and field by field (:func:`~lensprobe.evals.rows_check.check_row`: a bad row is
     refused with its file and line, a ``NaN`` verdict makes an error row). Rows of one
@@ -164,7 +166,7 @@ def _finished(row: dict) -> bool:
 
 
 def _merge(located) -> dict:
-    """The store's merge rule (:func:`~lensprobe.core.store.merge_rows`) on ``(where, row)`` pairs."""
+    """The store's merge rule (:func:`~lensprobe.core.storage.store.merge_rows`) on ``(where, row)`` pairs."""
     return merge_rows(((where, tuple(row[k] for k in ROW_KEY), row) for where, row in located),
                       complete=_finished, agree=same_verdicts, fix="delete the wrong line")
 
@@ -173,11 +175,11 @@ def wait_for_rows(out_dir: str | os.PathLike, expected: set[tuple], problem_ids:
     """Wait (rank 0 of a sharded evaluation) until every ``expected`` row is in the folder.
 
     Problem ``i`` of ``problem_ids`` is evaluated by rank ``i % world_size``; the wait is the
-    results store's (:func:`~lensprobe.core.store.wait_for_units`), a problem being finished
+    results store's (:func:`~lensprobe.core.storage.store.wait_for_units`), a problem being finished
     when all its expected rows are there.
 
     Raises:
-        LensprobeError: no row reached the folder for :data:`~lensprobe.core.store.STALL_TIMEOUT`
+        LensprobeError: no row reached the folder for :data:`~lensprobe.core.storage.store.STALL_TIMEOUT`
             seconds; names the ranks and problems missing. The rows written so far stay: rerun
             the same command to finish the others.
     """
@@ -191,7 +193,7 @@ def wait_for_rows(out_dir: str | os.PathLike, expected: set[tuple], problem_ids:
 
 def settled_rows(rows: list[dict]) -> list[dict]:
     """One row per (condition, problem, sample), in first-seen order, by the results store's one
-    merge rule (:func:`~lensprobe.core.store.merge_rows`): the first finished row wins; an error row
+    merge rule (:func:`~lensprobe.core.storage.store.merge_rows`): the first finished row wins; an error row
     (``finish="error"``, retried on resume) counts only until a finished one comes (the last error
     row while none has); two finished rows whose verdicts differ are refused.
 

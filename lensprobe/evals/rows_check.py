@@ -15,7 +15,7 @@ columns of a table are checked before :func:`~lensprobe.evals.stats.accuracy` or
   row whose identity is not its folder's ``config.json``'s is refused (:func:`check_row_identity`);
 - two finished rows of one (condition, problem, sample) whose verdicts differ
   (:func:`same_verdicts`) are refused, both lines named, by the results store's one merge rule
-  (:func:`~lensprobe.core.store.merge_rows`).
+  (:func:`~lensprobe.core.storage.store.merge_rows`).
 """
 
 import math

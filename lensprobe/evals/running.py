@@ -20,13 +20,13 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from lensprobe.core.capabilities import bind_interventions
-from lensprobe.core.conditions import Condition
 from lensprobe.core.errors import LensprobeError, LensprobeWarning
-from lensprobe.core.hooks import batch_dependent, check_positions, resolve_hooks
-from lensprobe.core.jsonable import json_digest
+from lensprobe.core.hooks.attach import batch_dependent, check_positions, resolve_hooks
+from lensprobe.core.hooks.capabilities import bind_interventions
 from lensprobe.core.lazy import pandas
-from lensprobe.core.rowfiles import RowWriter
+from lensprobe.core.prompts.conditions import Condition
+from lensprobe.core.storage.jsonable import json_digest
+from lensprobe.core.storage.rowfiles import RowWriter
 from lensprobe.evals.config import EvalConfig
 from lensprobe.evals.data import Problem
 from lensprobe.evals.grading import GRADERS, extract_answer, grade_all, grade_paper_exact

@@ -5,7 +5,7 @@ Hugging Face view of the same weights for speed).
 May import: :mod:`lensprobe.core` (interventions are passed in as objects, never imported).
 """
 
-from lensprobe.core.hooks import HookSite, StepContext
+from lensprobe.core.hooks.attach import HookSite, StepContext
 from lensprobe.generation import schedule
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.loop import generate, trace_generation

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lensprobe.core.prompts import Prompt
+from lensprobe.core.prompts.prompt import Prompt
 
 __all__ = ["PaddedBatch", "pad_batch"]
 

@@ -7,7 +7,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
-from lensprobe.core.hooks import StepContext
+from lensprobe.core.hooks.attach import StepContext
 from lensprobe.generation import cacherows
 
 __all__ = ["Live", "Running"]

@@ -13,7 +13,7 @@ for the tracked sets. The loop:
 - attaches the caller's interventions (anything :func:`lensprobe.intervene` accepts) for
   the whole generation: hooks see ``[batch, pos, ...]`` activations where ``pos`` is the
   whole (padded) prompt at the first forward and the one new position afterwards (see
-  ``hook.step``, the :class:`~lensprobe.core.hookpoint.StepContext` every hook receives, for the
+  ``hook.step``, the :class:`~lensprobe.core.hooks.hookpoint.StepContext` every hook receives, for the
   absolute positions);
 - records, inside the attention hooks, only the newest query's attention summed over each
   tracked set: a ``[batch, set, head]`` value per layer and step. Memory grows as
@@ -24,7 +24,7 @@ for the tracked sets. The loop:
 **Step 0 is the last prompt position** (its query predicts the first generated token).
 
 **Non-finite logits end a row.** A row whose logits at a step hold a NaN or ``+inf``, or only
-``-inf`` (:func:`lensprobe.core.metrics.nonfinite_rows`), stops there with
+``-inf`` (:func:`lensprobe.core.measures.metrics.nonfinite_rows`), stops there with
 ``finish_reason="nonfinite"``: no token, entropy NaN, and one warning naming the step and rows.
 A broken run never looks like a confident one.
 
@@ -57,11 +57,11 @@ import torch
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.forward import as_prompts, as_tokens
-from lensprobe.core.hooks import HookSite, StepContext, check_positions
-from lensprobe.core.jsonable import describe_setting
-from lensprobe.core.models import check_layers
-from lensprobe.core.prompts import Prompt
+from lensprobe.core.hooks.attach import HookSite, StepContext, check_positions
+from lensprobe.core.hooks.forward import as_prompts, as_tokens
+from lensprobe.core.models.loading import check_layers
+from lensprobe.core.prompts.prompt import Prompt
+from lensprobe.core.storage.jsonable import describe_setting
 from lensprobe.generation.config import GenerationConfig, generation_config
 from lensprobe.generation.engines import ENGINE_NAMES, EngineName
 from lensprobe.generation.rows import FinishedRow, row_text
@@ -232,7 +232,7 @@ def _as_interventions(interventions) -> list:
 
 
 def _as_prompt_list(model, prompts) -> list[tuple[list[int], Prompt | None]]:
-    """``(token ids, Prompt or None)`` per prompt (see :func:`lensprobe.core.forward.as_prompts`)."""
+    """``(token ids, Prompt or None)`` per prompt (see :func:`lensprobe.core.hooks.forward.as_prompts`)."""
     return [(as_tokens(model, p)[0].tolist(), p if isinstance(p, Prompt) else None) for p in as_prompts(model, prompts)]
 
 

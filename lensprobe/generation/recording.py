@@ -10,8 +10,8 @@ import torch
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import Hook, pattern_hook_name
-from lensprobe.core.kinds import is_hooked_transformer
+from lensprobe.core.hooks.attach import Hook, pattern_hook_name
+from lensprobe.core.models.kinds import is_hooked_transformer
 from lensprobe.generation.engines.threads import one_thread
 
 __all__ = ["StepRecorder", "final_hidden_hook"]

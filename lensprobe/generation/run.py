@@ -38,10 +38,10 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from lensprobe.core.devices import model_device
 from lensprobe.core.errors import LensprobeError, NonFiniteWarning
-from lensprobe.core.hooks import Steps, batch_dependent
-from lensprobe.core.metrics import nonfinite_rows
+from lensprobe.core.hooks.attach import Steps, batch_dependent
+from lensprobe.core.measures.metrics import nonfinite_rows
+from lensprobe.core.models.devices import model_device
 from lensprobe.generation import cacherows
 from lensprobe.generation.batch import pad_batch
 from lensprobe.generation.config import GenerationConfig

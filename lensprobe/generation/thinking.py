@@ -34,7 +34,7 @@ from tokenizers import AddedToken
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.kinds import is_hooked_transformer
+from lensprobe.core.models.kinds import is_hooked_transformer
 
 __all__ = [
     "THINKING_TOKEN",

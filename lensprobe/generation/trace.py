@@ -42,7 +42,7 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import heavy, pandas
-from lensprobe.core.store import atomic_file
+from lensprobe.core.storage.store import atomic_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -256,7 +256,7 @@ class GenerationTrace:
 
     def save(self, path: str | Path) -> Path:
         """Write the trace to ``.parquet`` (needs pyarrow) or ``.json``, atomically
-        (:func:`~lensprobe.core.store.atomic_file`: a failed write leaves an earlier file as it was);
+        (:func:`~lensprobe.core.storage.store.atomic_file`: a failed write leaves an earlier file as it was);
         returns the path.
 
         Example:

@@ -5,7 +5,7 @@ so a prompt's trace never depends on which other prompts were traced, in which p
 which run. With ``out=folder`` every trace is saved as Parquet (``traces/trace-00000.parquet``,
 written atomically) as soon as it is done, a rerun skips the traces on disk, and under a
 launcher (``torchrun``, ``accelerate launch``, ``srun``) the prompts are spread over the
-processes (see :mod:`lensprobe.core.shards`): rank ``r`` traces every ``world_size``-th prompt
+processes (see :mod:`lensprobe.core.storage.shards`): rank ``r`` traces every ``world_size``-th prompt
 from prompt ``r``, and rank 0 waits for the others and returns the whole set.
 
 :func:`trace_jobs` is the same machinery for any named jobs that each return a trace (the
@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.forward import as_prompts
-from lensprobe.core.identity import run_identity
-from lensprobe.core.shards import run_sharded
-from lensprobe.core.store import atomic_file
+from lensprobe.core.hooks.forward import as_prompts
+from lensprobe.core.storage.identity import run_identity
+from lensprobe.core.storage.shards import run_sharded
+from lensprobe.core.storage.store import atomic_file
 from lensprobe.generation.config import GenerationConfig, generation_config
 from lensprobe.generation.loop import trace_generation
 from lensprobe.generation.trace import GenerationTrace, load_trace
@@ -50,7 +50,7 @@ def trace_jobs(jobs: Mapping[str, Callable[[], GenerationTrace]], *, out: str | 
         settings: JSON-able description of everything the traces depend on (the model, the
             prompts, the generation settings); a folder of other settings is refused.
         rank, world_size: this process's shard; default from the environment
-            (:func:`~lensprobe.core.shards.shard_info`). With ``world_size > 1``, ``out`` is required.
+            (:func:`~lensprobe.core.storage.shards.shard_info`). With ``world_size > 1``, ``out`` is required.
         progress: a progress bar over the jobs this process runs (a string: its label).
 
     Returns:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.prompts import Prompt
+from lensprobe.core.prompts.prompt import Prompt
 
 __all__ = ["SPECIAL_SETS", "TrackSpec", "TrackedSet", "add_position", "resolve_track", "set_masks"]
 

@@ -2,7 +2,7 @@
 replacement values, activation patching aligned by segment, batched ablation sweeps, and
 ARM (the meaningless-tokens paper's redistribution of a gated MLP's activations).
 
-Small hook objects attached through :func:`lensprobe.core.hooks.intervene`; weights are never
+Small hook objects attached through :func:`lensprobe.core.hooks.attach.intervene`; weights are never
 mutated.
 
 May import: :mod:`lensprobe.core`.

@@ -13,7 +13,7 @@ Heads are 0-based, TransformerLens style: ``"L0H13"`` is layer 0, head 13, the p
 (prompt positions first, then generated ones). In a full forward the hook sees every
 position; in a KV-cached generation step it sees only the newest position. The ablation
 finds the absolute positions of what it sees from the step its hook receives (``hook.step``,
-:class:`~lensprobe.core.hookpoint.StepContext`): inside ``lp.generate``/``lp.trace_generation``
+:class:`~lensprobe.core.hooks.hookpoint.StepContext`): inside ``lp.generate``/``lp.trace_generation``
 per row, counted from each row's first prompt token; in any other forward inside
 ``lp.intervene`` from the forward's own inputs (the KV cache's length, and each row's left
 padding where an ``attention_mask`` is passed), on any attention implementation, so:
@@ -37,7 +37,8 @@ import torch
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.heads import (
+from lensprobe.core.hooks.attach import Capabilities, Hook, positions_of
+from lensprobe.core.hooks.heads import (
     Positions,
     head_label,
     hook_z_name,
@@ -49,8 +50,7 @@ from lensprobe.core.heads import (
     resolve_heads,
     resolve_positions,
 )
-from lensprobe.core.hooks import Capabilities, Hook, positions_of
-from lensprobe.core.jsonable import digest
+from lensprobe.core.storage.jsonable import digest
 from lensprobe.interventions.replacement import (
     HeadMeans,
     Method,
@@ -334,7 +334,7 @@ def check_ablation_positions(positions: Any, length: int, what: str = "prompt") 
     An ablation whose token positions all lie outside the sequence would ablate nothing and
     report a zero effect; this says so instead. Positions still given as segment names are
     resolved against the prompt later (they lie inside it by construction), and
-    ``"generated"`` adapts to each row; both pass. :func:`lensprobe.core.hooks.check_positions`
+    ``"generated"`` adapts to each row; both pass. :func:`lensprobe.core.hooks.attach.check_positions`
     calls it through :meth:`HeadAblation.check_positions` for every entry point.
 
     Args:

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError, LensprobeWarning
-from lensprobe.core.hooks import Capabilities, Hook
+from lensprobe.core.hooks.attach import Capabilities, Hook
 from lensprobe.core.lazy import heavy
 from lensprobe.interventions.arm_presets import ARM_PRESETS, NoPresetError, Source, arm_preset
 from lensprobe.interventions.arm_rule import (

@@ -15,10 +15,10 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.forward import as_prompts, as_tokens, forward
-from lensprobe.core.heads import hook_z_name
-from lensprobe.core.hooks import ActivationRecorder
-from lensprobe.core.models import check_layers
+from lensprobe.core.hooks.attach import ActivationRecorder
+from lensprobe.core.hooks.forward import as_prompts, as_tokens, forward
+from lensprobe.core.hooks.heads import hook_z_name
+from lensprobe.core.models.loading import check_layers
 
 __all__ = ["METHODS", "HeadMeans", "Method", "ablation_source", "check_method", "head_means", "record_z",
            "replacement_source", "replacement_values"]

@@ -15,12 +15,12 @@ import torch
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.forward import forward
-from lensprobe.core.heads import head_label
-from lensprobe.core.hooks import ActivationRecorder
+from lensprobe.core.hooks.attach import ActivationRecorder
+from lensprobe.core.hooks.forward import forward
+from lensprobe.core.hooks.heads import head_label
 from lensprobe.core.lazy import pandas
-from lensprobe.core.models import check_heads, check_layers
-from lensprobe.core.prompts import Prompt
+from lensprobe.core.models.loading import check_heads, check_layers
+from lensprobe.core.prompts.prompt import Prompt
 
 if TYPE_CHECKING:
     import pandas as pd

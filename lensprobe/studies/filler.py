@@ -5,7 +5,7 @@ Reproduces the attention analyses of "Meaningless Tokens, Meaningful Gains" (arX
 
 - :func:`attention_received`: average attention received per token position, per
   (layer, head), under the conditions w/o / w/ Mless / w/ Mful / random sentence (or
-  conditions of your own, :class:`~lensprobe.core.conditions.Condition`), both aligned
+  conditions of your own, :class:`~lensprobe.core.prompts.conditions.Condition`), both aligned
   across conditions (the filler span dropped) and over the full with-filler prompt;
 - :func:`filler_vs_random`: the filler against a random sentence of the same token count,
   one model after another, at one (layer, head);
@@ -29,23 +29,23 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from lensprobe.core.capabilities import bind_interventions
-from lensprobe.core.conditions import (
+from lensprobe.core.errors import LensprobeError, SettingError
+from lensprobe.core.hooks.capabilities import bind_interventions
+from lensprobe.core.hooks.forward import attention_patterns
+from lensprobe.core.hooks.heads import head_label
+from lensprobe.core.lazy import pandas
+from lensprobe.core.measures.metrics import (
+    average_attention_received,
+)
+from lensprobe.core.models.loading import check_heads, check_layers, model_label
+from lensprobe.core.prompts.conditions import (
     BUILTIN_CONDITIONS,
     Condition,
     canonical_condition_name,
     paper_conditions,
     resolve_conditions,
 )
-from lensprobe.core.errors import LensprobeError, SettingError
-from lensprobe.core.forward import attention_patterns
-from lensprobe.core.heads import head_label
-from lensprobe.core.lazy import pandas
-from lensprobe.core.metrics import (
-    average_attention_received,
-)
-from lensprobe.core.models import check_heads, check_layers, model_label
-from lensprobe.core.prompts import MATH_SYSTEM_PROMPT, PLACEMENTS, Placement, Prompt, prompt_json
+from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT, PLACEMENTS, Placement, Prompt, prompt_json
 from lensprobe.studies.token_classes import ascii_grid as ascii_grid  # its old home: studies.filler
 from lensprobe.studies.token_classes import class_layers as class_layers
 from lensprobe.studies.token_classes import token_class_attention as token_class_attention
@@ -63,7 +63,7 @@ BASELINE = "w/o"
 
 def normalize_conditions(conditions: Sequence[str | Condition] | str | Condition) -> tuple[str | Condition, ...]:
     """Condition names in their canonical spelling (``"meaningless"`` -> ``"w/ Mless"``), in order,
-    each once; :class:`~lensprobe.core.conditions.Condition` objects are kept as they are.
+    each once; :class:`~lensprobe.core.prompts.conditions.Condition` objects are kept as they are.
 
     Raises:
         LensprobeError: an unknown name (or no condition at all).
@@ -101,7 +101,7 @@ class FillerSetup:
     Attributes:
         conditions: built-in condition names (``"w/o"``, ``"w/ Mless"``, ``"w/ Mful"``,
             ``"random sentence"``, or aliases such as ``"none"``, ``"meaningless"``) or
-            :class:`~lensprobe.core.conditions.Condition` objects of your own.
+            :class:`~lensprobe.core.prompts.conditions.Condition` objects of your own.
         system: system prompt of the built-in conditions (``None`` for none); default
             :data:`MATH_SYSTEM_PROMPT`.
         count: filler length in repetitions (55 in the paper).
@@ -134,7 +134,7 @@ class FillerSetup:
             raise SettingError("placement", f"unknown placement {self.placement!r}: use one of {PLACEMENTS}.")
 
     def resolve(self) -> list[Condition]:
-        """The :class:`~lensprobe.core.conditions.Condition` of each entry of ``conditions``, in order."""
+        """The :class:`~lensprobe.core.prompts.conditions.Condition` of each entry of ``conditions``, in order."""
         builtins = paper_conditions(system=self.system, count=self.count, symbol=self.symbol, word=self.word,
                                     seed=self.seed, placement=self.placement, chat=self.chat)
         return resolve_conditions(list(self.conditions), builtins=builtins)

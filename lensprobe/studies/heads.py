@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lensprobe.core.conditions import canonical_condition_name
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.forward import as_tokens, attention_patterns
-from lensprobe.core.heads import head_label, resolve_heads
-from lensprobe.core.hooks import check_positions
+from lensprobe.core.hooks.attach import check_positions
+from lensprobe.core.hooks.forward import as_tokens, attention_patterns
+from lensprobe.core.hooks.heads import head_label, resolve_heads
 from lensprobe.core.lazy import pandas
-from lensprobe.core.measures import run_logits
-from lensprobe.core.metrics import average_attention_received, entropy
-from lensprobe.core.prompts import Prompt
+from lensprobe.core.measures.measure import run_logits
+from lensprobe.core.measures.metrics import average_attention_received, entropy
+from lensprobe.core.prompts.conditions import canonical_condition_name
+from lensprobe.core.prompts.prompt import Prompt
 from lensprobe.generation.loop import generate
 from lensprobe.studies.filler import FillerSetup, aligned_positions, condition_prompts
 
@@ -93,7 +93,7 @@ def head_attention_over_generation(model, question: str, head: Any, *,
     Each condition's prompt is generated from greedily (:func:`lensprobe.generate`: KV-cached,
     the conditions batched with left padding); then one forward pass
     over prompt + generated tokens gives the head's pattern, and
-    :func:`~lensprobe.core.metrics.average_attention_received` the mean attention each position
+    :func:`~lensprobe.core.measures.metrics.average_attention_received` the mean attention each position
     receives from the later positions. Positions are aligned by dropping the filler span;
     generated tokens follow the prompt and may differ between conditions (the ``token``
     column says which).
@@ -104,7 +104,7 @@ def head_attention_over_generation(model, question: str, head: Any, *,
         head: one head, e.g. ``"L0H3"`` or ``(0, 3)`` (0-based).
         conditions: conditions as in :class:`~lensprobe.studies.filler.FillerSetup`
             (``"w/o"``, ``"w/ Mless"``, ``"w/ Mful"``, ``"random sentence"``, aliases, or
-            :class:`~lensprobe.core.conditions.Condition` objects).
+            :class:`~lensprobe.core.prompts.conditions.Condition` objects).
         max_new_tokens: tokens to generate per condition.
         setup: a :class:`~lensprobe.studies.filler.FillerSetup` for the prompt settings.
         generated: already generated token ids per condition (skips generation).

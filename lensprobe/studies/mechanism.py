@@ -27,7 +27,7 @@ a description, not an identity.
 
 "Filler" here is every key the with-filler prompt has and the prompt without filler lacks: the
 filler segment and its separator (``filler_sep``, a newline), which is what
-:meth:`~lensprobe.core.prompts.Prompt.positions_except` drops to align the two prompts.
+:meth:`~lensprobe.core.prompts.prompt.Prompt.positions_except` drops to align the two prompts.
 
 Layers and heads are 0-based, as in TransformerLens (``L0H13`` is the papers' layer 1, head 14).
 
@@ -54,10 +54,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from lensprobe.core.conditions import paper_conditions
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
-from lensprobe.core.prompts import MATH_SYSTEM_PROMPT, Prompt
+from lensprobe.core.prompts.conditions import paper_conditions
+from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT, Prompt
 from lensprobe.interventions.arm import activation_function, near_zero_band
 from lensprobe.studies.affine import (
     affine_fit_summary,
@@ -91,7 +91,7 @@ product ``act_fn(gate_proj(x)) * up_proj(x)`` at ``blocks.{l}.mlp.hook_post``.""
 def mechanism_prompts(model, question: str, *, system: str | None = MATH_SYSTEM_PROMPT, count: int = 55,
                       symbol: str = "/", chat: bool = True) -> dict[str, Prompt]:
     """The paper's ``"w/o"`` and ``"w/ Mless"`` prompts of one question (filler between system
-    prompt and question), built by :func:`~lensprobe.core.conditions.paper_conditions`.
+    prompt and question), built by :func:`~lensprobe.core.prompts.conditions.paper_conditions`.
 
     Example:
         >>> ps = mechanism_prompts(model, "What is 12+7?")
@@ -296,7 +296,7 @@ def activation_stats(model, prompts: Mapping[str, Prompt], layer: int = 0, where
 
     Args:
         model: a TransformerLens model (a gated MLP for ``"act_fn(gate)"``).
-        prompts: condition name -> :class:`~lensprobe.core.prompts.Prompt`, e.g.
+        prompts: condition name -> :class:`~lensprobe.core.prompts.prompt.Prompt`, e.g.
             ``{"w/o": p0, "w/ Mless": p1, "w/o + ARM": p0}``. Every prompt's ``segment`` must
             hold the same tokens.
         layer: the 0-based layer (the paper: 0).

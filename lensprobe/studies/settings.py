@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from lensprobe.core.errors import LensprobeError, SettingError
-from lensprobe.core.heads import parse_heads
-from lensprobe.core.models import check_heads, check_layers, n_heads
+from lensprobe.core.hooks.heads import parse_heads
+from lensprobe.core.models.loading import check_heads, check_layers, n_heads
+from lensprobe.experiments.head_settings import HEADS, check_heads_setting
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.schedule import parse_schedule
-from lensprobe.interventions.head_settings import HEADS, check_heads_setting
 from lensprobe.studies.thinking import SETTING_LABELS, THINKING_SETTINGS, thinking_setting
 
 __all__ = ["AttentionConfig", "MechanismConfig", "TraceConfig", "heads_in_layers", "parse_layers"]

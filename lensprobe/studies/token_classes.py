@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.forward import attention_patterns
+from lensprobe.core.hooks.forward import attention_patterns
 from lensprobe.core.lazy import pandas
-from lensprobe.core.metrics import DEFAULT_TOKEN_CLASSES, attention_by_token_class, token_class_mask
-from lensprobe.core.models import check_layers
-from lensprobe.core.prompts import Prompt
+from lensprobe.core.measures.metrics import DEFAULT_TOKEN_CLASSES, attention_by_token_class, token_class_mask
+from lensprobe.core.models.loading import check_layers
+from lensprobe.core.prompts.prompt import Prompt
 
 if TYPE_CHECKING:
     import pandas as pd

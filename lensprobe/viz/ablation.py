@@ -1,6 +1,6 @@
 """Figures of the head studies: attention on one head per condition, the ablation sweep, patching results.
 
-Functions take results (tidy DataFrames, :class:`~lensprobe.interventions.sweep.SweepResult`) and draw
+Functions take results (tidy DataFrames, :class:`~lensprobe.experiments.sweep.SweepResult`) and draw
 them; nothing is computed here and nothing is shown. Heads are labelled 0-based,
 TransformerLens-style ("L0H13" is the papers' "layer 1, head 14").
 """
@@ -94,7 +94,7 @@ def sweep_heatmap(result, *, title: str | None = None, zmax: float | None = None
     """Heatmap of a head-ablation sweep: metric change per (layer, head).
 
     Args:
-        result: a :class:`~lensprobe.interventions.sweep.SweepResult` (or its ``table``, a [layer, head]
+        result: a :class:`~lensprobe.experiments.sweep.SweepResult` (or its ``table``, a [layer, head]
             DataFrame of mean changes).
         title: figure title (default names the metric and method).
         zmax: colour scale limit (symmetric around 0; default: the largest |change|).
@@ -162,7 +162,7 @@ def patch_figure(result, *, value: str = "share", title: str | None = None):
     """Activation patching results as a heatmap: hook points (rows) x segments (columns).
 
     Args:
-        result: a :class:`~lensprobe.interventions.patching.PatchResult` (or its ``to_dataframe()``).
+        result: a :class:`~lensprobe.experiments.patching.PatchResult` (or its ``to_dataframe()``).
         value: the column to colour by: ``"share"`` (share of the source-target difference
             a site carries over; the default), ``"change"`` (patched - clean) or ``"kl"``.
         title: figure title.

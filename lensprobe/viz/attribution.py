@@ -1,7 +1,7 @@
 """Figures of head attribution: a layer x head heatmap of estimates, and estimate vs exact effect.
 
-They take an :class:`~lensprobe.interventions.attribution.Attribution` and a
-:class:`~lensprobe.interventions.verify.Verification` (or their tables) and draw them; nothing
+They take an :class:`~lensprobe.experiments.attribution.Attribution` and a
+:class:`~lensprobe.experiments.verify.Verification` (or their tables) and draw them; nothing
 is computed here. Heads are 0-based, TransformerLens-style ("L0H13" is the papers' "layer 1,
 head 14").
 """
@@ -17,7 +17,7 @@ def attribution_heatmap(attribution, *, title: str | None = None, zmax: float | 
     """Layer x head heatmap of an attribution's estimates (mean over prompts).
 
     Args:
-        attribution: an :class:`~lensprobe.interventions.attribution.Attribution`.
+        attribution: an :class:`~lensprobe.experiments.attribution.Attribution`.
         title: figure title (default names the method and metric).
         zmax: colour scale limit (symmetric around 0; default: the largest |estimate|).
 
@@ -56,7 +56,7 @@ def attribution_scatter(verification, *, title: str | None = None):
     """Estimated vs exact change for every verified head, with the line estimate = exact.
 
     Args:
-        verification: a :class:`~lensprobe.interventions.verify.Verification` (or its ``table``
+        verification: a :class:`~lensprobe.experiments.verify.Verification` (or its ``table``
             with ``head_label``, ``estimate``, ``exact``, ``chosen``).
         title: figure title.
 

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.heads import head_label
+from lensprobe.core.hooks.heads import head_label
 from lensprobe.viz.style import (
     INDEX_NOTE,
     NEAR_ZERO_COLOR,

@@ -27,8 +27,8 @@ import plotly
 from plotly.offline import get_plotlyjs
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.jsonable import to_jsonable
-from lensprobe.core.store import atomic_file
+from lensprobe.core.storage.jsonable import to_jsonable
+from lensprobe.core.storage.store import atomic_file
 from lensprobe.core.version import __version__
 
 if TYPE_CHECKING:

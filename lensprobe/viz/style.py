@@ -2,14 +2,14 @@
 layout helpers.
 
 Figures in :mod:`lensprobe.viz` take their colours and labels from here. Conditions are
-named as in :mod:`lensprobe.core.conditions` (``"w/o"``, ``"w/ Mless"``, ``"w/ Mful"``,
+named as in :mod:`lensprobe.core.prompts.conditions` (``"w/o"``, ``"w/ Mless"``, ``"w/ Mful"``,
 ``"random sentence"``, or a user-defined name); :func:`condition_label` and
 :func:`condition_colors` also accept the older spellings (``"none"``, ``"meaningless"``, ...).
 """
 
 from collections.abc import Iterable
 
-from lensprobe.core.conditions import canonical_condition_name
+from lensprobe.core.prompts.conditions import canonical_condition_name
 
 __all__ = ["ABLATED_COLOR", "CLASS_COLORS", "CLEAN_COLOR", "CONDITION_COLORS", "CONDITION_LABELS", "GENERATED_COLOR",
            "INDEX_NOTE", "NEAR_ZERO_COLOR", "PALETTE", "SPAN_COLOR", "TRACE_COLORS", "color", "condition_colors",

@@ -4,7 +4,7 @@ import torch
 
 from lensprobe.app.sections import attribution
 from lensprobe.app.sections.filler import demo_question
-from lensprobe.interventions.sweep import ablation_sweep
+from lensprobe.experiments.sweep import ablation_sweep
 from lensprobe.studies.filler import FillerSetup, condition_prompts
 from lensprobe.viz.report import write_report
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from lensprobe.app.cli import main
-from lensprobe.core.outfolder import FOLDER_LOCK, PAGES_FILE
+from lensprobe.core.storage.outfolder import FOLDER_LOCK, PAGES_FILE
 
 SWEEP = ["sweep", "--model", "tiny", "--question", "What is 12+7?", "--batch-size", "4"]
 

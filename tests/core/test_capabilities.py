@@ -5,8 +5,13 @@ import pytest
 import torch
 
 import lensprobe as lp
-from lensprobe.core.capabilities import NONE, bind_interventions, capabilities
-from lensprobe.core.hooks import batch_dependent, check_positions, rounding_sensitive_layer, with_default_seed
+from lensprobe.core.hooks.attach import (
+    batch_dependent,
+    check_positions,
+    rounding_sensitive_layer,
+    with_default_seed,
+)
+from lensprobe.core.hooks.capabilities import NONE, bind_interventions, capabilities
 
 
 class Noise:

@@ -7,8 +7,8 @@ import json
 import pytest
 
 import lensprobe as lp
-from lensprobe.core.capabilities import bind_interventions
-from lensprobe.core.conditions import (
+from lensprobe.core.hooks.capabilities import bind_interventions
+from lensprobe.core.prompts.conditions import (
     BUILTIN_CONDITIONS,
     MatchedRandomSentence,
     builtin_condition,
@@ -16,8 +16,8 @@ from lensprobe.core.conditions import (
     paper_conditions,
     resolve_conditions,
 )
-from lensprobe.core.identity import identity
-from lensprobe.core.jsonable import json_digest, stable_repr, to_jsonable
+from lensprobe.core.storage.identity import identity
+from lensprobe.core.storage.jsonable import json_digest, stable_repr, to_jsonable
 
 
 @pytest.mark.parametrize(("spelling", "name"), [

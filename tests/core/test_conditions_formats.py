@@ -3,7 +3,7 @@
 import pytest
 
 import lensprobe as lp
-from lensprobe.core.conditions import (
+from lensprobe.core.prompts.conditions import (
     BUILTIN_CONDITIONS,
     Condition,
     arm_base,
@@ -13,7 +13,7 @@ from lensprobe.core.conditions import (
     resolve_conditions,
     with_arm,
 )
-from lensprobe.core.prompts import MATH_SYSTEM_PROMPT, PAPER_SYSTEM_PROMPT
+from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT, PAPER_SYSTEM_PROMPT
 from lensprobe.interventions.arm import ARM
 
 MLESS = " ".join(["/"] * 55)

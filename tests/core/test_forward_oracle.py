@@ -2,7 +2,7 @@
 
 The reference numbers come from a Hugging Face model built on its own (eager attention,
 ``output_attentions=True``), with each metric computed by an explicit loop written from
-its definition, never through ``lensprobe.core.metrics``.
+its definition, never through ``lensprobe.core.measures.metrics``.
 """
 
 import pytest

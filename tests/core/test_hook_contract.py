@@ -12,7 +12,7 @@ import torch
 from oracles import EDITED_LAYERS, assert_greedy_with_the_edit, edited_twin_logits, tl_style_pairs
 
 import lensprobe as lp
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.models.testing import tiny_model
 
 
 @pytest.fixture(scope="module")

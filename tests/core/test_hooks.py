@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import lensprobe as lp
-import lensprobe.core.forward as lp_run
+import lensprobe.core.hooks.forward as lp_run
 from lensprobe import AttentionRecorder, LensprobeError, intervene
-from lensprobe.core.hooks import Intervention
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.hooks.attach import Intervention
+from lensprobe.core.models.testing import tiny_model
 
 PATTERN0 = "blocks.0.attn.hook_pattern"
 PATTERN1 = "blocks.1.attn.hook_pattern"

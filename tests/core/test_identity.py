@@ -11,16 +11,16 @@ import pytest
 import torch
 
 import lensprobe as lp
-import lensprobe.core.identity as identity_module
-from lensprobe.core.identity import (
+import lensprobe.core.storage.identity as identity_module
+from lensprobe.core.models.testing import tiny_model
+from lensprobe.core.storage.identity import (
     check_identity_rule,
     identity,
     identity_digest,
     model_identity,
     weights_digest,
 )
-from lensprobe.core.jsonable import stable_repr
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.storage.jsonable import stable_repr
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +92,7 @@ def test_functions_are_identified_by_their_code():
 
 
 def test_the_same_lambda_has_the_same_identity_in_another_process():
-    code = ("import json\nfrom lensprobe.core.identity import identity\n"
+    code = ("import json\nfrom lensprobe.core.storage.identity import identity\n"
             "def make(f):\n    return lambda x: x * f + len({'a', 'b'})\n"
             "print(json.dumps(identity(make(3.5))))")
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -1,7 +1,7 @@
 """describe_setting: settings as JSON for a trace's meta."""
 
 import lensprobe as lp
-from lensprobe.core.jsonable import describe_setting
+from lensprobe.core.storage.jsonable import describe_setting
 
 
 def test_structured_types_are_described_field_by_field_others_by_stable_repr():

@@ -13,7 +13,7 @@ test process (it holds the tiny model already, so no new interpreter spends seco
 Then the same run resumes here, and the test checks that every unit the child had recorded (it
 journals each one after the store returns) is still on disk, that every unit on disk after the kill is
 readable and equal to an uninterrupted run's, that the rerun computes exactly the missing units
-(counted at :meth:`ShardStore.record`, which :func:`~lensprobe.core.shards.run_sharded` calls once
+(counted at :meth:`ShardStore.record`, which :func:`~lensprobe.core.storage.shards.run_sharded` calls once
 per computed unit) and leaves the finished ones' bytes and modification times alone, that the
 resumed result equals the uninterrupted run's bit for bit (each unit is the same batch of the
 same forward passes whichever process computes it), and that nothing left by the kill (a stale
@@ -49,8 +49,8 @@ import torch
 
 import lensprobe as lp
 from lensprobe.app.cli import main
-from lensprobe.core.outfolder import FOLDER_LOCK
-from lensprobe.core.store import ShardStore
+from lensprobe.core.storage.outfolder import FOLDER_LOCK
+from lensprobe.core.storage.store import ShardStore
 from lensprobe.evals.results import read_rows
 
 SHARD_FILE = "shard-rank0.json"
@@ -210,7 +210,7 @@ def _assert_killed(status: int | None, log: Path) -> None:
 
 def _leftovers(out: Path, expected: Callable[[Path], bool], pid: int) -> list[Path]:
     """The files under ``out`` that are not ``expected``; each must be a temporary file of the killed
-    process ``pid`` (``.name.<pid>.tmp.ext``, see :func:`~lensprobe.core.store.atomic_file`)."""
+    process ``pid`` (``.name.<pid>.tmp.ext``, see :func:`~lensprobe.core.storage.store.atomic_file`)."""
     extra = [p for p in out.rglob("*") if p.is_file() and not expected(p.relative_to(out))]
     strays = [p for p in extra if not fnmatch.fnmatch(p.name, f".*.{pid}.tmp*")]
     assert not strays, f"files left that are neither results nor the killed run's temporary files: {strays}"

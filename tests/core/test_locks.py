@@ -1,4 +1,4 @@
-"""The one lock of lensprobe (lensprobe.core.locks): held, released, stale after SIGKILL, other hosts;
+"""The one lock of lensprobe (lensprobe.core.storage.locks): held, released, stale after SIGKILL, other hosts;
 used by sharded runs (ShardStore) and evaluation results files (RowWriter)."""
 
 import json
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import lensprobe as lp
-from lensprobe.core.locks import FileLock, lock_holder, pid_alive
-from lensprobe.core.rowfiles import read_row_files
-from lensprobe.core.shards import ShardStore
+from lensprobe.core.storage.locks import FileLock, lock_holder, pid_alive
+from lensprobe.core.storage.rowfiles import read_row_files
+from lensprobe.core.storage.shards import ShardStore
 from lensprobe.evals.results import RowWriter
 
 BUSY = "the thing is in use ({holder}): wait for it."
@@ -41,7 +41,7 @@ def test_a_stale_lock_of_this_host_is_taken_over_with_a_warning(tmp_path, caplog
     pid = dead_pid()
     assert not pid_alive(pid) and pid_alive(os.getpid())
     path.write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "since": "earlier"}))
-    with caplog.at_level(logging.WARNING, logger="lensprobe.core.locks"), FileLock(path, busy=BUSY):
+    with caplog.at_level(logging.WARNING, logger="lensprobe.core.storage.locks"), FileLock(path, busy=BUSY):
         assert lock_holder(path)["pid"] == os.getpid()
     assert f"took over a stale lock left by pid {pid} on host {socket.gethostname()}" in caplog.text
 
@@ -65,7 +65,7 @@ def test_shards_and_results_files_use_the_same_lock(tmp_path):
 
 HOLDER_SCRIPT = """
 import sys, time
-from lensprobe.core.shards import ShardStore
+from lensprobe.core.storage.shards import ShardStore
 from lensprobe.evals.results import RowWriter
 store = ShardStore(sys.argv[1], "demo", {}, rank=0)
 store.record("u0", 1)
@@ -97,7 +97,7 @@ def test_locks_left_by_a_process_killed_with_sigkill_are_taken_over(tmp_path, ca
             proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert lock_holder(shards / ".shard-rank0.lock")["pid"] == proc.pid  # the lock files outlive it
-    with caplog.at_level(logging.WARNING, logger="lensprobe.core.locks"):
+    with caplog.at_level(logging.WARNING, logger="lensprobe.core.storage.locks"):
         with ShardStore(shards, "demo", {}, rank=0) as store:
             assert store.done() == {"u0": 1}
         with RowWriter(results) as writer:
@@ -123,7 +123,7 @@ def test_a_resumed_rank_takes_over_its_stale_results_lock_with_one_warning(tiny,
         results.write_text("".join(results.read_text().splitlines(keepends=True)[:-rows_left]))
     lock, pid = out / ".results-rank1.jsonl.lock", dead_pid()
     lock.write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "since": "earlier"}))
-    with caplog.at_level(logging.WARNING, logger="lensprobe.core.locks"):
+    with caplog.at_level(logging.WARNING, logger="lensprobe.core.storage.locks"):
         assert len(run()) == 2  # rank 1's share: q1, q3
     assert caplog.text.count(f"took over a stale lock left by pid {pid}") == 1, caplog.text
     assert not lock.exists()

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lensprobe import LensprobeError
-from lensprobe.core.metrics import (
+from lensprobe.core.measures.metrics import (
     DEFAULT_TOKEN_CLASSES,
     attention_by_token_class,
     attention_proportion,

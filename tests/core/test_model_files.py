@@ -50,4 +50,4 @@ def test_an_unreadable_whole_gguf_file_is_named_not_blamed_on_json(tmp_path):
     path.write_bytes(gguf_bytes(kv=string_kv("general.architecture", "no-such-architecture"), n_kv=1))
     with pytest.raises(ModelLoadError, match=r"cannot load the GGUF file .*odd.gguf: \w+: .*re-download it, or pass "):
         lp.load_model(path)
-    assert not list(lp.core.models.cache_dir().glob("odd-*"))  # nothing half-converted left in the cache
+    assert not list(lp.core.models.loading.cache_dir().glob("odd-*"))  # nothing half-converted left in the cache

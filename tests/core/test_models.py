@@ -9,7 +9,7 @@ import torch
 
 import lensprobe as lp
 from lensprobe import LensprobeError, ModelLoadError
-from lensprobe.core.models import (
+from lensprobe.core.models.loading import (
     EMBEDDED_PIP_COMMAND,
     cache_dir,
     check_heads,
@@ -214,7 +214,7 @@ def test_quiet_restores_logging_state():
     import transformers
     from huggingface_hub.utils import are_progress_bars_disabled
 
-    from lensprobe.core.models import quiet
+    from lensprobe.core.models.loading import quiet
 
     tf_log = transformers.utils.logging
     level, bars, hub_off = tf_log.get_verbosity(), tf_log.is_progress_bar_enabled(), are_progress_bars_disabled()
@@ -225,7 +225,7 @@ def test_quiet_restores_logging_state():
 
 
 def test_tiny_model_is_seeded_gqa_llama(tiny):
-    from lensprobe.core.testing import tiny_model
+    from lensprobe.core.models.testing import tiny_model
 
     cfg = tiny.cfg
     assert (cfg.n_layers, cfg.n_heads, cfg.n_key_value_heads, cfg.n_ctx) == (2, 4, 2, 256)
@@ -252,7 +252,7 @@ def _placed(model, device: str, dtype: torch.dtype) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
-    from lensprobe.core.testing import tiny_hf_model
+    from lensprobe.core.models.testing import tiny_hf_model
 
     hf, tok = tiny_hf_model(seed=1)
     folder = tmp_path_factory.mktemp("tiny-folder")
@@ -264,7 +264,7 @@ def tiny_folder(tmp_path_factory):
 @pytest.mark.parametrize(("device", "dtype"), [("meta", torch.bfloat16), ("meta", "fp16"), ("cpu", "bf16")])
 def test_a_folder_loads_on_the_device_and_dtype_asked(tiny_folder, device, dtype):
     model = lp.load_model(tiny_folder, device=device, dtype=dtype)
-    _placed(model, device, lp.core.devices.resolve_dtype(dtype))
+    _placed(model, device, lp.core.models.devices.resolve_dtype(dtype))
 
 
 def test_a_hub_name_loads_on_the_device_and_dtype_asked(tiny_folder, monkeypatch):
@@ -286,7 +286,7 @@ def test_a_hub_name_loads_on_the_device_and_dtype_asked(tiny_folder, monkeypatch
 
 
 def test_the_default_device_is_cuda_then_mps_then_cpu(monkeypatch, tiny_folder):
-    import lensprobe.core.devices as devices
+    import lensprobe.core.models.devices as devices
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
@@ -297,7 +297,7 @@ def test_the_default_device_is_cuda_then_mps_then_cpu(monkeypatch, tiny_folder):
     assert devices.default_device() == torch.device("cuda")
     # load_model asks default_device() when no device is given
     monkeypatch.setattr(devices, "default_device", lambda: torch.device("meta"))
-    monkeypatch.setattr(lp.core.models, "default_device", lambda: torch.device("meta"))
+    monkeypatch.setattr(lp.core.models.loading, "default_device", lambda: torch.device("meta"))
     _placed(lp.load_model(tiny_folder), "meta", torch.float32)
 
 

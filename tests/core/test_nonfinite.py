@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import lensprobe as lp
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.measures import AnswerLogProb, CallableMeasure, Entropy
-from lensprobe.core.metrics import nonfinite_rows
+from lensprobe.core.measures.measure import AnswerLogProb, CallableMeasure, Entropy
+from lensprobe.core.measures.metrics import nonfinite_rows
 from lensprobe.evals.data import Problem
 
 SPECIAL = [math.nan, math.inf, -math.inf]

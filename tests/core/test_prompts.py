@@ -7,7 +7,7 @@ import pytest
 
 import lensprobe as lp
 from lensprobe import Filler, LensprobeError, build_prompt
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.models.testing import tiny_model
 
 QUESTION = "What is 12+7?"
 PLACEMENTS = ["between", "before_system", "after_question"]

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import lensprobe as lp
-from lensprobe.core.prompts import MATH_SYSTEM_PROMPT, PAPER_SYSTEM_PROMPT
+from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT, PAPER_SYSTEM_PROMPT
 
 MLESS = " ".join(["/"] * 55)
 
@@ -37,7 +37,7 @@ def test_paper_system_prompt_is_the_authors_literal_string():
 
 
 def test_chat_system_prompt_docstring_does_not_claim_to_be_the_papers():
-    import lensprobe.core.prompts as prompts
+    import lensprobe.core.prompts.prompt as prompts
 
     source = open(prompts.__file__, encoding="utf-8").read()
     doc = source.split("MATH_SYSTEM_PROMPT = ", 1)[1].split("PAPER_SYSTEM_PROMPT =", 1)[0]
@@ -124,7 +124,7 @@ def test_raw_placements_name_the_joiners(tiny, placement, order):
 
 def test_raw_adds_what_the_tokenizer_adds(tiny):
     """The bridge's tokenizer prepends BOS, the plain one does not: the raw prompt follows each."""
-    from lensprobe.core.testing import tiny_tokenizer
+    from lensprobe.core.models.testing import tiny_tokenizer
 
     plain = tiny_tokenizer()
     with_bos = lp.build_prompt(tiny, "What?", system="Sys", template="raw")
@@ -138,7 +138,7 @@ def test_raw_adds_what_the_tokenizer_adds(tiny):
 
 
 def test_raw_without_special_tokens_equals_the_plain_tokenizer(tiny):
-    from lensprobe.core.testing import tiny_tokenizer
+    from lensprobe.core.models.testing import tiny_tokenizer
 
     plain = tiny_tokenizer()
     p = lp.build_prompt(tiny, "What?", system="Sys", filler=lp.Filler.meaningless(count=3), template="raw",

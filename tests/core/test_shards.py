@@ -8,8 +8,15 @@ import pytest
 import torch
 
 import lensprobe as lp
-import lensprobe.core.shards as shards
-from lensprobe.core.shards import ShardStore, atomic_file, check_shard, my_units, run_sharded, shard_info
+import lensprobe.core.storage.shards as shards
+from lensprobe.core.storage.shards import (
+    ShardStore,
+    atomic_file,
+    check_shard,
+    my_units,
+    run_sharded,
+    shard_info,
+)
 from lensprobe.generation.loop import trace_generation
 
 SHARD_VARS = ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE")

@@ -1,4 +1,4 @@
-"""The results store (lensprobe.core.store, lensprobe.core.rowfiles): the settings diff, the one wait, row
+"""The results store (lensprobe.core.storage.store, lensprobe.core.storage.rowfiles): the settings diff, the one wait, row
 files merged across ranks; every kind of run refuses another run's folder the same way."""
 
 import json
@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 import lensprobe as lp
-from lensprobe.core.rowfiles import RowWriter, read_row_files
-from lensprobe.core.shards import run_sharded
-from lensprobe.core.store import (
+from lensprobe.core.storage.rowfiles import RowWriter, read_row_files
+from lensprobe.core.storage.shards import run_sharded
+from lensprobe.core.storage.store import (
     ShardStore,
     diff_lines,
     merge_rows,
@@ -77,7 +77,7 @@ def test_row_files_of_every_rank_are_merged_and_a_row_cut_short_is_skipped(tmp_p
 def sweep_result(value: float):
     import torch
 
-    from lensprobe.interventions.sweep import SweepResult
+    from lensprobe.experiments.sweep import SweepResult
 
     return SweepResult([(0, 0), (0, 1)], torch.tensor([1.0]), torch.tensor([[value, 2.0]]), "entropy", "zero", 1, 2)
 

@@ -4,9 +4,9 @@ in time linear in its length, refused before it is drawn when it cannot fit the 
 import pytest
 
 import lensprobe as lp
-from lensprobe.core import randomtext
-from lensprobe.core.randomtext import random_sentence_text
-from lensprobe.core.text import check_text, surrogate_at
+from lensprobe.core.prompts import randomtext
+from lensprobe.core.prompts.randomtext import random_sentence_text
+from lensprobe.core.prompts.text import check_text, surrogate_at
 
 
 @pytest.mark.unchecked

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 import lensprobe as lp
-from lensprobe.core.identity import IDENTITY_VERSION
+from lensprobe.core.storage.identity import IDENTITY_VERSION
 from lensprobe.evals import (
     BUILTIN_CONDITIONS,
     Condition,

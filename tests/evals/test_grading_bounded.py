@@ -6,7 +6,7 @@ import logging
 import pytest
 
 import lensprobe as lp
-from lensprobe.core.identity import identity
+from lensprobe.core.storage.identity import identity
 from lensprobe.evals import grading
 from lensprobe.evals.mathverify import excerpt
 

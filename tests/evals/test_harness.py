@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import lensprobe as lp
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.models.testing import tiny_model
 from lensprobe.evals import Condition, Problem, builtin_condition, load_results
 from lensprobe.evals.results import read_rows
 
@@ -282,7 +282,7 @@ def test_rank_0_names_the_ranks_that_stall_and_keeps_its_rows(tiny, tmp_path, mo
     """The results store's one wait: when the other ranks stall, rank 0 of an evaluation stops with an
     error naming them, their problems and the fix (as sweeps do); its own rows stay, and once the other
     rank has run, the same command returns the merged table without generating anything again."""
-    monkeypatch.setattr("lensprobe.core.store.STALL_TIMEOUT", 0.2)
+    monkeypatch.setattr("lensprobe.core.storage.store.STALL_TIMEOUT", 0.2)
     probs = problems(5)
     kw = dict(max_new_tokens=6, progress=False, model_name="tiny", world_size=2)
     with pytest.raises(lp.LensprobeError, match=r"rank 1 of 2 did not finish 2 problem\(s\) \(e.g. 'q1'\) .*"
@@ -331,7 +331,7 @@ def _wait_for_rows(path: Path, n: int, proc, timeout=120.0) -> int:
 RUN_SCRIPT = """
 import sys
 import lensprobe as lp
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.models.testing import tiny_model
 model = tiny_model(seed=0)
 lp.evaluate(model, lp.load_math500(sys.argv[1]), "w/o,w/ Mless,w/ Mful", out=sys.argv[2],
             max_new_tokens=60, batch_size=1, progress=False, model_name="tiny")

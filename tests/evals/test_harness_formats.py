@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 
 import lensprobe as lp
-from lensprobe.core.conditions import paper_conditions
-from lensprobe.core.identity import identity
-from lensprobe.core.prompts import PAPER_SYSTEM_PROMPT
+from lensprobe.core.prompts.conditions import paper_conditions
+from lensprobe.core.prompts.prompt import PAPER_SYSTEM_PROMPT
+from lensprobe.core.storage.identity import identity
 from lensprobe.evals import Problem, load_results
 from lensprobe.evals.config import EvalConfig, paper_generation_settings
 from lensprobe.evals.grading import grade_paper_exact

@@ -11,8 +11,8 @@ import torch
 from oracles import assert_rows_equal_solo, assert_same_row, solo
 
 import lensprobe as lp
-from lensprobe.core.hooks import StepContext, Steps, batch_dependent, with_default_seed
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.hooks.attach import StepContext, Steps, batch_dependent, with_default_seed
+from lensprobe.core.models.testing import tiny_model
 from lensprobe.generation import cacherows
 from lensprobe.interventions.arm import BatchDependenceWarning
 

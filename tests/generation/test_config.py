@@ -3,7 +3,7 @@
 import pytest
 
 import lensprobe as lp
-from lensprobe.core.identity import identity
+from lensprobe.core.storage.identity import identity
 from lensprobe.evals.harness import EvalConfig
 from lensprobe.generation.config import generation_config
 from lensprobe.studies.thinking import compare_thinking
@@ -75,7 +75,7 @@ def test_eval_config_is_a_generation_config_identified_by_the_settings_it_change
 
 
 def test_compare_thinking_takes_a_config(tiny):
-    model = lp.core.testing.tiny_model(seed=0)
+    model = lp.core.models.testing.tiny_model(seed=0)
     lp.add_thinking_token(model)
     p = lp.build_prompt(model, "the cat")
     cfg = lp.GenerationConfig(6, stop_at_eos=False, think_when=None)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import lensprobe as lp
-from lensprobe.core.hooks import Steps
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.hooks.attach import Steps
+from lensprobe.core.models.testing import tiny_model
 from lensprobe.generation.engines import BridgeEngine, Engine, PlainEngine, choose_engine
 from lensprobe.generation.engines.bridge import check_cached_steps
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import lensprobe as lp
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.models.testing import tiny_model
 from lensprobe.generation.engines import attention as kernel
 from lensprobe.generation.engines import threads
 from lensprobe.generation.engines import view as plain

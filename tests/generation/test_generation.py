@@ -7,7 +7,7 @@ import torch
 from oracles import latent_by_hand
 
 import lensprobe as lp
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.models.testing import tiny_model
 from lensprobe.generation.loop import generate, trace_generation
 from lensprobe.generation.schedule import parse_schedule
 

@@ -11,7 +11,7 @@ import torch
 from oracles import latent_by_hand
 
 import lensprobe as lp
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.models.testing import tiny_model
 from lensprobe.generation.thinking import latent_fusion_vector
 
 TOL = 1e-5

@@ -11,7 +11,7 @@ import torch
 from oracles import Counter, assert_rows_equal_solo, assert_same_row, hook_snapshot, solo
 
 import lensprobe as lp
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.models.testing import tiny_model
 from lensprobe.generation import cacherows
 
 # Six prompts of clearly different lengths (the chat template adds the same system prompt to

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import lensprobe as lp
-from lensprobe.core.hooks import rounding_sensitive_layer
+from lensprobe.core.hooks.attach import rounding_sensitive_layer
 from lensprobe.generation.engines.view import attention_modules, mlp_modules, plain_model
 
 TEXTS = ("What is 12+7?", "Compute the sum of the first ten odd numbers, then halve it.", "Is 91 prime?")

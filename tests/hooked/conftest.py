@@ -9,14 +9,14 @@ import lensprobe as lp
 
 @pytest.fixture(scope="session")
 def hooked():
-    from lensprobe.core.testing import tiny_hooked_model
+    from lensprobe.core.models.testing import tiny_hooked_model
 
     return tiny_hooked_model(seed=0)
 
 
 @pytest.fixture(scope="session")
 def hooked_hf():
-    from lensprobe.core.testing import tiny_hf_model
+    from lensprobe.core.models.testing import tiny_hf_model
 
     return tiny_hf_model(seed=0)[0]
 

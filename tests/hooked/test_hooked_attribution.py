@@ -6,7 +6,7 @@ import torch
 from oracles import hf_head_gradients, hook_snapshot
 
 import lensprobe as lp
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.models.testing import tiny_model
 
 pytestmark = pytest.mark.hooked
 

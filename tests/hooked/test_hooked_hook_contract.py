@@ -9,6 +9,8 @@ from oracles import EDITED_LAYERS, assert_greedy_with_the_edit, edited_twin_logi
 
 import lensprobe as lp
 
+pytestmark = pytest.mark.hooked
+
 
 def test_the_hook_sees_a_hook_point_and_its_step_in_a_prompt_forward(hooked, hooked_hf, hooked_prompts):
     log: list = []

@@ -6,7 +6,7 @@ import torch
 from hooked_oracles import entropy_by_hand, hf_run, o_proj_inputs, set_heads
 
 import lensprobe as lp
-from lensprobe.core.hooks import ActivationRecorder, intervene
+from lensprobe.core.hooks.attach import ActivationRecorder, intervene
 from lensprobe.interventions.arm import arm_redistribute
 
 pytestmark = pytest.mark.hooked

@@ -8,8 +8,8 @@ import torch
 from hooked_oracles import hf_with_thinking_token
 
 import lensprobe as lp
-from lensprobe.core.kinds import is_bridge, is_hooked_transformer, model_kind, require_bridge
-from lensprobe.core.testing import tiny_hf_model, tiny_hooked_model
+from lensprobe.core.models.kinds import is_bridge, is_hooked_transformer, model_kind, require_bridge
+from lensprobe.core.models.testing import tiny_hf_model, tiny_hooked_model
 from lensprobe.generation.engines import BridgeEngine, HookedEngine, choose_engine
 
 pytestmark = pytest.mark.hooked

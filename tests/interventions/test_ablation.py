@@ -6,7 +6,7 @@ import torch
 
 import lensprobe as lp
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.heads import kv_group_heads, parse_heads, resolve_heads
+from lensprobe.core.hooks.heads import kv_group_heads, parse_heads, resolve_heads
 from lensprobe.interventions.ablation import ablate_heads, ablate_kv_group
 from lensprobe.interventions.replacement import head_means
 

@@ -8,10 +8,10 @@ from transformer_lens.model_bridge import TransformerBridge
 
 import lensprobe as lp
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.forced import ContinuationEntropy, ContinuationLogProb, LogitDiff
-from lensprobe.core.measures import measure_once
-from lensprobe.interventions.attribution import attribute_heads
-from lensprobe.interventions.sweep import ablation_sweep
+from lensprobe.core.measures.forced import ContinuationEntropy, ContinuationLogProb, LogitDiff
+from lensprobe.core.measures.measure import measure_once
+from lensprobe.experiments.attribution import attribute_heads
+from lensprobe.experiments.sweep import ablation_sweep
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_graddrop_score_by_hand():
     path; dropping its own layer gives 0; sum / (2 - 1)); a layer-1 head's is |its estimate|."""
     model = attention_only(2)
     att = attribute_heads(model, TOKENS, "logit_diff", tokens=(3, 7), method="atp*")
-    rec = lp.core.hooks.ActivationRecorder(["blocks.0.attn.hook_z"])
+    rec = lp.core.hooks.attach.ActivationRecorder(["blocks.0.attn.hook_z"])
     lp.forward(model, TOKENS, rec)
     z = rec.acts["blocks.0.attn.hook_z"][0, -1]  # [head, d_head] at the last position
     readout = model.W_U[:, 3] - model.W_U[:, 7]
@@ -162,8 +162,8 @@ def test_gqa_groups(tiny, prompts):
     fn = lambda logits, prompt: logits[:, -1, 3] - logits[:, -1, 7]  # noqa: E731
     star = attribute_heads(model, TOKENS, fn, method="atp*", unit="kv")
     for g in range(2):
-        exact = measure_once(model, lp.core.measures.CallableMeasure(fn), TOKENS, lp.ablate_kv_group((0, g)))
-        base = measure_once(model, lp.core.measures.CallableMeasure(fn), TOKENS)
+        exact = measure_once(model, lp.core.measures.measure.CallableMeasure(fn), TOKENS, lp.ablate_kv_group((0, g)))
+        base = measure_once(model, lp.core.measures.measure.CallableMeasure(fn), TOKENS)
         assert float(star.grid()[0, g]) == pytest.approx(float(exact - base), rel=1e-4, abs=1e-5)
 
 
@@ -272,7 +272,7 @@ def test_the_residual_stream_path_of_the_qk_fix_gives_the_same_numbers(tiny, pro
     """Models without a hook at the attention input (HookedTransformer) add the QK fix's rows to the
     whole residual stream and go back to one row after the layer: the same numbers."""
     want = attribute_heads(tiny, prompts[0], "entropy", method="atp*")
-    monkeypatch.setattr("lensprobe.interventions.atp._input_hook",
+    monkeypatch.setattr("lensprobe.experiments.atp._input_hook",
                         lambda model, layer: (f"blocks.{layer}.hook_resid_pre", True))
     got = attribute_heads(tiny, prompts[0], "entropy", method="atp*", batch_size=3)
     torch.testing.assert_close(got.estimates, want.estimates, rtol=1e-5, atol=1e-9)

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import lensprobe as lp
-from lensprobe.core.forced import METRICS
-from lensprobe.interventions.attribution import attribute_heads
-from lensprobe.interventions.patching import patch
-from lensprobe.interventions.sweep import ablation_sweep
-from lensprobe.interventions.verify import verify_attribution
+from lensprobe.core.measures.forced import METRICS
+from lensprobe.experiments.attribution import attribute_heads
+from lensprobe.experiments.patching import patch
+from lensprobe.experiments.sweep import ablation_sweep
+from lensprobe.experiments.verify import verify_attribution
 
 # the settings each metric name needs, as every study takes them
 SETTINGS = {

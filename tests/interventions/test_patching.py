@@ -6,7 +6,7 @@ import torch
 
 import lensprobe as lp
 from lensprobe.core.errors import LensprobeError
-from lensprobe.interventions.patching import patch
+from lensprobe.experiments.patching import patch
 
 SYSTEM = "Please reason step by step."
 

@@ -9,9 +9,9 @@ import torch
 
 import lensprobe as lp
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.measures import AnswerLogProb, measure_once, resolve_measure
+from lensprobe.core.measures.measure import AnswerLogProb, measure_once, resolve_measure
+from lensprobe.experiments.sweep import ablation_sweep
 from lensprobe.interventions.ablation import ablate_heads
-from lensprobe.interventions.sweep import ablation_sweep
 
 
 @pytest.fixture(scope="module")

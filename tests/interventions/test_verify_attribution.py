@@ -6,9 +6,9 @@ import torch
 
 import lensprobe as lp
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.measures import Entropy, measure_once
-from lensprobe.interventions.attribution import attribute_heads
-from lensprobe.interventions.verify import agreement, verify_attribution
+from lensprobe.core.measures.measure import Entropy, measure_once
+from lensprobe.experiments.attribution import attribute_heads
+from lensprobe.experiments.verify import agreement, verify_attribution
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import lensprobe as lp
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.models.testing import tiny_model
 from lensprobe.studies import filler as fs
 
 QUESTION = "What is 12+7?"
@@ -194,7 +194,7 @@ def test_ascii_grid_shape_and_alphabet():
 
 
 def test_labels(tiny):
-    assert lp.core.heads.head_label(0, 13) == "L0H13"
+    assert lp.core.hooks.heads.head_label(0, 13) == "L0H13"
     assert lp.model_label(tiny) == "lensprobe-tiny-llama"
 
     class Cfg:

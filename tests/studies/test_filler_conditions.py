@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import lensprobe as lp
-from lensprobe.core.conditions import paper_conditions
+from lensprobe.core.prompts.conditions import paper_conditions
 from lensprobe.studies import filler as fs
 from lensprobe.studies import heads as hs
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import lensprobe as lp
-from lensprobe.core.testing import tiny_model
+from lensprobe.core.models.testing import tiny_model
 from lensprobe.studies.mechanism import (
     ActivationStats,
     activation_stats,

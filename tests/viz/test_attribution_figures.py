@@ -3,8 +3,8 @@
 import pandas as pd
 import torch
 
-from lensprobe.interventions.attribution import Attribution
-from lensprobe.interventions.verify import Verification
+from lensprobe.experiments.attribution import Attribution
+from lensprobe.experiments.verify import Verification
 from lensprobe.viz import attribution_heatmap, attribution_scatter
 
 

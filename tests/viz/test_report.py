@@ -12,7 +12,7 @@ import torch
 from plotly.offline import get_plotlyjs
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.jsonable import to_jsonable
+from lensprobe.core.storage.jsonable import to_jsonable
 from lensprobe.viz.report import Section, slugify, write_report
 
 

@@ -24,8 +24,8 @@ from lensprobe.app.option_groups import (
     SystemOptions,
 )
 from lensprobe.app.parsing import add_config
-from lensprobe.core.jsonable import to_jsonable
-from lensprobe.core.store import atomic_file, atomic_write_json, atomic_write_text
+from lensprobe.core.storage.jsonable import to_jsonable
+from lensprobe.core.storage.store import atomic_file, atomic_write_json, atomic_write_text
 from lensprobe.studies import filler as fs
 from lensprobe.studies.filler import FillerSetup
 from lensprobe.studies.settings import AttentionConfig

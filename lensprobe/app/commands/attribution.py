@@ -15,15 +15,15 @@ from lensprobe.app.option_groups import Math500Options, ModelOptions, QuestionsO
 from lensprobe.app.parsing import add_config
 from lensprobe.app.sections.filler import demo_question
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.heads import resolve_heads
-from lensprobe.core.jsonable import to_jsonable
-from lensprobe.core.models import model_label
-from lensprobe.core.prompts import prompt_json
-from lensprobe.core.store import atomic_file, atomic_write_json
+from lensprobe.core.hooks.heads import resolve_heads
+from lensprobe.core.models.loading import model_label
+from lensprobe.core.prompts.prompt import prompt_json
+from lensprobe.core.storage.jsonable import to_jsonable
+from lensprobe.core.storage.store import atomic_file, atomic_write_json
 from lensprobe.evals.data import load_math500
-from lensprobe.interventions.attribution import attribute_heads
-from lensprobe.interventions.head_settings import AttributionConfig
-from lensprobe.interventions.verify import verify_attribution
+from lensprobe.experiments.attribution import attribute_heads
+from lensprobe.experiments.head_settings import AttributionConfig
+from lensprobe.experiments.verify import verify_attribution
 from lensprobe.viz import attribution_heatmap, attribution_scatter
 
 

@@ -31,11 +31,11 @@ from lensprobe.app.common import (
 from lensprobe.app.examples import describe
 from lensprobe.app.option_groups import EVAL_OPTIONS, OutputOptions, ReportOptions
 from lensprobe.app.options import Option, add_options, option_values
-from lensprobe.core.conditions import PromptFormat, paper_conditions, resolve_conditions
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.heads import parse_heads
-from lensprobe.core.models import model_label
-from lensprobe.core.shards import bind_local_gpu
+from lensprobe.core.hooks.heads import parse_heads
+from lensprobe.core.models.loading import model_label
+from lensprobe.core.prompts.conditions import PromptFormat, paper_conditions, resolve_conditions
+from lensprobe.core.storage.shards import bind_local_gpu
 from lensprobe.evals.arithmetic import arithmetic_problems
 from lensprobe.evals.benchmarks import resolve_benchmark
 from lensprobe.evals.data import load_math500

@@ -23,16 +23,16 @@ from lensprobe.app.option_groups import (
 from lensprobe.app.parsing import add_config
 from lensprobe.app.sections.filler import demo_question
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.heads import head_label, resolve_heads
-from lensprobe.core.jsonable import to_jsonable
-from lensprobe.core.measures import resolve_measure
-from lensprobe.core.models import model_label
-from lensprobe.core.prompts import prompt_json
-from lensprobe.core.shards import bind_local_gpu, shard_info
-from lensprobe.core.store import atomic_file, atomic_write_json
+from lensprobe.core.hooks.heads import head_label, resolve_heads
+from lensprobe.core.measures.measure import resolve_measure
+from lensprobe.core.models.loading import model_label
+from lensprobe.core.prompts.prompt import prompt_json
+from lensprobe.core.storage.jsonable import to_jsonable
+from lensprobe.core.storage.shards import bind_local_gpu, shard_info
+from lensprobe.core.storage.store import atomic_file, atomic_write_json
+from lensprobe.experiments.head_settings import AblateConfig, SweepConfig
+from lensprobe.experiments.sweep import ablation_sweep
 from lensprobe.interventions.ablation import ablate_heads
-from lensprobe.interventions.head_settings import AblateConfig, SweepConfig
-from lensprobe.interventions.sweep import ablation_sweep
 from lensprobe.studies.filler import FillerSetup, attention_received
 from lensprobe.studies.heads import ablation_effect
 from lensprobe.viz import head_attention_figure, next_token_figure, sweep_heatmap

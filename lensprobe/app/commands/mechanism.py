@@ -17,10 +17,10 @@ from lensprobe.app.examples import describe
 from lensprobe.app.option_groups import ModelOptions, OutputOptions, QuestionOptions, SystemOptions
 from lensprobe.app.parsing import add_config
 from lensprobe.app.sections.mechanism import MECHANISM_ARM
-from lensprobe.core.jsonable import stable_repr, to_jsonable
-from lensprobe.core.models import check_layers, model_label
-from lensprobe.core.prompts import prompt_json
-from lensprobe.core.store import atomic_file, atomic_write_json
+from lensprobe.core.models.loading import check_layers, model_label
+from lensprobe.core.prompts.prompt import prompt_json
+from lensprobe.core.storage.jsonable import stable_repr, to_jsonable
+from lensprobe.core.storage.store import atomic_file, atomic_write_json
 from lensprobe.interventions.arm import ARM
 from lensprobe.studies.mechanism import (
     activation_stats,

@@ -18,11 +18,11 @@ from lensprobe.app.common import (
 from lensprobe.app.examples import describe
 from lensprobe.app.option_groups import ModelOptions, OutputOptions, QuestionOptions, SystemOptions
 from lensprobe.app.parsing import add_config
-from lensprobe.core.identity import run_identity
-from lensprobe.core.models import model_label
-from lensprobe.core.prompts import build_prompt
-from lensprobe.core.shards import bind_local_gpu, shard_info
-from lensprobe.core.store import atomic_file
+from lensprobe.core.models.loading import model_label
+from lensprobe.core.prompts.prompt import build_prompt
+from lensprobe.core.storage.identity import run_identity
+from lensprobe.core.storage.shards import bind_local_gpu, shard_info
+from lensprobe.core.storage.store import atomic_file
 from lensprobe.generation.thinking import LatentFusion, add_thinking_token
 from lensprobe.generation.trace import trace_summary
 from lensprobe.generation.traceset import trace_jobs

@@ -4,9 +4,9 @@ verified by exact ablation."""
 import html
 
 from lensprobe.app.sections.filler import demo_question
-from lensprobe.core.models import model_label
-from lensprobe.interventions.attribution import attribute_heads
-from lensprobe.interventions.verify import verify_attribution
+from lensprobe.core.models.loading import model_label
+from lensprobe.experiments.attribution import attribute_heads
+from lensprobe.experiments.verify import verify_attribution
 from lensprobe.studies.filler import FillerSetup, condition_prompts
 from lensprobe.viz import attribution_heatmap, attribution_scatter
 from lensprobe.viz.report import Section

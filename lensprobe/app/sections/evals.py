@@ -4,9 +4,9 @@ the answer) and level-1 MATH-500 problems (graded on ``\\boxed{}``), under w/o, 
 import html
 
 from lensprobe.app.recipe import list_recipes
-from lensprobe.core.conditions import resolve_conditions
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.models import model_label
+from lensprobe.core.models.loading import model_label
+from lensprobe.core.prompts.conditions import resolve_conditions
 from lensprobe.evals.arithmetic import arithmetic_problems
 from lensprobe.evals.data import load_math500, math500_path
 from lensprobe.evals.harness import evaluate

@@ -4,9 +4,9 @@ random sentence, attention per token class, and an interactive layer-0 view."""
 import html
 import json
 
-from lensprobe.core.heads import head_label
-from lensprobe.core.models import model_label
-from lensprobe.core.prompts import prompt_json
+from lensprobe.core.hooks.heads import head_label
+from lensprobe.core.models.loading import model_label
+from lensprobe.core.prompts.prompt import prompt_json
 from lensprobe.evals.data import math500_path
 from lensprobe.studies.filler import (
     AttentionReceived,

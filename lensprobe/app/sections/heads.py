@@ -4,13 +4,13 @@ head H", single ablations of the chosen head, and activation patching of layer 0
 import html
 
 from lensprobe.app.sections.filler import demo_question
-from lensprobe.core.heads import head_label
+from lensprobe.core.hooks.heads import head_label
 from lensprobe.core.lazy import pandas
-from lensprobe.core.models import model_label
-from lensprobe.core.prompts import Prompt
+from lensprobe.core.models.loading import model_label
+from lensprobe.core.prompts.prompt import Prompt
+from lensprobe.experiments.patching import patch
+from lensprobe.experiments.sweep import ablation_sweep
 from lensprobe.interventions.ablation import ablate_heads, ablate_kv_group
-from lensprobe.interventions.patching import patch
-from lensprobe.interventions.sweep import ablation_sweep
 from lensprobe.studies.filler import FillerSetup, attention_received, condition_prompts
 from lensprobe.studies.heads import ablation_effect, head_attention_over_generation
 from lensprobe.viz import head_attention_figure, next_token_figure, patch_figure, sweep_heatmap

@@ -4,9 +4,9 @@ layer-0 MLP activations go (w/o filler, w/ Mless, w/o filler + ARM)."""
 import html
 
 from lensprobe.app.sections.filler import INDEX_NOTE_HTML, demo_question
-from lensprobe.core.jsonable import stable_repr
-from lensprobe.core.models import model_label
-from lensprobe.core.prompts import prompt_json
+from lensprobe.core.models.loading import model_label
+from lensprobe.core.prompts.prompt import prompt_json
+from lensprobe.core.storage.jsonable import stable_repr
 from lensprobe.interventions.arm import ARM
 from lensprobe.studies.mechanism import (
     activation_stats,

@@ -2,8 +2,8 @@
 
 import html
 
-from lensprobe.core.models import model_label
-from lensprobe.core.prompts import MATH_SYSTEM_PROMPT, build_prompt
+from lensprobe.core.models.loading import model_label
+from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT, build_prompt
 from lensprobe.evals.data import load_math500, math500_path
 from lensprobe.generation.schedule import parse_schedule
 from lensprobe.generation.trace import trace_summary

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lensprobe.core.devices import model_device
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import Hook, Steps, intervene
+from lensprobe.core.hooks.attach import Hook, Steps, intervene
+from lensprobe.core.models.devices import model_device
 from lensprobe.generation.engines.view import has_user_hooks
 
 __all__ = ["BridgeEngine", "check_cached_steps"]

@@ -3,8 +3,8 @@
 from collections.abc import Sequence
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import resolve_hooks
-from lensprobe.core.kinds import is_hooked_transformer, require_bridge
+from lensprobe.core.hooks.attach import resolve_hooks
+from lensprobe.core.models.kinds import is_hooked_transformer, require_bridge
 from lensprobe.generation.engines.bridge import BridgeEngine
 from lensprobe.generation.engines.hooked import HookedEngine
 from lensprobe.generation.engines.hooknames import editable, servable, supports

@@ -20,7 +20,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import Hook, Steps, intervene
+from lensprobe.core.hooks.attach import Hook, Steps, intervene
 from lensprobe.core.lazy import heavy
 
 __all__ = ["HookedEngine", "mask_positions"]

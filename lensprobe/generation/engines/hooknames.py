@@ -15,8 +15,8 @@ Served names, as torch hooks on the view's modules:
 use only those run on a plain view (:func:`lensprobe.generation.engines.choose.choose_engine`).
 :func:`attached` attaches hooks and removes them on exit. Torch hooks carry no hook point, so
 :class:`~lensprobe.generation.engines.plain.PlainEngine` passes functions bound by
-:func:`lensprobe.core.hooks.bound_hooks`: each receives the same
-:class:`~lensprobe.core.hookpoint.HookSite` (name, layer, ctx, step) it receives on the bridge.
+:func:`lensprobe.core.hooks.attach.bound_hooks`: each receives the same
+:class:`~lensprobe.core.hooks.hookpoint.HookSite` (name, layer, ctx, step) it receives on the bridge.
 """
 
 import contextlib
@@ -75,7 +75,7 @@ def servable(model, view: nn.Module, hook_names: Sequence[str]) -> bool:
 def attached(model, view: nn.Module, hooks: Sequence[tuple[str, Callable[[torch.Tensor, Any], Any]]]) -> Iterator[nn.Module]:
     """Attach hooks (TransformerLens names, ``fn(activation, hook)``) to a plain view, in order.
 
-    ``fn`` is called with ``hook=None``: pass functions bound by :func:`lensprobe.core.hooks.bound_hooks`
+    ``fn`` is called with ``hook=None``: pass functions bound by :func:`lensprobe.core.hooks.attach.bound_hooks`
     so that they receive a hook point and its step.
 
     Every hook is removed on exit, also after an exception or a KeyboardInterrupt.

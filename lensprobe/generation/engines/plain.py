@@ -17,7 +17,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import Hook, Steps, bound_hooks, resolve_hooks, rounding_sensitive_layer
+from lensprobe.core.hooks.attach import Hook, Steps, bound_hooks, resolve_hooks, rounding_sensitive_layer
 from lensprobe.generation.engines.attention import ATTENTIONS
 from lensprobe.generation.engines.hooknames import attached, editable
 from lensprobe.generation.engines.rowwise import rows_alone

@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lensprobe.core.hooks import Hook, Steps
+from lensprobe.core.hooks.attach import Hook, Steps
 
 __all__ = ["ENGINE_NAMES", "Engine", "EngineName"]
 
@@ -39,7 +39,7 @@ class Engine(Protocol):
     def attach(self, hooks: Sequence[Hook], interventions: Sequence, steps: Steps) -> AbstractContextManager[None]:
         """Attach recorder ``hooks`` (TransformerLens names) and ``interventions`` while open.
 
-        Every hook is called with a :class:`~lensprobe.core.hookpoint.HookSite` whose ``step``
+        Every hook is called with a :class:`~lensprobe.core.hooks.hookpoint.HookSite` whose ``step``
         is what the runner last gave ``steps.publish``.
 
         Everything attached is removed on exit, also after an exception or a KeyboardInterrupt.

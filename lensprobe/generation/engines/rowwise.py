@@ -6,7 +6,7 @@ over several rows multiplies each weight by a ``[rows, d]`` matrix where a row a
 left-padded to the longest row. Most results never notice. An intervention that thresholds
 or ranks activations (ARM: which entries count as near zero, which draw each gets) can turn
 such a difference into another token. Such an intervention names the last layer it reads
-(its ``rounding_sensitive_layer`` capability, see :class:`lensprobe.core.hooks.Intervention`),
+(its ``rounding_sensitive_layer`` capability, see :class:`lensprobe.core.hooks.attach.Intervention`),
 and :func:`rows_alone` then makes every decode step compute layers ``0..that layer`` row by
 row, as the row alone computes them:
 

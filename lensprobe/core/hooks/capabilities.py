@@ -96,7 +96,7 @@ def capabilities(item: Any) -> Capabilities:
             raise LensprobeError(
                 f"{name} has {', '.join(old)} but declares no capabilities, so generic code would ignore "
                 f"{'them' if len(old) > 1 else 'it'}: declare them in one object, e.g. "
-                f"capabilities = lp.Capabilities(...) (see lensprobe.core.capabilities)."
+                f"capabilities = lp.Capabilities(...) (see lensprobe.core.hooks.capabilities)."
             )
         return NONE
     if not isinstance(declared, Capabilities):

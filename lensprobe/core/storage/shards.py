@@ -7,10 +7,10 @@ processes a launcher starts (``torchrun``, ``accelerate launch``, ``srun``, ``mp
 - :func:`shard_info` reads this process's ``(rank, world_size)`` from the environment;
 - :func:`my_units` gives rank ``r`` every ``world_size``-th unit, starting at unit ``r``;
 - :func:`run_sharded` computes this rank's units that are not on disk yet, keeping each result
-  in the results store (:class:`~lensprobe.core.store.ShardStore`: ``shards.json`` with what the
+  in the results store (:class:`~lensprobe.core.storage.store.ShardStore`: ``shards.json`` with what the
   run computes and its hash, one ``shard-rank{R}.json`` per process, rewritten atomically after
   every finished unit, so a crash loses at most the unit being computed), and on rank 0 waits
-  for the other ranks' files (:func:`~lensprobe.core.store.wait_for_units`) and returns every
+  for the other ranks' files (:func:`~lensprobe.core.storage.store.wait_for_units`) and returns every
   unit's result.
 
 Processes meet only through files, so no ``torch.distributed`` process group is needed, and
@@ -35,16 +35,16 @@ import torch
 from tqdm.auto import tqdm
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.identity import check_identity_rule
+from lensprobe.core.storage.identity import check_identity_rule
 
-# The results store, re-exported from its old home (lensprobe.core.shards.ShardStore ...).
-from lensprobe.core.store import POLL_SECONDS as POLL_SECONDS
-from lensprobe.core.store import SETTINGS_FILE as SETTINGS_FILE
-from lensprobe.core.store import STALL_TIMEOUT as STALL_TIMEOUT
-from lensprobe.core.store import ShardStore as ShardStore
-from lensprobe.core.store import atomic_file as atomic_file
-from lensprobe.core.store import atomic_write_json as atomic_write_json
-from lensprobe.core.store import open_folder, read_json
+# The results store, re-exported from its old home (lensprobe.core.storage.shards.ShardStore ...).
+from lensprobe.core.storage.store import POLL_SECONDS as POLL_SECONDS
+from lensprobe.core.storage.store import SETTINGS_FILE as SETTINGS_FILE
+from lensprobe.core.storage.store import STALL_TIMEOUT as STALL_TIMEOUT
+from lensprobe.core.storage.store import ShardStore as ShardStore
+from lensprobe.core.storage.store import atomic_file as atomic_file
+from lensprobe.core.storage.store import atomic_write_json as atomic_write_json
+from lensprobe.core.storage.store import open_folder, read_json
 
 __all__ = ["bind_local_gpu", "check_shard", "my_units", "run_sharded", "shard_info"]
 
@@ -150,15 +150,15 @@ def run_sharded(units: Sequence[str], compute: Callable[[str], Any], *, out: str
     Args:
         units: unit names (unique strings), in a fixed order every process agrees on.
         compute: ``unit -> JSON-able result``; called only for this rank's units not on disk.
-        out: the folder where the processes' results meet (see :class:`~lensprobe.core.store.ShardStore`);
+        out: the folder where the processes' results meet (see :class:`~lensprobe.core.storage.store.ShardStore`);
             ``None`` computes every unit in memory (no sharding, no resuming).
         kind, settings: what the run computes, for refusing a folder of another run. Settings
-            built by :func:`~lensprobe.core.identity.run_identity` name their identity rule, and a
-            folder written under another rule is refused (:func:`~lensprobe.core.identity.check_identity_rule`).
+            built by :func:`~lensprobe.core.storage.identity.run_identity` name their identity rule, and a
+            folder written under another rule is refused (:func:`~lensprobe.core.storage.identity.check_identity_rule`).
         rank, world_size: this process's shard; default from the environment (:func:`shard_info`).
         progress: a progress bar over the units this process computes (a string: its label).
         stall_timeout: how long rank 0 waits without news from the other ranks (default
-            :data:`~lensprobe.core.store.STALL_TIMEOUT` seconds).
+            :data:`~lensprobe.core.storage.store.STALL_TIMEOUT` seconds).
 
     Returns:
         unit -> result, in the order of ``units``: every unit on rank 0 (after waiting for the
@@ -169,7 +169,7 @@ def run_sharded(units: Sequence[str], compute: Callable[[str], Any], *, out: str
         LensprobeError: a bad shard, a sharded run without ``out``, a folder of another run (or
             of an older identity rule),
             units named twice, or (rank 0) other ranks that stall (see
-            :func:`~lensprobe.core.store.wait_for_units`).
+            :func:`~lensprobe.core.storage.store.wait_for_units`).
 
     Example:
         >>> run_sharded(["p0", "p1"], lambda u: {"n": len(u)}, out="runs/x", kind="demo", settings={})

@@ -5,7 +5,7 @@ process its own file (``results-rank{R}.jsonl``), written by a :class:`RowWriter
 ``os.write`` per row, ``fsync`` after each batch, a lock while open, a row cut short by a crash
 removed before new rows are appended. :func:`read_row_files` merges every rank's file, row by
 row, skipping a last line without its newline (cut short by a crash). The rest of the store
-(atomic writes, settings, the wait) is :mod:`lensprobe.core.store`.
+(atomic writes, settings, the wait) is :mod:`lensprobe.core.storage.store`.
 
 Example:
     >>> with RowWriter(Path("runs/x/results-rank0.jsonl")) as writer:
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.locks import FileLock
+from lensprobe.core.storage.locks import FileLock
 
 __all__ = ["RowWriter", "read_row_file", "read_row_files"]
 
@@ -74,7 +74,7 @@ def read_row_files(folder: Path, pattern: str) -> Iterator[tuple[Path, int, Any]
 class RowWriter:
     """Appends rows to one results file: one ``os.write`` per row, ``fsync`` on :meth:`sync`.
 
-    Holds a :class:`~lensprobe.core.locks.FileLock` beside the file (``.results-rank{R}.jsonl.lock``),
+    Holds a :class:`~lensprobe.core.storage.locks.FileLock` beside the file (``.results-rank{R}.jsonl.lock``),
     so two processes never write the same file (run sharded processes with distinct ranks); a
     lock left by a killed process is taken over with a warning. A failed write or ``fsync``
     (a full disk, a lost network mount) raises at once, saying how many rows are safely on

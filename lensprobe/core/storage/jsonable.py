@@ -4,7 +4,7 @@
   types (NaN -> null), for report data and summary files;
 - :func:`stable_repr`: an object as a string that is the same in every process (no memory
   addresses), a label for people; never an identity (two objects with the same repr can differ:
-  runs are identified by :mod:`lensprobe.core.identity`);
+  runs are identified by :mod:`lensprobe.core.storage.identity`);
 - :func:`digest` and :func:`json_digest`: short content hashes (same content, same digest);
 - :func:`describe_setting`: a setting as JSON for people (what a generation trace's ``meta`` records).
 """

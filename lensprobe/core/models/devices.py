@@ -1,7 +1,7 @@
 """Where a model runs: the default device, a model's device and dtype, and whether the hub answers.
 
 Every tensor lensprobe makes for a model is made on :func:`model_device`; results come back on
-the CPU. :func:`default_device` is what :func:`~lensprobe.core.models.load_model` uses when no
+the CPU. :func:`default_device` is what :func:`~lensprobe.core.models.loading.load_model` uses when no
 device is given: CUDA when available, then Apple's MPS, else the CPU.
 
 Example:
@@ -25,7 +25,7 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
 }
-"""The weight dtypes :func:`~lensprobe.core.models.load_model` accepts, by name."""
+"""The weight dtypes :func:`~lensprobe.core.models.loading.load_model` accepts, by name."""
 
 
 def default_device() -> torch.device:

@@ -16,9 +16,9 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from lensprobe.core.capabilities import Capabilities, capabilities
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hookpoint import HookSite, StepContext, Steps, bind, positions_of
+from lensprobe.core.hooks.capabilities import Capabilities, capabilities
+from lensprobe.core.hooks.hookpoint import HookSite, StepContext, Steps, bind, positions_of
 
 __all__ = ["ActivationRecorder", "AttentionRecorder", "Capabilities", "Hook", "HookFn", "HookSite", "Intervention",
            "StepContext", "Steps", "batch_dependent", "bound_hooks", "capabilities",
@@ -35,8 +35,8 @@ class Intervention(Protocol):
 
     What generic code must know about an intervention beyond its hooks (whether its rows
     depend on each other, a rounding-sensitive layer, seeding, positions, binding to a prompt)
-    it declares as ``capabilities``, one :class:`~lensprobe.core.capabilities.Capabilities`,
-    read only by :func:`~lensprobe.core.capabilities.capabilities` (no code outside an
+    it declares as ``capabilities``, one :class:`~lensprobe.core.hooks.capabilities.Capabilities`,
+    read only by :func:`~lensprobe.core.hooks.capabilities.capabilities` (no code outside an
     intervention's own module checks its type).
     """
     def hooks(self, model) -> list[Hook]: ...
@@ -44,7 +44,7 @@ class Intervention(Protocol):
 
 def batch_dependent(interventions) -> list:
     """The interventions whose result for a row depends on the other rows of its forward
-    (declared ``batch_dependent``, see :mod:`lensprobe.core.capabilities`).
+    (declared ``batch_dependent``, see :mod:`lensprobe.core.hooks.capabilities`).
 
     Example:
         >>> batch_dependent([lp.ARM(c=0.1, percentile=95, per_row=False)])  # [ARM(...)]
@@ -54,7 +54,7 @@ def batch_dependent(interventions) -> list:
 
 def rounding_sensitive_layer(interventions) -> int | None:
     """The last layer any of ``interventions`` is rounding-sensitive at (declared
-    ``rounding_sensitive_layer``, see :mod:`lensprobe.core.capabilities`), or ``None``."""
+    ``rounding_sensitive_layer``, see :mod:`lensprobe.core.hooks.capabilities`), or ``None``."""
     layers = [capabilities(i).rounding_sensitive_layer for i in interventions]
     return max((x for x in layers if x is not None), default=None)
 
@@ -100,8 +100,8 @@ def intervene(model, *interventions, steps: Steps | None = None) -> Iterator[Any
     """Attach interventions and recorders for the duration of a ``with`` block.
 
     Every hook is called as ``fn(activation, hook)`` with ``hook`` a
-    :class:`~lensprobe.core.hookpoint.HookSite` (``hook.name``, ``hook.layer()``, ``hook.ctx``,
-    and ``hook.step``: the :class:`~lensprobe.core.hookpoint.StepContext` of the forward that
+    :class:`~lensprobe.core.hooks.hookpoint.HookSite` (``hook.name``, ``hook.layer()``, ``hook.ctx``,
+    and ``hook.step``: the :class:`~lensprobe.core.hooks.hookpoint.StepContext` of the forward that
     runs). Each forward of ``model`` inside the block is described from its own inputs (KV
     cache length, ``attention_mask``) unless a runner publishes the steps through ``steps``.
 
@@ -129,7 +129,7 @@ def intervene(model, *interventions, steps: Steps | None = None) -> Iterator[Any
 
 
 def bound_hooks(hooks: list[Hook], steps: Steps) -> list[Hook]:
-    """``hooks`` whose functions receive a :class:`~lensprobe.core.hookpoint.HookSite` reading ``steps``,
+    """``hooks`` whose functions receive a :class:`~lensprobe.core.hooks.hookpoint.HookSite` reading ``steps``,
     whatever object the engine passes (one ``ctx`` dict per hook point name where it passes none)."""
     contexts: dict[str, dict] = {}
     return [(name, bind(fn, name, steps, contexts)) for name, fn in hooks]

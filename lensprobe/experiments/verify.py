@@ -2,7 +2,7 @@
 
 AtP* (Kramar et al. 2024) is a prefilter: the paper verifies the units it ranks highest by
 exact patching, and samples the rest to bound the false negatives left. This module does
-both with the batched sweep machinery of :mod:`lensprobe.interventions.sweep` (one forward
+both with the batched sweep machinery of :mod:`lensprobe.experiments.sweep` (one forward
 runs ``batch_size`` single-head ablations), under the attribution's own ablation settings.
 
 Example:
@@ -19,14 +19,14 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.forced import resolve_measures
-from lensprobe.core.forward import as_prompts
-from lensprobe.core.heads import resolve_positions
+from lensprobe.core.hooks.forward import as_prompts
+from lensprobe.core.hooks.heads import resolve_positions
 from lensprobe.core.lazy import pandas
-from lensprobe.core.measures import measure_once
+from lensprobe.core.measures.forced import resolve_measures
+from lensprobe.core.measures.measure import measure_once
+from lensprobe.experiments.attribution import Attribution
+from lensprobe.experiments.sweep import sweep_prompt
 from lensprobe.interventions.ablation import HeadAblation
-from lensprobe.interventions.attribution import Attribution
-from lensprobe.interventions.sweep import sweep_prompt
 
 __all__ = ["Verification", "agreement", "verify_attribution"]
 
@@ -138,8 +138,8 @@ def verify_attribution(model, prompts, metric: Any, attribution: Attribution, *,
     Args:
         model: the model the attribution was computed on.
         prompts: the same prompts (in the same order).
-        metric: the same metric (as :func:`~lensprobe.interventions.attribution.attribute_heads` takes it).
-        attribution: an :class:`~lensprobe.interventions.attribution.Attribution`.
+        metric: the same metric (as :func:`~lensprobe.experiments.attribution.attribute_heads` takes it).
+        attribution: an :class:`~lensprobe.experiments.attribution.Attribution`.
         top: how many of the highest-scoring units to verify (``None``: every unit).
         sample: how many of the other units to verify too, drawn at random (the paper's
             diagnostic for false negatives).

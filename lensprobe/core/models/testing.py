@@ -17,9 +17,9 @@ import tempfile
 import torch
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.kinds import HOOKED_INSTALL, hooked_transformer_class
 from lensprobe.core.lazy import heavy
-from lensprobe.core.models import quiet
+from lensprobe.core.models.kinds import HOOKED_INSTALL, hooked_transformer_class
+from lensprobe.core.models.loading import quiet
 
 __all__ = ["CHATML_TEMPLATE", "tiny_hf_model", "tiny_hooked_model", "tiny_model", "tiny_tokenizer"]
 
@@ -107,7 +107,7 @@ def tiny_model(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, n_kv_heads
             without one).
 
     Example:
-        >>> from lensprobe.core.testing import tiny_model
+        >>> from lensprobe.core.models.testing import tiny_model
         >>> model = tiny_model()
         >>> model.cfg.n_heads, model.cfg.n_layers
         (4, 2)
@@ -134,7 +134,7 @@ def tiny_hooked_model(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, n_k
         LensprobeError: the installed TransformerLens has no ``HookedTransformer`` (4.x).
 
     Example:
-        >>> from lensprobe.core.testing import tiny_hooked_model
+        >>> from lensprobe.core.models.testing import tiny_hooked_model
         >>> model = tiny_hooked_model()
         >>> model.cfg.n_key_value_heads, model.cfg.gated_mlp
         (2, True)

@@ -9,7 +9,7 @@ rows of one batch, with the unpatched target as row 0.
 **Sharding.** With ``out=folder`` every site is a unit of its own, run as a batch of two
 rows (the unpatched target and the patched one), so it gives the same numbers whatever the
 number of processes; the units are spread over the processes of a launcher (``torchrun``,
-``accelerate launch``, ``srun``; see :mod:`lensprobe.core.shards`), saved as soon as they are
+``accelerate launch``, ``srun``; see :mod:`lensprobe.core.storage.shards`), saved as soon as they are
 computed, and skipped by a rerun.
 
 Example: does the layer-0 output over the question carry the filler's effect?
@@ -29,12 +29,12 @@ import torch
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.forced import resolve_measures
-from lensprobe.core.hooks import ActivationRecorder, resolve_hooks
-from lensprobe.core.identity import run_identity
+from lensprobe.core.hooks.attach import ActivationRecorder, resolve_hooks
 from lensprobe.core.lazy import pandas
-from lensprobe.core.measures import logits_needed, run_logits, run_measure
-from lensprobe.core.shards import check_shard, run_sharded
+from lensprobe.core.measures.forced import resolve_measures
+from lensprobe.core.measures.measure import logits_needed, run_logits, run_measure
+from lensprobe.core.storage.identity import run_identity
+from lensprobe.core.storage.shards import check_shard, run_sharded
 
 __all__ = ["PatchHook", "PatchResult", "check_hook_names", "patch", "patch_hooks", "site_rows"]
 
@@ -119,7 +119,7 @@ def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], 
 
     Args:
         model: a TransformerLens model.
-        source_prompt, target_prompt: :class:`~lensprobe.core.prompts.Prompt` objects (token ids
+        source_prompt, target_prompt: :class:`~lensprobe.core.prompts.prompt.Prompt` objects (token ids
             work when ``segments`` is ``None`` and the lengths match).
         hook_names: hook point(s) to patch, e.g. ``"blocks.0.hook_resid_post"`` or
             ``["blocks.0.attn.hook_z", "blocks.0.hook_mlp_out"]``. Any hook whose activation is
@@ -127,7 +127,7 @@ def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], 
         segments: segment name(s) to copy, aligned by name across the prompts; ``None``
             copies every position (equal lengths needed).
         metric: what to measure, a name of the one metric vocabulary
-            (:func:`~lensprobe.core.forced.resolve_measures`): ``"entropy"``, ``"logprob"`` with
+            (:func:`~lensprobe.core.measures.forced.resolve_measures`): ``"entropy"``, ``"logprob"`` with
             ``answer``, ``"logit_diff"`` with ``tokens``, ``"attention:<segment>"``, a measure or a callable.
         answer: the answer for ``"logprob"`` (appended to both prompts).
         tokens, continuation: the two tokens of ``"logit_diff"``; token ids fed after both prompts
@@ -140,7 +140,7 @@ def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], 
             folder of a patching run with other settings is refused. ``None`` (default): all
             sites in one batch, nothing saved.
         rank, world_size: this process's shard; default from the environment
-            (:func:`~lensprobe.core.shards.shard_info`). Rank ``r`` computes every
+            (:func:`~lensprobe.core.storage.shards.shard_info`). Rank ``r`` computes every
             ``world_size``-th site from site ``r`` (the all-sites row last); with
             ``world_size > 1``, ``out`` is required.
 

@@ -11,7 +11,7 @@ whose identity differs. Identities describe content, never ``repr()`` or names:
   declared ``field(..., metadata={"identity": False})`` (``batch_size``, progress flags: settings
   that do not change results) is left out;
 - tensors, numpy arrays and bytes: a digest of their content (shape, dtype, every value; a
-  :class:`~lensprobe.core.prompts.Prompt` declares a digest of its text, tokens and segments); a model (any ``torch.nn.Module``): a digest of every
+  :class:`~lensprobe.core.prompts.prompt.Prompt` declares a digest of its text, tokens and segments); a model (any ``torch.nn.Module``): a digest of every
   parameter and buffer (:func:`weights_digest`), with its dtype and shape beside;
 - mappings and sequences item by item; numbers (by value: ``95.0`` is ``95``), strings, ``None`` and
   booleans as they are;

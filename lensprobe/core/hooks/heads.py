@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.models import check_heads, check_layers
+from lensprobe.core.models.loading import check_heads, check_layers
 
 __all__ = ["Positions", "head_label", "hook_z_name", "is_int", "is_segment_spec", "kv_group_heads", "parse_heads",
            "parse_kv_groups",
@@ -216,7 +216,7 @@ def resolve_positions(positions: Any, prompt=None) -> Positions | None:
             (``stop=None`` is open-ended, e.g. ``slice(len(prompt), None)`` for generated
             tokens only); a segment name or list of names (needs ``prompt``); ``"generated"``
             (every position after the prompt; needs ``prompt``).
-        prompt: a :class:`~lensprobe.core.prompts.Prompt` to look segment names up in.
+        prompt: a :class:`~lensprobe.core.prompts.prompt.Prompt` to look segment names up in.
     """
     if positions is None or isinstance(positions, Positions):
         return positions

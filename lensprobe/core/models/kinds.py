@@ -12,7 +12,7 @@ a model that is an instance of one of its classes can only exist once the librar
 imported, so until then every answer is ``False``.
 
 Example:
-    >>> from lensprobe.core.kinds import is_bridge, is_hooked_transformer, model_kind
+    >>> from lensprobe.core.models.kinds import is_bridge, is_hooked_transformer, model_kind
     >>> model_kind(lp.load_model())
     'bridge'
 """

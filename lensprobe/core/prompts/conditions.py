@@ -4,9 +4,9 @@ This is lensprobe's one vocabulary of conditions, used by the filler and head st
 evaluations, the figures and the command line. Built in (the meaningless-tokens paper's
 conditions, filler between the system prompt and the question). Two prompt formats
 (:func:`paper_conditions`): ``"chat"`` (the default) puts lensprobe's system prompt
-:data:`~lensprobe.core.prompts.MATH_SYSTEM_PROMPT` and the question into the model's chat
+:data:`~lensprobe.core.prompts.prompt.MATH_SYSTEM_PROMPT` and the question into the model's chat
 template; ``"paper"`` builds the authors' own string, no chat template:
-:data:`~lensprobe.core.prompts.PAPER_SYSTEM_PROMPT` + filler + problem with nothing between
+:data:`~lensprobe.core.prompts.prompt.PAPER_SYSTEM_PROMPT` + filler + problem with nothing between
 them, tokenized as one string (``template="raw"``).
 
 =====================  =================================================================
@@ -44,8 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.identity import identity, identity_digest
-from lensprobe.core.prompts import (
+from lensprobe.core.prompts.prompt import (
     MATH_SYSTEM_PROMPT,
     PAPER_SYSTEM_PROMPT,
     PLACEMENTS,
@@ -56,7 +55,8 @@ from lensprobe.core.prompts import (
     Template,
     build_prompt,
 )
-from lensprobe.core.randomtext import random_sentence_text
+from lensprobe.core.prompts.randomtext import random_sentence_text
+from lensprobe.core.storage.identity import identity, identity_digest
 
 QUESTION_PLACEHOLDER = "{question}"
 PromptFormat = Literal["chat", "paper"]
@@ -91,11 +91,11 @@ class Condition:
 
     Attributes:
         name: label used in result files, tables and figures.
-        filler: a :class:`~lensprobe.core.prompts.Filler`, a callable ``tokenizer -> Filler``
+        filler: a :class:`~lensprobe.core.prompts.prompt.Filler`, a callable ``tokenizer -> Filler``
             (e.g. :class:`MatchedRandomSentence`), or ``None``.
         system: system prompt (default: lensprobe's chat-form
-            :data:`~lensprobe.core.prompts.MATH_SYSTEM_PROMPT`; the authors' literal string
-            is :data:`~lensprobe.core.prompts.PAPER_SYSTEM_PROMPT`).
+            :data:`~lensprobe.core.prompts.prompt.MATH_SYSTEM_PROMPT`; the authors' literal string
+            is :data:`~lensprobe.core.prompts.prompt.PAPER_SYSTEM_PROMPT`).
         placement: where the filler goes (``"between"`` system prompt and question: the paper's).
         chat: apply the model's chat template (used when ``template`` is ``None``).
         template: ``"chat"``, ``"plain"`` or ``"raw"`` (see :func:`~lensprobe.build_prompt`);
@@ -179,7 +179,7 @@ class Condition:
         """JSON-able identity: the exact prompt template and the attached objects by content.
 
         The template is the prompt built with the question ``"{question}"``; interventions
-        and generation settings are described by :func:`~lensprobe.core.identity.identity`
+        and generation settings are described by :func:`~lensprobe.core.storage.identity.identity`
         (so two interventions whose tensors differ in one element are two conditions).
 
         Raises:
@@ -209,8 +209,8 @@ def paper_conditions(*, prompt_format: PromptFormat = "chat", system: Any = _DEF
 
     Args:
         prompt_format: ``"chat"``: the model's chat template with
-            :data:`~lensprobe.core.prompts.MATH_SYSTEM_PROMPT`; ``"paper"``: the authors'
-            string, no chat template: :data:`~lensprobe.core.prompts.PAPER_SYSTEM_PROMPT`,
+            :data:`~lensprobe.core.prompts.prompt.MATH_SYSTEM_PROMPT`; ``"paper"``: the authors'
+            string, no chat template: :data:`~lensprobe.core.prompts.prompt.PAPER_SYSTEM_PROMPT`,
             filler and problem concatenated with nothing between them and tokenized as one
             string (``template="raw"``).
         system: system prompt (``None`` for none; default: the format's, see above).

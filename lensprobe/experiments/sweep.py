@@ -10,7 +10,7 @@ residual stream is copied into the rows.
 **Sharding.** The work splits into units, one per (prompt, batch of heads): the batches are
 fixed by ``batch_size`` alone, so every unit runs the same forward whatever the number of
 processes. With ``out=folder`` the units are spread over the processes of a launcher
-(``torchrun``, ``accelerate launch``, ``srun``; see :mod:`lensprobe.core.shards`), each unit's
+(``torchrun``, ``accelerate launch``, ``srun``; see :mod:`lensprobe.core.storage.shards`), each unit's
 values are saved as soon as they are computed, and a rerun skips the units on disk.
 """
 
@@ -24,13 +24,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.forced import LogitDiff, resolve_measures
-from lensprobe.core.forward import as_prompts
-from lensprobe.core.heads import head_label, resolve_heads, resolve_positions
-from lensprobe.core.hooks import batch_dependent
-from lensprobe.core.identity import run_identity
+from lensprobe.core.hooks.attach import batch_dependent
+from lensprobe.core.hooks.forward import as_prompts
+from lensprobe.core.hooks.heads import head_label, resolve_heads, resolve_positions
 from lensprobe.core.lazy import pandas
-from lensprobe.core.measures import (
+from lensprobe.core.measures.forced import LogitDiff, resolve_measures
+from lensprobe.core.measures.measure import (
     AnswerLogProb,
     AttentionTo,
     CallableMeasure,
@@ -38,8 +37,9 @@ from lensprobe.core.measures import (
     Measure,
     run_measure,
 )
-from lensprobe.core.shards import check_shard, run_sharded
-from lensprobe.core.store import atomic_file
+from lensprobe.core.storage.identity import run_identity
+from lensprobe.core.storage.shards import check_shard, run_sharded
+from lensprobe.core.storage.store import atomic_file
 from lensprobe.interventions.ablation import RowHeadAblation
 from lensprobe.interventions.replacement import Method, ablation_source, check_method
 
@@ -125,7 +125,7 @@ class SweepResult:
 
     def to_csv(self, path: str | Path) -> Path:
         """Write the [layer, head] table of mean changes as CSV (and the long form beside it,
-        ``<stem>_long.csv``), each file atomically (:func:`~lensprobe.core.store.atomic_file`)."""
+        ``<stem>_long.csv``), each file atomically (:func:`~lensprobe.core.storage.store.atomic_file`)."""
         path = Path(path)
         with atomic_file(path) as tmp:
             self.table.to_csv(tmp)
@@ -191,13 +191,13 @@ def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all
 
     Args:
         model: a TransformerLens model.
-        prompts: a :class:`~lensprobe.core.prompts.Prompt`, a question string (built with the chat
+        prompts: a :class:`~lensprobe.core.prompts.prompt.Prompt`, a question string (built with the chat
             template), token ids, or a list of them.
-        metric: a name of the one metric vocabulary (:func:`~lensprobe.core.forced.resolve_measures`):
+        metric: a name of the one metric vocabulary (:func:`~lensprobe.core.measures.forced.resolve_measures`):
             ``"entropy"`` (next-token entropy at the last prompt position), ``"logprob"``
             (log-probability of ``answers``), ``"logit_diff"`` (``tokens=(a, b)``),
             ``"attention:<segment>"`` (attention proportion onto a segment, mean over layers and
-            heads), a :class:`~lensprobe.core.measures.Measure`, or a callable
+            heads), a :class:`~lensprobe.core.measures.measure.Measure`, or a callable
             ``fn(logits, prompt) -> [batch]``.
         heads: heads to sweep, ``"all"`` or any spec :func:`~lensprobe.interventions.ablation.ablate_heads`
             takes.
@@ -221,7 +221,7 @@ def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all
             there (it must be on a filesystem they all share). A folder of a sweep with other
             settings is refused. ``None`` (default): nothing is saved.
         rank, world_size: this process's shard; default from the environment
-            (:func:`~lensprobe.core.shards.shard_info`: ``RANK``/``WORLD_SIZE`` under
+            (:func:`~lensprobe.core.storage.shards.shard_info`: ``RANK``/``WORLD_SIZE`` under
             ``torchrun`` or ``accelerate launch``). Rank ``r`` computes every
             ``world_size``-th unit from unit ``r``; with ``world_size > 1``, ``out`` is required.
 

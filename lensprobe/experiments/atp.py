@@ -1,6 +1,6 @@
 """The attribution-patching engine for one prompt: gradients at ``hook_z``, GradDrop, the QK fix.
 
-:func:`lensprobe.attribute_heads` (in :mod:`lensprobe.interventions.attribution`) calls
+:func:`lensprobe.attribute_heads` (in :mod:`lensprobe.experiments.attribution`) calls
 :func:`attribute_prompt` once per prompt; this module holds the passes and their hooks.
 
 A *unit* is ``(layer, heads)``: one query head, or every query head of a KV group, ablated
@@ -39,8 +39,8 @@ import torch
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.heads import Positions, hook_z_name
-from lensprobe.core.hooks import Hook, intervene
+from lensprobe.core.hooks.attach import Hook, intervene
+from lensprobe.core.hooks.heads import Positions, hook_z_name
 from lensprobe.interventions.replacement import replacement_values
 
 __all__ = ["PromptAttribution", "Unit", "attribute_prompt", "combine", "frozen_parameters"]

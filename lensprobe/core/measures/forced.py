@@ -1,6 +1,6 @@
 """Measures over given tokens: a logit difference, and metrics over a teacher-forced continuation.
 
-These complete :mod:`lensprobe.core.measures` for head studies that ask "which heads matter
+These complete :mod:`lensprobe.core.measures.measure` for head studies that ask "which heads matter
 for *this* answer": the continuation (e.g. a generation's tokens) is fed after the prompt
 (teacher forcing) and the measure reads the positions that predict it. Like every measure
 they are pure functions of the logits, differentiable (attribution takes their gradient),
@@ -28,9 +28,9 @@ import torch
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.forward import as_tokens
-from lensprobe.core.measures import MEASURE_NAMES, Measure, resolve_measure
-from lensprobe.core.metrics import entropy, nonfinite_rows
+from lensprobe.core.hooks.forward import as_tokens
+from lensprobe.core.measures.measure import MEASURE_NAMES, Measure, resolve_measure
+from lensprobe.core.measures.metrics import entropy, nonfinite_rows
 
 __all__ = ["METRICS", "Continuation", "ContinuationEntropy", "ContinuationLogProb", "LogitDiff", "resolve_measures",
            "token_id"]
@@ -163,7 +163,7 @@ def resolve_measures(model, metric: Any, n: int, *, answers: str | Sequence[str]
             ``"logit_diff"`` (``logit[a] - logit[b]`` at the last position, ``tokens=(a, b)``),
             ``"attention:<segment>"`` (attention proportion onto a prompt segment, e.g.
             ``"attention:filler"``; not with ``gradient``),
-            a :class:`~lensprobe.core.measures.Measure`, or a callable
+            a :class:`~lensprobe.core.measures.measure.Measure`, or a callable
             ``fn(logits [batch, pos, vocab], prompt) -> [batch]`` (row by row).
         n: the number of prompts.
         answers: the answer text for ``"logprob"``, one for all or one per prompt.

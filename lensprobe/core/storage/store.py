@@ -1,7 +1,7 @@
 """The results store: how every run keeps its results in a folder that several processes share.
 
 Evaluations (:mod:`lensprobe.evals.results`), ablation sweeps, activation patching and trace
-sets (through :func:`lensprobe.core.shards.run_sharded`) keep their results here, in the same
+sets (through :func:`lensprobe.core.storage.shards.run_sharded`) keep their results here, in the same
 way:
 
 - **Atomic writes.** Every file lensprobe writes whole (settings, summaries, CSV tables, traces,
@@ -9,20 +9,20 @@ way:
   :func:`atomic_write_json` are built on it): a temporary file in the same folder, ``fsync``,
   then ``os.replace``. Readers see the old file or the whole new one; a write that fails leaves
   the old file as it was and no temporary file. Rows are appended instead
-  (:class:`~lensprobe.core.rowfiles.RowWriter`).
+  (:class:`~lensprobe.core.storage.rowfiles.RowWriter`).
 - **Settings.** A folder records what its run computes and a hash of it; a run with other
   settings is refused, naming the settings that differ (:func:`settings_diff`,
   :func:`other_run_error`).
-- **Locks.** One process per results file (:class:`~lensprobe.core.locks.FileLock`); a lock left
+- **Locks.** One process per results file (:class:`~lensprobe.core.storage.locks.FileLock`); a lock left
   by a killed process is taken over with a warning. A command writing an output folder holds
-  the folder's lock (:func:`~lensprobe.core.outfolder.lock_folder`) while it runs: a second run
+  the folder's lock (:func:`~lensprobe.core.storage.outfolder.lock_folder`) while it runs: a second run
   into that folder is refused with the fix (wait for the first, or use another folder), so two
   runs never mix their files. The files a command wrote are listed in
-  :data:`~lensprobe.core.outfolder.PAGES_FILE`; the next run into the folder deletes the listed
-  files it does not write again (:func:`~lensprobe.core.outfolder.replace_pages`).
+  :data:`~lensprobe.core.storage.outfolder.PAGES_FILE`; the next run into the folder deletes the listed
+  files it does not write again (:func:`~lensprobe.core.storage.outfolder.replace_pages`).
 - **Shard files.** Each process writes only its own file: ``shard-rank{R}.json`` (finished
   units, :class:`ShardStore`) or ``results-rank{R}.jsonl`` (rows,
-  :mod:`lensprobe.core.rowfiles`). Reading merges every rank's file.
+  :mod:`lensprobe.core.storage.rowfiles`). Reading merges every rank's file.
 - **One merge rule** (:func:`merge_rows`), for the ranks' files and for reruns: rows are keyed
   (a unit's name; an evaluation's condition, problem and sample); the first complete row for a
   key wins, in reading order (rank files by rank, lines in order); an incomplete row (an
@@ -52,8 +52,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.jsonable import json_digest
-from lensprobe.core.locks import FileLock
+from lensprobe.core.storage.jsonable import json_digest
+from lensprobe.core.storage.locks import FileLock
 
 __all__ = ["NEW_FOLDER_FIX", "POLL_SECONDS", "SETTINGS_FILE", "STALL_TIMEOUT", "ShardStore", "atomic_file",
            "atomic_write_json", "atomic_write_text", "diff_lines", "merge_rows", "open_folder", "other_run_error",
@@ -242,7 +242,7 @@ def wait_for_units(out: str | os.PathLike, units: Sequence[str], world_size: int
                    *, what: str = "unit", stall_timeout: float | None = None, poll: float = POLL_SECONDS) -> C:
     """Wait until every unit of a sharded run is finished; the one wait of lensprobe.
 
-    Unit ``i`` is computed by rank ``i % world_size`` (:func:`~lensprobe.core.shards.my_units`).
+    Unit ``i`` is computed by rank ``i % world_size`` (:func:`~lensprobe.core.storage.shards.my_units`).
 
     Args:
         out: the run's folder (named in the error).

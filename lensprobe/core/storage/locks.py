@@ -8,7 +8,7 @@ name and start time as JSON, and on POSIX systems is also ``flock``-ed while hel
   naming the holder (pid and host);
 - a lock left behind by a process that died without releasing it (``SIGKILL``, a crash, a
   power cut) is *stale*: when it names a process of this host that no longer holds it, the
-  next process takes it over and logs a warning (logger ``lensprobe.core.locks``);
+  next process takes it over and logs a warning (logger ``lensprobe.core.storage.locks``);
 - a lock left by a process of another host cannot be checked from here: it is refused with a
   message saying which file to delete once that process is known to be gone.
 

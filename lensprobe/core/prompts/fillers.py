@@ -9,8 +9,8 @@ Example:
 from dataclasses import dataclass
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.randomtext import random_sentence_text
-from lensprobe.core.text import check_text
+from lensprobe.core.prompts.randomtext import random_sentence_text
+from lensprobe.core.prompts.text import check_text
 
 __all__ = ["Filler"]
 

@@ -1,8 +1,8 @@
 """The settings of the head studies, one frozen dataclass each: :class:`AblateConfig`
 (:func:`~lensprobe.interventions.ablation.ablate_heads` on one question), :class:`SweepConfig`
-(:func:`~lensprobe.interventions.sweep.ablation_sweep`) and :class:`AttributionConfig`
-(:func:`~lensprobe.interventions.attribution.attribute_heads`, then
-:func:`~lensprobe.interventions.verify.verify_attribution`). Their defaults are the functions';
+(:func:`~lensprobe.experiments.sweep.ablation_sweep`) and :class:`AttributionConfig`
+(:func:`~lensprobe.experiments.attribution.attribute_heads`, then
+:func:`~lensprobe.experiments.verify.verify_attribution`). Their defaults are the functions';
 ``lensprobe ablate``, ``sweep`` and ``attribute`` read their options from these fields.
 
 Example:
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from lensprobe.core.errors import LensprobeError, SettingError
-from lensprobe.core.heads import parse_heads
+from lensprobe.core.hooks.heads import parse_heads
 
 __all__ = ["ABLATION_METHODS", "ATTRIBUTION_METHODS", "AblateConfig", "AblationMethod", "AttributionConfig",
            "AttributionMethod", "HEADS", "SweepConfig", "check_heads_setting", "head_spec"]
@@ -47,7 +47,7 @@ HEADS = {"custom_args": {"type": head_spec, "metavar": "HEADS"}}
 
 
 def check_heads_setting(heads: str) -> str:
-    """``heads`` checked as :func:`~lensprobe.core.heads.parse_heads` reads it (no model needed).
+    """``heads`` checked as :func:`~lensprobe.core.hooks.heads.parse_heads` reads it (no model needed).
 
     Raises:
         SettingError: an empty list, a label that is not one, or a head named twice.
@@ -137,7 +137,7 @@ class SweepConfig:
             raise SettingError("metric", f"expected a metric name such as entropy, got {self.metric!r}")
 
     def sweep_kwargs(self) -> dict:
-        """The keywords of :func:`~lensprobe.interventions.sweep.ablation_sweep` these settings give."""
+        """The keywords of :func:`~lensprobe.experiments.sweep.ablation_sweep` these settings give."""
         return {"heads": self.heads, "method": self.ablation, "batch_size": self.batch_size}
 
 
@@ -185,12 +185,12 @@ class AttributionConfig:
         _count("batch_size", self.batch_size, 1)
 
     def token_pair(self) -> tuple[int | str, ...] | None:
-        """``tokens`` as :func:`~lensprobe.interventions.attribution.attribute_heads` takes them ("7,8" -> (7, 8))."""
+        """``tokens`` as :func:`~lensprobe.experiments.attribution.attribute_heads` takes them ("7,8" -> (7, 8))."""
         if self.tokens is None:
             return None
         return tuple(int(s) if s.strip().isdigit() else s for s in self.tokens.split(","))
 
     def attribution_kwargs(self) -> dict:
-        """The keywords of :func:`~lensprobe.interventions.attribution.attribute_heads` these settings give."""
+        """The keywords of :func:`~lensprobe.experiments.attribution.attribute_heads` these settings give."""
         return {"method": self.attribution, "ablation": self.ablation, "heads": self.heads, "unit": self.unit,
                 "batch_size": self.batch_size, "tokens": self.token_pair()}

@@ -31,9 +31,9 @@ from jaxtyping import Int
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.fillers import Filler as Filler  # lensprobe.core.prompts.Filler, as before
-from lensprobe.core.jsonable import json_digest
-from lensprobe.core.text import check_text
+from lensprobe.core.prompts.fillers import Filler as Filler  # lensprobe.core.prompts.prompt.Filler, as before
+from lensprobe.core.prompts.text import check_text
+from lensprobe.core.storage.jsonable import json_digest
 
 MATH_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
 """lensprobe's system prompt for MATH-style questions in the chat template.

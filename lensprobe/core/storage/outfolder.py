@@ -2,12 +2,12 @@
 
 A run that writes files into a folder (a command's tables, figures, traces and summaries)
 holds the folder's lock while it runs (:func:`lock_folder`, a
-:class:`~lensprobe.core.locks.FileLock` on ``.lensprobe.lock``): a second run into the same
+:class:`~lensprobe.core.storage.locks.FileLock` on ``.lensprobe.lock``): a second run into the same
 folder is refused at once with a :class:`~lensprobe.core.errors.LensprobeError` naming the
 folder, the holder and the fix (wait for the first run to finish, or use another folder). It
 does not wait: a run that waits for minutes without saying why looks hung.
 
-Every file is written whole (:func:`~lensprobe.core.store.atomic_file`). When a run ends it
+Every file is written whole (:func:`~lensprobe.core.storage.store.atomic_file`). When a run ends it
 lists the files it wrote in :data:`PAGES_FILE` (:func:`replace_pages`) and deletes the files
 the folder's earlier run listed and this run did not write again, so a rerun with other
 settings leaves no page of the earlier run behind (a run that stops early deletes nothing:
@@ -26,8 +26,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from lensprobe.core.locks import FileLock
-from lensprobe.core.store import atomic_write_json, open_folder, read_json
+from lensprobe.core.storage.locks import FileLock
+from lensprobe.core.storage.store import atomic_write_json, open_folder, read_json
 
 __all__ = ["FOLDER_LOCK", "PAGES_FILE", "lock_folder", "replace_pages"]
 

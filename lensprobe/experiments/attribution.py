@@ -7,11 +7,11 @@ head's ``hook_z`` slice, for every head from one forward and one backward pass. 
 fix recomputes the attention softmax exactly where the head's write changes later queries
 and keys (a saturated softmax has a vanishing gradient), and GradDrop guards against
 cancellation between direct and indirect paths. The paper recommends verifying the top
-candidates by exact ablation: :func:`~lensprobe.interventions.verify.verify_attribution`.
+candidates by exact ablation: :func:`~lensprobe.experiments.verify.verify_attribution`.
 
 The ablation is :func:`~lensprobe.interventions.ablation.ablate_heads`' (same hook, same
 positions, same zero/mean/resample values), so every estimate has an exact counterpart in
-:func:`~lensprobe.interventions.sweep.ablation_sweep`.
+:func:`~lensprobe.experiments.sweep.ablation_sweep`.
 """
 
 from collections.abc import Sequence
@@ -24,12 +24,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.forced import resolve_measures
-from lensprobe.core.forward import as_prompts
-from lensprobe.core.heads import head_label, kv_group_heads, resolve_heads, resolve_positions
+from lensprobe.core.hooks.forward import as_prompts
+from lensprobe.core.hooks.heads import head_label, kv_group_heads, resolve_heads, resolve_positions
 from lensprobe.core.lazy import pandas
-from lensprobe.core.store import atomic_file
-from lensprobe.interventions.atp import Unit, attribute_prompt, combine
+from lensprobe.core.measures.forced import resolve_measures
+from lensprobe.core.storage.store import atomic_file
+from lensprobe.experiments.atp import Unit, attribute_prompt, combine
 from lensprobe.interventions.replacement import METHODS, Method, ablation_source, check_method
 
 __all__ = ["Attribution", "AttributionMethod", "attribute_heads", "attribution_sources", "unit_label"]
@@ -56,7 +56,7 @@ class Attribution:
         values: ``[prompt]`` the metric on the clean prompts.
         method, metric, unit: how it was computed (``unit``: ``"head"`` or ``"kv"``).
         n_layers, n_heads, group_size: the model's shape (``group_size`` query heads per KV head).
-        settings: the ablation and metric settings, for :func:`~lensprobe.interventions.verify.verify_attribution`.
+        settings: the ablation and metric settings, for :func:`~lensprobe.experiments.verify.verify_attribution`.
     """
 
     units: list[Unit]
@@ -104,7 +104,7 @@ class Attribution:
         return t.reindex(t["score"].sort_values(ascending=False, kind="stable").index).head(k).reset_index(drop=True)
 
     def to_csv(self, path: str | Path) -> Path:
-        """Write :attr:`table` as CSV, atomically (:func:`~lensprobe.core.store.atomic_file`); returns the path."""
+        """Write :attr:`table` as CSV, atomically (:func:`~lensprobe.core.storage.store.atomic_file`); returns the path."""
         path = Path(path)
         with atomic_file(path) as tmp:
             self.table.to_csv(tmp, index=False)
@@ -157,7 +157,7 @@ def attribute_heads(model, prompts, metric: Any = "entropy", *, method: Attribut
 
     The ablation is :func:`~lensprobe.interventions.ablation.ablate_heads`' (``hook_z``,
     per query head, the same positions and replacement values), so
-    :func:`~lensprobe.interventions.sweep.ablation_sweep` measures exactly what this estimates.
+    :func:`~lensprobe.experiments.sweep.ablation_sweep` measures exactly what this estimates.
 
     **What is exact and what is approximate.** ``"atp"`` is the first-order Taylor term:
     exact when the metric is linear in the head outputs (e.g. a logit difference of a model
@@ -178,7 +178,7 @@ def attribute_heads(model, prompts, metric: Any = "entropy", *, method: Attribut
     beyond the softmaxes they fix: an ablation far outside the linear regime whose effect runs
     through chains of later MLPs and attention layers (on SmolLM2, zero-ablated heads of layers
     0 and 1: see the docs' Heads guide) is underestimated by both. Verify candidates with
-    :func:`~lensprobe.interventions.verify.verify_attribution`.
+    :func:`~lensprobe.experiments.verify.verify_attribution`.
 
     Cost per prompt (forward-pass equivalents): AtP about 3 (forward, backward); AtP* adds
     about ``n_layers / 2`` backward passes (GradDrop), one pass in which every later layer's
@@ -190,11 +190,11 @@ def attribute_heads(model, prompts, metric: Any = "entropy", *, method: Attribut
 
     Args:
         model: a TransformerLens model (TransformerBridge or HookedTransformer).
-        prompts: a :class:`~lensprobe.core.prompts.Prompt`, a question string, token ids, or a list.
+        prompts: a :class:`~lensprobe.core.prompts.prompt.Prompt`, a question string, token ids, or a list.
         metric: ``"entropy"`` (next-token entropy at the last position, nats), ``"logprob"``
             (log-probability of ``answers`` fed after the prompt), ``"logit_diff"`` (``tokens=(a, b)``),
             or a callable ``fn(logits [batch, pos, vocab], prompt) -> [batch]`` of torch operations
-            (see :func:`~lensprobe.core.forced.resolve_measures`).
+            (see :func:`~lensprobe.core.measures.forced.resolve_measures`).
         method: ``"atp"`` or ``"atp*"``.
         ablation: ``"zero"``, ``"mean"``, ``"resample"`` (with ``reference``), or corrupted prompts
             (one per prompt, each resampled from its own).

@@ -5,9 +5,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks import AttentionRecorder, check_positions, intervene, pattern_hook_name
-from lensprobe.core.models import check_layers
-from lensprobe.core.prompts import Prompt, build_prompt
+from lensprobe.core.hooks.attach import AttentionRecorder, check_positions, intervene, pattern_hook_name
+from lensprobe.core.models.loading import check_layers
+from lensprobe.core.prompts.prompt import Prompt, build_prompt
 
 
 def as_tokens(model, prompt_or_tokens, *, one_row: bool = False) -> Int[Tensor, "batch pos"]:

@@ -16,7 +16,7 @@ Built in (also by name in :func:`resolve_measure`):
 - a callable ``fn(logits, prompt) -> [batch]``: :class:`CallableMeasure`.
 
 **Non-finite values.** A measure never turns NaN or infinity into a number (the rule of
-:mod:`lensprobe.core.metrics`): a row whose logits at the positions the measure reads hold a
+:mod:`lensprobe.core.measures.metrics`): a row whose logits at the positions the measure reads hold a
 NaN or ``+inf`` (or only ``-inf``), or whose recorded attention does, measures ``NaN``. A
 callable's value is ``NaN`` for every batch row whose logits hold such a position anywhere,
 whatever the function returns.
@@ -31,10 +31,10 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.forward import as_tokens
-from lensprobe.core.hooks import AttentionRecorder, check_positions, intervene
-from lensprobe.core.metrics import attention_proportion, entropy, nonfinite_rows
-from lensprobe.core.models import check_layers
+from lensprobe.core.hooks.attach import AttentionRecorder, check_positions, intervene
+from lensprobe.core.hooks.forward import as_tokens
+from lensprobe.core.measures.metrics import attention_proportion, entropy, nonfinite_rows
+from lensprobe.core.models.loading import check_layers
 
 
 @runtime_checkable
@@ -119,7 +119,7 @@ class AttentionTo:
     """Attention proportion onto a prompt segment (or key positions).
 
     Per layer and head: the attention mass each query after the segment puts on the
-    segment's keys, averaged over those queries (:func:`lensprobe.core.metrics.attention_proportion`);
+    segment's keys, averaged over those queries (:func:`lensprobe.core.measures.metrics.attention_proportion`);
     then the mean over ``layers`` (default: all) and heads.
     """
 
@@ -186,7 +186,7 @@ class CallableMeasure:
 
 
 MEASURE_NAMES = ("entropy", "logprob", "logit_diff", "attention:<segment>")
-"""The metric names of :func:`lensprobe.core.forced.resolve_measures` (``logit_diff`` needs the model)."""
+"""The metric names of :func:`lensprobe.core.measures.forced.resolve_measures` (``logit_diff`` needs the model)."""
 
 
 def resolve_measure(metric: Any, *, answer: str | None = None) -> Measure:
@@ -217,7 +217,7 @@ def resolve_measure(metric: Any, *, answer: str | None = None) -> Measure:
         if key.lower() == "logit_diff":
             raise LensprobeError(
                 "metric 'logit_diff' needs the model and two tokens: resolve it with "
-                "lensprobe.core.forced.resolve_measures(model, 'logit_diff', n, tokens=(a, b))."
+                "lensprobe.core.measures.forced.resolve_measures(model, 'logit_diff', n, tokens=(a, b))."
             )
         if key.lower().startswith("attention:") and key.split(":", 1)[1].strip():
             seg = key.split(":", 1)[1].strip()

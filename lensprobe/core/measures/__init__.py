@@ -1,0 +1,6 @@
+"""What a run measures: metrics as pure functions of tensors (:mod:`.metrics`), measures bound to a prompt
+(:mod:`.measure`) and over given tokens (:mod:`.forced`, with the one metric vocabulary
+:func:`~lensprobe.core.measures.forced.resolve_measures`).
+
+May import: :mod:`lensprobe.core.hooks.attach` and the core's concerns below it.
+"""
