@@ -1,28 +1,23 @@
-"""Checks on command-line values that run before any model loads: argparse types for numbers,
-text and folders, and each command's checks of values that need parsing (conditions, metrics,
-schedules, devices, sampling settings). A bad value is one line and exit code 2 with the fix.
+"""Checks on command-line values that are not configuration fields, run before any model loads: argparse
+types for the command line's own inputs (counts, lists, text, folders, filler and benchmark names) and the
+checks every command shares (text arguments, devices). A configuration field is checked by its class's
+``__post_init__`` while the command line is read. A bad value is one line and exit code 2 with the fix.
 
 Every check here needs no model; what depends on the model (a layer beyond its depth, a prompt
 beyond its context) is checked right after it loads, before any work.
 """
 
 import argparse
-import math
 from pathlib import Path
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models.devices import check_device
 from lensprobe.core.prompts.conditions import BUILTIN_CONDITIONS, canonical_condition_name
 from lensprobe.core.prompts.text import surrogate_at
-from lensprobe.generation.config import MIN_TEMPERATURE
+from lensprobe.interventions.arm_presets import benchmark_key
 
-__all__ = ["FILLER_ALIASES", "MAX_TOKENS", "check_common", "filler_condition", "check_text_arguments", "finite_number", "head_list", "int_list",
-           "layer_list", "out_folder", "positive_int", "positive_number", "probability", "str_list", "temperature",
-           "text", "top_k", "whole"]
-
-MAX_TOKENS = 10_000_000
-"""No model's context holds more tokens: a larger ``--max-new-tokens`` or ``--count`` is a typo."""
-
+__all__ = ["FILLER_ALIASES", "benchmark_arg", "check_common", "check_text_arguments", "filler_condition",
+           "head_list", "int_list", "out_folder", "positive_int", "str_list", "text", "whole"]
 
 def whole(low: int = 1, high: int | None = None):
     """An argparse type: a whole number in ``[low, high]`` (ASCII digits only: ``'٣'`` is refused)."""
@@ -46,10 +41,6 @@ def whole(low: int = 1, high: int | None = None):
 positive_int = whole(1)
 """A whole number >= 1 (``--batch-size``, ``--bins``, ``--smooth``, ...)."""
 
-top_k = whole(1, 10_000)
-"""``--top-k``: tokens to list (at most 10,000; also checked against the vocabulary)."""
-
-
 def int_list(text: str) -> list[int]:
     """Parse ``"0,1,7"`` (or ``"3"``) into distinct whole numbers >= 0, for ``--layers``/``--heads``/``--levels``."""
     parts = [v for v in text.replace(" ", "").split(",") if v != ""]
@@ -67,51 +58,9 @@ def int_list(text: str) -> list[int]:
     return values
 
 
-def layer_list(text: str) -> list[int] | None:
-    """Like :func:`int_list`, and ``"all"`` for every layer (``None``)."""
-    return None if text.strip().lower() == "all" else int_list(text)
-
-
 def str_list(text: str) -> list[str]:
     """Parse ``"Algebra, Geometry"`` into ``["Algebra", "Geometry"]``."""
     return [v.strip() for v in text.split(",") if v.strip()]
-
-
-def finite_number(value: str) -> float:
-    """An argparse type: a finite number (``nan`` and ``inf`` are refused)."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {value}")
-    return number
-
-
-def positive_number(value: str) -> float:
-    """An argparse type: a finite number > 0 (``--eps``, ``--c``, ``--alpha``)."""
-    number = finite_number(value)
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
-    return number
-
-
-def probability(value: str) -> float:
-    """An argparse type: a number in (0, 1] (``--top-p``)."""
-    number = finite_number(value)
-    if not 0 < number <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value}")
-    return number
-
-
-def temperature(value: str) -> float:
-    """An argparse type: a finite sampling temperature >= :data:`~lensprobe.generation.config.MIN_TEMPERATURE`."""
-    number = finite_number(value)
-    if number < MIN_TEMPERATURE:
-        raise argparse.ArgumentTypeError(
-            f"expected a temperature >= {MIN_TEMPERATURE:g}, got {value} (below it sampling overflows; for greedy "
-            "decoding leave out --sample)")
-    return number
 
 
 def text(value: str) -> str:
@@ -188,3 +137,11 @@ def filler_condition(choices: tuple[str, ...] = tuple(BUILTIN_CONDITIONS)):
 
     parse.__name__ = "filler condition"
     return parse
+
+
+def benchmark_arg(text: str) -> str:
+    """An argparse ``type``: a benchmark name as lensprobe's key (``MATH-500`` -> ``math500``)."""
+    try:
+        return benchmark_key(text)
+    except LensprobeError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None

@@ -14,7 +14,7 @@ line is parsed, and its error names the option. Every subcommand's ``--help`` en
 (:mod:`lensprobe.app.examples`); ``lensprobe --help`` lists the subcommands by study.
 
 Examples:
-    lensprobe attention --question "What is 12+7?" --filler "w/ Mless" --layers 0 --heads L0H1,L0H7 --out attn
+    lensprobe attention --question "What is 12+7?" --filler "w/ Mless" --layers 0 --heads L0H1,L0H3 --out attn
     lensprobe demo --out lensprobe-report
 """
 
@@ -27,8 +27,6 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import simple_parsing
-
 from lensprobe.app.checks import check_common
 from lensprobe.app.commands.attention import add_attention
 from lensprobe.app.commands.attribution import add_attribute
@@ -39,7 +37,7 @@ from lensprobe.app.commands.mechanism import add_mechanism
 from lensprobe.app.commands.reproduce import add_reproduce
 from lensprobe.app.commands.trace import add_trace
 from lensprobe.app.examples import studies_text
-from lensprobe.app.parsing import PARSER_SETTINGS, flatten, renamed_flags, setting_message
+from lensprobe.app.parsing import ConfigParser, renamed_flags, setting_message
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models.loading import cache_dir
 from lensprobe.core.version import __version__
@@ -49,17 +47,9 @@ SUBCOMMANDS: list[Callable] = [add_attention, add_demo, add_eval, add_eval_repor
 """Functions that register one subcommand each; add yours here."""
 
 
-class OneLineErrorParser(simple_parsing.ArgumentParser):
-    """An argument parser (simple-parsing's, with :data:`~lensprobe.app.parsing.PARSER_SETTINGS`) whose
-    usage errors are one line (with where to find the usage), exit code 2."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **{**PARSER_SETTINGS, **kwargs})
-
-    def parse_known_args(self, args=None, namespace=None):
-        """Parsed as simple-parsing does, with the configurations' fields also on the namespace (:func:`flatten`)."""
-        parsed, rest = super().parse_known_args(args, namespace)
-        return flatten(parsed), rest
+class OneLineErrorParser(ConfigParser):
+    """An argument parser (:class:`~lensprobe.app.parsing.ConfigParser`) whose usage errors are one line
+    (with where to find the usage), exit code 2."""
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
@@ -92,6 +82,13 @@ def subcommand_names(parser: argparse.ArgumentParser) -> list[str]:
     """The subcommands' names."""
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return list(sub.choices)
+
+
+def option_strings(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """The option strings of the subcommand ``argv`` names (none: the top parser's)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command = next((sub.choices[a] for a in argv if a in sub.choices), parser)
+    return [s for a in command._actions for s in a.option_strings]
 
 
 def write_error_log(command: str, text: str) -> Path:
@@ -137,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LensprobeError as err:  # a configuration refused a value while the command line was read
         if "--debug" in argv:
             traceback.print_exc()
-        print(f"lensprobe: error: {one_line(setting_message(err))}", file=sys.stderr)
+        print(f"lensprobe: error: {one_line(setting_message(err, option_strings(parser, argv)))}", file=sys.stderr)
         return 2
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)

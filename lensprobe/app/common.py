@@ -14,10 +14,8 @@ from tqdm.auto import tqdm
 from lensprobe.app.checks import FILLER_ALIASES as FILLER_ALIASES
 from lensprobe.app.checks import filler_condition as filler_condition
 from lensprobe.app.checks import int_list as int_list  # the list parsers' old home
-from lensprobe.app.checks import layer_list as layer_list
 from lensprobe.app.checks import str_list as str_list
-from lensprobe.app.option_groups import ModelOptions, SystemOptions
-from lensprobe.app.options import add_options
+from lensprobe.app.option_groups import ModelOptions
 from lensprobe.app.parsing import add_config
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models.loading import load_model
@@ -25,20 +23,15 @@ from lensprobe.core.models.testing import tiny_model
 from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT
 from lensprobe.core.storage.outfolder import lock_folder, replace_pages
 from lensprobe.core.storage.store import atomic_file, atomic_write_text
+from lensprobe.studies.settings import parse_layers as layer_list  # noqa: F401  (its old home)
 
 TEST_MODEL = "tiny"
 """``--model tiny``: lensprobe's tiny random test model (seeded; answers are gibberish)."""
 
-def add_model_argument(parser: argparse.ArgumentParser) -> None:
-    """``--model``: a path, hub name, ``tiny``, or nothing for the embedded model; ``--device``, ``--dtype``
-    (:class:`~lensprobe.app.option_groups.ModelOptions`)."""
-    add_options(parser, ModelOptions)
-
-
-def add_system_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--system`` (default: the paper's MATH prompt) and ``--no-system``
-    (:class:`~lensprobe.app.option_groups.SystemOptions`)."""
-    add_options(parser, SystemOptions)
+def add_model_argument(parser) -> None:
+    """``--model``, ``--device``, ``--dtype`` (:class:`~lensprobe.app.option_groups.ModelOptions`) on a
+    :class:`~lensprobe.app.parsing.ConfigParser`."""
+    add_config(parser, ModelOptions, "ModelOptions")
 
 
 def add_inputs(parser, *groups: type) -> None:

@@ -8,7 +8,7 @@ example names no model) or, where that is not feasible, parses it.
 __all__ = ["EXAMPLES", "STUDIES", "describe", "studies_text"]
 
 EXAMPLES: dict[str, str] = {
-    "attention": "lensprobe attention --question 'What is 12+7?' --filler 'w/ Mless' --layers 0 --heads L0H1,L0H7 "
+    "attention": "lensprobe attention --question 'What is 12+7?' --filler 'w/ Mless' --layers 0 --heads L0H1,L0H3 "
                  "--out attn",
     "mechanism": "lensprobe mechanism --question 'What is 12+7?' --layer 0 --heads 0,2 --out mech",
     "eval": "lensprobe eval --problems arithmetic --limit 4 --conditions 'w/o,w/ Mless' --max-new-tokens 16 "
@@ -16,7 +16,7 @@ EXAMPLES: dict[str, str] = {
     "eval-report": "lensprobe eval-report runs/arith --out runs/arith-report",
     "reproduce": "lensprobe reproduce arm-fig-filler-per-head --quick --out repro/filler",
     "ablate": "lensprobe ablate --heads L0H3,L1H2 --question 'What is 12+7?' --ablation zero --out abl",
-    "sweep": "lensprobe sweep --heads L0H0,L0H1,L1H2 --metric entropy --ablation zero --out sweep",
+    "sweep": "lensprobe sweep --question 'What is 12+7?' --heads L0H0,L0H1,L1H2 --ablation zero --out sweep",
     "attribute": "lensprobe attribute --question 'What is 12+7?' --attribution atp --verify 5 --out attr",
     "trace": "lensprobe trace --question 'What is 12+7?' --think fusion,pause --max-new-tokens 24 --out trace",
     "demo": "lensprobe demo --quick --out lensprobe-report",

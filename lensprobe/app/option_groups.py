@@ -1,15 +1,11 @@
-"""The option groups several ``lensprobe`` commands share, each declared once and made into options by
-:func:`~lensprobe.app.options.add_options`.
-
-- What only the command line has, as small dataclasses whose field docstrings are the help:
-  :class:`ModelOptions` (which model, where, in which dtype), :class:`SystemOptions` (the system
-  prompt), :class:`QuestionOptions`, :class:`SiteOptions` (the layers and heads to record) and
-  :class:`OutputOptions` (where to write, whether to show progress).
-- The library's settings, as tables of what the command line adds to a configuration's fields (a
-  stricter argparse type, a flag of its own): :data:`GENERATION_OPTIONS` (fields of
-  :class:`~lensprobe.GenerationConfig`), :data:`EVAL_OPTIONS` (:class:`~lensprobe.EvalConfig`) and
-  :data:`FILLER_OPTIONS` (:class:`~lensprobe.studies.filler.FillerSetup`). The names, defaults, choices
-  and help come from the fields.
+"""The options of the ``lensprobe`` commands that only a command line has, as small frozen dataclasses
+read by simple-parsing (:mod:`lensprobe.app.parsing`): the model (:class:`ModelOptions`), the prompt
+(:class:`SystemOptions`, :class:`QuestionOptions`, :class:`QuestionsOptions`, :class:`FillerOptions`,
+:class:`ComparedFillerOptions`, :class:`ReferenceOptions`, :class:`Math500Options`), what an evaluation runs
+(:class:`ProblemOptions`, :class:`ConditionOptions`, :class:`EvalRunOptions`), the recipe
+(:class:`RecipeOptions`), the demo (:class:`DemoOptions`), a report (:class:`ReportOptions`) and the output
+(:class:`OutputOptions`). The library's settings are its configuration classes (``EvalSettings``,
+``TraceConfig``, ``SweepConfig``, ...), added by each command beside these.
 """
 
 from dataclasses import dataclass, field
@@ -17,24 +13,20 @@ from pathlib import Path
 from typing import Literal
 
 from lensprobe.app.checks import (
-    MAX_TOKENS,
+    benchmark_arg,
     filler_condition,
+    head_list,
     int_list,
-    layer_list,
     out_folder,
     positive_int,
-    probability,
-    temperature,
+    str_list,
     text,
-    whole,
 )
-from lensprobe.app.options import Option, option
-from lensprobe.evals.grading import EXTRACT_METHODS
-from lensprobe.evals.protocols import PROTOCOLS
 from lensprobe.evals.verdicts import VERDICT_COLUMNS
 
-__all__ = ["EVAL_OPTIONS", "ComparedFillerOptions", "DemoOptions", "ReportOptions", "FillerOptions", "Math500Options", "QuestionsOptions", "ReferenceOptions", "FILLER_OPTIONS", "GENERATION_OPTIONS", "ModelOptions", "OutputOptions", "QuestionOptions",
-           "SiteOptions", "SystemOptions"]
+__all__ = ["ComparedFillerOptions", "ConditionOptions", "DemoOptions", "EvalRunOptions", "FillerOptions",
+           "Math500Options", "ModelOptions", "OutputOptions", "ProblemOptions", "QuestionOptions", "QuestionsOptions",
+           "RecipeOptions", "ReferenceOptions", "ReportOptions", "SystemOptions"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +57,7 @@ class SystemOptions:
 class QuestionOptions:
     """The one question a command runs."""
 
-    question: str = field(metadata={**option(type=text), "custom_args": {"type": text, "metavar": "TEXT"}})
+    question: str = field(metadata={"custom_args": {"type": text, "metavar": "TEXT"}})
     """the question text"""
 
 
@@ -118,25 +110,73 @@ class ComparedFillerOptions:
 
 
 @dataclass(frozen=True)
-class SiteOptions:
-    """The layers and heads a command records (0-based, as in TransformerLens)."""
-
-    layers: list[int] | None = field(default_factory=lambda: [0], metadata=option(type=layer_list))
-    """0-based layers, e.g. 0 or 0,5,29 or all (default 0)"""
-    heads: list[int] | None = field(default=None, metadata=option(type=int_list))
-    """0-based heads, e.g. 0,1,7 (default: all)"""
-
-
-@dataclass(frozen=True)
 class OutputOptions:
     """Where a command writes, and whether it shows progress bars."""
 
     out: Path | None = field(default=None, metadata={
-        **option(type=out_folder), "custom_args": {"type": out_folder, "metavar": "FOLDER"}})
+        "custom_args": {"type": out_folder, "metavar": "FOLDER"}})
     """output folder (default: lensprobe-COMMAND, e.g. lensprobe-sweep; demo: lensprobe-report, eval-report:
     DIR/report, reproduce: reproduce-RECIPE)"""
     no_progress: bool = False
     """no progress bar"""
+
+
+@dataclass(frozen=True)
+class ProblemOptions:
+    """The problems an evaluation runs."""
+
+    data: str | None = None
+    """JSONL file with 'problem' and 'answer' per line (default: the MATH-500 copy lensprobe ships; 'hub':
+    HuggingFaceH4/MATH-500 from the Hugging Face hub)"""
+    problems: Literal["math500", "arithmetic"] = "math500"
+    """math500: MATH-500 (or --data); arithmetic: lensprobe's built-in one- and two-step integer problems
+    (--limit problems, default 300, drawn with --seed; --levels 1 or 2 keeps one or two operations)"""
+    subjects: list[str] | None = field(default=None, metadata={"custom_args": {"type": str_list, "nargs": None}})
+    """keep these subjects, e.g. Algebra,Geometry"""
+    levels: list[int] | None = field(default=None, metadata={"custom_args": {"type": int_list, "nargs": None}})
+    """keep these levels, e.g. 1,2"""
+    limit: int | None = field(default=None, metadata={"custom_args": {"type": positive_int}})
+    """at most this many problems"""
+    shuffle_seed: int | None = None
+    """shuffle problems with this seed before --limit"""
+
+
+@dataclass(frozen=True)
+class ConditionOptions:
+    """The conditions an evaluation compares."""
+
+    conditions: str = "w/o,w/ Mless,w/ Mful"
+    """comma-separated conditions; also 'random sentence', 'ARM', '<name>+ARM'; the older spellings none,
+    meaningless, meaningful, random work too"""
+    system: str | None = None
+    """replace the system prompt of every condition ('' for none)"""
+    ablate_heads: str | None = field(default=None, metadata={"custom_args": {"type": head_list, "metavar": "HEADS"}})
+    """also run every condition with these heads zero-ablated, e.g. L0H3,L1H2 (0-based)"""
+    benchmark: str | None = field(default=None, metadata={"custom_args": {"type": benchmark_arg}})
+    """the problems' benchmark, which picks the ARM preset: math500, aime2024, aime2025, gpqa, humaneval or
+    livecodebench (default: inferred for lensprobe's MATH-500 copy and aime2025* files)"""
+
+
+@dataclass(frozen=True)
+class EvalRunOptions:
+    """How the evaluation's results are kept and shown."""
+
+    grader: str | None = field(default=None, metadata={"custom_args": {"choices": VERDICT_COLUMNS}})
+    """verdict column of the summary and figures (default: paper-exact for --prompt-format paper or a --protocol,
+    with math-verify beside it; else math-verify)"""
+    no_resume: bool = False
+    """refuse a folder that already holds results"""
+
+
+@dataclass(frozen=True)
+class RecipeOptions:
+    """The recipe a reproduction runs."""
+
+    recipe: str | None = field(default=None, metadata={"positional": True,
+                                                       "custom_args": {"nargs": "?", "metavar": "RECIPE"}})
+    """recipe name or .toml file"""
+    list: bool = False
+    """list the shipped recipes and exit"""
 
 
 @dataclass(frozen=True)
@@ -157,32 +197,3 @@ class ReportOptions:
     """verdict column of the figures (default: paper-exact for folders in the authors' format)"""
     baseline: str | None = None
     """condition compared with the others (default: the first)"""
-
-
-GENERATION_OPTIONS: dict[str, Option] = {
-    "max_new_tokens": Option(type=whole(1, MAX_TOKENS)),
-    "do_sample": Option(flag="--sample"),
-    "temperature": Option(type=temperature),
-    "top_p": Option(type=probability),
-    "n_samples": Option(type=positive_int),
-    "seed": Option(),
-}
-"""The :class:`~lensprobe.GenerationConfig` fields on the command line (``trace``, ``eval``)."""
-
-EVAL_OPTIONS: dict[str, Option] = {
-    "prompt_format": Option(),
-    "protocol": Option(choices=tuple(PROTOCOLS)),
-    "extract": Option(choices=EXTRACT_METHODS),
-    **GENERATION_OPTIONS,
-    "batch_size": Option(type=positive_int),
-    "grade_timeout": Option(type=whole(1, 86_400), metavar="SECONDS"),
-}
-"""The :class:`~lensprobe.EvalConfig` fields on the command line (``eval``; ``reproduce`` takes two)."""
-
-FILLER_OPTIONS: dict[str, Option] = {
-    "count": Option(type=whole(1, MAX_TOKENS)),
-    "placement": Option(),
-    "seed": Option(),
-}
-"""The :class:`~lensprobe.studies.filler.FillerSetup` fields on the command line (``attention``; ``mechanism``
-takes ``count``)."""

@@ -31,11 +31,9 @@ import simple_parsing
 from simple_parsing import DashVariant
 from simple_parsing.wrappers import DataclassWrapper
 
-from lensprobe.app.options import _first_sentence as first_sentence
-from lensprobe.app.options import _plain as plain
-from lensprobe.app.options import field_docs
+from lensprobe.core.fielddocs import field_docs
 
-__all__ = ["PARSER_SETTINGS", "RENAMED", "ConfigHelpFormatter", "add_config", "flag_of", "flatten", "new_parser",
+__all__ = ["PARSER_SETTINGS", "RENAMED", "ConfigHelpFormatter", "ConfigParser", "add_config", "first_sentence", "flag_of", "flatten", "new_parser", "plain",
            "renamed_flags", "setting_message"]
 
 
@@ -69,11 +67,23 @@ class _Group(DataclassWrapper):
     @property
     def title(self) -> str:
         doc = (self.dataclass.__doc__ or self.dataclass.__name__).strip().splitlines()[0]
-        return doc.rstrip(".").replace("``", "")
+        return plain(doc.rstrip(".")).replace("%%", "%")
 
     @property
     def description(self) -> str:
         return ""
+
+
+def plain(text: str) -> str:
+    """``text`` on one line, reST roles and literals as plain text, ``%`` escaped for argparse."""
+    text = re.sub(r":\w+:`~?([^`]+)`", lambda m: m.group(1).rsplit(".", 1)[-1] if "~" in m.group(0) else m.group(1),
+                  text)
+    return " ".join(text.replace("``", "").split()).replace("%", "%%")
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of ``text`` (``e.g.`` and ``i.e.`` do not end one), without its full stop."""
+    return re.split(r"(?<!e\.g\.)(?<!i\.e\.)(?<=\.) (?=[A-Z0-9])", text, maxsplit=1)[0].rstrip(".")
 
 
 PARSER_SETTINGS: dict[str, Any] = {"add_option_string_dash_variants": DashVariant.DASH, "add_config_path_arg": False,
@@ -81,9 +91,22 @@ PARSER_SETTINGS: dict[str, Any] = {"add_option_string_dash_variants": DashVarian
 """The keywords every ``lensprobe`` parser and subparser is made with."""
 
 
-def new_parser(**kwargs) -> simple_parsing.ArgumentParser:
-    """A simple-parsing argument parser with :data:`PARSER_SETTINGS`."""
-    return simple_parsing.ArgumentParser(**{**PARSER_SETTINGS, **kwargs})
+class ConfigParser(simple_parsing.ArgumentParser):
+    """simple-parsing's argument parser with :data:`PARSER_SETTINGS`, whose namespace also holds the
+    configurations' fields (:func:`flatten`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{**PARSER_SETTINGS, **kwargs})
+
+    def parse_known_args(self, args=None, namespace=None):
+        """Parsed as simple-parsing does, with the configurations' fields also on the namespace."""
+        parsed, rest = super().parse_known_args(args, namespace)
+        return flatten(parsed), rest
+
+
+def new_parser(**kwargs) -> ConfigParser:
+    """A :class:`ConfigParser`."""
+    return ConfigParser(**kwargs)
 
 
 def add_config(parser: Any, cls: type, dest: str, *, prefix: str = "") -> None:
@@ -121,18 +144,25 @@ def flag_of(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def setting_message(err: Exception) -> str:
-    """The message of a configuration's error with its field named as the option that sets it.
+def setting_message(err: Exception, options: Sequence[str] = ()) -> str:
+    """The message of a configuration's error with its field named as the option that sets it (among
+    ``options``, the command's option strings, where a configuration was added with a prefix).
 
     Example:
         >>> setting_message(SettingError("batch_size", "expected a whole number >= 1, got 0"))
-        '--batch-size: expected a whole number >= 1, got 0'
+        'argument --batch-size: expected a whole number >= 1, got 0'
     """
     text = str(err)
     setting = getattr(err, "setting", None)
-    if setting is not None:  # the field named in the reason too: "needs tokens A,B" -> "needs --tokens A,B"
-        reason = re.sub(rf"(?<=needs ){re.escape(setting)}(?!\w)", flag_of(setting), getattr(err, "reason", text))
-        return f"{flag_of(setting)}: {reason}"
+    if setting is not None:
+        flag = flag_of(setting)
+        prefixed = [o for o in options if o.endswith("-" + flag[2:]) and o.startswith("--")]
+        if flag not in options and len(prefixed) == 1:  # a field of a configuration added with a prefix
+            flag = prefixed[0]
+        reason = getattr(err, "reason", text)
+        if "{setting}" in reason:  # "{setting} takes BENCHMARK=FILE" -> "--data takes BENCHMARK=FILE"
+            return reason.replace("{setting}", flag)
+        return f"argument {flag}: {reason}"
     first = re.match(r"(?:filler )?([a-z][a-z0-9]*(?:_[a-z0-9]+)*) (must|is|should)\b", text)
     if first:  # "max_new_tokens must be ..." -> "--max-new-tokens must be ..."
         return flag_of(first.group(1)) + text[first.end(1):]
@@ -147,6 +177,11 @@ RENAMED: dict[tuple[str, str], str] = {
     ("trace", "--samples"): "--n-samples",
     ("trace", "--alpha"): "--fusion-alpha",
     ("trace", "--token"): "--fusion-token",
+    ("attention", "--count"): "--filler-count",
+    ("attention", "--placement"): "--filler-placement",
+    ("attention", "--seed"): "--filler-seed",
+    ("mechanism", "--count"): "--filler-count",
+    ("mechanism", "--seed"): "--arm-seed",
 }
 """(command, old flag) -> its flag now; the old one still works, with a note."""
 

@@ -19,19 +19,23 @@ name or from a file path. Fields (every one checked when read)::
     models = ["Qwen/Qwen2.5-Math-1.5B"] # the authors' models (the docs' GPU commands)
     runs = 5                            # runs the paper averages (information)
     notes = "..."                       # shown in the table's Markdown and the report
+    [settings]                          # how it runs: ReproduceConfig's fields (the command line's
+    limit = 50                          #   --limit, --max-new-tokens, ... given win)
     [define."w/ Mless ?"]               # a condition: a built-in one with other filler settings
     base = "w/ Mless"
     symbol = "?"                        # also: count, word, placement
 """
 
+import dataclasses
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.errors import LensprobeError, SettingError
+from lensprobe.core.given import Given
 from lensprobe.core.prompts.prompt import PLACEMENTS
 from lensprobe.evals.protocols import PROTOCOLS
 from lensprobe.interventions.arm_presets import benchmark_key
@@ -41,11 +45,51 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["KINDS", "Recipe", "list_recipes", "load_recipe"]
+__all__ = ["KINDS", "Recipe", "ReproduceConfig", "list_recipes", "load_recipe"]
 
 KINDS = ("table", "figure")
 _FIELDS = {"name", "title", "kind", "arxiv", "table", "figure", "protocol", "benchmarks", "conditions", "models",
-           "runs", "notes", "define"}
+           "runs", "notes", "define", "settings"}
+
+
+@dataclass(frozen=True)
+class ReproduceConfig(Given):
+    """How :func:`~lensprobe.app.reproduce.reproduce` runs a recipe: a recipe's ``[settings]`` table and
+    ``lensprobe reproduce``'s options are read into this one class (the options given win). ``None``:
+    not given (the protocol's, or :func:`~lensprobe.app.reproduce.reproduce`'s default).
+
+    Example:
+        >>> ReproduceConfig(limit=5, quick=True).given()
+        {'limit': 5, 'quick': True}
+    """
+
+    limit: int | None = None
+    """at most this many problems per benchmark"""
+    max_new_tokens: int | None = None
+    """generated tokens per answer (default: the protocol's, 2048 for arm-math500)"""
+    batch_size: int | None = None
+    """rows generated at once (default 8)"""
+    quick: bool | None = field(default=None, metadata={"custom_args": {"const": True}})
+    """figure recipes: short inputs (a smoke run)"""
+    data: list[str] | None = field(default=None, metadata={
+        "custom_args": {"action": "append", "metavar": "BENCHMARK=FILE", "nargs": None}})
+    """problem file of a benchmark lensprobe does not ship, e.g. aime2024=aime_2022_2024.jsonl (repeatable);
+    benchmarks without data are skipped with a note"""
+
+    def __post_init__(self) -> None:
+        for name in ("limit", "max_new_tokens", "batch_size"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise SettingError(name, f"expected a whole number >= 1, got {value!r}")
+        if self.quick is not None and not isinstance(self.quick, bool):
+            raise SettingError("quick", f"expected true or false, got {self.quick!r}")
+        for value in self.data or []:
+            if not isinstance(value, str) or not value.partition("=")[1] or not value.partition("=")[2]:
+                raise SettingError("data", f"{{setting}} takes BENCHMARK=FILE (e.g. aime2024=aime_2022_2024.jsonl), got {value!r}")
+
+    def over(self, other: "ReproduceConfig") -> "ReproduceConfig":
+        """``other`` with the settings given here on top (a command line's over a recipe's)."""
+        return replace(other, **self.given())
 _DEFINE_FIELDS = {"base", "symbol", "count", "word", "placement"}
 
 
@@ -73,6 +117,7 @@ class Recipe:
     notes: str = ""
     define: dict[str, dict[str, Any]] = field(default_factory=dict)
     source: str = ""
+    settings: ReproduceConfig = field(default_factory=ReproduceConfig)
 
 
 def _shipped() -> dict[str, Any]:
@@ -152,7 +197,19 @@ def _recipe(data: dict, where: str, default_name: str) -> Recipe:
                   arxiv=str(data.get("arxiv", "2510.01032")), table=_opt(data.get("table")),
                   figure=_opt(data.get("figure")), protocol=protocol, benchmarks=benchmarks,
                   conditions=lists["conditions"], models=lists["models"], runs=runs,
-                  notes=str(data.get("notes", "")), define=_defines(data.get("define", {}), where), source=where)
+                  notes=str(data.get("notes", "")), define=_defines(data.get("define", {}), where), source=where,
+                  settings=_settings(data.get("settings", {}), where))
+
+
+def _settings(table: Any, where: str) -> ReproduceConfig:
+    """A recipe's ``[settings]`` as a :class:`ReproduceConfig` (the class the command line fills too)."""
+    fields = {f.name for f in dataclasses.fields(ReproduceConfig)}
+    if not isinstance(table, dict) or set(table) - fields:
+        raise LensprobeError(f"{where}: settings must be a table of {sorted(fields)}, got {table!r}.")
+    try:
+        return ReproduceConfig(**table)
+    except LensprobeError as err:
+        raise LensprobeError(f"{where}: settings.{err}") from None
 
 
 def _opt(value) -> str | None:

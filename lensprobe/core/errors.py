@@ -26,14 +26,16 @@ class ModelLoadError(LensprobeError, RuntimeError):
 class SettingError(LensprobeError):
     """A field of a configuration dataclass holds a bad value; ``setting`` names the field.
 
-    The message starts with the field's name (``"batch_size: must be ..."``), so the command line can
-    name the option that set it instead (``"--batch-size: must be ..."``).
+    The message is ``"<field>: <reason>"``, or the reason with ``{setting}`` replaced by the field's name
+    when it names the field itself; the command line names the option instead (``"argument --batch-size:
+    expected ..."``, ``"--data takes BENCHMARK=FILE ..."``).
 
     Example:
-        >>> raise SettingError("batch_size", "must be a whole number >= 1, got 0")
+        >>> raise SettingError("batch_size", "expected a whole number >= 1, got 0")
+        >>> raise SettingError("data", "{setting} takes BENCHMARK=FILE, got 'gsm8k'")
     """
 
-    def __init__(self, setting: str, message: str):
-        super().__init__(f"{setting}: {message}")
+    def __init__(self, setting: str, reason: str):
+        super().__init__(reason.replace("{setting}", setting) if "{setting}" in reason else f"{setting}: {reason}")
         self.setting = setting
-        self.reason = message
+        self.reason = reason

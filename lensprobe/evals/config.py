@@ -89,7 +89,7 @@ class EvalConfig(GenerationConfig):
         if self.prompt_format not in PROMPT_FORMATS:
             raise LensprobeError(f"unknown prompt_format {self.prompt_format!r}: use one of {PROMPT_FORMATS}.")
         check_extract(self.extract)
-        check_timeout(self.grade_timeout)
+        check_timeout(self.grade_timeout, "grade_timeout")
         if self.protocol is not None and get_protocol(self.protocol).settings["prompt_format"] != self.prompt_format:
             raise LensprobeError(f"protocol {self.protocol!r} uses prompt_format='paper', got {self.prompt_format!r}: "
                                  "drop prompt_format (the protocol sets it).")

@@ -12,7 +12,7 @@ import logging
 import sys
 import threading
 
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.core.lazy import heavy
 
 __all__ = ["GRADE_TIMEOUT", "TIMED_OUT", "check_timeout", "excerpt", "math_verify_equiv"]
@@ -71,16 +71,21 @@ def excerpt(text: str, limit: int = 60) -> str:
     return repr(text) if len(text) <= limit else f"{text[:limit]!r} ... ({len(text)} characters)"
 
 
-def check_timeout(timeout) -> int | None:
-    """``timeout`` when it is a whole number of seconds >= 1 or ``None`` (no limit).
+def check_timeout(timeout, name: str = "timeout") -> int | None:
+    """``timeout`` when it is a whole number of seconds in ``[1, MAX_GRADE_TIMEOUT]`` or ``None`` (no limit).
 
     Raises:
-        LensprobeError: anything else (math-verify's alarm counts whole seconds).
+        SettingError: anything else (math-verify's alarm counts whole seconds), naming the setting ``name``.
     """
-    if timeout is None or (isinstance(timeout, int) and not isinstance(timeout, bool) and timeout >= 1):
+    if timeout is None or (isinstance(timeout, int) and not isinstance(timeout, bool)
+                           and 1 <= timeout <= MAX_GRADE_TIMEOUT):
         return timeout
-    raise LensprobeError(f"timeout must be a whole number of seconds >= 1 (math-verify's alarm counts whole seconds) "
-                         f"or None for no limit, got {timeout!r}.")
+    raise SettingError(name, f"{{setting}} must be a whole number of seconds >= 1 and at most {MAX_GRADE_TIMEOUT:,} "
+                             f"(math-verify's alarm counts whole seconds) or None for no limit, got {timeout!r}.")
+
+
+MAX_GRADE_TIMEOUT = 86_400
+"""A day: a longer limit per grading step is a typo."""
 
 
 def math_verify_equiv(prediction: str, answer: str, timeout: int | None = GRADE_TIMEOUT) -> bool | None:

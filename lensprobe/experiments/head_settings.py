@@ -173,9 +173,9 @@ class AttributionConfig:
         check_heads_setting(self.heads)
         _choice("metric", self.metric, ("entropy", "logprob", "logit_diff"))
         if self.metric == "logit_diff" and not self.tokens:
-            raise SettingError("tokens", "metric logit_diff needs tokens A,B (the two tokens compared, e.g. 7,8)")
+            raise SettingError("tokens", "metric logit_diff needs {setting} A,B (the two tokens compared, e.g. 7,8)")
         if self.tokens is not None and len(self.tokens.split(",")) != 2:
-            raise SettingError("tokens", f"takes two tokens separated by a comma (e.g. 7,8 or ' 7',' 8'), got "
+            raise SettingError("tokens", f"{{setting}} takes two tokens separated by a comma (e.g. 7,8 or ' 7',' 8'), got "
                                          f"{self.tokens!r}")
         _choice("attribution", self.attribution, ATTRIBUTION_METHODS)
         _choice("ablation", self.ablation, ABLATION_METHODS)

@@ -19,7 +19,10 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.generation.schedule import check_rule, emitted
 from lensprobe.generation.thinking import LatentFusion, Pause
 
-__all__ = ["MIN_TEMPERATURE", "GenerationConfig", "generation_config"]
+__all__ = ["MAX_NEW_TOKENS", "MIN_TEMPERATURE", "GenerationConfig", "generation_config"]
+
+MAX_NEW_TOKENS = 10_000_000
+"""No model's context holds more tokens: a larger ``max_new_tokens`` is a typo."""
 
 MIN_TEMPERATURE = 1e-3
 """The lowest sampling temperature: logits divided by less overflow float32 (inf/nan probabilities)."""
@@ -80,8 +83,9 @@ class GenerationConfig:
     think_when: Any = field(default=None, metadata={"cmd": False})
 
     def __post_init__(self) -> None:
-        if not _positive_int(self.max_new_tokens):
-            raise LensprobeError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}.")
+        if not _positive_int(self.max_new_tokens) or self.max_new_tokens > MAX_NEW_TOKENS:
+            raise LensprobeError(f"max_new_tokens must be an integer >= 1 (at most {MAX_NEW_TOKENS:,}), got "
+                                 f"{self.max_new_tokens!r}.")
         if not _positive_int(self.n_samples):
             raise LensprobeError(f"n_samples must be an integer >= 1, got {self.n_samples!r}.")
         if not isinstance(self.temperature, (int, float)) or not MIN_TEMPERATURE <= self.temperature < math.inf:
@@ -109,10 +113,10 @@ class GenerationConfig:
     def _check_thinking(self) -> None:
         if self.thinking is not None and not isinstance(self.thinking, (LatentFusion, Pause)):
             raise LensprobeError(
-                f"thinking must be lp.LatentFusion(...), lp.Pause() or None, got {type(self.thinking).__name__}."
+                f"thinking must be lp.generation.LatentFusion(...), lp.generation.Pause() or None, got {type(self.thinking).__name__}."
             )
         if self.think_when is not None and self.thinking is None:
-            raise LensprobeError("think_when was given without thinking=...: pass lp.LatentFusion() or lp.Pause().")
+            raise LensprobeError("think_when was given without thinking=...: pass lp.generation.LatentFusion() or lp.generation.Pause().")
         if self.thinking is not None:
             if self.think_when is None:
                 object.__setattr__(self, "think_when", emitted())

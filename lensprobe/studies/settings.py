@@ -116,7 +116,7 @@ class MechanismConfig:
     """0-based layer (0, as in the paper)"""
     heads: str = field(default="all", metadata=HEADS)
     """heads, e.g. L0H3,L0H7 (0-based), H13 or 13 (head 13 of the layer), or all"""
-    count: int = 55
+    filler_count: int = 55
     """filler length in repetitions of '/' (55 in the paper)"""
     where: Literal["act_fn(gate)", "hook_post"] = "act_fn(gate)"
     """activation measured: act_fn(gate_proj(x)) (what ARM edits) or hook_post (act_fn(gate) * up)"""
@@ -125,17 +125,17 @@ class MechanismConfig:
     preset's c, else 0.1)"""
     eps: float | None = None
     """half-width of the near-zero band (overrides the band from --arm-c)"""
-    bins: int = 80
-    """histogram bins"""
+    bins: int = 60
+    """histogram bins (as activation_stats)"""
     no_arm: bool = False
     """leave out the w/o + ARM condition"""
-    seed: int = 0
+    arm_seed: int = 0
     """seed of ARM's draws"""
 
     def __post_init__(self) -> None:
         _whole("layer", self.layer, 0)
         check_heads_setting(self.heads)
-        _whole("count", self.count, 1, 10_000_000)
+        _whole("filler_count", self.filler_count, 1, 10_000_000)
         if self.where not in ("act_fn(gate)", "hook_post"):
             raise SettingError("where", f"expected act_fn(gate) or hook_post, got {self.where!r}")
         _positive("arm_c", self.arm_c)

@@ -201,13 +201,12 @@ def test_cli_trace_json_and_bad_input(tmp_path, capsys):
 
 
 def test_device_and_dtype_arguments_reach_load_model():
-    import argparse
-
     import torch
 
     from lensprobe.app.common import add_model_argument, load_cli_model
+    from lensprobe.app.parsing import new_parser
 
-    parser = argparse.ArgumentParser()
+    parser = new_parser()
     add_model_argument(parser)
     args = parser.parse_args(["--model", "tiny", "--device", "meta", "--dtype", "bf16"])
     model = load_cli_model(args, progress=False)

@@ -22,7 +22,7 @@ def cli_on_tiny(tiny, monkeypatch):
 
 def test_mechanism_writes_tables_and_figures(cli_on_tiny, tiny, tmp_path, capsys):
     out = tmp_path / "mech"
-    rc = cli_on_tiny(["mechanism", "--model", "tiny", "--question", QUESTION, "--heads", "0,2", "--count", "9",
+    rc = cli_on_tiny(["mechanism", "--model", "tiny", "--question", QUESTION, "--heads", "0,2", "--filler-count", "9",
                       "--bins", "20", "--out", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out

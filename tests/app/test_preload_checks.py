@@ -48,7 +48,7 @@ TABLE = [
     ("attention", "--out {}", [f"'out{BAD}'"], "--out holds bytes that are not UTF-8"),
     ("attention", "--heads {}", ["1,1", "=-1", "٣"], "--heads"),
     ("attention", "--layers {}", ["0,0", "-1"], "--layers"),
-    ("attention", "--count {}", ["0", "100000000000"], "--count"),
+    ("attention", "--filler-count {}", ["0", "100000000000"], "--filler-count"),
     ("attention", "--no-system --system {}", ["SYS"], "--no-system and --system were both given"),
     ("attention", "--device {}", ["bogus"], "device 'bogus' is not a torch device"),
     ("trace", "--smooth {}", ["0"], "--smooth"),

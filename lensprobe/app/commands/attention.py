@@ -41,7 +41,7 @@ def add_attention(subparsers) -> None:
                     "figures, a circuitsvis view, and the numbers as CSV/JSON. Layers and heads are "
                     "0-based (TransformerLens); papers count from 1."))
     add_inputs(p, ModelOptions, QuestionOptions, ComparedFillerOptions, SystemOptions, OutputOptions)
-    add_config(p, FillerSetup, "filler_setup")
+    add_config(p, FillerSetup, "filler_setup", prefix="filler-")  # --filler-count, --filler-seed, ...
     add_config(p, AttentionConfig, "config")
     p.set_defaults(func=run_attention)
 

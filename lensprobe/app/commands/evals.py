@@ -11,98 +11,57 @@ Examples:
 
 from dataclasses import replace
 from pathlib import Path
-from typing import cast
 
-from lensprobe.app.checks import (
-    head_list,
-    positive_int,
-)
-from lensprobe.app.commands.armargs import add_arm_arguments, add_benchmark_arguments, arm_from_args
 from lensprobe.app.common import (
     TEST_MODEL,
     add_inputs,
-    add_model_argument,
     check_out_dir,
-    int_list,
     load_cli_model,
-    str_list,
     writing_out_dir,
 )
 from lensprobe.app.examples import describe
-from lensprobe.app.option_groups import EVAL_OPTIONS, OutputOptions, ReportOptions
-from lensprobe.app.options import Option, add_options, option_values
+from lensprobe.app.option_groups import (
+    ConditionOptions,
+    EvalRunOptions,
+    ModelOptions,
+    OutputOptions,
+    ProblemOptions,
+    ReportOptions,
+)
+from lensprobe.app.parsing import add_config
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.heads import parse_heads
 from lensprobe.core.models.loading import model_label
-from lensprobe.core.prompts.conditions import PromptFormat, paper_conditions, resolve_conditions
+from lensprobe.core.prompts.conditions import paper_conditions, resolve_conditions
 from lensprobe.core.storage.shards import bind_local_gpu
 from lensprobe.evals.arithmetic import arithmetic_problems
 from lensprobe.evals.benchmarks import resolve_benchmark
 from lensprobe.evals.data import load_math500
-from lensprobe.evals.harness import (
-    DEFAULT_CONDITIONS,
-    EvalConfig,
-    evaluate,
-    shard_info,
-    with_format_defaults,
-)
+from lensprobe.evals.harness import evaluate, shard_info
 from lensprobe.evals.protocols import get_protocol
 from lensprobe.evals.results import load_results
+from lensprobe.evals.settings import EvalSettings
 from lensprobe.evals.stats import pass_at_k_table, summary_tables
-from lensprobe.evals.verdicts import VERDICT_COLUMNS, resolve_grader
+from lensprobe.evals.verdicts import resolve_grader
 from lensprobe.interventions.ablation import ablate_heads
 from lensprobe.interventions.arm import ARM
+from lensprobe.interventions.arm_settings import ArmSettings
 from lensprobe.viz.eval_report import write_eval_report
-
-EVAL_CHANGES: dict[str, Option] = {  # not given (None): the prompt format's or the protocol's value
-    "max_new_tokens": Option(default=None, note="2048 with --prompt-format paper"),
-    "do_sample": Option(default=None, note="--prompt-format paper: as the model's generation config says"),
-    "temperature": Option(default=None),
-    "top_p": Option(default=None),
-    "n_samples": Option(default=None, note="20 under --protocol arm-aime-pass3"),
-    "protocol": Option(note="arm-math500: raw prompt, 2048 tokens, the model's generation config, paper-exact; "
-                            "arm-aime-pass3: single-brace prompt, 512 tokens, sampling, 20 samples, pass@3; options "
-                            "given still win"),
-    "grade_timeout": Option(default=None),
-}
-"""How ``lensprobe eval`` shows the :data:`~lensprobe.app.option_groups.EVAL_OPTIONS`."""
 
 
 def add_eval(subparsers) -> None:
     """Register ``lensprobe eval``."""
-    p = subparsers.add_parser(
+    p = subparsers.add_parser("eval", **describe(
         "eval", help="MATH-500 accuracy under prompt/intervention conditions (resumable, shardable)",
         description="Generate and grade answers for every condition x problem. One JSONL row per "
                     "(condition, problem, sample) is written to --out as soon as it is graded; rerunning "
                     "the same command resumes. Under `accelerate launch` each process takes its share of "
                     "the problems. At the end the accuracy table, paired McNemar tests and figures are "
-                    "written to --out/report.")
-    add_model_argument(p)
-    p.add_argument("--data", default=None,
-                   help="JSONL file with 'problem' and 'answer' per line; default: the MATH-500 copy lensprobe "
-                        "ships; 'hub': HuggingFaceH4/MATH-500 from the Hugging Face hub")
-    p.add_argument("--problems", default="math500", choices=PROBLEM_SETS,
-                   help="math500: MATH-500 (or --data; default); arithmetic: lensprobe's built-in one- and "
-                        "two-step integer problems (lp.arithmetic_problems: --limit problems, default 300, drawn "
-                        "with --seed; --levels 1 or 2 keeps one or two operations)")
-    p.add_argument("--conditions", default=DEFAULT_CONDITIONS,
-                   help=f"comma-separated conditions (default {DEFAULT_CONDITIONS!r}; also 'random sentence'; "
-                        "the older spellings none, meaningless, meaningful, random work too)")
-    add_arm_arguments(p)
-    add_benchmark_arguments(p)
-    p.add_argument("--system", default=None, help="replace the system prompt of every condition")
-    p.add_argument("--ablate-heads", default=None, metavar="HEADS", type=head_list,
-                   help="also run every condition with these heads zero-ablated, e.g. L0H3,L1H2 (0-based)")
-    p.add_argument("--subjects", type=str_list, default=None, help="keep these subjects, e.g. Algebra,Geometry")
-    p.add_argument("--levels", type=int_list, default=None, help="keep these levels, e.g. 1,2")
-    p.add_argument("--limit", type=positive_int, default=None, help="at most this many problems")
-    p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle problems with this seed before --limit")
-    add_options(p, EvalConfig, EVAL_OPTIONS, title="generation and grading (lp.EvalConfig)", **EVAL_CHANGES)
-    p.add_argument("--grader", default=None, choices=VERDICT_COLUMNS,
-                   help="verdict column of the summary and figures (default: paper-exact for --prompt-format paper "
-                        "or a --protocol, with math-verify beside it; else math-verify)")
-    add_options(p, OutputOptions, out=Option(default=Path("lensprobe-eval")))
-    p.add_argument("--no-resume", action="store_true", help="refuse a folder that already holds results")
+                    "written to --out/report. A generation setting not given comes from --protocol, else the "
+                    "paper format and the model's generation config (--prompt-format paper), else lp.EvalConfig."))
+    add_inputs(p, ModelOptions, ProblemOptions, ConditionOptions, EvalRunOptions, OutputOptions)
+    add_config(p, EvalSettings, "settings")
+    add_config(p, ArmSettings, "arm")
     p.set_defaults(func=run_eval, interrupted="every finished row is saved in --out; rerun the same command "
                                               "to resume")
 
@@ -120,58 +79,28 @@ def add_eval_report(subparsers) -> None:
 
 def _builtins(args):
     """The built-in conditions in ``--prompt-format`` (a ``--protocol``: the paper format with its prompt)."""
-    protocol = getattr(args, "protocol", None)
-    if protocol is not None:
-        return paper_conditions(prompt_format="paper", system=get_protocol(protocol).system)
-    fmt = getattr(args, "prompt_format", "chat")
-    return paper_conditions(prompt_format=fmt) if fmt != "chat" else None
+    if args.protocol is not None:
+        return paper_conditions(prompt_format="paper", system=get_protocol(args.protocol).system)
+    return paper_conditions(prompt_format="paper") if args.prompt_format == "paper" else None
 
 
 def conditions_from_args(args, model=None, benchmark: str | None = None) -> list:
     """The conditions of ``--conditions`` in ``--prompt-format`` (or ``--protocol``), with ``--arm-*``,
     ``--system`` and ``--ablate-heads`` applied (ARM conditions start from the preset of ``model``
-    on ``benchmark``)."""
-    builtins = _builtins(args)
-    arm = arm_from_args(args, model, benchmark)
-    if arm is None and model is not None:
-        arm = lambda: ARM.preset(model, benchmark)  # noqa: E731
-    conds = resolve_conditions(args.conditions, builtins=builtins, arm=arm)
+    on ``benchmark``; before the model loads any ARM stands in for the preset)."""
+    name = model if model is not None else args.model
+    arm = args.arm.arm(name, benchmark)
+    if arm is None:
+        arm = (lambda: ARM.preset(model, benchmark)) if model is not None else ARM(c=0.1, percentile=90)
+    conds = resolve_conditions(args.conditions, builtins=_builtins(args), arm=arm)
     if args.system is not None:
         conds = [replace(c, system=args.system or None) for c in conds]
     if args.ablate_heads:
+        parse_heads(args.ablate_heads)
         ablation = ablate_heads(args.ablate_heads)
         conds = conds + [replace(c, name=f"{c.name} [ablate {args.ablate_heads}]",
                                  interventions=c.interventions + (ablation,)) for c in conds]
     return conds
-
-
-def check_eval_args(args) -> None:
-    """What ``eval`` can check without the model: ARM settings, conditions, ablated heads, and the
-    generation settings (all of them in the chat format; the paper format's come from the model)."""
-    arm = arm_from_args(args)
-    if arm is None:  # the model's preset, once it is loaded: any ARM stands in for it here
-        arm = ARM(c=0.1, percentile=90)
-    fmt = cast(PromptFormat, getattr(args, "prompt_format", "chat"))  # argparse choices: a PromptFormat
-    resolve_conditions(args.conditions, builtins=paper_conditions(prompt_format=fmt) if fmt != "chat" else None,
-                       arm=arm)
-    if args.ablate_heads:
-        parse_heads(args.ablate_heads)
-    if fmt == "chat":
-        eval_config_from_args(args, None)
-
-
-def eval_config_from_args(args, model) -> EvalConfig:
-    """The run's settings: the options given, the rest from the prompt format's (or protocol's) defaults."""
-    settings = option_values(args, EvalConfig, EVAL_OPTIONS, given=True, **EVAL_CHANGES)
-    paper = settings.pop("prompt_format", "chat") == "paper"
-    if settings.get("protocol") is not None:  # the protocol's settings, then the model's generation config
-        return EvalConfig(**with_format_defaults(model, settings))
-    settings.pop("protocol", None)
-    return EvalConfig.paper(model, **settings) if paper else EvalConfig(**settings)
-
-
-PROBLEM_SETS = ("math500", "arithmetic")
-"""The problem sets ``lensprobe eval --problems`` picks from."""
 
 
 def problems_from_args(args) -> list:
@@ -181,30 +110,31 @@ def problems_from_args(args) -> list:
         LensprobeError: ``--problems arithmetic`` with ``--data`` or ``--subjects``, which only
             apply to problem files.
     """
-    if getattr(args, "problems", "math500") != "arithmetic":
+    if args.problems != "arithmetic":
         return load_math500(args.data, subjects=args.subjects, levels=args.levels, limit=args.limit,
                             seed=args.shuffle_seed)
     if args.data is not None or args.subjects is not None:
         raise LensprobeError("--problems arithmetic generates its problems: drop --data and --subjects "
                              "(--limit, --levels and --seed choose the set).")
-    return arithmetic_problems(n=args.limit if args.limit is not None else 300, seed=args.seed, levels=args.levels)
+    return arithmetic_problems(n=args.limit if args.limit is not None else 300,
+                               seed=args.seed if args.seed is not None else 0, levels=args.levels)
 
 
 def run_eval(args) -> int:
-    check_out_dir(args.out, "eval")  # before the data and the model load
+    args.out = check_out_dir(args.out if args.out is not None else Path("lensprobe-eval"), "eval")  # before the data and the model load
     with writing_out_dir(args.out, "eval", rank=shard_info()[0], pages=False):  # rows and report: kept by the store
         return _eval(args)
 
 
 def _eval(args) -> int:
     problems = problems_from_args(args)
-    args.benchmark = resolve_benchmark(args.benchmark, problems)  # picks the ARM preset
-    check_eval_args(args)  # conditions, heads and settings fail before the model loads
+    benchmark = resolve_benchmark(args.benchmark, problems)  # picks the ARM preset
+    conditions_from_args(args, None, benchmark)  # conditions, ARM settings and heads fail before the model loads
     if shard_info()[1] > 1:
         bind_local_gpu()  # one GPU per process under torchrun / accelerate launch
     model = load_cli_model(args)
-    config = eval_config_from_args(args, model)
-    conds = conditions_from_args(args, model, args.benchmark)
+    config = args.settings.resolve(model)  # the settings given; the others from the protocol, format and model
+    conds = conditions_from_args(args, model, benchmark)
     name = TEST_MODEL if args.model == TEST_MODEL else model_label(model)
     rows = evaluate(model, problems, conds, out=args.out, config=config, model_name=name,
                     resume=not args.no_resume, progress=not args.no_progress)

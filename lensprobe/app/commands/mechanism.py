@@ -59,11 +59,11 @@ def _mechanism(args, files: list[Path]) -> int:
     config: MechanismConfig = args.config
     layer = check_layers(model, [config.layer])[0]
     heads = heads_in_layers(model, config.heads, [layer])
-    prompts = mechanism_prompts(model, args.question, system=system_of(args), count=config.count)
+    prompts = mechanism_prompts(model, args.question, system=system_of(args), count=config.filler_count)
     fit = filler_affine_fit(model, prompts["w/ Mless"], prompts["w/o"], layer=layer, heads=heads)
     summary = affine_fit_summary(fit)
     given: dict[str, Any] = {"c": config.arm_c} if config.arm_c is not None else {}
-    arm = None if config.no_arm else ARM.preset(model, fallback=MECHANISM_ARM, layer=layer, seed=config.seed, **given)
+    arm = None if config.no_arm else ARM.preset(model, fallback=MECHANISM_ARM, layer=layer, seed=config.arm_seed, **given)
     c = config.band_c(arm)
     runs = dict(prompts)
     ivs = {}

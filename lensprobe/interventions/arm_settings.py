@@ -1,0 +1,84 @@
+"""ARM's settings as given: :data:`ArmSettings`, the ARM fields a command line sets (``c``,
+``percentile``, ``p_min``, ``variant``), each ``None`` when not given, and where presets come from.
+
+:meth:`ArmSettingsBase.arm` is the one place a partial setting is completed: the authors' preset for
+the model on the benchmark, with the settings given on top.
+
+Example:
+    >>> ArmSettings(arm_c=0.2).arm("Qwen/Qwen2.5-Math-7B", "math500")
+    ARM(layer=0, c=0.2, percentile=95, ...)
+"""
+
+from dataclasses import field
+from typing import Any, Literal
+
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.given import Given, given_settings
+from lensprobe.interventions.arm import ARM
+from lensprobe.interventions.arm_presets import PAPER_TABLE9, arm_preset, model_key
+
+__all__ = ["ArmSettings", "ArmSettingsBase"]
+
+ARM_FIELDS = ("c", "percentile", "p_min", "variant")
+"""The ARM fields a command line sets (``--arm-c``, ``--arm-percentile``, ``--arm-p-min``, ``--arm-variant``)."""
+
+
+class ArmSettingsBase(Given):
+    """What :data:`ArmSettings` adds to its fields: the check when made, and :meth:`arm`."""
+
+    arm_source: Any
+
+    def __post_init__(self) -> None:
+        given = self.settings()
+        if "c" in given and "percentile" in given:
+            ARM(**given)  # a whole setting: check it now
+        elif given:
+            ARM(**{"c": 0.1, "percentile": 90, **given})  # the given values, checked with stand-ins
+
+    def settings(self) -> dict[str, Any]:
+        """The ARM fields given (``source`` is not one)."""
+        return {k: v for k, v in self.given().items() if k != "source"}
+
+    def arm(self, model_name: Any, benchmark: str | None) -> ARM | None:
+        """The ARM of these settings: the preset of ``model_name`` (a name or a loaded model) on ``benchmark`` with the settings given
+        on top; ``None`` when none is given (the preset is then taken where an ARM condition needs it).
+
+        Raises:
+            LensprobeError: a partial setting for a model or benchmark without a preset, or a bad value.
+        """
+        given = self.settings()
+        if not given:
+            return None
+        base: dict = {}
+        if model_name is None:
+            why = "no ARM preset to start from"
+        elif model_key(model_name) not in PAPER_TABLE9:
+            why = f"no ARM preset for {model_key(model_name)!r} to start from"
+        elif benchmark is None:
+            why = f"no benchmark to take {model_key(model_name)}'s ARM preset from (pass --benchmark)"
+        else:
+            why = (f"the authors report no ARM gain for {model_key(model_name)} on {benchmark}, so there is no "
+                   "preset to start from")
+            try:
+                base = arm_preset(model_name, benchmark, self.arm_source or "code").settings
+            except LensprobeError:
+                base = {}
+        settings = {**base, **given}
+        if "c" not in settings or "percentile" not in settings:
+            raise LensprobeError(f"{why}: give both --arm-c and --arm-percentile.")
+        return ARM(**settings)
+
+
+ArmSettings: Any = given_settings(
+    ARM, "ArmSettings", base=ArmSettingsBase,
+    exclude=[f for f in ("layer", "p_max", "k", "mode", "seed", "per_row")],
+    extra=[("arm_source", Literal["code", "paper"] | None,
+            field(default=None, metadata={"custom_args": {"choices": ("code", "paper")}}))], prefix="arm_",
+    docs={"c": "c of the ARM module attached by 'ARM' / '<name>+ARM' conditions (Gemma variant: the fraction "
+               "moved); every ARM setting starts from the authors' preset for the model on the benchmark and "
+               "overrides only what is given (a model without a preset needs c and percentile)",
+          "percentile": "percentile of the ARM module (0-100; Gemma variant: a quantile in [0, 1])",
+          "p_min": "lower bound of the moved fraction (default: the preset's; 0.02, Llama 0.2 in the code)",
+          "variant": "ARM rule (default: the preset's)",
+          "arm_source": "where presets come from: code (the authors' released code, the default) or paper (Table 9)"})
+"""ARM's command-line fields, each ``None`` when not given (see the module docs)."""
