@@ -113,10 +113,10 @@ class GenerationConfig:
     def _check_thinking(self) -> None:
         if self.thinking is not None and not isinstance(self.thinking, (LatentFusion, Pause)):
             raise LensprobeError(
-                f"thinking must be lp.generation.LatentFusion(...), lp.generation.Pause() or None, got {type(self.thinking).__name__}."
+                f"thinking must be lp.LatentFusion(...), lp.Pause() or None, got {type(self.thinking).__name__}."
             )
         if self.think_when is not None and self.thinking is None:
-            raise LensprobeError("think_when was given without thinking=...: pass lp.generation.LatentFusion() or lp.generation.Pause().")
+            raise LensprobeError("think_when was given without thinking=...: pass lp.LatentFusion() or lp.Pause().")
         if self.thinking is not None:
             if self.think_when is None:
                 object.__setattr__(self, "think_when", emitted())
