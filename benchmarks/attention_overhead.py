@@ -55,7 +55,7 @@ def build_long_prompt(model, n_tokens: int) -> lp.Prompt:
 
 def metrics_of(patterns: dict, prompt: lp.Prompt) -> list[torch.Tensor]:
     filler = prompt.positions("filler")
-    return [(lp.average_attention_received(p), lp.attention_proportion(p, filler)) for p in patterns.values()]
+    return [(lp.metrics.average_attention_received(p), lp.metrics.attention_proportion(p, filler)) for p in patterns.values()]
 
 
 def peak_and_kept(fn) -> tuple[float, float, object]:

@@ -14,7 +14,7 @@ correctness is known by construction, and reports the share that each grader acc
 
 ``paper-exact`` grades prompt + generation (here: the authors' prompt, or lensprobe's chat
 system prompt, followed by the generation); the others grade the generation's last box
-(``lp.extract_boxed``). The difference between a row's rate and its right rate (100% for
+(``lp.evals.extract_boxed``). The difference between a row's rate and its right rate (100% for
 the "correct" rows, 0% for the others, except where the answer is one character long) is
 what that quirk moves accuracy by at most, on a model that writes such answers.
 
@@ -45,7 +45,7 @@ def generations(answer: str) -> dict[str, str]:
 
 
 def verdicts(prompt_text: str, generation: str, answer: str) -> dict[str, bool]:
-    prediction = lp.extract_boxed(generation)
+    prediction = lp.evals.extract_boxed(generation)
     out = {g: lp.grade(prediction, answer, method="math-verify" if g == "math-verify" else "paper",
                        lenient=g == "paper-lenient") for g in GRADERS}
     out["paper-exact (authors' prompt)"] = grade_paper_exact(lp.PAPER_SYSTEM_PROMPT + prompt_text + generation,

@@ -245,7 +245,7 @@ def library_cases(tiny, work: Path) -> list[tuple[str, object]]:
         ("GenerationConfig temperature=1e-40", lambda: refuses(lambda: lp.GenerationConfig(4, do_sample=True,
                                                                                           temperature=1e-40))),
         ("GenerationConfig temperature=inf", lambda: refuses(lambda: lp.GenerationConfig(4, temperature=math.inf))),
-        ("schedule entropy_above(nan)", lambda: refuses(lambda: lp.schedule.entropy_above(math.nan))),
+        ("schedule entropy_above(nan)", lambda: refuses(lambda: lp.generation.schedule.entropy_above(math.nan))),
         ("parse_heads('L٣H1')", lambda: refuses(lambda: lp.ablate_heads("L٣H1").resolve(tiny))),
         ("load_model(device='bogus')", lambda: refuses(lambda: lp.load_model(tiny, device="bogus"))),
         ("evaluate answer None", lambda: refuses(lambda: lp.evaluate(tiny, [Problem("a", "q?", None)], "w/o",
@@ -258,7 +258,7 @@ def library_cases(tiny, work: Path) -> list[tuple[str, object]]:
                                                   True)),
         ("ablate_heads([])", lambda: refuses(lambda: lp.ablate_heads([]))),
         ("ablate_heads('')", lambda: refuses(lambda: lp.ablate_heads(""))),
-        ("ablate_kv_group([])", lambda: refuses(lambda: lp.ablate_kv_group([]))),
+        ("ablate_kv_group([])", lambda: refuses(lambda: lp.interventions.ablate_kv_group([]))),
         ("EvalConfig(grade_timeout=0)", lambda: refuses(lambda: lp.EvalConfig(grade_timeout=0))),
         ("EvalConfig(grade_timeout=2.5)", lambda: refuses(lambda: lp.EvalConfig(grade_timeout=2.5))),
         ("grade_timeout at its default keeps the identity", lambda: equals(

@@ -26,7 +26,7 @@ import time
 import torch
 
 import lensprobe as lp
-from lensprobe.core.measures.measure import Entropy, measure_once
+from lensprobe.core.measures.measure import NextTokenEntropy, measure_once
 from lensprobe.core.measures.metrics import entropy
 
 QUESTION = "What is the value of $\\sqrt{36 \\times \\sqrt{16}}$?"
@@ -36,7 +36,7 @@ def lp_loop(model, prompts, heads):
     out = torch.empty(len(prompts), len(heads))
     for i, p in enumerate(prompts):
         for j, pair in enumerate(heads):
-            out[i, j] = measure_once(model, Entropy(), p, lp.ablate_heads([pair]))[0]
+            out[i, j] = measure_once(model, NextTokenEntropy(), p, lp.ablate_heads([pair]))[0]
     return out
 
 
@@ -83,7 +83,7 @@ def main() -> None:
 
     # warm-up (first calls allocate)
     lp.ablation_sweep(model, prompts[0], heads=heads[:4], batch_size=4, progress=False)
-    measure_once(model, Entropy(), prompts[0], lp.ablate_heads([heads[0]]))
+    measure_once(model, NextTokenEntropy(), prompts[0], lp.ablate_heads([heads[0]]))
 
     methods = {
         "sweep": lambda: lp.ablation_sweep(model, prompts, "entropy", heads="all", batch_size=args.batch_size,

@@ -132,7 +132,7 @@ def test_the_site_turns_roles_into_references_to_where_objects_are_defined():
     finally:
         sys.path.pop(0)
     pkg = griffe.load("lensprobe", resolve_aliases=False)
-    hooks = pkg["core.hooks"]
+    hooks = pkg["core.hooks.attach"]
     text = "See :func:`~lensprobe.generate`, :class:`StepContext` and :func:`nowhere_at_all`."
     assert griffe_roles.rewrite(text, hooks, pkg) == (
         "See [`generate()`][lensprobe.generation.loop.generate], "

@@ -46,7 +46,7 @@ def run_evaluate(model, p):
 
 
 def run_head_means(model, p):
-    lp.head_means(model, [p, lp.build_prompt(model, "What is 1+1?")], layers=[0, 1])
+    lp.interventions.head_means(model, [p, lp.build_prompt(model, "What is 1+1?")], layers=[0, 1])
 
 
 def run_trace(model, p):

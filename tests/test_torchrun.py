@@ -28,7 +28,7 @@ questions, out = json.loads(sys.argv[1]), Path(sys.argv[2])
 model = tiny_model(seed=0)
 prompts = [lp.build_prompt(model, q, system="Please reason step by step.") for q in questions]
 sweep = lp.ablation_sweep(model, prompts, **json.loads(sys.argv[3]), out=out / "sweep")
-traces = lp.trace_prompts(model, prompts, **json.loads(sys.argv[4]), out=out / "traces")
+traces = lp.generation.trace_prompts(model, prompts, **json.loads(sys.argv[4]), out=out / "traces")
 rank, world = shard_info()
 torch.save({"world": world, "baseline": sweep.baseline, "ablated": sweep.ablated,
             "traces": {i: (t.token_ids_rows, t.entropy_rows, t.attention_rows["system"], t.texts)
@@ -83,7 +83,7 @@ def test_torchrun_two_processes_merge_to_the_single_run_and_resume(tiny, tmp_pat
     before = {name: mtimes(out / name) for name in ("sweep", "traces")}
     for rank in (1, 0):
         sweep = lp.ablation_sweep(tiny, prompts, **SWEEP, out=out / "sweep", rank=rank, world_size=2)
-        traces = lp.trace_prompts(tiny, prompts, **TRACE, out=out / "traces", rank=rank, world_size=2)
+        traces = lp.generation.trace_prompts(tiny, prompts, **TRACE, out=out / "traces", rank=rank, world_size=2)
         assert {name: mtimes(out / name) for name in ("sweep", "traces")} == before
     assert torch.equal(sweep.ablated, single.ablated) and list(traces) == [0, 1, 2]
     assert all(torch.equal(traces[i].entropy_rows, merged["traces"][i][1]) for i in range(3))

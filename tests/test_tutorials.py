@@ -217,7 +217,7 @@ def test_parameter_cell_picks_a_paper_model_only_on_a_gpu_with_the_hub(name, mon
     for gpu in (False, True):
         for hub in (False, True):
             monkeypatch.setattr(torch.cuda, "is_available", lambda gpu=gpu: gpu)
-            monkeypatch.setattr(lp, "hub_reachable", lambda *a, hub=hub, **k: asked.append(hub) or hub)
+            monkeypatch.setattr(lp.models, "hub_reachable", lambda *a, hub=hub, **k: asked.append(hub) or hub)
             ns: dict = {}
             exec(compile(python_source(_source(params)), name, "exec"), ns)
             assert ns["MODEL"] == (PAPER_MODEL if gpu and hub else None), (gpu, hub)
@@ -266,7 +266,7 @@ def test_notebook_imports_only_lensprobe_torch_the_standard_library_and_dependen
 def test_notebook_reads_nothing_outside_the_package(name):
     text = "\n".join(_source(c) for c in _load(name)["cells"])
     for outside in ("LENSPROBE_MATH500", "../", "/work/", "shared/data", "~/"):
-        assert outside not in text, f"{name} refers to {outside!r}: use what the package ships (lp.math500_path())"
+        assert outside not in text, f"{name} refers to {outside!r}: use what the package ships (lp.evals.math500_path())"
 
 
 def test_readme_lists_every_notebook_with_its_colab_link():
@@ -401,11 +401,11 @@ def check_04(cwd: Path, nb) -> None:
     """The saved traces load back; only the thinking settings took thinking steps."""
     import lensprobe as lp
 
-    plain = lp.load_trace(cwd / "traces" / "plain.parquet")
+    plain = lp.generation.load_trace(cwd / "traces" / "plain.parquet")
     assert plain.n_steps == 32 and set(plain.tracked) == {"system", "question", "generated"}
     steps = {}
     for label in ("LatentFusion", "Pause", "no_thinking"):
-        tr = lp.load_trace(cwd / "traces" / f"{label}.parquet")
+        tr = lp.generation.load_trace(cwd / "traces" / f"{label}.parquet")
         assert tr.n_rows == 2 and "thinking" in tr.tracked
         steps[label] = int(tr.thinking_rows.sum())
     assert steps["LatentFusion"] > 0 and steps["no_thinking"] == 0
@@ -419,7 +419,7 @@ def check_05(cwd: Path, nb) -> None:
 
     out = cwd / "runs" / "SmolLM2-135M-Instruct"
     rows = [json.loads(line) for line in (out / "results-rank0.jsonl").read_text(encoding="utf-8").splitlines()]
-    raw = [json.loads(line) for line in lp.math500_path().read_text(encoding="utf-8").splitlines()]
+    raw = [json.loads(line) for line in lp.evals.math500_path().read_text(encoding="utf-8").splitlines()]
     first3 = [r["unique_id"] for r in raw if r["level"] == 1][:3]
     keys = sorted((r["condition"], r["problem_id"]) for r in rows)
     assert keys == sorted((c, i) for c in ("w/o", "w/ Mless", "w/ Mful") for i in first3)  # each exactly once

@@ -1,11 +1,14 @@
-"""mkdocs hook: one API reference page per public module of lensprobe, generated from the docstrings.
+"""mkdocs hook: the API reference, generated from the docstrings.
 
-Each page is a generated file ``reference/<dotted.name>.md`` holding one mkdocstrings directive
-(``::: lensprobe.core.models.loading``); ``reference/index.md`` lists them, and the nav's "API reference" section
-gets one entry per module, grouped by subpackage. Public means: no part of the dotted name starts with
-``_`` (``__main__`` is skipped). The package is listed from its files, so nothing is imported here.
+``reference/index.md`` is the curated entry page: the public names by group (the top level, then each
+namespace by role: ``lp.models``, ``lp.prompts``, ...), one line each (the first line of the name's
+docstring), read from the ``__all__`` lists. Each public module (no part of its dotted name starts with
+``_``) also has a page ``reference/<dotted.name>.md`` holding one mkdocstrings directive; the nav lists
+them after the overview, grouped by subpackage, as the modules behind the public names. Nothing is
+imported here: names, their sources and docstrings are read from the files with ``ast``.
 """
 
+import ast
 from pathlib import Path
 
 from mkdocs.structure.files import File
@@ -30,13 +33,69 @@ def page(name: str) -> str:
     return f"reference/{name}.md"
 
 
+NAMESPACES = ("models", "prompts", "interventions", "metrics", "generation", "experiments", "studies", "evals",
+              "viz")
+"""The namespaces by role, in the order the overview lists them."""
+
+
+def _module_file(module: str) -> Path:
+    base = ROOT / Path(*module.split("."))
+    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+
+
+def _all_and_sources(module: str) -> tuple[list[str], dict[str, str]]:
+    """A module's ``__all__`` and, for each name it imports, the module it comes from."""
+    tree = ast.parse(_module_file(module).read_text(encoding="utf-8"))
+    names: list[str] = []
+    sources: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            names = [ast.literal_eval(e) for e in node.value.elts]  # type: ignore[attr-defined]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PACKAGE):
+            for alias in node.names:
+                sources[alias.asname or alias.name] = node.module
+        elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_LAZY_FUNCTIONS" for t in node.targets):
+            sources.update(ast.literal_eval(node.value))  # names imported on first use: name -> module
+    return names, sources
+
+
+def _summary(module: str, name: str, depth: int = 0) -> tuple[str, str]:
+    """``(defining module, first docstring line)`` of ``name`` as ``module`` exports it."""
+    path = _module_file(module)
+    if not path.exists():
+        return module, ""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+            doc = ast.get_docstring(node) or ""
+            return module, doc.strip().splitlines()[0] if doc.strip() else ""
+    _, sources = _all_and_sources(module)
+    if name in sources and depth < 4:
+        return _summary(sources[name], name, depth + 1)
+    if (ROOT / Path(*module.split("."), name)).is_dir() or _module_file(f"{module}.{name}").exists():
+        doc = ast.get_docstring(ast.parse(_module_file(f"{module}.{name}").read_text(encoding="utf-8"))) or ""
+        return f"{module}.{name}", doc.strip().splitlines()[0] if doc.strip() else ""
+    return module, ""
+
+
+def _group(title: str, module: str, prefix: str) -> list[str]:
+    names, _ = _all_and_sources(module)
+    lines = [f"## {title}", ""]
+    for name in names:
+        where, line = _summary(module, name)
+        lines.append(f"- [`{prefix}{name}`]({where}.md): {line}" if line else f"- [`{prefix}{name}`]({where}.md)")
+    return [*lines, ""]
+
+
 def _index(modules: list[str]) -> str:
     lines = ["# API reference", "",
-             "Generated from the docstrings (Google style) by mkdocstrings: one page per public module. "
-             "Most of what a study needs is exported from the package itself: start at "
-             f"[`lensprobe`]({PACKAGE}.md).", ""]
-    for name in modules:
-        lines.append(f"- [`{name}`]({name}.md)")
+             "`import lensprobe as lp` gives what the README's examples use at the top level; everything else "
+             "public is in a namespace by role. One line per public name (its docstring's first line), linked to "
+             "the page of the module that defines it. The modules listed in the navigation are the "
+             "implementation behind these names.", ""]
+    lines += _group("Top level (`lp`)", PACKAGE, "lp.")
+    for ns in NAMESPACES:
+        lines += _group(f"`lp.{ns}`", f"{PACKAGE}.{ns}", f"lp.{ns}.")
     return "\n".join(lines) + "\n"
 
 

@@ -23,30 +23,30 @@ def _figures() -> dict:
     torch.manual_seed(0)
     model = lp.load_model()
     figs = {}
-    res = lp.attention_received(model, QUESTION, layers=[0])
+    res = lp.studies.attention_received_by_condition(model, QUESTION, layers=[0])
     figs["attention_received"] = lp.viz.attention_received_figure(res, [(0, 3)])
 
     p0 = lp.build_prompt(model, QUESTION, system=lp.MATH_SYSTEM_PROMPT)
     p1 = lp.build_prompt(model, QUESTION, system=lp.MATH_SYSTEM_PROMPT, filler=lp.Filler.meaningless())
-    stats = lp.activation_stats(model, {"w/o": p0, "w/ Mless": p1, "w/o + ARM": p0},
+    stats = lp.studies.activation_stats(model, {"w/o": p0, "w/ Mless": p1, "w/o + ARM": p0},
                                 interventions={"w/o + ARM": [lp.ARM(c=0.1, percentile=95, seed=0)]})
     figs["activation_histogram"] = lp.viz.activation_histogram_figure(stats)
 
     sweep = lp.ablation_sweep(model, [p0], "entropy", progress=False)
     figs["sweep"] = lp.viz.sweep_heatmap(sweep)
 
-    thinking = lp.with_thinking_token(model)
+    thinking = lp.studies.with_thinking_token(model)
     pt = lp.build_prompt(thinking, QUESTION, system=lp.MATH_SYSTEM_PROMPT)
-    traces = lp.compare_thinking(thinking, [pt], ["fusion", "pause"], max_new_tokens=32,
-                                 think_when=lp.schedule.every(4), n_samples=3, do_sample=True, seed=0)
+    traces = lp.studies.compare_thinking(thinking, [pt], ["fusion", "pause"], max_new_tokens=32,
+                                 think_when=lp.generation.schedule.every(4), n_samples=3, do_sample=True, seed=0)
     with warnings.catch_warnings():  # steps before the first thinking position have no attention onto it (NaN)
         warnings.simplefilter("ignore", RuntimeWarning)
-        summary = lp.trace_summary(traces, band="std")
+        summary = lp.generation.trace_summary(traces, band="std")
     figs["thinking_trace"] = lp.viz.generation_trace_figure(summary)
 
-    grid = lp.ascii_grid()
+    grid = lp.studies.ascii_grid()
     g0, g1 = lp.build_prompt(model, grid), lp.build_prompt(model, grid, filler=lp.Filler.meaningless())
-    table = lp.token_class_attention({"w/o filler": (model, g0), "w/ Mless": (model, g1)}, layers=[0, 16, 20, 27])
+    table = lp.studies.compare_token_class_attention({"w/o filler": (model, g0), "w/ Mless": (model, g1)}, layers=[0, 16, 20, 27])
     figs["token_classes"] = lp.viz.token_class_figure(table)
     return figs
 

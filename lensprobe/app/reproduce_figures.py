@@ -17,14 +17,14 @@ from lensprobe.app.sections.filler import (
 )
 from lensprobe.app.sections.heads import head_attention_section
 from lensprobe.core.errors import LensprobeError
-from lensprobe.studies.filler import FillerSetup, attention_received, heads_by_change
+from lensprobe.studies.filler import FillerSetup, attention_received_by_condition, heads_by_change
 from lensprobe.viz.report import Section
 
 __all__ = ["FIGURES", "figure_sections"]
 
 
 def _top_heads(model, question: str, setup: FillerSetup, layers: list[int]):
-    res = attention_received(model, question, layers=layers, setup=setup)
+    res = attention_received_by_condition(model, question, layers=layers, setup=setup)
     top = heads_by_change(res, k=HEADS_PER_LAYER).sort_values(["layer", "change"], ascending=[True, False],
                                                               kind="stable")
     return res, [(int(a), int(b)) for a, b in zip(top["layer"], top["head"], strict=True)]

@@ -16,7 +16,7 @@ the problems of a shorter one.
 
 Example:
     >>> import lensprobe as lp
-    >>> probs = lp.arithmetic_problems(n=4, seed=0)
+    >>> probs = lp.evals.arithmetic_problems(n=4, seed=0)
     >>> [(p.level, p.subject) for p in probs]
     [(1, 'addition'), (2, 'multiplication, addition'), (1, 'subtraction'), (2, 'multiplication, subtraction')]
 """

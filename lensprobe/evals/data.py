@@ -63,7 +63,7 @@ def math500_path() -> Path:
             (a broken installation: reinstall lensprobe).
 
     Example:
-        >>> lp.math500_path().name
+        >>> lp.evals.math500_path().name
         'test.jsonl'
     """
     env = os.environ.get("LENSPROBE_MATH500")
@@ -376,10 +376,10 @@ def load_problems(path: str | os.PathLike, *, problem_field: str = "problem", an
             file's columns), a row lacks a value, two rows share an id, or nothing is left.
 
     Example:
-        >>> aime = lp.load_problems("data/aime/aime2025.jsonl")       # the 'question' field
+        >>> aime = lp.evals.load_problems("data/aime/aime2025.jsonl")       # the 'question' field
         >>> len(aime), aime[0].id, aime[0].answer
         (30, 'aime2025-0', '70')
-        >>> gsm = lp.load_problems("gsm8k/test.parquet", problem_field="question", limit=100)
+        >>> gsm = lp.evals.load_problems("gsm8k/test.parquet", problem_field="question", limit=100)
     """
     path = Path(path).expanduser()
     fmt = format_of(path, file_format)

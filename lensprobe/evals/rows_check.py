@@ -175,4 +175,4 @@ def check_verdict_column(df, grader: str) -> None:
             raise LensprobeError(
                 f"the {grader!r} column holds {value!r} ({type(value).__name__}) at row {index!r}: verdicts must be "
                 "True, False or None (no verdict); convert the column, e.g. rows[grader].map({'true': True, "
-                "'false': False}), or reload the folder with lp.load_results.")
+                "'false': False}), or reload the folder with lp.evals.load_results.")

@@ -5,3 +5,11 @@ identifies itself by content and saves into the results store.
 
 May import: :mod:`lensprobe.core`, :mod:`lensprobe.interventions` and :mod:`lensprobe.generation`.
 """
+
+from lensprobe.experiments.attribution import Attribution, attribute_heads
+from lensprobe.experiments.patching import PatchResult, patch
+from lensprobe.experiments.sweep import SweepResult, ablation_sweep
+from lensprobe.experiments.verify import Verification, verify_attribution
+
+__all__ = ["Attribution", "PatchResult", "SweepResult", "Verification", "ablation_sweep", "attribute_heads", "patch",
+           "verify_attribution"]

@@ -33,8 +33,8 @@ from lensprobe.core.measures.measure import (
     AnswerLogProb,
     AttentionTo,
     CallableMeasure,
-    Entropy,
     Measure,
+    NextTokenEntropy,
     run_measure,
 )
 from lensprobe.core.storage.identity import run_identity
@@ -45,7 +45,7 @@ from lensprobe.interventions.replacement import Method, ablation_source, check_m
 
 __all__ = ["SweepResult", "ablation_sweep", "sweep_prompt"]
 
-_PREFIX_SAFE = (Entropy, AnswerLogProb, AttentionTo, CallableMeasure, LogitDiff)
+_PREFIX_SAFE = (NextTokenEntropy, AnswerLogProb, AttentionTo, CallableMeasure, LogitDiff)
 """Measures that cope with batch-1 activations below the shared prefix's end."""
 
 

@@ -10,8 +10,11 @@ from lensprobe.generation import schedule
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.loop import generate, trace_generation
 from lensprobe.generation.rows import FinishedRow
+from lensprobe.generation.thinking import LatentFusion, Pause, add_thinking_token
+from lensprobe.generation.trace import GenerationTrace, load_trace, trace_summary
 from lensprobe.generation.traceset import trace_jobs, trace_prompts
 from lensprobe.generation.tracking import SPECIAL_SETS
 
-__all__ = ["SPECIAL_SETS", "FinishedRow", "GenerationConfig", "HookSite", "StepContext", "generate", "schedule", "trace_generation",
-           "trace_jobs", "trace_prompts"]
+__all__ = ["SPECIAL_SETS", "FinishedRow", "GenerationConfig", "GenerationTrace", "HookSite", "LatentFusion", "Pause",
+           "StepContext", "add_thinking_token", "generate", "load_trace", "schedule", "trace_generation", "trace_jobs",
+           "trace_prompts", "trace_summary"]

@@ -57,7 +57,7 @@ class GenerationConfig:
             without a tokenizer (token-id prompts) stops only at the ids these name.
         eos_token_id: end-of-sequence token id(s) of this call, besides the model's (an int or
             a tuple of ints).
-        thinking: ``None``, :class:`~lensprobe.LatentFusion` or :class:`~lensprobe.Pause`.
+        thinking: ``None``, :class:`~lensprobe.generation.LatentFusion` or :class:`~lensprobe.generation.Pause`.
         think_when: a rule from :mod:`lensprobe.generation.schedule`; with ``thinking`` it
             defaults to ``schedule.emitted()`` (the model emits the thinking token).
 
@@ -113,10 +113,10 @@ class GenerationConfig:
     def _check_thinking(self) -> None:
         if self.thinking is not None and not isinstance(self.thinking, (LatentFusion, Pause)):
             raise LensprobeError(
-                f"thinking must be lp.LatentFusion(...), lp.Pause() or None, got {type(self.thinking).__name__}."
+                f"thinking must be lp.generation.LatentFusion(...), lp.generation.Pause() or None, got {type(self.thinking).__name__}."
             )
         if self.think_when is not None and self.thinking is None:
-            raise LensprobeError("think_when was given without thinking=...: pass lp.LatentFusion() or lp.Pause().")
+            raise LensprobeError("think_when was given without thinking=...: pass lp.generation.LatentFusion() or lp.generation.Pause().")
         if self.thinking is not None:
             if self.think_when is None:
                 object.__setattr__(self, "think_when", emitted())

@@ -115,7 +115,7 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
             (continuous batching, see :mod:`lensprobe.generation.run`): each row gives what it
             gives alone. A value above the row count means every row; below 1 is refused.
             Attention recording (``track``) runs every row in one batch, so it takes no
-            smaller ``batch_size`` (trace many prompts with :func:`lensprobe.trace_prompts`).
+            smaller ``batch_size`` (trace many prompts with :func:`lensprobe.generation.trace_prompts`).
         refill: ``False`` runs static batches of ``batch_size`` rows instead, each stepping
             until its longest row ends (for comparison; slower when lengths differ).
         longest_first: schedule the longest prompts first (results keep the row order).
@@ -137,7 +137,7 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
             when no ``config`` is given.
 
     Returns:
-        A :class:`~lensprobe.GenerationTrace` (``texts`` and ``generated_ids`` per row, rows
+        A :class:`~lensprobe.generation.GenerationTrace` (``texts`` and ``generated_ids`` per row, rows
         prompt by prompt whatever the schedule). A row whose step logits hold a NaN or ``+inf``
         (or only ``-inf``) stops at that step with ``finish_reason="nonfinite"`` (token -1,
         entropy NaN), and one ``RuntimeWarning`` names the step and rows; the other rows go on
@@ -178,7 +178,7 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
         raise LensprobeError(
             f"attention recording (track=...) runs every row in one batch, but batch_size={batch_size} is smaller "
             f"than the {len(rows) - len(failed)} rows: leave batch_size unset, or trace the prompts one by one "
-            "with lp.trace_prompts."
+            "with lp.generation.trace_prompts."
         )
     rec_layers = check_layers(model, layers) if sets else []
     run = Run(model, cfg, items, rows, prompt_caps, failed, interventions, sets, rec_layers,
@@ -202,13 +202,13 @@ def trace_generation(model, prompt, config: GenerationConfig | None = None, *,
 
     A trace runs every row (prompt x sample) in one static batch (no continuous batching:
     the recorder keeps one block per row and step); for many prompts use
-    :func:`lensprobe.trace_prompts`, which traces them one by one.
+    :func:`lensprobe.generation.trace_prompts`, which traces them one by one.
 
     Example:
         >>> trace = lp.trace_generation(model, prompt, max_new_tokens=400,
         ...                             track={"system": "system", "thinking": "<thinking>"},
-        ...                             thinking=lp.LatentFusion(alpha=0.6, top_p=0.9),
-        ...                             think_when=lp.schedule.every(8))
+        ...                             thinking=lp.generation.LatentFusion(alpha=0.6, top_p=0.9),
+        ...                             think_when=lp.generation.schedule.every(8))
         >>> trace.entropy                # [step]
         >>> trace.attention["thinking"]  # [step, layer, head]
     """

@@ -1,7 +1,7 @@
 """Per-row outputs of a generation, the random numbers each row draws from, and finished rows.
 
 A generation has one row per (prompt, sample), in prompt order: the rows of the returned
-:class:`~lensprobe.GenerationTrace`. The loop may run them in another order and in several
+:class:`~lensprobe.generation.GenerationTrace`. The loop may run them in another order and in several
 batches (:mod:`lensprobe.generation.loop`); what it records lands here by row index, so the
 trace never depends on the schedule.
 """

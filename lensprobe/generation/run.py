@@ -274,7 +274,7 @@ class Run:
     def _step(self, live: Live, last: Tensor, bar) -> tuple[Tensor, Tensor]:
         """Choose each live row's token from its logits, record it, end rows (EOS, cap, non-finite)."""
         cfg = self.cfg
-        broken = nonfinite_rows(last)  # NaN/+inf or all -inf: no distribution (as lp.entropy)
+        broken = nonfinite_rows(last)  # NaN/+inf or all -inf: no distribution (as lp.metrics.entropy)
         if bool(broken.any()):
             if bool((broken & live.active).any()):
                 self._end_nonfinite(live, broken & live.active)
@@ -282,7 +282,7 @@ class Run:
             last = torch.where(broken[:, None], 0.0, last)
         logp = torch.log_softmax(last, dim=-1)
         probs = logp.exp()
-        ent = -torch.where(probs > 0, probs * logp, 0.0).sum(-1)  # as lp.entropy, one softmax
+        ent = -torch.where(probs > 0, probs * logp, 0.0).sum(-1)  # as lp.metrics.entropy, one softmax
         seen = self._seen(live, last.shape[-1]) if cfg.repetition_penalty != 1.0 else None
         choice = choose(last, cfg, [self.gens[r] for r in live.rows.tolist()], seen)
         think = torch.zeros_like(live.active)

@@ -20,10 +20,10 @@ KV cache (the cache holds the keys and values computed from the latent input).
 
 Example:
     >>> import lensprobe as lp
-    >>> tid = lp.add_thinking_token(model, "<thinking>")
+    >>> tid = lp.generation.add_thinking_token(model, "<thinking>")
     >>> trace = lp.trace_generation(model, prompt, max_new_tokens=64,
-    ...                             thinking=lp.LatentFusion(alpha=0.6, top_p=0.9),
-    ...                             think_when=lp.schedule.every(8))
+    ...                             thinking=lp.generation.LatentFusion(alpha=0.6, top_p=0.9),
+    ...                             think_when=lp.generation.schedule.every(8))
 """
 
 from dataclasses import dataclass
@@ -63,8 +63,8 @@ class LatentFusion:
             :func:`add_thinking_token`).
 
     Example:
-        >>> lp.LatentFusion(alpha=0.6, top_p=0.9)
-        >>> lp.LatentFusion.coconut(), lp.LatentFusion.soft_thinking()
+        >>> lp.generation.LatentFusion(alpha=0.6, top_p=0.9)
+        >>> lp.generation.LatentFusion.coconut(), lp.generation.LatentFusion.soft_thinking()
     """
 
     alpha: float = 0.6
@@ -116,8 +116,8 @@ class Pause:
         token: the thinking token string (one token of the vocabulary).
 
     Example:
-        >>> lp.trace_generation(model, p, max_new_tokens=64, thinking=lp.Pause(),
-        ...                     think_when=lp.schedule.every(8))
+        >>> lp.trace_generation(model, p, max_new_tokens=64, thinking=lp.generation.Pause(),
+        ...                     think_when=lp.generation.schedule.every(8))
     """
 
     token: str = THINKING_TOKEN
@@ -187,7 +187,7 @@ def latent_fusion_vector(hidden: Float[Tensor, "batch d_model"], logits: Float[T
         raise LensprobeError(
             f"embedding has {embedding.shape[0]} rows but the logits cover {logits.shape[-1]} tokens; "
             "if you added a token, add it to both the input embedding and the output layer "
-            "(lp.add_thinking_token does)."
+            "(lp.generation.add_thinking_token does)."
         )
     out = alpha * hidden.float()
     if alpha < 1.0:
@@ -209,7 +209,7 @@ def thinking_token_id(model, token: str) -> int:
         return int(ids[0])
     raise LensprobeError(
         f"{token!r} is not a single token of this model's vocabulary (it encodes as {len(ids)} "
-        f"tokens); add it first with lp.add_thinking_token(model, {token!r})."
+        f"tokens); add it first with lp.generation.add_thinking_token(model, {token!r})."
     )
 
 
@@ -241,7 +241,7 @@ def add_thinking_token(model, token: str = THINKING_TOKEN) -> int:
             so it cannot become one token.
 
     Example:
-        >>> tid = lp.add_thinking_token(model, "<thinking>")
+        >>> tid = lp.generation.add_thinking_token(model, "<thinking>")
         >>> model.to_str_tokens(lp.build_prompt(model, "hi").tokens)  # unchanged prompts
     """
     _check_token_str(token)

@@ -25,7 +25,7 @@ Example:
     >>> trace = lp.trace_generation(model, prompt, max_new_tokens=64, track={"system": "system"})
     >>> trace.entropy.shape, trace.attention["system"].shape   # [step], [step, layer, head]
     >>> trace.to_dataframe().head()
-    >>> trace.save("trace.parquet"); lp.load_trace("trace.parquet")
+    >>> trace.save("trace.parquet"); lp.generation.load_trace("trace.parquet")
 """
 
 import json
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["GenerationTrace", "load_trace", "trace_summary"]
 
-FORMAT = "lensprobe.GenerationTrace"
+FORMAT = "lensprobe.generation.GenerationTrace"
 VERSION = 1
 DIMS = ("row", "step", "layer", "head")
 
@@ -352,7 +352,7 @@ def load_trace(path: str | Path) -> GenerationTrace:
     """Read a :class:`GenerationTrace` from a ``.parquet`` or ``.json`` file written by ``save``.
 
     Example:
-        >>> trace = lp.load_trace("out/trace.parquet")
+        >>> trace = lp.generation.load_trace("out/trace.parquet")
     """
     return GenerationTrace.load(path)
 
@@ -411,7 +411,7 @@ def trace_summary(traces: Mapping[str, GenerationTrace] | GenerationTrace, *, tr
         ``mean``, ``lower``, ``upper``, ``n`` (rows averaged), plus ``set``.
 
     Example:
-        >>> df = lp.trace_summary({"LatentFusion": t1, "Pause": t2}, band="std", smooth=5)
+        >>> df = lp.generation.trace_summary({"LatentFusion": t1, "Pause": t2}, band="std", smooth=5)
         >>> fig = lp.viz.generation_trace_figure(df)
     """
     pd = pandas()

@@ -12,9 +12,9 @@ from prompt ``r``, and rank 0 waits for the others and returns the whole set.
 ``lensprobe trace`` command uses it for one question under several thinking settings).
 
 Example:
-    >>> traces = lp.trace_prompts(model, [p1, p2, p3], max_new_tokens=64, out="runs/traces")
+    >>> traces = lp.generation.trace_prompts(model, [p1, p2, p3], max_new_tokens=64, out="runs/traces")
     >>> traces[0].entropy                       # prompt 0's trace
-    >>> lp.load_trace("runs/traces/traces/trace-00001.parquet")  # prompt 1's, from disk
+    >>> lp.generation.load_trace("runs/traces/traces/trace-00001.parquet")  # prompt 1's, from disk
 """
 
 import os
@@ -40,7 +40,7 @@ TRACE_FOLDER = "traces"
 def trace_jobs(jobs: Mapping[str, Callable[[], GenerationTrace]], *, out: str | os.PathLike | None = None,
                settings: Mapping[str, Any] | None = None, rank: int | None = None, world_size: int | None = None,
                progress: bool | str = False) -> dict[str, GenerationTrace]:
-    """Run named jobs that each return a :class:`~lensprobe.GenerationTrace`, sharded and resumable.
+    """Run named jobs that each return a :class:`~lensprobe.generation.GenerationTrace`, sharded and resumable.
 
     Args:
         jobs: name -> a function of no arguments returning one trace; run in this order.
@@ -113,7 +113,7 @@ def trace_prompts(model, prompts, config: GenerationConfig | None = None, *, out
         progress: a progress bar over the prompts this process traces.
 
     Returns:
-        Prompt index (or name, for a mapping) -> its :class:`~lensprobe.GenerationTrace`. In a
+        Prompt index (or name, for a mapping) -> its :class:`~lensprobe.generation.GenerationTrace`. In a
         sharded run, rank 0 waits for the other processes and returns every prompt's trace,
         equal to a single-process run; the other ranks return their own prompts' traces.
         With ``out``, traces are read back from their files (see :func:`trace_jobs`).
@@ -123,7 +123,7 @@ def trace_prompts(model, prompts, config: GenerationConfig | None = None, *, out
             sharded run without ``out``, or a folder of another run.
 
     Example:
-        >>> traces = lp.trace_prompts(model, {"easy": p1, "hard": p2}, max_new_tokens=128,
+        >>> traces = lp.generation.trace_prompts(model, {"easy": p1, "hard": p2}, max_new_tokens=128,
         ...                           track={"system": "system"}, out="runs/traces")
         >>> traces["hard"].attention["system"].shape      # [step, layer, head]
     """

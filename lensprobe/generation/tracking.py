@@ -65,8 +65,8 @@ def resolve_track(model, track, prompts: list[tuple[list[int], Prompt | None]],
             elif spec == "thinking":
                 if think_id is None:
                     raise LensprobeError(
-                        f"tracked set {name!r} = 'thinking' needs thinking=... (lp.LatentFusion() or "
-                        "lp.Pause()) or a '<thinking>' token in the vocabulary (lp.add_thinking_token)."
+                        f"tracked set {name!r} = 'thinking' needs thinking=... (lp.generation.LatentFusion() or "
+                        "lp.generation.Pause()) or a '<thinking>' token in the vocabulary (lp.generation.add_thinking_token)."
                     )
                 ts.thinking = has_thinking
                 ts.token_ids = frozenset([think_id])

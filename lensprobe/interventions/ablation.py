@@ -121,7 +121,7 @@ class HeadAblation:
 
     Reference activations (``mean``/``resample``) are computed on first use per model (with
     whatever hooks are attached at that moment) and then reused; pass a
-    :class:`HeadMeans` from :func:`head_means` to control that yourself.
+    :class:`HeadMeans` from :func:`~lensprobe.interventions.replacement.head_means` to control that yourself.
     """
 
     heads: tuple
@@ -300,7 +300,7 @@ def ablate_kv_group(groups: Any, *, method: Method = "zero", positions: Any = No
         method, positions, reference, per_position, prompt: as in :func:`ablate_heads`.
 
     Example:
-        >>> with lp.intervene(model, lp.ablate_kv_group("L0KV1")):
+        >>> with lp.intervene(model, lp.interventions.ablate_kv_group("L0KV1")):
         ...     logits = model(prompt.tokens)
     """
     check_method(method, reference)

@@ -153,7 +153,7 @@ def check_method(method: str, reference) -> None:
     if method == "mean" and reference is None:
         raise LensprobeError(
             "method='mean' needs reference=...: a set of prompts to average each head's output "
-            "over (or lp.head_means(model, prompts)). Use method='zero' for no reference."
+            "over (or lp.interventions.head_means(model, prompts)). Use method='zero' for no reference."
         )
     if method == "resample" and reference is None:
         raise LensprobeError(

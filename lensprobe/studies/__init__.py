@@ -6,3 +6,33 @@ tables and results; figures and reports live in :mod:`lensprobe.viz` and :mod:`l
 
 May import: :mod:`lensprobe.core`, :mod:`lensprobe.interventions`, :mod:`lensprobe.generation`.
 """
+
+from lensprobe.studies.filler import (
+    FillerSetup,
+    ascii_grid,
+    attention_received_by_condition,
+    compare_token_class_attention,
+    condition_changes,
+    filler_vs_random,
+    heads_by_change,
+)
+from lensprobe.studies.heads import AblationEffect, ablation_effect, head_attention_over_generation
+from lensprobe.studies.mechanism import (
+    ActivationStats,
+    activation_stats,
+    affine_fit_summary,
+    filler_affine_fit,
+    mechanism_prompts,
+)
+from lensprobe.studies.thinking import (
+    THINKING_SETTINGS,
+    compare_thinking,
+    thinking_setting,
+    with_thinking_token,
+)
+
+__all__ = ["THINKING_SETTINGS", "AblationEffect", "ActivationStats", "FillerSetup", "ablation_effect",
+           "activation_stats", "affine_fit_summary", "ascii_grid", "attention_received_by_condition",
+           "compare_thinking", "compare_token_class_attention", "condition_changes", "filler_affine_fit",
+           "filler_vs_random", "head_attention_over_generation", "heads_by_change", "mechanism_prompts",
+           "thinking_setting", "with_thinking_token"]

@@ -3,13 +3,13 @@
 Reproduces the attention analyses of "Meaningless Tokens, Meaningful Gains" (arXiv
 2510.01032) on any TransformerLens model, from real forward passes:
 
-- :func:`attention_received`: average attention received per token position, per
+- :func:`attention_received_by_condition`: average attention received per token position, per
   (layer, head), under the conditions w/o / w/ Mless / w/ Mful / random sentence (or
   conditions of your own, :class:`~lensprobe.core.prompts.conditions.Condition`), both aligned
   across conditions (the filler span dropped) and over the full with-filler prompt;
 - :func:`filler_vs_random`: the filler against a random sentence of the same token count,
   one model after another, at one (layer, head);
-- :func:`token_class_attention`: attention mass per token class (``#``, ``*``,
+- :func:`compare_token_class_attention`: attention mass per token class (``#``, ``*``,
   whitespace) at chosen layers, for two conditions or two models (arXiv 2512.24532).
 
 Every function returns tidy pandas DataFrames (one row per number), so the figures in
@@ -19,7 +19,7 @@ heads are 0-based, as in TransformerLens: ``L0H13`` is the papers' "layer 1, hea
 Example:
     >>> import lensprobe as lp
     >>> model = lp.load_model()
-    >>> res = lp.attention_received(model, "What is 12+7?", layers=[0])
+    >>> res = lp.studies.attention_received_by_condition(model, "What is 12+7?", layers=[0])
     >>> res.aligned().query("head == 0 and condition == 'w/ Mless'").head()
 """
 
@@ -48,7 +48,7 @@ from lensprobe.core.prompts.conditions import (
 from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT, PLACEMENTS, Placement, Prompt, prompt_json
 from lensprobe.studies.token_classes import ascii_grid as ascii_grid  # its old home: studies.filler
 from lensprobe.studies.token_classes import class_layers as class_layers
-from lensprobe.studies.token_classes import token_class_attention as token_class_attention
+from lensprobe.studies.token_classes import compare_token_class_attention as compare_token_class_attention
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -273,14 +273,14 @@ def received_table(condition: str, prompt: Prompt, patterns: Mapping[int, Any], 
     return pd.concat(frames, ignore_index=True)
 
 
-def attention_received(model, question: str, *, layers: int | Sequence[int] | None = None,
+def attention_received_by_condition(model, question: str, *, layers: int | Sequence[int] | None = None,
                        heads: int | Sequence[int] | None = None, setup: FillerSetup | None = None,
                        progress: bool = False) -> AttentionReceived:
     """Average attention received per token position under each filler condition.
 
     One forward pass per condition (stopping after the last requested layer, with the
     condition's interventions attached, if it has any), keeping only the requested layers'
-    patterns; ``lp.average_attention_received`` gives, per key position ``j``, the mean of
+    patterns; ``lp.metrics.average_attention_received`` gives, per key position ``j``, the mean of
     ``A[i, j]`` over the queries ``i > j`` (queries inside the filler included). For the
     aligned view the filler span (and its separator) is dropped from the key positions
     afterwards, so position ``k`` means the same token in every condition.
@@ -297,7 +297,7 @@ def attention_received(model, question: str, *, layers: int | Sequence[int] | No
         An :class:`AttentionReceived`.
 
     Example:
-        >>> res = attention_received(model, "What is 12+7?", layers=[0], heads=[0, 1])
+        >>> res = attention_received_by_condition(model, "What is 12+7?", layers=[0], heads=[0, 1])
         >>> res.aligned().groupby("condition")["attention"].mean()
     """
     setup = setup or FillerSetup()
@@ -400,7 +400,7 @@ def filler_vs_random(models, question: str, *, layer: int = 0, head: int = 0,
     named = _named_models(models)
     frames, spans, prompts = [], {}, {}
     for label, model in named.items():
-        res = attention_received(model, question, layers=[layer], heads=[head], setup=setup)
+        res = attention_received_by_condition(model, question, layers=[layer], heads=[head], setup=setup)
         t = res.table.drop(columns=["aligned_pos"])
         t.insert(0, "model", label)
         frames.append(t)

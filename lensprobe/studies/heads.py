@@ -8,7 +8,7 @@
 
 The head-ablation sections of the demo report are built in :mod:`lensprobe.app.sections.heads`.
 
-For the prompt alone use :func:`lensprobe.studies.filler.attention_received`; both tables
+For the prompt alone use :func:`lensprobe.studies.filler.attention_received_by_condition`; both tables
 have the same columns and draw with :func:`lensprobe.viz.head_attention_figure`.
 """
 

@@ -125,7 +125,7 @@ def mad_eps(activations: Float[Tensor, "..."], c: float) -> float:
 
     ``MAD = median(| |a| - median(|a|) |)`` (clamped at ``1e-12``), with ``torch.median``'s
     lower middle value for an even count, in float32: the same ``eps`` that
-    :func:`lensprobe.arm_redistribute` computes for the same tensor and ``c``.
+    :func:`lensprobe.interventions.arm_redistribute` computes for the same tensor and ``c``.
 
     Raises:
         LensprobeError: not a non-empty float tensor, or a negative ``c``.

@@ -1,5 +1,5 @@
 """The settings of the attention studies, one frozen dataclass each: :class:`AttentionConfig`
-(which layers and heads :func:`~lensprobe.studies.filler.attention_received` records) and
+(which layers and heads :func:`~lensprobe.studies.filler.attention_received_by_condition` records) and
 :class:`MechanismConfig` (:func:`~lensprobe.studies.mechanism.filler_affine_fit` and
 :func:`~lensprobe.studies.mechanism.activation_stats`). ``lensprobe attention`` and ``lensprobe
 mechanism`` read their options from these fields (the filler's from
@@ -156,7 +156,7 @@ class TraceConfig(GenerationConfig):
     """How ``lensprobe trace`` generates (a :class:`~lensprobe.GenerationConfig`) and what it traces.
 
     The thinking inputs of the settings ``fusion``, ``coconut`` and ``soft`` take their ``top_p``,
-    ``temperature`` and token from a :class:`~lensprobe.LatentFusion` (:meth:`settings`).
+    ``temperature`` and token from a :class:`~lensprobe.generation.LatentFusion` (:meth:`settings`).
 
     Example:
         >>> TraceConfig(think="fusion,pause", schedule="first:2+every:4").names()

@@ -9,15 +9,15 @@ with a shaded band.
 
 On a model that was never trained with a thinking token (such as the embedded
 SmolLM2-135M-Instruct) the token is added with the mean input embedding
-(:func:`lensprobe.add_thinking_token`) and a fixed schedule decides when to think: this shows
+(:func:`lensprobe.generation.add_thinking_token`) and a fixed schedule decides when to think: this shows
 the instrument at work, not the paper's trained behaviour.
 
 Example:
     >>> import lensprobe as lp
     >>> from lensprobe.studies.thinking import compare_thinking, THINKING_SETTINGS
     >>> traces = compare_thinking(model, [prompt], ["fusion", "pause", "none"], max_new_tokens=128,
-    ...                           think_when=lp.schedule.every(8))
-    >>> fig = lp.viz.generation_trace_figure(lp.trace_summary(traces))
+    ...                           think_when=lp.generation.schedule.every(8))
+    >>> fig = lp.viz.generation_trace_figure(lp.generation.trace_summary(traces))
 """
 
 import copy
@@ -89,7 +89,7 @@ def compare_thinking(model, prompts, settings: Sequence[str] | Mapping[str, obje
             the thinking settings.
         progress: a progress bar (tokens per second) per setting.
         **generation: :class:`~lensprobe.GenerationConfig` fields as keywords
-            (``max_new_tokens=128, think_when=lp.schedule.every(4), n_samples=4, ...``).
+            (``max_new_tokens=128, think_when=lp.generation.schedule.every(4), n_samples=4, ...``).
 
     Returns:
         Setting label -> trace, in the order given.

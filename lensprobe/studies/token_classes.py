@@ -4,7 +4,7 @@ models, on a random ASCII grid.
 
 Example:
     >>> p = lp.build_prompt(model, ascii_grid())
-    >>> token_class_attention({"SmolLM2": (model, p)}, layers=class_layers(model))
+    >>> compare_token_class_attention({"SmolLM2": (model, p)}, layers=class_layers(model))
 """
 
 import random
@@ -21,7 +21,7 @@ from lensprobe.core.prompts.prompt import Prompt
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["ascii_grid", "class_layers", "token_class_attention"]
+__all__ = ["ascii_grid", "class_layers", "compare_token_class_attention"]
 
 
 def ascii_grid(rows: int = 8, cols: int = 16, *, seed: int = 0, chars: str = "#* ") -> str:
@@ -37,12 +37,12 @@ def ascii_grid(rows: int = 8, cols: int = 16, *, seed: int = 0, chars: str = "#*
     return "\n".join("".join(rng.choice(chars) for _ in range(cols)) for _ in range(rows))
 
 
-def token_class_attention(runs: Mapping[str, tuple[Any, Prompt]], layers: Sequence[int],
+def compare_token_class_attention(runs: Mapping[str, tuple[Any, Prompt]], layers: Sequence[int],
                           classes: Mapping[str, str | Callable[[str], bool]] | None = None,
                           *, other: bool = True) -> "pd.DataFrame":
     """Attention mass per token class at chosen layers, for several (model, prompt) runs.
 
-    Uses ``lp.attention_by_token_class``: for each query and head, the sum of attention on
+    Uses ``lp.metrics.attention_by_token_class``: for each query and head, the sum of attention on
     the class's key tokens, then the mean over queries and heads.
 
     Args:
@@ -59,7 +59,7 @@ def token_class_attention(runs: Mapping[str, tuple[Any, Prompt]], layers: Sequen
 
     Example:
         >>> p = lp.build_prompt(model, ascii_grid())
-        >>> token_class_attention({"SmolLM2": (model, p)}, layers=[0, 16])
+        >>> compare_token_class_attention({"SmolLM2": (model, p)}, layers=[0, 16])
     """
     classes = dict(DEFAULT_TOKEN_CLASSES if classes is None else classes)
     rows = []

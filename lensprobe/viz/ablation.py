@@ -27,7 +27,7 @@ def head_attention_figure(result, layer: int, head: int, *, conditions: Sequence
     """The paper's "average attention on head H": one line per condition over aligned positions.
 
     Works for the prompt alone (the table of
-    :func:`~lensprobe.studies.filler.attention_received`) and for prompt plus generated
+    :func:`~lensprobe.studies.filler.attention_received_by_condition`) and for prompt plus generated
     tokens (:func:`~lensprobe.studies.heads.head_attention_over_generation`); rows whose
     ``segment`` is ``"generated"`` are shaded, with a line where generation starts.
 
@@ -44,7 +44,7 @@ def head_attention_figure(result, layer: int, head: int, *, conditions: Sequence
         A plotly ``Figure``.
 
     Example:
-        >>> res = lp.attention_received(model, q, layers=[0], heads=[3])
+        >>> res = lp.studies.attention_received_by_condition(model, q, layers=[0], heads=[3])
         >>> fig = head_attention_figure(res, 0, 3)
     """
     t = table_of(result)

@@ -54,7 +54,7 @@ def attention_received_figure(result, pairs: Sequence[tuple[int, int]] | None = 
         A plotly ``Figure``.
 
     Example:
-        >>> fig = attention_received_figure(lp.attention_received(model, "What is 12+7?", layers=[0]),
+        >>> fig = attention_received_figure(lp.studies.attention_received_by_condition(model, "What is 12+7?", layers=[0]),
         ...                                 [(0, 3)])
     """
     t = table_of(result)
@@ -209,7 +209,7 @@ def token_class_figure(table, *, title: str | None = None):
     """Stacked bars of attention per token class at each layer, groups (conditions or models) side by side.
 
     Args:
-        table: the DataFrame of :func:`~lensprobe.studies.filler.token_class_attention`
+        table: the DataFrame of :func:`~lensprobe.studies.filler.compare_token_class_attention`
             (columns ``group``, ``layer``, ``layer_label``, ``token_class``, ``attention``,
             ``n_tokens``).
         title: figure title.

@@ -68,7 +68,7 @@ def results_section(rows, *, title: str = "MATH-500 accuracy per condition", int
     default, ``paper-exact`` for a folder in the authors' format, with ``math-verify`` beside it).
 
     Example:
-        >>> section = results_section(lp.load_results("runs/paper"))   # paper-exact + math-verify
+        >>> section = results_section(lp.evals.load_results("runs/paper"))   # paper-exact + math-verify
     """
     grader = resolve_grader(rows, grader)
     tables = summary_tables(rows, grader=grader, baseline=baseline)

@@ -1,6 +1,6 @@
 """Generation-trace figures: entropy and attention onto thinking tokens per generation step.
 
-The figure function takes the table of :func:`lensprobe.trace_summary` (mean and band per
+The figure function takes the table of :func:`lensprobe.generation.trace_summary` (mean and band per
 condition, metric and step), draws it as it is and returns the figure; nothing is computed
 here and nothing is shown.
 """
@@ -19,7 +19,7 @@ def generation_trace_figure(summary, *, title: str | None = None, band_label: st
     band of the summary: std or 95% CI). Step 0 is the last prompt position.
 
     Args:
-        summary: the DataFrame of :func:`lensprobe.trace_summary` (columns ``condition``,
+        summary: the DataFrame of :func:`lensprobe.generation.trace_summary` (columns ``condition``,
             ``metric``, ``set``, ``step``, ``mean``, ``lower``, ``upper``).
         title: figure title.
         band_label: text for the band in the legend hover, e.g. ``"mean ± std over 4 samples"``.
@@ -30,7 +30,7 @@ def generation_trace_figure(summary, *, title: str | None = None, band_label: st
         A plotly ``Figure`` with two panels side by side.
 
     Example:
-        >>> df = lp.trace_summary({"LatentFusion": t1, "Pause": t2}, band="std", smooth=5)
+        >>> df = lp.generation.trace_summary({"LatentFusion": t1, "Pause": t2}, band="std", smooth=5)
         >>> lp.viz.generation_trace_figure(df, title="SmolLM2, MATH-500").write_html("trace.html")
     """
     sets = [s for s in summary.loc[summary["metric"] == "attention", "set"].unique() if s]

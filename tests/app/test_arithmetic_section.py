@@ -11,7 +11,7 @@ def test_arithmetic_section_grades_the_last_number(tiny):
     assert sec.title == eval_sections.ARITHMETIC_TITLE
     answers = sec.tables["answers"]
     assert list(dict.fromkeys(answers["condition"])) == ["w/o", "w/ Mless", "w/ Mful"]  # the tiny model: no ARM preset
-    expected = {p.id: p for p in lp.arithmetic_problems(n=2, seed=0)}
+    expected = {p.id: p for p in lp.evals.arithmetic_problems(n=2, seed=0)}
     assert set(answers["problem_id"]) == set(expected)
     for _, row in answers.iterrows():
         assert row["answer"] == expected[row["problem_id"]].answer

@@ -171,14 +171,14 @@ def test_cli_trace_writes_traces_summary_and_figure(tmp_path, capsys):
     names = {"trace-latentfusion-alpha-0-6.parquet", "trace-pause.parquet", "trace-no-thinking.parquet",
              "summary.csv", "texts.csv", "trace.html", "plotly.min.js"}
     assert names <= {p.name for p in out.iterdir()}
-    fusion = lp.load_trace(out / "trace-latentfusion-alpha-0-6.parquet")
+    fusion = lp.generation.load_trace(out / "trace-latentfusion-alpha-0-6.parquet")
     assert fusion.thinking.nonzero().flatten().tolist() == [0, 1, 3, 7, 11]
     assert fusion.meta["thinking"]["alpha"] == 0.6 and set(fusion.attention) == {"system", "question", "thinking"}
-    none = lp.load_trace(out / "trace-no-thinking.parquet")
+    none = lp.generation.load_trace(out / "trace-no-thinking.parquet")
     assert not none.thinking.any() and "thinking" not in none.attention
     summary = pd.read_csv(out / "summary.csv")
     ent = summary.query("condition == 'Pause' and metric == 'entropy'").sort_values("step")["mean"]
-    pause = lp.load_trace(out / "trace-pause.parquet")
+    pause = lp.generation.load_trace(out / "trace-pause.parquet")
     assert ent.tolist() == pytest.approx(pause.entropy[: len(ent)].tolist(), abs=1e-5)
     assert set(summary.query("metric == 'attention'")["condition"]) == {"LatentFusion (alpha=0.6)", "Pause"}
     assert "trace.html" in cap.out
@@ -189,7 +189,7 @@ def test_cli_trace_json_and_bad_input(tmp_path, capsys):
     assert main(["trace", "--model", "tiny", "--question", "Hi", "--max-new-tokens", "3", "--think", "none",
                  "--format", "json", "--out", str(out)]) == 0
     body = json.loads((out / "trace-no-thinking.json").read_text())
-    assert body["format"] == "lensprobe.GenerationTrace" and body["n_rows"] == 1
+    assert body["format"] == "lensprobe.generation.GenerationTrace" and body["n_rows"] == 1
     capsys.readouterr()
     assert main(["trace", "--model", "tiny", "--question", "Hi", "--think", "bogus", "--out", str(out)]) == 2
     assert "unknown thinking setting 'bogus'" in capsys.readouterr().err

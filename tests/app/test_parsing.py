@@ -83,9 +83,9 @@ def test_a_field_with_default_none_not_given_stays_none():
     assert args.settings.repetition_penalty is None and args.arm.given() == {}
 
 
-def test_a_setting_not_given_comes_from_the_model_or_protocol(tiny):
-    tiny.original_model.generation_config.repetition_penalty = 1.05
-    tiny.original_model.generation_config.do_sample = False
+def test_a_setting_not_given_comes_from_the_model_or_protocol(tiny, monkeypatch):
+    monkeypatch.setattr(tiny.original_model.generation_config, "repetition_penalty", 1.05)  # undone after
+    monkeypatch.setattr(tiny.original_model.generation_config, "do_sample", False)
     paper = EvalSettings(prompt_format="paper").resolve(tiny)
     assert (paper.max_new_tokens, paper.repetition_penalty) == (2048, 1.05)  # the model's, not EvalConfig's 1.0
     given = EvalSettings(prompt_format="paper", repetition_penalty=1.0).resolve(tiny)

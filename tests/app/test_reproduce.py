@@ -89,7 +89,7 @@ def test_a_users_own_recipe_file(tmp_path, tiny):
     res = lp.reproduce(str(recipe), tiny, out=tmp_path / "o", limit=1, max_new_tokens=2, progress=False)
     assert list(res.table["condition"]) == ["w/ Mless ?", "w/o"]
     assert res.table["Qwen2.5-Math-7b (Table 5)"].tolist() == [69.6, 72.4]
-    rows = lp.load_results(tmp_path / "o" / "runs" / "math500")
+    rows = lp.evals.load_results(tmp_path / "o" / "runs" / "math500")
     prompt = rows[rows["condition"] == "w/ Mless ?"]["prompt"].item()
     assert prompt.startswith(lp.PAPER_SYSTEM_PROMPT + "? ? ?")
 

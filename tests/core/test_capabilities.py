@@ -17,7 +17,7 @@ from lensprobe.core.hooks.capabilities import NONE, bind_interventions, capabili
 class Noise:
     """A seeded intervention that adds noise at layer 0's MLP output: declares what it can do."""
 
-    capabilities = lp.Capabilities(seeded=True, rounding_sensitive_layer=1)
+    capabilities = lp.interventions.Capabilities(seeded=True, rounding_sensitive_layer=1)
 
     def __init__(self, seed=None):
         self.seed = seed
@@ -48,7 +48,7 @@ class UndeclaredSeed:
 
 
 class MissingMethod:
-    capabilities = lp.Capabilities(positions=True)
+    capabilities = lp.interventions.Capabilities(positions=True)
 
     def hooks(self, model):
         return []
@@ -56,7 +56,7 @@ class MissingMethod:
 
 def test_what_is_declared_is_what_generic_code_reads():
     noise, pair = Noise(), ("blocks.0.hook_resid_pre", lambda a, h: None)
-    assert capabilities(pair) is NONE and capabilities(lp.AttentionRecorder(layers=[0])) is NONE
+    assert capabilities(pair) is NONE and capabilities(lp.interventions.AttentionRecorder(layers=[0])) is NONE
     assert rounding_sensitive_layer([noise, pair, lp.ARM(c=0.1, percentile=95, layer=0)]) == 1
     assert [i.seed for i in with_default_seed([noise, Noise(3)], 7)] == [7, 3]
     assert batch_dependent([noise, lp.ARM(c=0.1, percentile=95, per_row=False)])[0].per_row is False
@@ -84,4 +84,4 @@ def test_an_undeclared_or_inconsistent_capability_is_refused(tiny, item, match):
 
 def test_the_declaration_is_checked():
     with pytest.raises(lp.LensprobeError, match="rounding_sensitive_layer"):
-        lp.Capabilities(rounding_sensitive_layer=-1)
+        lp.interventions.Capabilities(rounding_sensitive_layer=-1)

@@ -41,7 +41,7 @@ def test_attention_patterns_in_bf16_match_float32(smol, smol_bf16):
     for layer in layers:
         assert got[layer].dtype == torch.float32 and got[layer].device.type == "cpu"
         assert (got[layer] - want[layer]).abs().max() <= ATTENTION_TOL, layer
-        received = lp.average_attention_received(got[layer]) - lp.average_attention_received(want[layer])
+        received = lp.metrics.average_attention_received(got[layer]) - lp.metrics.average_attention_received(want[layer])
         assert received.nan_to_num(0.0).abs().max() <= ATTENTION_TOL
 
 
@@ -69,7 +69,7 @@ def test_a_head_ablation_sweep_in_bf16_matches_float32(smol, smol_bf16):
 
 @pytest.mark.slow
 def test_an_evaluation_in_bf16_grades_like_float32(smol, smol_bf16):
-    problems = [lp.Problem(id=f"p{a}", problem=f"What is {a}+{b}? Put the answer in \\boxed{{}}.",
+    problems = [lp.evals.Problem(id=f"p{a}", problem=f"What is {a}+{b}? Put the answer in \\boxed{{}}.",
                            answer=str(a + b)) for a, b in [(12, 7), (30, 12)]]
     settings = dict(conditions=["w/o", "w/ Mless"], max_new_tokens=16, progress=False)
     want = lp.evaluate(smol, problems, **settings)

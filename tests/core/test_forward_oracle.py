@@ -49,12 +49,12 @@ def check_against(lp_model, hf_model, prompt, layers):
         hf_pattern = ref.attentions[layer][0]  # [head, q, k]
         torch.testing.assert_close(pats[layer], hf_pattern, atol=TOL, rtol=0)
 
-        recv = lp.average_attention_received(pats[layer]).double()
+        recv = lp.metrics.average_attention_received(pats[layer]).double()
         torch.testing.assert_close(recv, received_by_hand(hf_pattern), atol=TOL, rtol=0, equal_nan=True)
 
-        prop = lp.attention_proportion(pats[layer], filler).double()  # default queries: after the filler
+        prop = lp.metrics.attention_proportion(pats[layer], filler).double()  # default queries: after the filler
         torch.testing.assert_close(prop, proportion_by_hand(hf_pattern, filler, after_filler), atol=TOL, rtol=0)
-        prop_q = lp.attention_proportion(pats[layer], filler, query_positions=question).double()
+        prop_q = lp.metrics.attention_proportion(pats[layer], filler, query_positions=question).double()
         torch.testing.assert_close(prop_q, proportion_by_hand(hf_pattern, filler, question), atol=TOL, rtol=0)
     return ref.logits
 
@@ -67,9 +67,9 @@ def test_smollm2_filler_prompt_matches_transformers(smol, smol_hf):
     logits = lp.forward(smol, p)
     torch.testing.assert_close(logits, hf_logits, atol=TOL, rtol=0)
     theirs = torch.distributions.Categorical(logits=hf_logits[0].double()).entropy()
-    torch.testing.assert_close(lp.entropy(logits[0].double()), theirs, atol=1e-10, rtol=0)
+    torch.testing.assert_close(lp.metrics.entropy(logits[0].double()), theirs, atol=1e-10, rtol=0)
     # float32 logits: float32 sums over 49,152 terms, so agreement is to float32 accuracy
-    ours = lp.entropy(logits)[0]
+    ours = lp.metrics.entropy(logits)[0]
     assert ours.dtype == torch.float32
     torch.testing.assert_close(ours.double(), theirs, atol=1e-4, rtol=1e-5)
     assert (ours >= 0).all() and (ours <= torch.log(torch.tensor(float(smol.cfg.d_vocab)))).all()
@@ -91,7 +91,7 @@ def test_tiny_model_matches_its_hf_model(tiny, tiny_hf, placement):
     p = lp.build_prompt(tiny, "What is 12+7?", system=lp.MATH_SYSTEM_PROMPT,
                         filler=lp.Filler.meaningless(count=12), placement=placement)
     hf_logits = check_against(tiny, tiny_hf, p, layers=[0, 1])
-    ours = lp.entropy(lp.forward(tiny, p))[0]  # vocabulary of 400: float32 agrees to 1e-5
+    ours = lp.metrics.entropy(lp.forward(tiny, p))[0]  # vocabulary of 400: float32 agrees to 1e-5
     torch.testing.assert_close(ours, torch.distributions.Categorical(logits=hf_logits[0]).entropy(),
                                atol=TOL, rtol=0)
 
@@ -101,7 +101,7 @@ def test_kv_cached_step_pattern_matches_full_prompt(tiny, tiny_hf):
     uncached forward over the whole sequence."""
     p = lp.build_prompt(tiny, "What is 12+7?", filler=lp.Filler.meaningless(count=8))
     filler = p.positions("filler")
-    rec = lp.AttentionRecorder(layers=[0, 1])
+    rec = lp.interventions.AttentionRecorder(layers=[0, 1])
     with torch.inference_mode():
         logits, pkv = tiny(p.tokens, return_type="logits_and_cache")
         nxt = logits[:, -1:].argmax(-1)
@@ -117,6 +117,6 @@ def test_kv_cached_step_pattern_matches_full_prompt(tiny, tiny_hf):
         torch.testing.assert_close(step[:, 0], hf_pattern[:, -1], atol=TOL, rtol=0)
         newest = [full.shape[1] - 1]
         torch.testing.assert_close(
-            lp.attention_proportion(step, filler),
+            lp.metrics.attention_proportion(step, filler),
             proportion_by_hand(hf_pattern, filler, newest).float(), atol=TOL, rtol=0,
         )

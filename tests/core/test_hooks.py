@@ -7,9 +7,10 @@ import torch
 
 import lensprobe as lp
 import lensprobe.core.hooks.forward as lp_run
-from lensprobe import AttentionRecorder, LensprobeError, intervene
+from lensprobe import LensprobeError, intervene
 from lensprobe.core.hooks.attach import Intervention
 from lensprobe.core.models.testing import tiny_model
+from lensprobe.interventions import AttentionRecorder
 
 PATTERN0 = "blocks.0.attn.hook_pattern"
 PATTERN1 = "blocks.1.attn.hook_pattern"
@@ -142,7 +143,7 @@ def test_recorder_keeps_a_copy(model, tokens):
 def test_recorder_reduce_inside_the_hook(model, tokens, twin_of):
     """The reduction runs on the live pattern: here the average attention each key receives, which
     equals the same average taken by hand over a separately built plain model's attention weights."""
-    rec = AttentionRecorder(layers=[1], reduce=lp.average_attention_received)
+    rec = AttentionRecorder(layers=[1], reduce=lp.metrics.average_attention_received)
     lp.forward(model, tokens, rec)
     with torch.inference_mode():
         full = twin_of(model)(tokens, output_attentions=True).attentions[1][0]  # [head, q, k]

@@ -99,7 +99,7 @@ def _same_patch(a, b) -> None:
 
 def _traces(model, out: Path):
     prompts = [lp.build_prompt(model, q, system=SYSTEM) for q in QUESTIONS]
-    return lp.trace_prompts(model, prompts, max_new_tokens=6, track={"system": "system"}, out=out)
+    return lp.generation.trace_prompts(model, prompts, max_new_tokens=6, track={"system": "system"}, out=out)
 
 
 def _same_traces(a, b) -> None:
@@ -242,8 +242,8 @@ def _resume_and_check(kind: Kind, tiny, out: Path, clean, monkeypatch, pid: int,
     assert left == {u: total[u] for u in left}, f"a unit on disk differs from the uninterrupted run's ({note})"
     owned = {u: out / total[u] for u in left} if kind is TRACES else {}
     # a recorded trace is on disk, whole: it loads and equals the uninterrupted run's
-    _same_traces({u: lp.load_trace(p) for u, p in owned.items()},
-                 {u: lp.load_trace(clean_out / total[u]) for u in owned})
+    _same_traces({u: lp.generation.load_trace(p) for u, p in owned.items()},
+                 {u: lp.generation.load_trace(clean_out / total[u]) for u in owned})
     kept = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in owned.values()}
     stale_lock = out / ".shard-rank0.lock"
     assert stale_lock.is_file()  # the killed run could not release its lock

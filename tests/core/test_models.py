@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lensprobe as lp
-from lensprobe import LensprobeError, ModelLoadError
+from lensprobe import LensprobeError
 from lensprobe.core.models.loading import (
     EMBEDDED_PIP_COMMAND,
     cache_dir,
@@ -17,6 +17,7 @@ from lensprobe.core.models.loading import (
     converted_gguf_folder,
     embedded_gguf_path,
 )
+from lensprobe.models import ModelLoadError
 
 PROMPT_IDS = [1, 9690, 198, 2683, 314, 2]  # a few SmolLM2 token ids
 

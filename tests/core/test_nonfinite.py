@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import lensprobe as lp
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.measures.measure import AnswerLogProb, CallableMeasure, Entropy
+from lensprobe.core.measures.measure import AnswerLogProb, CallableMeasure, NextTokenEntropy
 from lensprobe.core.measures.metrics import nonfinite_rows
 from lensprobe.evals.data import Problem
 
@@ -45,37 +45,37 @@ def entropy_by_hand(row: list[float]) -> float:
 def test_entropy_is_nan_exactly_on_broken_rows(rows, vocab, data):
     logits = data.draw(with_specials((rows, vocab)))
     expected = torch.tensor([entropy_by_hand(r) for r in logits.tolist()], dtype=torch.float64)
-    got = lp.entropy(logits)
+    got = lp.metrics.entropy(logits)
     torch.testing.assert_close(got, expected, equal_nan=True)
     assert torch.equal(nonfinite_rows(logits), expected.isnan())
 
 
 def test_entropy_of_a_nan_row_and_an_all_minus_inf_row_is_nan_not_zero():
     logits = torch.tensor([[float("nan"), 1.0, 2.0], [-math.inf] * 3, [0.0, -math.inf, 0.0]])
-    got = lp.entropy(logits)
+    got = lp.metrics.entropy(logits)
     assert got[0].isnan() and got[1].isnan()
     assert got[2].item() == pytest.approx(math.log(2))
 
 
 @pytest.mark.unchecked
 def test_entropy_converts_a_list_and_refuses_what_has_no_vocabulary():
-    assert lp.entropy([0.0, 0.0, 0.0, 0.0]).item() == pytest.approx(math.log(4))
+    assert lp.metrics.entropy([0.0, 0.0, 0.0, 0.0]).item() == pytest.approx(math.log(4))
     with pytest.raises(LensprobeError, match="0-d tensor"):
-        lp.entropy(torch.tensor(1.0))
+        lp.metrics.entropy(torch.tensor(1.0))
     with pytest.raises(LensprobeError, match="vocabulary axis .last. is empty"):
-        lp.entropy(torch.zeros(2, 0))
+        lp.metrics.entropy(torch.zeros(2, 0))
     with pytest.raises(LensprobeError, match="entropy needs logits as a tensor"):
-        lp.entropy(["a", "b"])
+        lp.metrics.entropy(["a", "b"])
     with pytest.raises(LensprobeError, match="real-valued logits"):
-        lp.entropy(torch.tensor([True, False]))
+        lp.metrics.entropy(torch.tensor([True, False]))
 
 
 @pytest.mark.unchecked
 def test_attention_metrics_refuse_what_is_not_a_pattern():
     with pytest.raises(LensprobeError, match="pattern must be a tensor .*got list"):
-        lp.average_attention_received([[1.0]])
+        lp.metrics.average_attention_received([[1.0]])
     with pytest.raises(LensprobeError, match="floating-point attention weights"):
-        lp.attention_proportion(torch.ones(2, 2, dtype=torch.long), [0])
+        lp.metrics.attention_proportion(torch.ones(2, 2, dtype=torch.long), [0])
 
 
 def _mean_or_nan(values: list[float]) -> float:
@@ -90,7 +90,7 @@ def test_average_attention_received_reads_only_below_the_diagonal(heads, n, data
     pattern = data.draw(with_specials((heads, n, n), 0.0, 1.0))
     expected = torch.tensor([[_mean_or_nan([pattern[h, i, j].item() for i in range(j + 1, n)]) for j in range(n)]
                              for h in range(heads)], dtype=torch.float64)
-    torch.testing.assert_close(lp.average_attention_received(pattern), expected, equal_nan=True)
+    torch.testing.assert_close(lp.metrics.average_attention_received(pattern), expected, equal_nan=True)
 
 
 @settings(max_examples=30, deadline=None)
@@ -104,7 +104,7 @@ def test_attention_proportion_reads_only_its_queries_and_keys(heads, n, data):
         sums = [[pattern[h, i, j].item() for j in keys] for i in queries]
         bad = any(not math.isfinite(v) for row in sums for v in row)
         expected.append(math.nan if bad else sum(sum(r) for r in sums) / len(sums))
-    got = lp.attention_proportion(pattern, keys)
+    got = lp.metrics.attention_proportion(pattern, keys)
     torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), equal_nan=True)
 
 
@@ -120,7 +120,7 @@ def test_attention_by_token_class_reads_only_each_class_keys(heads, n, data):
         per = [sum(pattern[h, i, j].item() for j in keys) for h in range(heads) for i in range(n)]
         bad = any(not math.isfinite(pattern[h, i, j].item()) for h in range(heads) for i in range(n) for j in keys)
         expected.append(math.nan if bad else sum(per) / len(per))
-    got = lp.attention_by_token_class(pattern, tokens, {c: (lambda t, c=c: t == c) for c in rules})
+    got = lp.metrics.attention_by_token_class(pattern, tokens, {c: (lambda t, c=c: t == c) for c in rules})
     torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), equal_nan=True)
 
 
@@ -129,7 +129,7 @@ def test_measures_are_nan_where_they_read_non_finite_logits():
     logits[0, 0, 1] = math.nan     # read by the callable only (any position)
     logits[1, -1, 2] = math.inf    # read by the entropy measure (last position)
     logits[2, 1, 0] = math.nan     # read by the answer log-prob (predicts the answer's 1st token)
-    got = Entropy().compute(logits, torch.zeros(3, 4, dtype=torch.long), None, [])  # tokens: unread
+    got = NextTokenEntropy().compute(logits, torch.zeros(3, 4, dtype=torch.long), None, [])  # tokens: unread
     assert got.isnan().tolist() == [False, True, False]
     assert got[0].item() == pytest.approx(math.log(5))
     tokens = torch.tensor([[0, 0, 3, 4]])  # a 2-token prompt and a 2-token answer: reads positions 1, 2

@@ -31,7 +31,7 @@ def default_device_elsewhere():
 @pytest.fixture(scope="module")
 def model():
     m = tiny_model(seed=3)
-    lp.add_thinking_token(m, "<thinking>")
+    lp.generation.add_thinking_token(m, "<thinking>")
     return m
 
 
@@ -82,7 +82,7 @@ ENTRY_POINTS = {
                                                   filler=lp.Filler.meaningful(count=3)).tokens,
     "forward": lambda m, ps: lp.forward(m, ps[0]),
     "attention_patterns": lambda m, ps: lp.attention_patterns(m, ps[0], layers=[0, 1]),
-    "entropy measure": lambda m, ps: lp.measure_once(m, lp.Entropy(), ps[0]),
+    "entropy measure": lambda m, ps: lp.metrics.measure_once(m, lp.metrics.NextTokenEntropy(), ps[0]),
     "generate, batch of two": lambda m, ps: lp.generate(m, ps, max_new_tokens=3, engine="bridge"),
     "generate, plain engine": lambda m, ps: lp.generate(m, ps, max_new_tokens=3, engine="hf"),
     "generate, sampled": lambda m, ps: lp.generate(m, ps[0], max_new_tokens=3, do_sample=True, seed=1,
@@ -93,25 +93,25 @@ ENTRY_POINTS = {
     "ablation during generation": lambda m, ps: lp.generate(
         m, ps, max_new_tokens=3, interventions=[lp.ablate_heads([(0, 1), (1, 2)], positions="generated")]),
     "ablation by position": lambda m, ps: lp.forward(m, ps[0], lp.ablate_heads((0, 1), positions=[1, 2])),
-    "kv-group ablation": lambda m, ps: lp.forward(m, ps[0], lp.ablate_kv_group("L1G0")),
+    "kv-group ablation": lambda m, ps: lp.forward(m, ps[0], lp.interventions.ablate_kv_group("L1G0")),
     "mean ablation": lambda m, ps: lp.forward(m, ps[0], lp.ablate_heads(
-        (1, 0), method="mean", reference=lp.head_means(m, ps, layers=[1]))),
-    "head_means": lambda m, ps: lp.head_means(m, ps, layers=[0]),
+        (1, 0), method="mean", reference=lp.interventions.head_means(m, ps, layers=[1]))),
+    "head_means": lambda m, ps: lp.interventions.head_means(m, ps, layers=[0]),
     "ablation_sweep": lambda m, ps: lp.ablation_sweep(m, ps[0], "entropy", progress=False).table,
     "patch": lambda m, ps: lp.patch(m, ps[0], ps[1], "blocks.0.hook_resid_post",
                                     segments="question").to_dataframe(),
     "latent thinking": lambda m, ps: lp.trace_generation(
-        m, ps[0], max_new_tokens=4, thinking=lp.LatentFusion(alpha=0.6, top_p=0.9),
-        think_when=lp.schedule.every(2), engine="bridge"),
-    "pause thinking": lambda m, ps: lp.generate(m, ps[0], max_new_tokens=4, thinking=lp.Pause(),
-                                                think_when=lp.schedule.every(2)),
+        m, ps[0], max_new_tokens=4, thinking=lp.generation.LatentFusion(alpha=0.6, top_p=0.9),
+        think_when=lp.generation.schedule.every(2), engine="bridge"),
+    "pause thinking": lambda m, ps: lp.generate(m, ps[0], max_new_tokens=4, thinking=lp.generation.Pause(),
+                                                think_when=lp.generation.schedule.every(2)),
     "ARM": lambda m, ps: lp.generate(m, ps, max_new_tokens=3, interventions=[lp.ARM(c=0.2, percentile=95, seed=0)]),
-    "activation_stats": lambda m, ps: lp.activation_stats(m, {
+    "activation_stats": lambda m, ps: lp.studies.activation_stats(m, {
         "w/o": lp.build_prompt(m, "What is 3*4?"),
         "w/ Mless": lp.build_prompt(m, "What is 3*4?", filler=lp.Filler.meaningless(count=4))}),
     "evaluate": lambda m, ps: lp.evaluate(
-        m, [lp.Problem(id="a", problem="What is 3+4?", answer="7"),
-            lp.Problem(id="b", problem="What is 2*3?", answer="6")],
+        m, [lp.evals.Problem(id="a", problem="What is 3+4?", answer="7"),
+            lp.evals.Problem(id="b", problem="What is 2*3?", answer="6")],
         ["w/o", "w/ Mless"], max_new_tokens=3, progress=False),
 }
 

@@ -95,7 +95,7 @@ def test_segments_and_straddling_by_hand_tiny(tiny):
     assert p.straddling == (4, 7)
     assert p.pieces == {"system": "Sys", "system_sep": " ", "filler": "/ / /", "filler_sep": " ",
                         "question": "What?"}
-    assert lp.prompt_json(p)["straddling"] == [4, 7]
+    assert lp.prompts.prompt_json(p)["straddling"] == [4, 7]
 
 
 def test_raw_without_joiner_and_no_straddle_tiny(tiny):

@@ -182,8 +182,8 @@ def test_sharded_patch_equals_the_single_run(tiny, prompts, tmp_path):
 
 def test_sharded_trace_set_equals_one_trace_per_prompt(tiny, prompts, tmp_path):
     kw = dict(max_new_tokens=6, track={"system": "system"})
-    part = lp.trace_prompts(tiny, prompts, out=tmp_path, rank=1, world_size=2, **kw)
-    merged = lp.trace_prompts(tiny, prompts, out=tmp_path, rank=0, world_size=2, **kw)
+    part = lp.generation.trace_prompts(tiny, prompts, out=tmp_path, rank=1, world_size=2, **kw)
+    merged = lp.generation.trace_prompts(tiny, prompts, out=tmp_path, rank=0, world_size=2, **kw)
     assert list(part) == [1] and list(merged) == [0, 1, 2]
     for i, p in enumerate(prompts):
         want = trace_generation(tiny, p, **kw)
@@ -191,18 +191,18 @@ def test_sharded_trace_set_equals_one_trace_per_prompt(tiny, prompts, tmp_path):
         assert torch.equal(got.token_ids_rows, want.token_ids_rows) and got.texts == want.texts
         assert torch.equal(got.entropy_rows, want.entropy_rows)
         assert torch.equal(got.attention_rows["system"], want.attention_rows["system"])
-        assert torch.equal(lp.load_trace(tmp_path / f"traces/trace-{i:05d}.parquet").entropy_rows, want.entropy_rows)
+        assert torch.equal(lp.generation.load_trace(tmp_path / f"traces/trace-{i:05d}.parquet").entropy_rows, want.entropy_rows)
     assert torch.equal(part[1].entropy_rows, merged[1].entropy_rows)
 
     before = mtimes(tmp_path)
-    again = lp.trace_prompts(tiny, prompts, out=tmp_path, **kw)
+    again = lp.generation.trace_prompts(tiny, prompts, out=tmp_path, **kw)
     assert mtimes(tmp_path) == before and torch.equal(again[2].entropy_rows, merged[2].entropy_rows)
     with pytest.raises(lp.LensprobeError, match="other settings: generation differ"):
-        lp.trace_prompts(tiny, prompts, out=tmp_path, max_new_tokens=7, track={"system": "system"})
-    named = lp.trace_prompts(tiny, {"sum": prompts[0], "product": prompts[2]}, **kw)  # in memory
+        lp.generation.trace_prompts(tiny, prompts, out=tmp_path, max_new_tokens=7, track={"system": "system"})
+    named = lp.generation.trace_prompts(tiny, {"sum": prompts[0], "product": prompts[2]}, **kw)  # in memory
     assert list(named) == ["sum", "product"] and named["product"].texts == merged[2].texts
     with pytest.raises(lp.LensprobeError, match="needs an output folder"):
-        lp.trace_prompts(tiny, prompts, rank=1, world_size=2, **kw)
+        lp.generation.trace_prompts(tiny, prompts, rank=1, world_size=2, **kw)
 
 
 # ----- the commands -----------------------------------------------------------------------------
@@ -233,8 +233,8 @@ def test_sweep_and_trace_commands_take_their_share_from_the_environment(tiny, tm
     single, sharded = tmp_path / "trace-single", tmp_path / "trace-sharded"
     assert (sharded / "summary.csv").read_text() == (single / "summary.csv").read_text()
     for name in ("trace-pause.parquet", "trace-latentfusion-alpha-0-6.parquet", "trace-no-thinking.parquet"):
-        a, b = lp.load_trace(single / name), lp.load_trace(sharded / name)
+        a, b = lp.generation.load_trace(single / name), lp.generation.load_trace(sharded / name)
         assert torch.equal(a.entropy_rows, b.entropy_rows) and a.texts == b.texts
-    assert lp.load_trace(single / "trace-pause.parquet").thinking.any()  # the thinking settings did think
+    assert lp.generation.load_trace(single / "trace-pause.parquet").thinking.any()  # the thinking settings did think
     assert json.loads((sharded / "shards" / "shard-rank1.json").read_text())["units"] == {
         "Pause": "traces/trace-00001.parquet"}

@@ -34,7 +34,7 @@ def _evaluate(node):
 
 
 def test_answers_levels_and_subjects_match_an_independent_evaluation():
-    problems = lp.arithmetic_problems()
+    problems = lp.evals.arithmetic_problems()
     assert len(problems) == 300
     for p in problems:
         value, ops = _evaluate(ast.parse(_expression(p.problem), mode="eval"))
@@ -45,28 +45,28 @@ def test_answers_levels_and_subjects_match_an_independent_evaluation():
 
 
 def test_ids_are_unique_and_questions_distinct():
-    problems = lp.arithmetic_problems(n=MAX_PROBLEMS, seed=3)
+    problems = lp.evals.arithmetic_problems(n=MAX_PROBLEMS, seed=3)
     assert len({p.id for p in problems}) == len({p.problem for p in problems}) == MAX_PROBLEMS
     assert all(p.id.startswith("arithmetic-3-") for p in problems)
 
 
 def test_same_seed_same_problems_and_prefixes_stable():
-    a = lp.arithmetic_problems(n=50, seed=7)
-    assert a == lp.arithmetic_problems(n=50, seed=7)
-    assert lp.arithmetic_problems(n=20, seed=7) == a[:20]
-    other = lp.arithmetic_problems(n=50, seed=8)
+    a = lp.evals.arithmetic_problems(n=50, seed=7)
+    assert a == lp.evals.arithmetic_problems(n=50, seed=7)
+    assert lp.evals.arithmetic_problems(n=20, seed=7) == a[:20]
+    other = lp.evals.arithmetic_problems(n=50, seed=8)
     assert [p.problem for p in other] != [p.problem for p in a]
 
 
 def test_levels_alternate_and_counts_balance():
-    problems = lp.arithmetic_problems(n=80, seed=0)
+    problems = lp.evals.arithmetic_problems(n=80, seed=0)
     assert [p.level for p in problems] == [1, 2] * 40
     assert {s: sum(p.subject == s for p in problems) for s in ARITHMETIC_SUBJECTS} == dict.fromkeys(
         ARITHMETIC_SUBJECTS, 10)
-    ones = lp.arithmetic_problems(n=30, seed=0, levels=1)
+    ones = lp.evals.arithmetic_problems(n=30, seed=0, levels=1)
     assert len(ones) == 30 and {p.level for p in ones} == {1}
     # the level filter keeps the full set's problems and ids
-    full = {p.id: p for p in lp.arithmetic_problems(n=60, seed=0)}
+    full = {p.id: p for p in lp.evals.arithmetic_problems(n=60, seed=0)}
     assert all(full[p.id] == p for p in ones)
 
 
@@ -80,11 +80,11 @@ def test_levels_alternate_and_counts_balance():
 ])
 def test_bad_arguments_say_what_to_fix(kwargs, match):
     with pytest.raises(lp.LensprobeError, match=match):
-        lp.arithmetic_problems(**kwargs)
+        lp.evals.arithmetic_problems(**kwargs)
 
 
 def test_the_embedded_model_solves_some_of_the_set(smol):
-    problems = lp.arithmetic_problems(n=24, seed=0)
+    problems = lp.evals.arithmetic_problems(n=24, seed=0)
     rows = lp.evaluate(smol, problems, "w/o", max_new_tokens=48, extract="last-number", batch_size=12,
                        progress=False, rank=0, world_size=1)
     # regrade here: the last integer of the generation against the ast value of the question

@@ -97,7 +97,7 @@ def test_hub_offline_says_pass_a_path(monkeypatch):
 
 def test_shipped_math500_is_the_shared_file_byte_for_byte(math500_path, monkeypatch):
     monkeypatch.delenv("LENSPROBE_MATH500", raising=False)
-    shipped = lp.math500_path()
+    shipped = lp.evals.math500_path()
     assert shipped != math500_path and shipped.read_bytes() == math500_path.read_bytes()
     assert [p.id for p in lp.load_math500()] == [p.id for p in lp.load_math500(math500_path)]
     assert len(lp.load_math500()) == 500
@@ -107,10 +107,10 @@ def test_math500_path_follows_the_environment(tmp_path, monkeypatch):
     mine = tmp_path / "mine.jsonl"
     mine.write_text('{"problem": "1+1?", "answer": "2"}\n', encoding="utf-8")
     monkeypatch.setenv("LENSPROBE_MATH500", str(mine))
-    assert lp.math500_path() == mine and [p.answer for p in lp.load_math500()] == ["2"]
+    assert lp.evals.math500_path() == mine and [p.answer for p in lp.load_math500()] == ["2"]
     monkeypatch.setenv("LENSPROBE_MATH500", str(tmp_path / "missing.jsonl"))
     with pytest.raises(lp.LensprobeError, match="LENSPROBE_MATH500=.*is not a file"):
-        lp.math500_path()
+        lp.evals.math500_path()
 
 
 # ----------------------------------------------------------------------------- conditions

@@ -60,7 +60,7 @@ def test_extract_is_in_the_identity_only_when_not_the_default():
 
 
 def test_evaluate_reads_the_answer_with_the_chosen_extractor(tiny, tmp_path):
-    problems = lp.arithmetic_problems(n=3, seed=0)
+    problems = lp.evals.arithmetic_problems(n=3, seed=0)
     # the tiny model's gibberish holds digits often enough; generate enough tokens to see some
     flex = lp.evaluate(tiny, problems, "w/o,w/ Mless", out=tmp_path / "flex", max_new_tokens=12,
                        extract="last-number", progress=False, rank=0, world_size=1)
@@ -98,7 +98,7 @@ def test_cli_eval_on_the_arithmetic_set_with_last_number_extraction(tmp_path, ca
     assert main(argv) == 0
     capsys.readouterr()
     rows = load_results(out)
-    expected = lp.arithmetic_problems(n=3, seed=0, levels=2)
+    expected = lp.evals.arithmetic_problems(n=3, seed=0, levels=2)
     assert list(rows["problem_id"]) == [p.id for p in expected]
     assert list(rows["answer"]) == [p.answer for p in expected]
     got = [None if p is None or p != p else p for p in rows["prediction"]]

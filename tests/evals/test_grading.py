@@ -109,7 +109,7 @@ def test_grade_table(prediction, answer, mv, paper):
 
 @pytest.mark.parametrize("text,answer,mv,paper", GENERATION_CASES)
 def test_generation_table(text, answer, mv, paper):
-    pred = lp.extract_boxed(text)
+    pred = lp.evals.extract_boxed(text)
     assert lp.grade(pred, answer) is mv
     assert lp.grade(pred, answer, method="paper") is paper
 
@@ -142,7 +142,7 @@ def test_lenient_is_off_by_default_and_never_accepts_empty():
     (None, None),
 ])
 def test_extract_boxed(text, expected):
-    assert lp.extract_boxed(text) == expected
+    assert lp.evals.extract_boxed(text) == expected
 
 
 def test_normalize_answer_matches_math_rules():

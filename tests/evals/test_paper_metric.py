@@ -27,7 +27,7 @@ def test_paper_format_folder_reports_paper_exact_with_math_verify_beside(tmp_pat
                  "--conditions", "w/o,w/ Mless", "--no-progress", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "accuracy (paper-exact grader, 95% Wilson interval; math-verify beside)" in printed
-    rows = lp.load_results(out)
+    rows = lp.evals.load_results(out)
     assert rows.attrs["default_grader"] == "paper-exact"
     # accuracy by hand over the JSONL rows: the authors' verdict on prompt + generation
     raw = [json.loads(x) for x in (out / "results-rank0.jsonl").read_text().splitlines()]
@@ -94,7 +94,7 @@ def test_benchmark_picks_the_preset():
     with pytest.raises(lp.LensprobeError, match=r"cannot tell which benchmark.*benchmark='math500'"):
         lp.ARM.preset(qwen, None)
     assert lp.evals.infer_benchmark(lp.load_math500(limit=3)) == "math500"
-    assert lp.evals.infer_benchmark(lp.arithmetic_problems(n=3)) is None
+    assert lp.evals.infer_benchmark(lp.evals.arithmetic_problems(n=3)) is None
 
 
 def test_arm_options_start_from_the_preset():
@@ -125,7 +125,7 @@ def test_cli_summary_shows_pass_at_k_and_avg_under_the_pass3_protocol(tmp_path, 
     assert main(["eval", "--model", "tiny", "--protocol", "arm-aime-pass3", "--n-samples", "3", "--limit", "2",
                  "--max-new-tokens", "2", "--conditions", "w/o", "--no-progress", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    rows = lp.load_results(out)
+    rows = lp.evals.load_results(out)
     table = pass_at_k_table(rows, 3, grader="paper-exact").iloc[0]
     assert re.search(rf"w/o\s+pass@3\s+{100 * table['pass@3']:5.1f}%\s+avg\s+{100 * table['avg']:5.1f}%", printed)
     assert "(2 problems, 6 samples)" in printed

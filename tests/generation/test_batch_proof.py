@@ -52,7 +52,7 @@ def test_arm_defaults_to_per_row_and_declares_its_capabilities():
     assert arm.per_row and not arm.capabilities.batch_dependent and lp.ARM.preset("Qwen/Qwen2.5-Math-7B").per_row
     whole = lp.ARM(c=0.1, percentile=95, per_row=False)
     assert whole.capabilities.batch_dependent and batch_dependent([arm, whole, ("x", print)]) == [whole]
-    assert arm.capabilities == lp.Capabilities(rounding_sensitive_layer=0, seeded=True)
+    assert arm.capabilities == lp.interventions.Capabilities(rounding_sensitive_layer=0, seeded=True)
     seeded = with_default_seed([arm, lp.ARM(c=0.1, percentile=95, seed=7), ("x", print)], 5)
     assert [getattr(i, "seed", None) for i in seeded] == [5, 7, None]
 
@@ -235,7 +235,7 @@ def test_a_model_without_a_tokenizer_generates_from_token_ids(no_tokenizer, tiny
     trace = lp.trace_generation(no_tokenizer, ids[0], max_new_tokens=4)
     assert trace.generated_ids[0] == out.generated_ids[0][:4]
     with pytest.raises(lp.LensprobeError, match="thinking tokens need a tokenizer"):
-        lp.generate(no_tokenizer, ids[0], max_new_tokens=3, thinking=lp.Pause())
+        lp.generate(no_tokenizer, ids[0], max_new_tokens=3, thinking=lp.generation.Pause())
 
 
 @pytest.mark.unchecked
@@ -249,7 +249,7 @@ def test_latent_inputs_reach_the_embedding_through_the_step_context():
     """Thinking steps publish their latent vectors as ``inputs`` of the step context, and the input
     embedding of those rows' newest position holds exactly them (no other channel)."""
     m = tiny_model(seed=0)
-    lp.add_thinking_token(m, "<thinking>")
+    lp.generation.add_thinking_token(m, "<thinking>")
     prompts = [lp.build_prompt(m, t) for t in TEXTS[:3]]
     seen = []
 
@@ -260,7 +260,7 @@ def test_latent_inputs_reach_the_embedding_through_the_step_context():
             seen.append((ctx.rows[rows].tolist(), torch.equal(x[rows, -1], vectors.to(x.dtype))))
 
     out = lp.generate(m, prompts, max_new_tokens=6, stop_at_eos=False, batch_size=2, engine="bridge",
-                      thinking=lp.LatentFusion(), think_when=lp.schedule.every(2),
+                      thinking=lp.generation.LatentFusion(), think_when=lp.generation.schedule.every(2),
                       interventions=[("hook_embed", after_embed)])
     assert seen and all(same for _, same in seen)
     thinking_steps = int(out.thinking_rows.sum())

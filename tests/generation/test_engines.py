@@ -54,7 +54,7 @@ def test_view_shares_the_bridges_tensors(tiny, tiny_hf):
 def test_view_is_rebuilt_after_the_vocabulary_grows():
     model = tiny_model(seed=0)
     before = plain_model(model)
-    tid = lp.add_thinking_token(model, "<thinking>")
+    tid = lp.generation.add_thinking_token(model, "<thinking>")
     after = plain_model(model)
     assert after is not None and after is not before
     assert after.get_input_embeddings().weight.shape[0] == tid + 1
@@ -88,10 +88,10 @@ def test_engines_give_the_same_trace(tiny, prompts, case):
         kw.update(do_sample=True, seed=3, temperature=0.8, top_p=0.9, n_samples=2)
     if case in ("fusion", "pause", "entropy"):
         model = tiny_model(seed=0)
-        lp.add_thinking_token(model, "<thinking>")
-        kw["thinking"] = lp.LatentFusion(alpha=0.6, top_p=0.9) if case != "pause" else lp.Pause()
-        kw["think_when"] = (lp.schedule.every(3) if case != "entropy"
-                            else lp.schedule.entropy_above(0.0))  # thinks at every step
+        lp.generation.add_thinking_token(model, "<thinking>")
+        kw["thinking"] = lp.generation.LatentFusion(alpha=0.6, top_p=0.9) if case != "pause" else lp.generation.Pause()
+        kw["think_when"] = (lp.generation.schedule.every(3) if case != "entropy"
+                            else lp.generation.schedule.entropy_above(0.0))  # thinks at every step
     a = lp.trace_generation(model, list(prompts), engine="bridge", **kw)
     b = lp.trace_generation(model, list(prompts), engine="hf", **kw)
     assert a.meta["engine"] == "bridge" and b.meta["engine"] == "hf"
@@ -169,8 +169,8 @@ def test_generation_without_recording_uses_sdpa_with_the_same_results(tiny, prom
     model, kw = tiny, dict(max_new_tokens=14, stop_at_eos=False, n_samples=2, do_sample=True, seed=5)
     if thinking:
         model = tiny_model(seed=0)
-        lp.add_thinking_token(model, "<thinking>")
-        kw.update(thinking=lp.LatentFusion(alpha=0.5), think_when=lp.schedule.every(4))
+        lp.generation.add_thinking_token(model, "<thinking>")
+        kw.update(thinking=lp.generation.LatentFusion(alpha=0.5), think_when=lp.generation.schedule.every(4))
     a = lp.generate(model, list(prompts), engine="bridge", **kw)
     b = lp.generate(model, list(prompts), **kw)
     assert (b.meta["engine"], b.meta["attention"]) == ("hf", "sdpa")
@@ -400,9 +400,9 @@ def test_layer_threads_restore_the_count_and_hooks_on_errors(tiny, exc, two_thre
 @pytest.mark.parametrize("rows", [1, 3])
 def test_one_thread_layers_give_the_same_trace(prompts, monkeypatch, two_threads, rows):
     model = tiny_model(seed=0)
-    lp.add_thinking_token(model, "<thinking>")
+    lp.generation.add_thinking_token(model, "<thinking>")
     kw = dict(max_new_tokens=12, track={"system": "system", "generated": "generated"}, stop_at_eos=False,
-              thinking=lp.LatentFusion(alpha=0.5), think_when=lp.schedule.every(4), n_samples=rows,
+              thinking=lp.generation.LatentFusion(alpha=0.5), think_when=lp.generation.schedule.every(4), n_samples=rows,
               do_sample=rows > 1, seed=3, engine="hf")
     fast = lp.trace_generation(model, prompts[0], **kw)
     monkeypatch.setattr(threads, "ONE_THREAD_LAYER_BYTES", 0)  # torch's count throughout

@@ -23,7 +23,7 @@ def prompts(tiny):
 def thinker():
     """A fresh tiny model (same weights as the fixture) with a <thinking> token added."""
     m = tiny_model(seed=0)
-    tid = lp.add_thinking_token(m, "<thinking>")
+    tid = lp.generation.add_thinking_token(m, "<thinking>")
     return m, tid
 
 
@@ -169,16 +169,16 @@ def test_sampling_is_seeded_and_per_prompt(tiny, prompts):
 def test_n_samples_band_summary(tiny, prompts):
     tr = trace_generation(tiny, prompts[0], max_new_tokens=5, do_sample=True, seed=1, n_samples=4,
                           track={"system": "system"}, stop_at_eos=False)
-    df = lp.trace_summary({"c": tr}, track="system", band="std")
+    df = lp.generation.trace_summary({"c": tr}, track="system", band="std")
     ent = df[df.metric == "entropy"].sort_values("step")
     assert ent["mean"].tolist() == pytest.approx(tr.entropy_rows.mean(0).tolist(), abs=1e-6)
     assert (ent["upper"] - ent["mean"]).tolist() == pytest.approx(tr.entropy_rows.std(0).tolist(), abs=1e-5)
     att = df[df.metric == "attention"].sort_values("step")
     assert att["mean"].tolist() == pytest.approx(tr.attention_rows["system"].mean((0, 2, 3)).tolist(), abs=1e-6)
-    ci = lp.trace_summary(tr, track=None, band="ci95")
+    ci = lp.generation.trace_summary(tr, track=None, band="ci95")
     half = 1.96 * tr.entropy_rows.std(0) / 2.0
     assert (ci["upper"] - ci["mean"]).tolist() == pytest.approx(half.tolist(), abs=1e-5)
-    smooth = lp.trace_summary(tr, track=None, band="none", smooth=3)
+    smooth = lp.generation.trace_summary(tr, track=None, band="none", smooth=3)
     m = tr.entropy_rows.mean(0)
     assert smooth["mean"].iloc[1] == pytest.approx(float(m[:3].mean()), abs=1e-6)
 
@@ -234,35 +234,35 @@ def test_add_thinking_token():
     V = m.cfg.d_vocab
     W = m.W_E.detach().clone()
     assert len(m.tokenizer.encode("<thinking>", add_special_tokens=False)) > 1
-    tid = lp.add_thinking_token(m, "<thinking>")
+    tid = lp.generation.add_thinking_token(m, "<thinking>")
     assert tid == V and m.cfg.d_vocab == V + 1 and len(m.tokenizer) == V + 1
     assert torch.allclose(m.W_E[tid], W.mean(0)) and torch.equal(m.W_E[:V], W)
     assert m.tokenizer.encode("a <thinking> b", add_special_tokens=False).count(tid) == 1
-    assert lp.add_thinking_token(m, "<thinking>") == tid  # already there: unchanged
+    assert lp.generation.add_thinking_token(m, "<thinking>") == tid  # already there: unchanged
     assert m.cfg.d_vocab == V + 1
     logits = lp.forward(m, [1, 5, tid])
     assert logits.shape[-1] == V + 1
     with pytest.raises(lp.LensprobeError, match="already several tokens"):
-        lp.add_thinking_token(m, "<|im_start|><|im_end|>")
+        lp.generation.add_thinking_token(m, "<|im_start|><|im_end|>")
     with pytest.raises(lp.LensprobeError, match="whitespace"):
-        lp.add_thinking_token(m, "<think ing>")
+        lp.generation.add_thinking_token(m, "<think ing>")
 
 
 def test_thinking_needs_the_token(tiny, prompts):
     with pytest.raises(lp.LensprobeError, match="add_thinking_token"):
-        trace_generation(tiny, prompts[0], max_new_tokens=3, thinking=lp.LatentFusion())
+        trace_generation(tiny, prompts[0], max_new_tokens=3, thinking=lp.generation.LatentFusion())
     with pytest.raises(lp.LensprobeError, match="think_when was given without thinking"):
-        generate(tiny, prompts[0], max_new_tokens=3, think_when=lp.schedule.every(2))
+        generate(tiny, prompts[0], max_new_tokens=3, think_when=lp.generation.schedule.every(2))
     with pytest.raises(lp.LensprobeError, match="alpha"):
-        lp.LatentFusion(alpha=1.5)
+        lp.generation.LatentFusion(alpha=1.5)
     with pytest.raises(lp.LensprobeError, match="top_p"):
-        lp.LatentFusion(top_p=0.0)
+        lp.generation.LatentFusion(top_p=0.0)
 
 
 def test_pause_equals_forcing_the_thinking_token(thinker, thinker_hf, prompts):
     m, tid = thinker
     p = prompts[0]
-    trace = trace_generation(m, p, max_new_tokens=8, thinking=lp.Pause(), think_when=lp.schedule.at([1, 4]),
+    trace = trace_generation(m, p, max_new_tokens=8, thinking=lp.generation.Pause(), think_when=lp.generation.schedule.at([1, 4]),
                              stop_at_eos=False, track={"tok": "<thinking>"})
     assert trace.thinking.nonzero().flatten().tolist() == [1, 4]
     assert trace.token_ids[1] == tid and trace.token_ids[4] == tid
@@ -292,8 +292,8 @@ def test_latent_fusion_replaces_the_input_and_stays_in_the_cache(thinker, thinke
         if info is not None and info.step == 3:  # the forward of the step-2 position
             fed.append(x[0, -1].clone())
 
-    thinking = lp.LatentFusion(alpha=0.6, top_p=0.9)
-    trace = trace_generation(m, p, max_new_tokens=8, thinking=thinking, think_when=lp.schedule.at([2]),
+    thinking = lp.generation.LatentFusion(alpha=0.6, top_p=0.9)
+    trace = trace_generation(m, p, max_new_tokens=8, thinking=thinking, think_when=lp.generation.schedule.at([2]),
                              stop_at_eos=False, interventions=[("blocks.0.hook_resid_pre", capture)])
     # the vector fed at step 2, by hand from the plain model's final hidden state and logits there
     seq = torch.cat([p.tokens[0], trace.token_ids[:2]])
@@ -313,7 +313,7 @@ def test_latent_fusion_replaces_the_input_and_stays_in_the_cache(thinker, thinke
     P = len(p)
     for t in range(3, 8):
         assert abs(float(trace.entropy[t]) - float(entropy_by_hand(full[P - 1 + t]))) <= 1e-4, t
-    pause = trace_generation(m, p, max_new_tokens=8, thinking=lp.Pause(), think_when=lp.schedule.at([2]),
+    pause = trace_generation(m, p, max_new_tokens=8, thinking=lp.generation.Pause(), think_when=lp.generation.schedule.at([2]),
                              stop_at_eos=False)
     assert not torch.allclose(pause.entropy[3:], trace.entropy[3:])
 
@@ -334,7 +334,7 @@ def test_emitted_rule_and_thinking_set(thinker, prompts):
 
             return [("hook_unembed", boost)]
 
-    tr = trace_generation(m, prompts[0], max_new_tokens=6, thinking=lp.LatentFusion.coconut(),
+    tr = trace_generation(m, prompts[0], max_new_tokens=6, thinking=lp.generation.LatentFusion.coconut(),
                           interventions=[PreferThinking()], stop_at_eos=False)
     assert tr.thinking.nonzero().flatten().tolist() == [1, 3]
     assert tr.meta["thinking"]["alpha"] == 1.0 and "thinking" in tr.attention
@@ -344,31 +344,31 @@ def test_emitted_rule_and_thinking_set(thinker, prompts):
 def test_schedule_rules(thinker, prompts):
     m, tid = thinker
     run = lambda rule, n=10: trace_generation(  # noqa: E731
-        m, prompts[0], max_new_tokens=n, thinking=lp.Pause(), think_when=rule, stop_at_eos=False
+        m, prompts[0], max_new_tokens=n, thinking=lp.generation.Pause(), think_when=rule, stop_at_eos=False
     ).thinking.nonzero().flatten().tolist()
-    assert run(lp.schedule.first(3)) == [0, 1, 2]
-    assert run(lp.schedule.every(4)) == [3, 7]
-    assert run(lp.schedule.every(4, offset=0, until=6)) == [0, 4]
-    assert run(lp.schedule.first(2) | lp.schedule.at([5])) == [0, 1, 5]
-    assert run(lp.schedule.never()) == []
+    assert run(lp.generation.schedule.first(3)) == [0, 1, 2]
+    assert run(lp.generation.schedule.every(4)) == [3, 7]
+    assert run(lp.generation.schedule.every(4, offset=0, until=6)) == [0, 4]
+    assert run(lp.generation.schedule.first(2) | lp.generation.schedule.at([5])) == [0, 1, 5]
+    assert run(lp.generation.schedule.never()) == []
     base = trace_generation(m, prompts[0], max_new_tokens=10, stop_at_eos=False)
     thr = float(base.entropy[0]) - 1e-3  # only step 0 is sure to be above it
-    got = run(lp.schedule.entropy_above(thr))
+    got = run(lp.generation.schedule.entropy_above(thr))
     assert got[0] == 0
-    tr = trace_generation(m, prompts[0], max_new_tokens=10, thinking=lp.Pause(),
-                          think_when=lp.schedule.entropy_above(thr), stop_at_eos=False)
+    tr = trace_generation(m, prompts[0], max_new_tokens=10, thinking=lp.generation.Pause(),
+                          think_when=lp.generation.schedule.entropy_above(thr), stop_at_eos=False)
     assert all(tr.entropy[t] > thr for t in got) and all(tr.entropy[t] <= thr for t in range(10) if t not in got)
     with pytest.raises(lp.LensprobeError, match=r"schedule.every\(n\) needs an integer n >= 2, got 1"):
-        lp.schedule.every(1)
+        lp.generation.schedule.every(1)
     with pytest.raises(lp.LensprobeError, match=r"schedule.first\(k\) needs an integer k >= 1, got 0"):
-        lp.schedule.first(0)
+        lp.generation.schedule.first(0)
 
 
 def test_parse_schedule():
-    assert parse_schedule("every:8") == lp.schedule.every(8)
-    assert parse_schedule("emitted") == lp.schedule.emitted()
+    assert parse_schedule("every:8") == lp.generation.schedule.every(8)
+    assert parse_schedule("emitted") == lp.generation.schedule.emitted()
     combo = parse_schedule("first:2 + at:5,9")
-    assert isinstance(combo, lp.schedule.AnyOf) and len(combo.rules) == 2
+    assert isinstance(combo, lp.generation.schedule.AnyOf) and len(combo.rules) == 2
     with pytest.raises(lp.LensprobeError, match="cannot read schedule part 'sometimes'"):
         parse_schedule("sometimes")
 
@@ -392,7 +392,7 @@ def test_save_and_load_round_trip(tiny, prompts, tmp_path, suffix):
     tr = trace_generation(tiny, list(prompts), max_new_tokens=4, track={"s": "system", "q": "question"},
                           interventions=[ForceEos()])
     path = tr.save(tmp_path / f"trace{suffix}")
-    back = lp.load_trace(path)
+    back = lp.generation.load_trace(path)
     assert torch.equal(back.token_ids_rows, tr.token_ids_rows)
     assert torch.allclose(back.entropy_rows, tr.entropy_rows, equal_nan=True)
     assert torch.allclose(back.chosen_prob_rows, tr.chosen_prob_rows, equal_nan=True)

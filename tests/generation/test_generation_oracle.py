@@ -142,7 +142,7 @@ def test_plain_generate_equals_transformers_on_the_tiny_model(tiny, tiny_hf):
 def tiny_thinker(twin_of):
     """A tiny model with <thinking> added, and its plain twin (built after the token was added)."""
     model = tiny_model(seed=0)
-    tid = lp.add_thinking_token(model, "<thinking>")
+    tid = lp.generation.add_thinking_token(model, "<thinking>")
     return model, tid, twin_of(model)
 
 
@@ -180,9 +180,9 @@ def test_latent_thinking_trace_equals_a_hand_written_loop_on_the_tiny_model(tiny
     model, tid, hf = tiny_thinker
     prompt = tiny_prompts(model)[0]
     think_steps, n = [1, 2, 5], 8
-    thinking = lp.LatentFusion(alpha=0.6, top_p=0.9) if mode == "fusion" else lp.Pause()
+    thinking = lp.generation.LatentFusion(alpha=0.6, top_p=0.9) if mode == "fusion" else lp.generation.Pause()
     trace = lp.trace_generation(model, prompt, max_new_tokens=n, thinking=thinking, engine=engine,
-                                think_when=lp.schedule.at(think_steps), stop_at_eos=False)
+                                think_when=lp.generation.schedule.at(think_steps), stop_at_eos=False)
     tokens, ents, attn, widths = hand_written_thinking_loop(hf, prompt, n, think_steps, tid,
                                                             fusion=mode == "fusion")
     assert trace.meta["engine"] == engine
@@ -245,7 +245,7 @@ def test_latent_fusion_vector_by_hand(smol, smol_hf, prompt):
 def with_thinking(smol, smol_hf):
     """Copies of the bridge and of the plain model, both with <thinking> added (mean embedding)."""
     model = copy.deepcopy(smol)
-    tid = lp.add_thinking_token(model, "<thinking>")
+    tid = lp.generation.add_thinking_token(model, "<thinking>")
     hf = copy.deepcopy(smol_hf)
     V = hf.get_input_embeddings().weight.shape[0]
     hf.resize_token_embeddings(V + 1, mean_resizing=False)
@@ -261,9 +261,9 @@ def with_thinking(smol, smol_hf):
 def test_latent_trace_matches_hand_written_inputs_embeds_loop(with_thinking, prompt, mode, engine):
     model, tid, hf = with_thinking
     think_steps = [1, 2, 6]
-    thinking = lp.LatentFusion(alpha=0.6, top_p=0.9) if mode == "fusion" else lp.Pause()
+    thinking = lp.generation.LatentFusion(alpha=0.6, top_p=0.9) if mode == "fusion" else lp.generation.Pause()
     trace = lp.trace_generation(model, prompt, max_new_tokens=10, thinking=thinking, engine=engine,
-                                think_when=lp.schedule.at(think_steps), stop_at_eos=False)
+                                think_when=lp.generation.schedule.at(think_steps), stop_at_eos=False)
     tokens, ents, attn, _ = hand_written_thinking_loop(hf, prompt, 10, think_steps, tid, fusion=mode == "fusion")
     assert trace.token_ids.tolist() == tokens
     assert trace.thinking.nonzero().flatten().tolist() == think_steps

@@ -18,7 +18,7 @@ class GateLog:
     projection), the newest position only."""
 
     def __init__(self, sensitive: bool) -> None:
-        self.capabilities = lp.Capabilities(rounding_sensitive_layer=0 if sensitive else None)
+        self.capabilities = lp.interventions.Capabilities(rounding_sensitive_layer=0 if sensitive else None)
         self.seen: dict[tuple[int, int], torch.Tensor] = {}
 
     def hooks(self, model):

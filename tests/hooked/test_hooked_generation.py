@@ -112,7 +112,7 @@ def thinker(hooked, hooked_hf):
     """A copy of the hooked model with <thinking> added, and the plain twin grown the same way by hand; both
     get the same final-norm weights other than 1, so the final hidden state differs from the normalised one."""
     model = copy.deepcopy(hooked)
-    tid = lp.add_thinking_token(model, "<thinking>")
+    tid = lp.generation.add_thinking_token(model, "<thinking>")
     hf, hf_tid = hf_with_thinking_token(hooked_hf)
     assert hf_tid == tid
     weight = 1 + 0.5 * torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(0))
@@ -127,9 +127,9 @@ def test_latent_thinking_equals_a_hand_written_inputs_embeds_loop(thinker, hooke
     model, tid, hf = thinker
     p = hooked_prompts[0]
     think_steps, n = [1, 2, 5], 8
-    thinking = lp.LatentFusion(alpha=0.6, top_p=0.9) if mode == "fusion" else lp.Pause()
+    thinking = lp.generation.LatentFusion(alpha=0.6, top_p=0.9) if mode == "fusion" else lp.generation.Pause()
     trace = lp.trace_generation(model, p, max_new_tokens=n, thinking=thinking,
-                                think_when=lp.schedule.at(think_steps), stop_at_eos=False)
+                                think_when=lp.generation.schedule.at(think_steps), stop_at_eos=False)
     tokens, ents, attn = thinking_loop_by_hand(hf, ids_of(p), n, think_steps, tid, fusion=mode == "fusion")
     assert trace.meta["engine"] == "hooked"
     assert trace.token_ids.tolist() == tokens
@@ -151,8 +151,8 @@ def test_latent_fusion_refuses_a_hooked_transformer_whose_final_norm_weight_was_
 def test_compare_thinking_study_on_a_hooked_transformer(thinker, hooked_prompts):
     model, tid, hf = thinker
     p = hooked_prompts[0]
-    traces = lp.compare_thinking(lp.with_thinking_token(model), [p], ["fusion", "none"], max_new_tokens=5,
-                                 think_when=lp.schedule.at([1]), stop_at_eos=False)
+    traces = lp.studies.compare_thinking(lp.studies.with_thinking_token(model), [p], ["fusion", "none"], max_new_tokens=5,
+                                 think_when=lp.generation.schedule.at([1]), stop_at_eos=False)
     fusion, none = traces.values()
     tokens, ents, _ = thinking_loop_by_hand(hf, ids_of(p), 5, [1], tid, fusion=True)
     assert fusion.token_ids.tolist() == tokens and torch.allclose(fusion.entropy.double(), ents, atol=TOL)
@@ -213,4 +213,4 @@ def test_a_hooked_transformer_built_from_a_config_generates_from_token_ids():
     trace = lp.trace_generation(model, ids[0], max_new_tokens=3)
     assert trace.generated_ids[0] == out.generated_ids[0][:3] and trace.attention["prompt"].shape[0] == 3
     with pytest.raises(lp.LensprobeError, match="thinking tokens need a tokenizer"):
-        lp.generate(model, ids[0], max_new_tokens=3, thinking=lp.Pause())
+        lp.generate(model, ids[0], max_new_tokens=3, thinking=lp.generation.Pause())

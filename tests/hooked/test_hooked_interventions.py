@@ -53,13 +53,13 @@ def test_kv_group_ablation_equals_zeroing_that_kv_heads_values(hooked, hooked_hf
         return v
 
     want = hf_run(hooked_hf, tokens, v_proj={0: zero_kv1}).logits
-    torch.testing.assert_close(lp.forward(hooked, tokens, lp.ablate_kv_group("L0KV1")), want, atol=TOL, rtol=0)
+    torch.testing.assert_close(lp.forward(hooked, tokens, lp.interventions.ablate_kv_group("L0KV1")), want, atol=TOL, rtol=0)
     torch.testing.assert_close(lp.forward(hooked, tokens, lp.ablate_heads(["L0H2", "L0H3"])), want, atol=TOL, rtol=0)
 
 
 def test_mean_ablation_and_head_means_on_a_hooked_transformer(hooked, hooked_hf, hooked_prompts):
     a, b, f = hooked_prompts
-    means = lp.head_means(hooked, [a, b], layers=[0])
+    means = lp.interventions.head_means(hooked, [a, b], layers=[0])
     xs = [o_proj_inputs(hooked_hf, p.tokens, 0)[0] for p in (a, b)]  # [pos, head, d_head] each
     by_hand = torch.cat(xs).double().mean(0)                          # over every position of both prompts
     torch.testing.assert_close(means.values[0].double(), by_hand, atol=1e-6, rtol=0)

@@ -87,13 +87,13 @@ def test_add_thinking_token_grows_a_hooked_transformer_by_the_mean_rows(hooked, 
     model = copy.deepcopy(hooked)
     V = model.cfg.d_vocab
     W_E, W_U, b_U = (t.detach().clone() for t in (model.W_E, model.W_U, model.b_U))
-    tid = lp.add_thinking_token(model, "<thinking>")
+    tid = lp.generation.add_thinking_token(model, "<thinking>")
     assert tid == V and model.cfg.d_vocab == model.cfg.d_vocab_out == V + 1
     assert model.tokenizer.encode("<thinking>", add_special_tokens=False) == [tid]
     torch.testing.assert_close(model.W_E[V], W_E.mean(0))
     torch.testing.assert_close(model.W_U[:, V], W_U.mean(1))
     torch.testing.assert_close(model.b_U[V], b_U.mean())
-    assert lp.add_thinking_token(model, "<thinking>") == tid and model.cfg.d_vocab == V + 1  # once only
+    assert lp.generation.add_thinking_token(model, "<thinking>") == tid and model.cfg.d_vocab == V + 1  # once only
     assert hooked.cfg.d_vocab == V  # the original is untouched
     grown, grown_id = hf_with_thinking_token(hooked_hf)
     tokens = torch.tensor([[3, 17, tid, 40, tid]])

@@ -162,7 +162,7 @@ def test_gqa_groups(tiny, prompts):
     fn = lambda logits, prompt: logits[:, -1, 3] - logits[:, -1, 7]  # noqa: E731
     star = attribute_heads(model, TOKENS, fn, method="atp*", unit="kv")
     for g in range(2):
-        exact = measure_once(model, lp.core.measures.measure.CallableMeasure(fn), TOKENS, lp.ablate_kv_group((0, g)))
+        exact = measure_once(model, lp.core.measures.measure.CallableMeasure(fn), TOKENS, lp.interventions.ablate_kv_group((0, g)))
         base = measure_once(model, lp.core.measures.measure.CallableMeasure(fn), TOKENS)
         assert float(star.grid()[0, g]) == pytest.approx(float(exact - base), rel=1e-4, abs=1e-5)
 

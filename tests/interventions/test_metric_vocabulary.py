@@ -1,4 +1,4 @@
-"""One metric vocabulary: every name of ``METRICS`` (and a continuation) is taken by sweeps, patching,
+"""One metric vocabulary: every name of ``METRIC_NAMES`` (and a continuation) is taken by sweeps, patching,
 attribution and its verification wherever the math allows, each value checked against the logits of a
 plain ``transformers`` twin computed by hand; attribution refuses the attention metrics, saying why."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import lensprobe as lp
-from lensprobe.core.measures.forced import METRICS
+from lensprobe.core.measures.forced import METRIC_NAMES
 from lensprobe.experiments.attribution import attribute_heads
 from lensprobe.experiments.patching import patch
 from lensprobe.experiments.sweep import ablation_sweep
@@ -54,7 +54,7 @@ def by_hand(twin, tokenizer, prompt, name: str) -> float:
     return float(torch.stack(per_layer).mean())
 
 
-@pytest.mark.parametrize("name", METRICS)
+@pytest.mark.parametrize("name", METRIC_NAMES)
 def test_every_metric_name_works_in_a_sweep_and_in_patching(tiny, prompt, twin_of, name):
     metric, kw = metric_name(name), SETTINGS[name]
     res = ablation_sweep(tiny, prompt, metric, heads=["L0H1"], progress=False, **kw)
@@ -65,7 +65,7 @@ def test_every_metric_name_works_in_a_sweep_and_in_patching(tiny, prompt, twin_o
     assert table["clean"].iloc[0] == pytest.approx(res.baseline[0].item(), rel=1e-5, abs=1e-6)
 
 
-@pytest.mark.parametrize("name", [n for n in METRICS if not n.startswith("attention")])
+@pytest.mark.parametrize("name", [n for n in METRIC_NAMES if not n.startswith("attention")])
 def test_every_differentiable_metric_works_in_attribution_and_verification(tiny, prompt, name):
     metric, kw = metric_name(name), SETTINGS[name]
     att = attribute_heads(tiny, prompt, metric, **kw)

@@ -6,7 +6,7 @@ import torch
 
 import lensprobe as lp
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.measures.measure import Entropy, measure_once
+from lensprobe.core.measures.measure import NextTokenEntropy, measure_once
 from lensprobe.experiments.attribution import attribute_heads
 from lensprobe.experiments.verify import agreement, verify_attribution
 
@@ -20,7 +20,7 @@ def prompts(tiny):
 
 
 def single(model, prompt, ablation):
-    return float(measure_once(model, Entropy(), prompt, ablation)[0] - measure_once(model, Entropy(), prompt)[0])
+    return float(measure_once(model, NextTokenEntropy(), prompt, ablation)[0] - measure_once(model, NextTokenEntropy(), prompt)[0])
 
 
 def test_exact_values_equal_single_ablations(tiny, prompts):
@@ -45,7 +45,7 @@ def test_kv_groups_verified_with_group_ablations(tiny, prompts):
     att = attribute_heads(tiny, prompts[0], "entropy", unit="kv")
     ver = verify_attribution(tiny, prompts[0], "entropy", att, top=None)
     for row in ver.table.itertuples():
-        want = single(tiny, prompts[0], lp.ablate_kv_group((row.layer, row.kv_head)))
+        want = single(tiny, prompts[0], lp.interventions.ablate_kv_group((row.layer, row.kv_head)))
         assert row.exact == pytest.approx(want, rel=1e-4, abs=1e-7)
 
 

@@ -40,7 +40,7 @@ def received_by_hand(A):
 
 
 def test_aligned_series_equals_direct_computation(tiny, tiny_hf):
-    res = fs.attention_received(tiny, QUESTION, layers=[0, 1], setup=small_setup("w/o", "w/ Mless"))
+    res = fs.attention_received_by_condition(tiny, QUESTION, layers=[0, 1], setup=small_setup("w/o", "w/ Mless"))
     p_with, p_without = res.prompts["w/ Mless"], res.prompts["w/o"]
     start, end = p_with.segments["filler"]
     s_start, s_end = p_with.segments["filler_sep"]
@@ -60,7 +60,7 @@ def test_aligned_series_equals_direct_computation(tiny, tiny_hf):
 
 
 def test_full_series_matches_hf_attentions_by_hand(tiny, tiny_hf):
-    res = fs.attention_received(tiny, QUESTION, layers=[1], heads=[2], setup=small_setup("w/ Mless"))
+    res = fs.attention_received_by_condition(tiny, QUESTION, layers=[1], heads=[2], setup=small_setup("w/ Mless"))
     p = res.prompts["w/ Mless"]
     want = received_by_hand(hf_attentions(tiny_hf, p)[1])[2]
     rows = res.table.sort_values("position")
@@ -77,7 +77,7 @@ def test_full_series_matches_hf_attentions_by_hand(tiny, tiny_hf):
 
 
 def test_conditions_random_sentence_has_filler_token_count(tiny):
-    res = fs.attention_received(tiny, QUESTION, layers=[0], heads=[0], setup=small_setup(count=7))
+    res = fs.attention_received_by_condition(tiny, QUESTION, layers=[0], heads=[0], setup=small_setup(count=7))
     assert res.conditions == ("w/o", "w/ Mless", "w/ Mful", "random sentence")
     spans = {c: res.filler_span(c) for c in res.conditions}
     assert spans["w/o"] is None
@@ -93,7 +93,7 @@ def test_conditions_random_sentence_has_filler_token_count(tiny):
 
 
 def test_condition_changes_and_ranking_by_hand(tiny):
-    res = fs.attention_received(tiny, QUESTION, layers=[0, 1], setup=small_setup("w/o", "w/ Mless", "random sentence"))
+    res = fs.attention_received_by_condition(tiny, QUESTION, layers=[0, 1], setup=small_setup("w/o", "w/ Mless", "random sentence"))
     ch = fs.condition_changes(res)
     assert set(ch["condition"]) == {"w/ Mless", "random sentence"}
     a = res.aligned()
@@ -126,9 +126,9 @@ def test_bad_input_errors(tiny):
     with pytest.raises(lp.LensprobeError, match="placement"):
         fs.FillerSetup(placement="middle")
     with pytest.raises(lp.LensprobeError, match="out of range"):
-        fs.attention_received(tiny, QUESTION, layers=[5], setup=small_setup("w/o"))
+        fs.attention_received_by_condition(tiny, QUESTION, layers=[5], setup=small_setup("w/o"))
     with pytest.raises(lp.LensprobeError, match="head 9 out of range"):
-        fs.attention_received(tiny, QUESTION, layers=[0], heads=[9], setup=small_setup("w/o"))
+        fs.attention_received_by_condition(tiny, QUESTION, layers=[0], heads=[9], setup=small_setup("w/o"))
     assert fs.normalize_conditions(["w/o", "Mless", "Mful", "random sentence"]) == fs.CONDITIONS
 
 
@@ -156,7 +156,7 @@ def test_token_class_attention_by_hand(tiny, tiny_hf):
     grid = fs.ascii_grid(3, 6, seed=2)
     q = "Count:\n" + grid
     prompts = {"w/o": lp.build_prompt(tiny, q), "Mless": lp.build_prompt(tiny, q, filler=lp.Filler.meaningless(count=4))}
-    df = fs.token_class_attention({g: (tiny, p) for g, p in prompts.items()}, layers=[1, 0])
+    df = fs.compare_token_class_attention({g: (tiny, p) for g, p in prompts.items()}, layers=[1, 0])
     assert list(df.columns) == ["group", "layer", "layer_label", "token_class", "attention", "n_tokens"]
     names = ["# (hash)", "* (star)", "whitespace"]
     for g, p in prompts.items():

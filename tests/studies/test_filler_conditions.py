@@ -15,7 +15,7 @@ QUESTION = "What is 12+7?"
 def test_tables_use_canonical_names_and_accept_old_spellings(tiny):
     setup = fs.FillerSetup(conditions=("none", "meaningless", "Mful", "random"), count=5)
     assert setup.conditions == fs.CONDITIONS == ("w/o", "w/ Mless", "w/ Mful", "random sentence")
-    res = fs.attention_received(tiny, QUESTION, layers=[0], heads=[1], setup=setup)
+    res = fs.attention_received_by_condition(tiny, QUESTION, layers=[0], heads=[1], setup=setup)
     assert res.conditions == fs.CONDITIONS
     assert list(dict.fromkeys(res.table["condition"])) == list(fs.CONDITIONS)
     assert res.filler_span("meaningless") == res.filler_span("w/ Mless") == res.prompts["w/ Mless"].segments["filler"]
@@ -41,7 +41,7 @@ def test_study_prompts_are_the_conditions_prompts(tiny):
 def test_user_defined_condition_with_an_intervention(tiny, tiny_hf):
     abl = lp.ablate_heads("L0H2")
     mine = lp.Condition("L0H2 zeroed", system=lp.MATH_SYSTEM_PROMPT, interventions=(abl,))
-    res = fs.attention_received(tiny, QUESTION, layers=[1], setup=fs.FillerSetup(conditions=("w/o", mine)))
+    res = fs.attention_received_by_condition(tiny, QUESTION, layers=[1], setup=fs.FillerSetup(conditions=("w/o", mine)))
     assert res.conditions == ("w/o", "L0H2 zeroed")
     p = res.prompts["L0H2 zeroed"]
     # by hand: the plain model with L0H2's slice of layer 0's o_proj input zeroed, then per key j the

@@ -68,7 +68,7 @@ def test_head_attention_over_generation_generates(tiny, tiny_hf):
 
 
 def test_figures_draw_the_table(tiny):
-    res = lp.attention_received(tiny, "What is 12+7?", layers=[0], heads=[2],
+    res = lp.studies.attention_received_by_condition(tiny, "What is 12+7?", layers=[0], heads=[2],
                                 setup=FillerSetup(conditions=("w/o", "w/ Mless", "w/ Mful"), count=4))
     fig = lp_viz().head_attention_figure(res, 0, 2)
     assert [t.name for t in fig.data] == ["w/o filler", "Mless", "Mful"]

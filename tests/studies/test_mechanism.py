@@ -153,7 +153,7 @@ def test_activation_stats_equal_a_by_hand_computation(tiny, tiny_hf):
         gate, _ = gate_and_up_by_hand(tiny_hf, ps[name])
         by_hand[name] = F.silu(gate)[ps[name].positions("question")].reshape(-1).double().numpy()
     gate, _ = gate_and_up_by_hand(tiny_hf, ps["w/o"])
-    edited = lp.arm_redistribute(F.silu(gate)[None], c=0.1, percentile=95, generator=torch.Generator().manual_seed(0))
+    edited = lp.interventions.arm_redistribute(F.silu(gate)[None], c=0.1, percentile=95, generator=torch.Generator().manual_seed(0))
     by_hand["w/o + ARM"] = edited[0][ps["w/o"].positions("question")].reshape(-1).double().numpy()
     assert not np.allclose(by_hand["w/o + ARM"], by_hand["w/o"])  # ARM moved some question entries
     mag = np.abs(by_hand["w/o"]).astype(np.float32)

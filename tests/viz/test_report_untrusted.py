@@ -103,14 +103,14 @@ def test_the_report_page_runs_no_untrusted_text(tmp_path, tiny):
     chromium()
     question = " ".join(PAYLOADS)
     setup = fs.FillerSetup(conditions=("w/o", "w/ Mless"), system=PAYLOADS[1], count=8)
-    res = fs.attention_received(tiny, question, layers=[0], heads=[0], setup=setup)
+    res = fs.attention_received_by_condition(tiny, question, layers=[0], heads=[0], setup=setup)
     prompt = res.prompts["w/ Mless"]
     view = attention_view_html(fs.attention_view_pattern(tiny, prompt, 0), prompt.str_tokens, layer=0,
                                span=res.filler_span("w/ Mless"), caption=question)
     tokens = ["<!--", "<script>", "x"] + [f"t{i}" for i in range(len(prompt) - 3)]  # text a model can make
     raw_view = attention_view_html(fs.attention_view_pattern(tiny, prompt, 0), tokens, layer=0)
     trace = lp.trace_generation(tiny, lp.build_prompt(tiny, question), max_new_tokens=4)
-    summary = lp.trace_summary({PAYLOADS[0]: trace, PAYLOADS[2]: trace})
+    summary = lp.generation.trace_summary({PAYLOADS[0]: trace, PAYLOADS[2]: trace})
     sections = [
         Section(PAYLOADS[1], intro=f"<p>{html.escape(question)}</p>",
                 figures=[attention_received_figure(res.table, [(0, 0)], title=question),

@@ -58,7 +58,7 @@ def _attention(args, setup: FillerSetup, files: list[Path]) -> int:
     model = load_cli_model(args)
     layers = args.config.layer_list(model)
     heads = args.config.head_list(model, layers)
-    res = fs.attention_received(model, args.question, layers=layers, heads=heads, setup=setup, progress=True)
+    res = fs.attention_received_by_condition(model, args.question, layers=layers, heads=heads, setup=setup, progress=True)
     out: Path = args.out
     shade = args.filler if args.filler != "w/o" else None
     view_cond = shade or "w/o"

@@ -33,7 +33,7 @@ from lensprobe.core.storage.store import atomic_file, atomic_write_json
 from lensprobe.experiments.head_settings import AblateConfig, SweepConfig
 from lensprobe.experiments.sweep import ablation_sweep
 from lensprobe.interventions.ablation import ablate_heads
-from lensprobe.studies.filler import FillerSetup, attention_received
+from lensprobe.studies.filler import FillerSetup, attention_received_by_condition
 from lensprobe.studies.heads import ablation_effect
 from lensprobe.viz import head_attention_figure, next_token_figure, sweep_heatmap
 
@@ -109,7 +109,7 @@ def _ablate(args, files: list) -> int:
     setup = FillerSetup(conditions=conditions, system=system_of(args))
     layers = sorted({lay for lay, _ in pairs})
     heads = sorted({h for _, h in pairs})
-    recv = attention_received(model, args.question, layers=layers, heads=heads, setup=setup)
+    recv = attention_received_by_condition(model, args.question, layers=layers, heads=heads, setup=setup)
     files.append(out / "head_attention.csv")
     with atomic_file(files[-1]) as tmp:
         recv.table.to_csv(tmp, index=False)

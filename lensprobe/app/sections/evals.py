@@ -56,7 +56,7 @@ def _arithmetic_conditions(model) -> tuple[str, str]:
 def build_arithmetic_section(model, *, quick: bool = False):
     """Built-in arithmetic problems under w/o, w/ Mless, w/ Mful (and ARM when the model has a preset).
 
-    Full: the first ``ARITHMETIC_PROBLEMS`` problems of ``lp.arithmetic_problems(seed=0)``
+    Full: the first ``ARITHMETIC_PROBLEMS`` problems of ``lp.evals.arithmetic_problems(seed=0)``
     (level 1 and 2 alternating), greedy, at most ``ARITHMETIC_MAX_NEW_TOKENS`` new tokens,
     the answer read as the last number of the generation (``extract="last-number"``). Quick:
     2 problems, 8 tokens.
@@ -74,7 +74,7 @@ def build_arithmetic_section(model, *, quick: bool = False):
     n_eos = int((rows["finish"] == "eos").sum())
     intro = (
         f"<p>The first {len(problems)} problems of lensprobe's built-in arithmetic set "
-        "(<code>lp.arithmetic_problems(seed=0)</code>: one-step problems such as \"What is 34 + 26?\" and "
+        "(<code>lp.evals.arithmetic_problems(seed=0)</code>: one-step problems such as \"What is 34 + 26?\" and "
         "two-step ones such as \"What is 8 * 2 + 9?\", alternating; exact integer answers) x "
         f"{n_conds} conditions on <b>{html.escape(model_label(model))}</b>, greedy decoding, at most {tokens} new "
         "tokens, in the chat template with lensprobe's system prompt and the filler between the system prompt and "

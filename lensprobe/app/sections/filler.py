@@ -12,13 +12,13 @@ from lensprobe.studies.filler import (
     AttentionReceived,
     FillerSetup,
     ascii_grid,
-    attention_received,
+    attention_received_by_condition,
     attention_view_pattern,
     class_layers,
+    compare_token_class_attention,
     condition_changes,
     filler_vs_random,
     heads_by_change,
-    token_class_attention,
 )
 from lensprobe.viz import (
     attention_received_figure,
@@ -43,7 +43,7 @@ HEADS_PER_LAYER = 2
 def demo_question(quick: bool = False) -> tuple[str, str]:
     """The demo's question and where it came from.
 
-    The first level-1 problem of MATH-500 (:func:`lensprobe.math500_path`: ``$LENSPROBE_MATH500``,
+    The first level-1 problem of MATH-500 (:func:`lensprobe.evals.math500_path`: ``$LENSPROBE_MATH500``,
     else the copy lensprobe ships), else a built-in question; ``quick`` always uses the
     built-in one.
     """
@@ -69,7 +69,7 @@ def build_demo_sections(model, *, quick: bool = False) -> list:
     question, source = demo_question(quick)
     setup = FillerSetup()
     layers = [0] if quick else sorted({0, 1, n_layers // 2, n_layers - 1})
-    res = attention_received(model, question, layers=layers, setup=setup)
+    res = attention_received_by_condition(model, question, layers=layers, setup=setup)
     top = heads_by_change(res, k=HEADS_PER_LAYER).sort_values(["layer", "change"], ascending=[True, False],
                                                               kind="stable")
     pairs = [(int(a), int(b)) for a, b in zip(top["layer"], top["head"], strict=True)]
@@ -153,7 +153,7 @@ def token_class_section(model, setup: FillerSetup, quick: bool) -> Section:
     grid_q = "Count the # symbols in this grid:\n" + grid
     grid_prompts = {condition_label(c): setup.condition(c).prompt_builder(model)(grid_q) for c in ("w/o", "w/ Mless")}
     c_layers = sorted({0, min(1, n_layers - 1)}) if quick else class_layers(model)
-    classes = token_class_attention({g: (model, p) for g, p in grid_prompts.items()}, c_layers)
+    classes = compare_token_class_attention({g: (model, p) for g, p in grid_prompts.items()}, c_layers)
     return Section(
         title="Attention per token class (ASCII grid), with vs without filler",
         intro=(

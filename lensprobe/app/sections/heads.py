@@ -11,7 +11,7 @@ from lensprobe.core.prompts.prompt import Prompt
 from lensprobe.experiments.patching import patch
 from lensprobe.experiments.sweep import ablation_sweep
 from lensprobe.interventions.ablation import ablate_heads, ablate_kv_group
-from lensprobe.studies.filler import FillerSetup, attention_received, condition_prompts
+from lensprobe.studies.filler import FillerSetup, attention_received_by_condition, condition_prompts
 from lensprobe.studies.heads import ablation_effect, head_attention_over_generation
 from lensprobe.viz import head_attention_figure, next_token_figure, patch_figure, sweep_heatmap
 from lensprobe.viz.report import Section
@@ -92,7 +92,7 @@ def head_attention_section(model, question: str, setup: FillerSetup, pair: tuple
     name = model_label(model)
     layer, head = pair
     label = head_label(layer, head)
-    recv = attention_received(model, question, layers=[layer], heads=[head], setup=setup)
+    recv = attention_received_by_condition(model, question, layers=[layer], heads=[head], setup=setup)
     n_new = 6 if quick else 48
     over = head_attention_over_generation(model, question, pair, conditions=("w/o", "w/ Mless"),
                                           max_new_tokens=n_new, setup=setup)

@@ -96,12 +96,12 @@ def capabilities(item: Any) -> Capabilities:
             raise LensprobeError(
                 f"{name} has {', '.join(old)} but declares no capabilities, so generic code would ignore "
                 f"{'them' if len(old) > 1 else 'it'}: declare them in one object, e.g. "
-                f"capabilities = lp.Capabilities(...) (see lensprobe.core.hooks.capabilities)."
+                f"capabilities = lp.interventions.Capabilities(...) (see lensprobe.core.hooks.capabilities)."
             )
         return NONE
     if not isinstance(declared, Capabilities):
         raise LensprobeError(
-            f"{name}.capabilities is a {type(declared).__name__}: make it an lp.Capabilities(...)."
+            f"{name}.capabilities is a {type(declared).__name__}: make it an lp.interventions.Capabilities(...)."
         )
     for flag, method in _METHODS.items():
         if getattr(declared, flag) and not callable(getattr(item, method, None)):

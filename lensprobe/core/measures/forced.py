@@ -10,7 +10,7 @@ and ``NaN`` when the logits they read are not finite.
 - :class:`ContinuationLogProb`: summed log-probability of the continuation's tokens;
 - :class:`ContinuationEntropy`: mean next-token entropy over the positions that predict them.
 
-:func:`resolve_measures` is the one vocabulary of metrics (:data:`METRICS`): sweeps, patching,
+:func:`resolve_measures` is the one vocabulary of metrics (:data:`METRIC_NAMES`): sweeps, patching,
 attribution and its verification all turn the metric they are given into one measure per prompt
 through it, so every name works wherever the math allows (attribution needs a gradient, so it
 refuses the attention metrics, saying why).
@@ -32,10 +32,10 @@ from lensprobe.core.hooks.forward import as_tokens
 from lensprobe.core.measures.measure import MEASURE_NAMES, Measure, resolve_measure
 from lensprobe.core.measures.metrics import entropy, nonfinite_rows
 
-__all__ = ["METRICS", "Continuation", "ContinuationEntropy", "ContinuationLogProb", "LogitDiff", "resolve_measures",
+__all__ = ["METRIC_NAMES", "Continuation", "ContinuationEntropy", "ContinuationLogProb", "LogitDiff", "resolve_measures",
            "token_id"]
 
-METRICS = MEASURE_NAMES
+METRIC_NAMES = MEASURE_NAMES
 """The metric names every head study takes (besides a measure object or a callable), see :func:`resolve_measures`."""
 
 

@@ -8,7 +8,7 @@ row's.
 
 Built in (also by name in :func:`resolve_measure`):
 
-- ``"entropy"``: :class:`Entropy`, next-token entropy (nats) at the last prompt position;
+- ``"entropy"``: :class:`NextTokenEntropy`, next-token entropy (nats) at the last prompt position;
 - ``"logprob"``: :class:`AnswerLogProb`, summed log-probability of the answer tokens
   given the prompt (needs ``answer``);
 - ``"attention:<segment>"``: :class:`AttentionTo`, attention proportion onto a prompt
@@ -60,7 +60,7 @@ def logits_needed(measure, model, prompt) -> int:
 
 
 @dataclass(frozen=True)
-class Entropy:
+class NextTokenEntropy:
     """Next-token entropy (nats) at ``position`` (default: the last prompt position)."""
     position: int | None = None
     name: str = "entropy"
@@ -207,7 +207,7 @@ def resolve_measure(metric: Any, *, answer: str | None = None) -> Measure:
     if isinstance(metric, str):
         key = metric.strip()
         if key.lower() == "entropy":
-            return Entropy()
+            return NextTokenEntropy()
         if key.lower() in ("logprob", "answer_logprob", "log-prob", "answer log-prob"):
             if answer is None:
                 raise LensprobeError(

@@ -110,7 +110,7 @@ class Condition:
             changes it (e.g. positions given as segment names), problems of this condition
             are generated one at a time, since left padding shifts positions.
         generate_kwargs: extra keyword arguments for the generation function, e.g.
-            ``{"thinking": lp.LatentFusion(0.6), "think_when": ...}`` for latent thinking.
+            ``{"thinking": lp.generation.LatentFusion(0.6), "think_when": ...}`` for latent thinking.
     """
 
     name: str
@@ -392,7 +392,7 @@ def _named(name: str, builtins: dict[str, Condition] | None, arm: Any = None) ->
             raise LensprobeError(
                 f"condition {name.strip()!r} needs ARM settings: pass arm=lp.ARM(c=..., percentile=...) "
                 "(lp.evaluate uses the authors' preset for the model when there is one), or build it "
-                f"with lp.with_arm(lp.builtin_condition({base!r}), lp.ARM(c=..., percentile=...))."
+                f"with lp.prompts.with_arm(lp.builtin_condition({base!r}), lp.ARM(c=..., percentile=...))."
             )
         if not hasattr(arm, "hooks") and callable(arm):
             arm = arm()

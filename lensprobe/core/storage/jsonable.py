@@ -100,7 +100,7 @@ def describe_setting(value: Any, structured: tuple[type, ...] = ()) -> Any:
     :func:`stable_repr` (cut at 300 characters).
 
     Example:
-        >>> describe_setting(lp.Pause(), structured=(lp.Pause,))
+        >>> describe_setting(lp.generation.Pause(), structured=(lp.generation.Pause,))
         {'type': 'Pause', 'token': '<thinking>'}
     """
     if value is None or isinstance(value, (bool, int, float, str)):

@@ -93,7 +93,7 @@ def plain_model(model, attention: str = "eager") -> nn.Module | None:
     its modules cannot be rebuilt unwrapped, when the rebuilt model's logits differ from
     the bridge's on a probe input, or (``"sdpa_last"``) when its attention rows differ from
     eager attention's. Built once per model (and again after its tensors change, e.g.
-    after :func:`lensprobe.add_thinking_token`).
+    after :func:`lensprobe.generation.add_thinking_token`).
     """
     if attention not in ATTENTIONS:
         raise LensprobeError(f"attention must be one of {list(ATTENTIONS)}, got {attention!r}.")
