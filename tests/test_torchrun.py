@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import lensprobe as lp
+from lensprobe.core.storage.rowfiles import read_row_file
 
 QUESTIONS = ["What is 12+7?", "What is 3*4?", "What is 5*6?"]
 SWEEP = dict(metric="entropy", batch_size=3, progress=False)
@@ -59,8 +60,9 @@ def test_torchrun_two_processes_merge_to_the_single_run_and_resume(tiny, tmp_pat
     merged = torch.load(out / "returned-rank0.pt")
     part = torch.load(out / "returned-rank1.pt")
     assert merged["world"] == part["world"] == 2
-    # shard-rank files from both processes: each computed its own units
-    units = {r: json.loads((out / "sweep" / f"shard-rank{r}.json").read_text())["units"] for r in (0, 1)}
+    # shard-rank files from both processes: each computed its own units, one row each
+    units = {r: [row["unit"] for _, row in read_row_file(out / "sweep" / f"shard-rank{r}.jsonl")] for r in (0, 1)}
+    assert all(len(set(u)) == len(u) for u in units.values())
     assert sorted(units[0]) == sorted(f"prompt {p} batch {c}" for p in range(3) for c in range(3)
                                       if (3 * p + c) % 2 == 0)
     assert sorted(units[1]) == sorted(f"prompt {p} batch {c}" for p in range(3) for c in range(3)

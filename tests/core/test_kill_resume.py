@@ -1,14 +1,15 @@
 """SIGKILL at any point of a resumable run loses no finished unit, and the rerun resumes.
 
 Ablation sweeps, activation patching and trace sets keep every finished unit in the results store
-(``shard-rank0.json``, rewritten atomically after each unit; a trace set also writes one Parquet
+(``shard-rank0.jsonl``, one row appended and fsynced per unit; a trace set also writes one Parquet
 file per trace, atomically). Each run here is killed with SIGKILL in a child process forked from the
 test process (it holds the tiny model already, so no new interpreter spends seconds importing):
 
 - by the test, once the shard file holds a third of the units (watched as it grows);
 - by the test, at a random time after the first unit landed (the seed is in the failure message);
-- by the child itself, just before the store renames a finished temporary file into place: the
-  moment a file written in place would be torn, and the one that leaves a temporary file behind.
+- by the child itself, in the middle of appending a unit's row to the shard file (half the row
+  written: the torn last line a crash leaves), and just before a trace set renames a finished
+  Parquet file into place (the moment that leaves a temporary file behind).
 
 Then the same run resumes here, and the test checks that every unit the child had recorded (it
 journals each one after the store returns) is still on disk, that every unit on disk after the kill is
@@ -50,10 +51,11 @@ import torch
 import lensprobe as lp
 from lensprobe.app.cli import main
 from lensprobe.core.storage.outfolder import FOLDER_LOCK
+from lensprobe.core.storage.rowfiles import read_row_file
 from lensprobe.core.storage.store import ShardStore
 from lensprobe.evals.results import read_rows
 
-SHARD_FILE = "shard-rank0.json"
+SHARD_FILE = "shard-rank0.jsonl"
 SETTINGS = "shards.json"
 QUESTIONS = ["What is 1+1?", "What is 12*3?", "What is 7-2?", "Name a prime.", "What is 2^5?", "Is 9 odd?"]
 SYSTEM = "Please reason step by step."
@@ -119,9 +121,12 @@ KINDS = [pytest.param(k, id=k.name.replace(" ", "-")) for k in (SWEEP, PATCH, TR
 
 # ----- killing a child -----------------------------------------------------------------------------
 def _units(out: Path) -> dict[str, Any]:
-    """The finished units in the folder's shard file (``{}`` when there is none yet)."""
+    """The finished units in the folder's shard file (``{}`` when there is none yet; a torn last row skipped)."""
     path = out / SHARD_FILE
-    return json.loads(path.read_text(encoding="utf-8"))["units"] if path.is_file() else {}
+    units: dict[str, Any] = {}
+    for _, row in read_row_file(path) if path.is_file() else ():
+        units.setdefault(row["unit"], row["result"])
+    return units
 
 
 def _die_before_rename(into: Callable[[Path], bool], nth: int) -> None:
@@ -137,6 +142,22 @@ def _die_before_rename(into: Callable[[Path], bool], nth: int) -> None:
         return real(src, dst, *args, **kwargs)
 
     os.replace = replace  # type: ignore[assignment]
+
+
+def _die_mid_row(name: str, nth: int) -> None:
+    """In the child: on the ``nth`` write to the file ``name``, write half the bytes, then SIGKILL this
+    process (the row is cut where a kill during a long write would cut it)."""
+    real, seen = os.write, [0]
+
+    def write(fd, data):
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")) == name:
+            seen[0] += 1
+            if seen[0] == nth:
+                real(fd, bytes(data)[: len(data) // 2])
+                os.kill(os.getpid(), signal.SIGKILL)
+        return real(fd, data)
+
+    os.write = write  # type: ignore[assignment]
 
 
 def _journal_records(journal: Path, pause: float = 0.0) -> None:
@@ -295,15 +316,23 @@ def test_killed_at_a_random_time_then_resumed(kind, tiny, clean, tmp_path, monke
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_killed_inside_the_shard_file_write_then_resumed(kind, tiny, clean, tmp_path, monkeypatch):
-    """The child dies with the 4th version of its shard file written in full beside the 3rd, unrenamed."""
+def test_killed_mid_row_of_the_shard_file_then_resumed(kind, tiny, clean, tmp_path, monkeypatch):
+    """The child dies with three rows in its shard file and half of the 4th: the rerun keeps the three
+    rows byte for byte, cuts the torn one off and computes its unit again."""
     out, log = tmp_path / "run", tmp_path / "child.log"
     pid = _fork(lambda: kind.run(tiny, out), log, lambda: (_journal_records(tmp_path / "journal"),
-                                                           _die_before_rename(lambda p: p.name == SHARD_FILE, 4)))
+                                                           _die_mid_row(SHARD_FILE, 4)))
     _assert_killed(_status(pid, log), log)
-    assert len(_units(out)) == len(_finished(tmp_path / "journal")) == 3
-    temps = _resume_and_check(kind, tiny, out, clean, monkeypatch, pid, "killed before the 4th rename")
-    assert [p.name for p in temps] == [f".shard-rank0.{pid}.tmp.json"]  # the kill landed inside the write
+    data = (out / SHARD_FILE).read_bytes()
+    assert data.count(b"\n") == 3 and not data.endswith(b"\n")  # three rows, then half of the fourth
+    kept = data[: data.rfind(b"\n") + 1]
+    assert len(_units(out)) == len(_finished(tmp_path / "journal")) == 3  # the torn row is skipped, not an error
+    temps = _resume_and_check(kind, tiny, out, clean, monkeypatch, pid, "killed in the middle of the 4th row")
+    assert temps == []  # appending rows leaves no temporary file
+    again = (out / SHARD_FILE).read_bytes()
+    assert again.startswith(kept)  # the rows before the kill, byte for byte; the torn half is gone
+    after = [json.loads(line)["unit"] for line in again[len(kept):].splitlines()]
+    assert len(after) == len(set(after)) == len(clean[kind.name][1]) - 3  # each missing unit once, the torn one too
 
 
 def test_killed_inside_a_trace_file_write_then_resumed(tiny, clean, tmp_path, monkeypatch):
@@ -324,22 +353,6 @@ def _evaluate(model, out: Path):
     problems = [lp.evals.Problem(id=f"q{i}", problem=q, answer=str(i)) for i, q in enumerate(QUESTIONS[:4])]
     return lp.evaluate(model, problems, "w/o,w/ Mless", out=out, max_new_tokens=5, batch_size=1, progress=False,
                        model_name="tiny")
-
-
-def _die_mid_row(name: str, nth: int) -> None:
-    """In the child: on the ``nth`` write to the file ``name``, write half the bytes, then SIGKILL this
-    process (the row is cut where a kill during a long write would cut it)."""
-    real, seen = os.write, [0]
-
-    def write(fd, data):
-        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")) == name:
-            seen[0] += 1
-            if seen[0] == nth:
-                real(fd, bytes(data)[: len(data) // 2])
-                os.kill(os.getpid(), signal.SIGKILL)
-        return real(fd, data)
-
-    os.write = write  # type: ignore[assignment]
 
 
 def test_an_evaluation_killed_mid_row_keeps_its_rows_and_resumes(tiny, tmp_path):

@@ -9,6 +9,7 @@ import torch
 
 import lensprobe as lp
 import lensprobe.core.storage.shards as shards
+from lensprobe.core.storage.rowfiles import read_row_file
 from lensprobe.core.storage.shards import (
     ShardStore,
     atomic_file,
@@ -34,6 +35,11 @@ def prompts(tiny):
     return [lp.build_prompt(tiny, "What is 12+7?", system=system, filler=lp.Filler.meaningless(count=5)),
             lp.build_prompt(tiny, "What is 3*4?", system=system, filler=lp.Filler.meaningless(count=5)),
             lp.build_prompt(tiny, "What is 3*4?", system=system)]
+
+
+def shard_units(path) -> dict:
+    """The units in one rank's shard file: unit -> result."""
+    return {row["unit"]: row["result"] for _, row in read_row_file(path)}
 
 
 def mtimes(folder) -> dict[str, int]:
@@ -84,7 +90,7 @@ def test_ranks_merge_into_the_single_run_and_a_rerun_computes_nothing(tmp_path):
     merged = run_sharded(units, compute, out=tmp_path, kind="demo", settings={"v": 1}, rank=0, world_size=2)
     assert merged == expected and list(merged) == units
     assert sorted(calls) == sorted(units)  # every unit computed once, by one rank
-    assert json.loads((tmp_path / "shard-rank1.json").read_text())["units"] == part
+    assert shard_units(tmp_path / "shard-rank1.jsonl") == part
 
     before, n_calls = mtimes(tmp_path), len(calls)
     again = run_sharded(units, compute, out=tmp_path, kind="demo", settings={"v": 1}, rank=0, world_size=1)
@@ -126,8 +132,8 @@ def test_atomic_file_leaves_the_old_file_when_writing_fails(tmp_path):
         raise RuntimeError("disk gone")
     assert json.loads(path.read_text()) == {"a": 0.1}
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary file left
-    (tmp_path / "shard-rank0.json").write_text('{"units": {"a": 1')  # edited by hand
-    with pytest.raises(lp.LensprobeError, match="shard-rank0.json is not valid JSON"):
+    (tmp_path / "shard-rank0.jsonl").write_text('{"unit": "a", "result": 1\n')  # edited by hand
+    with pytest.raises(lp.LensprobeError, match="shard-rank0.jsonl line 1 is not valid JSON"):
         run_sharded(["a"], len, out=tmp_path, kind="demo", settings={})
 
 
@@ -228,7 +234,7 @@ def test_sweep_and_trace_commands_take_their_share_from_the_environment(tiny, tm
         monkeypatch.delenv("WORLD_SIZE")
     single, sharded = tmp_path / "sweep-single", tmp_path / "sweep-sharded"
     assert (sharded / "sweep.csv").read_text() == (single / "sweep.csv").read_text()
-    units = json.loads((sharded / "shards" / "shard-rank1.json").read_text())["units"]
+    units = shard_units(sharded / "shards" / "shard-rank1.jsonl")
     assert sorted(units) == ["prompt 0 batch 1", "prompt 1 batch 0", "prompt 1 batch 2"]  # of 2 x 3 units
     single, sharded = tmp_path / "trace-single", tmp_path / "trace-sharded"
     assert (sharded / "summary.csv").read_text() == (single / "summary.csv").read_text()
@@ -236,5 +242,5 @@ def test_sweep_and_trace_commands_take_their_share_from_the_environment(tiny, tm
         a, b = lp.generation.load_trace(single / name), lp.generation.load_trace(sharded / name)
         assert torch.equal(a.entropy_rows, b.entropy_rows) and a.texts == b.texts
     assert lp.generation.load_trace(single / "trace-pause.parquet").thinking.any()  # the thinking settings did think
-    assert json.loads((sharded / "shards" / "shard-rank1.json").read_text())["units"] == {
+    assert shard_units(sharded / "shards" / "shard-rank1.jsonl") == {
         "Pause": "traces/trace-00001.parquet"}

@@ -147,9 +147,9 @@ def test_two_ranks_files_holding_one_unit_with_different_results_are_refused_not
         assert r0.done() == r1.done() == {"u0": 1.0, "u1": 2.0}
         r1.record("u0", 1.5)
         for store in (r0, r1):
-            with pytest.raises(lp.LensprobeError, match=r"two results for 'u0' disagree: .*shard-rank0\.json unit 'u0' "
-                                                        r"and .*shard-rank1\.json unit 'u0'\..*delete that unit from "
-                                                        r"one of the files"):
+            with pytest.raises(lp.LensprobeError, match=r"two results for 'u0' disagree: .*shard-rank0\.jsonl unit "
+                                                        r"'u0' \(line 1\) and .*shard-rank1\.jsonl unit 'u0' \(line "
+                                                        r"3\)\..*delete that unit's line from one of the files"):
                 store.done()
         with pytest.raises(lp.LensprobeError, match="disagree"):
             run_sharded(["u0", "u1"], lambda u: 0.0, out=tmp_path, kind="demo", settings={}, rank=2, world_size=3)
@@ -165,6 +165,47 @@ def test_a_reopened_shard_store_keeps_its_earlier_units(tmp_path):
     with ShardStore(tmp_path, "demo", {}, rank=0) as store:
         assert store.done() == {"a": 1, "b": 2}
 
+
+
+def test_recording_units_appends_one_row_each_and_never_rewrites_earlier_ones(tmp_path):
+    path = tmp_path / "shard-rank0.jsonl"
+    with ShardStore(tmp_path, "demo", {}, rank=0) as store:
+        assert store.record("u0", {"v": [1, 2]}) == {"v": [1, 2]}  # as read back from JSON
+        first = path.read_bytes()
+        sizes = [len(first)]
+        for i in range(1, 6):
+            store.record(f"u{i}", (i, i / 3))
+            data = path.read_bytes()
+            assert data.startswith(first) and len(data) > sizes[-1]  # earlier rows untouched, the file only grows
+            sizes.append(len(data))
+    lines = path.read_bytes().splitlines()
+    assert len(lines) == 6 and json.loads(lines[0]) == {"unit": "u0", "result": {"v": [1, 2]}}
+    assert json.loads(lines[5]) == {"unit": "u5", "result": [5, 5 / 3]}
+    assert not (tmp_path / "shard-rank0.json").exists()
+
+
+def test_a_row_torn_by_a_crash_is_skipped_then_cut_off_before_the_rank_appends_again(tmp_path):
+    path = tmp_path / "shard-rank0.jsonl"
+    with ShardStore(tmp_path, "demo", {}, rank=0) as store:
+        store.record("a", 1)
+    kept = path.read_bytes()
+    path.write_bytes(kept + b'{"unit": "b", "res')  # the kill landed in the middle of the second row
+    with ShardStore(tmp_path, "demo", {}, rank=0) as store:
+        assert store.done() == {"a": 1}
+        store.record("b", 2)
+        assert store.done() == {"a": 1, "b": 2}
+    assert path.read_bytes() == kept + b'{"unit": "b", "result": 2}\n'
+
+
+def test_a_folder_with_shard_files_of_the_older_format_is_refused(tmp_path):
+    with ShardStore(tmp_path, "demo", {}, rank=0) as store:
+        store.record("a", 1)
+    (tmp_path / "shard-rank1.json").write_text('{"rank": 1, "units": {"b": 2}}')
+    with pytest.raises(lp.LensprobeError, match=r"holds shard files of an older format \(shard-rank1\.json;.*no longer "
+                                                r"reads.*Rerun into a new output folder"):
+        ShardStore(tmp_path, "demo", {}, rank=0)
+    with pytest.raises(lp.LensprobeError, match="older format"):
+        run_sharded(["a", "b"], len, out=tmp_path, kind="demo", settings={})
 
 def test_done_over_several_ranks_files_returns_every_ranks_units(tmp_path):
     for rank, units in ((0, {"a": 1, "c": 3}), (1, {"b": 2}), (2, {"d": 4})):

@@ -1,8 +1,10 @@
 """Row files of the results store: append-only JSON Lines that survive crashes, one per process.
 
-A run that produces rows (an evaluation: one row per condition, problem and sample) gives each
-process its own file (``results-rank{R}.jsonl``), written by a :class:`RowWriter`: one
-``os.write`` per row, ``fsync`` after each batch, a lock while open, a row cut short by a crash
+A run that produces rows (an evaluation: one row per condition, problem and sample; a sharded
+run of :class:`~lensprobe.core.storage.store.ShardStore`: one row per finished unit) gives each
+process its own file (``results-rank{R}.jsonl``, ``shard-rank{R}.jsonl``), written by a
+:class:`RowWriter`: one ``os.write`` per row, ``fsync`` when its writer syncs (an evaluation
+after each batch, a sharded run after each row), a lock while open, a row cut short by a crash
 removed before new rows are appended. :func:`read_row_files` merges every rank's file, row by
 row, skipping a last line without its newline (cut short by a crash). The rest of the store
 (atomic writes, settings, the wait) is :mod:`lensprobe.core.storage.store`.
@@ -76,7 +78,9 @@ class RowWriter:
 
     Holds a :class:`~lensprobe.core.storage.locks.FileLock` beside the file (``.results-rank{R}.jsonl.lock``),
     so two processes never write the same file (run sharded processes with distinct ranks); a
-    lock left by a killed process is taken over with a warning. A failed write or ``fsync``
+    lock left by a killed process is taken over with a warning. A caller that already holds a
+    lock covering the file (a :class:`~lensprobe.core.storage.store.ShardStore`'s rank lock)
+    passes ``locked=True``, and the writer takes no lock of its own. A failed write or ``fsync``
     (a full disk, a lost network mount) raises at once, saying how many rows are safely on
     disk; a row cut short by a failed write is removed.
 
@@ -90,17 +94,19 @@ class RowWriter:
         """The lock file beside the results file ``path``."""
         return Path(path).with_name(f".{Path(path).name}.lock")
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, locked: bool = False) -> None:
         self.path = Path(path)
-        self._lock = FileLock(
-            self.lock_file(self.path),
-            busy=f"{self.path} is being written by another process ({{holder}}): wait for it, or give this run "
-                 "another output folder (sharded runs need distinct ranks).")
-        self._lock.acquire()
+        self._lock: FileLock | None = None
+        if not locked:
+            self._lock = FileLock(
+                self.lock_file(self.path),
+                busy=f"{self.path} is being written by another process ({{holder}}): wait for it, or give this "
+                     "run another output folder (sharded runs need distinct ranks).")
+            self._lock.acquire()
         try:
             self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError as err:
-            self._lock.release()
+            self._release_lock()
             raise LensprobeError(f"cannot open {self.path} for writing ({err.strerror}): choose an output folder "
                                  "you can write to.") from None
         self.written = self.synced = 0
@@ -204,7 +210,11 @@ class RowWriter:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
-        self._lock.release()
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
 
     def close(self) -> None:
         """Sync (unless a write failed), close the file and release the lock."""

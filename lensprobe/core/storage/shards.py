@@ -8,10 +8,10 @@ processes a launcher starts (``torchrun``, ``accelerate launch``, ``srun``, ``mp
 - :func:`my_units` gives rank ``r`` every ``world_size``-th unit, starting at unit ``r``;
 - :func:`run_sharded` computes this rank's units that are not on disk yet, keeping each result
   in the results store (:class:`~lensprobe.core.storage.store.ShardStore`: ``shards.json`` with what the
-  run computes and its hash, one ``shard-rank{R}.json`` per process, rewritten atomically after
-  every finished unit, so a crash loses at most the unit being computed), and on rank 0 waits
-  for the other ranks' files (:func:`~lensprobe.core.storage.store.wait_for_units`) and returns every
-  unit's result.
+  run computes and its hash, one ``shard-rank{R}.jsonl`` per process, to which each finished unit
+  is appended as one row and fsynced before the next unit starts, so a crash loses at most the
+  unit being computed), and on rank 0 waits for the other ranks' files
+  (:func:`~lensprobe.core.storage.store.wait_for_units`) and returns every unit's result.
 
 Processes meet only through files, so no ``torch.distributed`` process group is needed, and
 the folder must be on a filesystem all processes share. Each unit is computed by the same

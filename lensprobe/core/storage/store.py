@@ -8,8 +8,8 @@ way:
   figures, report pages) goes through :func:`atomic_file` (:func:`atomic_write_text` and
   :func:`atomic_write_json` are built on it): a temporary file in the same folder, ``fsync``,
   then ``os.replace``. Readers see the old file or the whole new one; a write that fails leaves
-  the old file as it was and no temporary file. Rows are appended instead
-  (:class:`~lensprobe.core.storage.rowfiles.RowWriter`).
+  the old file as it was and no temporary file. Results are appended as rows instead
+  (:class:`~lensprobe.core.storage.rowfiles.RowWriter`), never rewritten.
 - **Settings.** A folder records what its run computes and a hash of it; a run with other
   settings is refused, naming the settings that differ (:func:`settings_diff`,
   :func:`other_run_error`).
@@ -20,9 +20,12 @@ way:
   runs never mix their files. The files a command wrote are listed in
   :data:`~lensprobe.core.storage.outfolder.PAGES_FILE`; the next run into the folder deletes the listed
   files it does not write again (:func:`~lensprobe.core.storage.outfolder.replace_pages`).
-- **Shard files.** Each process writes only its own file: ``shard-rank{R}.json`` (finished
-  units, :class:`ShardStore`) or ``results-rank{R}.jsonl`` (rows,
-  :mod:`lensprobe.core.storage.rowfiles`). Reading merges every rank's file.
+- **Shard files.** Each process appends rows only to its own file
+  (:mod:`lensprobe.core.storage.rowfiles`): ``shard-rank{R}.jsonl`` (one row per finished unit,
+  :class:`ShardStore`, fsynced before the unit counts as recorded) or ``results-rank{R}.jsonl``
+  (an evaluation's rows, fsynced after each batch). Rows are never rewritten; a row cut short by
+  a crash is skipped by readers and cut off before the rank appends again. Reading merges every
+  rank's file.
 - **One merge rule** (:func:`merge_rows`), for the ranks' files and for reruns: rows are keyed
   (a unit's name; an evaluation's condition, problem and sample); the first complete row for a
   key wins, in reading order (rank files by rank, lines in order); an incomplete row (an
@@ -54,6 +57,7 @@ from typing import Any, TypeVar
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.storage.jsonable import json_digest
 from lensprobe.core.storage.locks import FileLock
+from lensprobe.core.storage.rowfiles import RowWriter, read_row_file
 
 __all__ = ["NEW_FOLDER_FIX", "POLL_SECONDS", "SETTINGS_FILE", "STALL_TIMEOUT", "ShardStore", "atomic_file",
            "atomic_write_json", "atomic_write_text", "diff_lines", "merge_rows", "open_folder", "other_run_error",
@@ -66,7 +70,8 @@ STALL_TIMEOUT = 3600.0
 """Seconds rank 0 waits without anything new in the folder before it gives up with an error."""
 POLL_SECONDS = 0.5
 NEW_FOLDER_FIX = "Use a new output folder, or delete this one to start over."
-_RANK_FILE = "shard-rank{}.json"
+_RANK_FILE = "shard-rank{}.jsonl"
+_OLD_RANK_FILE = "shard-rank{}.json"
 _MISSING = "<missing>"
 
 
@@ -290,19 +295,24 @@ def wait_for_units(out: str | os.PathLike, units: Sequence[str], world_size: int
 class ShardStore:
     """One sharded run's folder: its settings, and every finished unit of every rank.
 
-    ``shards.json`` holds what the run computes and its hash; each rank's finished units are in
-    ``shard-rank{R}.json``, rewritten atomically after every unit, so a crash loses at most the
-    unit being computed.
+    ``shards.json`` holds what the run computes and its hash; each rank appends one row per
+    finished unit, ``{"unit": name, "result": value}``, to ``shard-rank{R}.jsonl`` (a
+    :class:`~lensprobe.core.storage.rowfiles.RowWriter`: one ``os.write`` per row, ``fsync``
+    before :meth:`record` returns), so a finished unit survives a kill and a crash loses at most
+    the unit being computed (a row cut short is skipped by readers and cut off before this rank
+    appends again). Rows are never rewritten: recording a unit costs the same however many are
+    on disk.
 
     Args:
         out: the folder (created if missing); every process of the run passes the same one.
         kind: what the run computes (``"ablation sweep"``, ``"patch"``, ``"trace set"``, ...).
         settings: JSON-able description of everything that changes the results; a folder
             holding another kind or other settings is refused.
-        rank: this process's rank; it alone writes ``shard-rank{rank}.json`` (locked while open).
+        rank: this process's rank; it alone appends to ``shard-rank{rank}.jsonl`` (locked while open).
 
     Raises:
-        LensprobeError: the folder holds another run, or another process holds this rank.
+        LensprobeError: the folder holds another run, shard files of the older format
+            (``shard-rank{R}.json``), or another process holds this rank.
 
     Example:
         >>> with ShardStore("runs/x", "demo", {"v": 1}, rank=0) as store:
@@ -314,13 +324,21 @@ class ShardStore:
     def __init__(self, out: str | os.PathLike, kind: str, settings: Mapping[str, Any], *, rank: int = 0) -> None:
         self.out = open_folder(out)
         self.rank = rank
+        self._refuse_old_files()
         self._check_settings(kind, json.loads(json.dumps(dict(settings))))
         self._lock = FileLock(self.out / f".shard-rank{rank}.lock",
                               busy=f"rank {rank} of {self.out} is being run by another process ({{holder}}): wait "
                                    "for it, or give each process its own rank (start them with a launcher such as "
                                    "torchrun).").acquire()
-        own = self.out / _RANK_FILE.format(rank)
-        self._mine: dict[str, Any] = read_json(own).get("units", {}) if own.is_file() else {}
+        self._writer: RowWriter | None = None  # opened at the first record (under the rank lock)
+
+    def _refuse_old_files(self) -> None:
+        old = sorted(p.name for p in self.out.glob(_OLD_RANK_FILE.format("*")))
+        if old:
+            raise other_run_error(
+                f"{self.out} holds shard files of an older format ({', '.join(old)}; finished units are now "
+                "rows of shard-rank{R}.jsonl), which lensprobe no longer reads",
+                fix="Rerun into a new output folder (or delete this one to start over).")
 
     def _check_settings(self, kind: str, settings: dict) -> None:
         path = self.out / SETTINGS_FILE
@@ -338,30 +356,43 @@ class ShardStore:
             why = "other settings: " + ", ".join(keys or ["(details differ)"]) + " differ"
         raise other_run_error(f"{self.out} holds results of {why}")
 
+    def _rank_files(self) -> list[Path]:
+        """Every rank's row file in the folder, by rank."""
+        files = {}
+        for path in self.out.glob(_RANK_FILE.format("*")):
+            number = path.name.removeprefix("shard-rank").removesuffix(".jsonl")
+            if number.isdigit():
+                files[int(number)] = path
+        return [files[rank] for rank in sorted(files)]
+
     def done(self) -> dict[str, Any]:
-        """Every finished unit in the folder -> its result: every rank's file (this rank's units as
-        recorded by this process, the others' as on disk) merged by :func:`merge_rows`.
+        """Every finished unit in the folder -> its result: every rank's rows (as on disk, a row cut
+        short by a crash skipped) merged by :func:`merge_rows`, rank files by rank, lines in order.
 
         Raises:
-            LensprobeError: two ranks' files hold one unit with different results.
+            LensprobeError: two rows hold one unit with different results (in two ranks' files,
+                or twice in one), or a row is damaged.
         """
-        files = {self.rank: self.out / _RANK_FILE.format(self.rank)}
-        for path in self.out.glob(_RANK_FILE.format("*")):
-            number = path.stem.removeprefix("shard-rank")
-            if number.isdigit():
-                files.setdefault(int(number), path)
         located = []
-        for rank in sorted(files):
-            units = self._mine if rank == self.rank else read_json(files[rank]).get("units", {})
-            located += [(f"{files[rank]} unit {u!r}", u, result) for u, result in units.items()]
-        merged = merge_rows(located, fix="delete that unit from one of the files (or delete the file)")
+        for path in self._rank_files():
+            for line_no, row in read_row_file(path):
+                if not (isinstance(row, dict) and isinstance(row.get("unit"), str) and "result" in row):
+                    raise LensprobeError(f"{path} line {line_no} is not a finished unit ({{\"unit\": ..., "
+                                         "\"result\": ...}): the file was edited or damaged; delete that line to "
+                                         "compute its unit again.")
+                located.append((f"{path} unit {row['unit']!r} (line {line_no})", row["unit"], row["result"]))
+        merged = merge_rows(located, fix="delete that unit's line from one of the files (or delete the file)")
         return {str(unit): result for unit, result in merged.items()}
 
     def record(self, unit: str, result: Any) -> Any:
-        """Save one finished unit's JSON-able result in this rank's file; returns it as read back."""
-        self._mine[unit] = json.loads(json.dumps(result))
-        atomic_write_json(self.out / _RANK_FILE.format(self.rank), {"rank": self.rank, "units": self._mine})
-        return self._mine[unit]
+        """Append one finished unit's JSON-able result to this rank's file, on disk (fsynced) when
+        this returns; returns the result as read back from JSON."""
+        row = json.loads(json.dumps({"unit": unit, "result": result}))
+        if self._writer is None:
+            self._writer = RowWriter(self.out / _RANK_FILE.format(self.rank), locked=True)
+        self._writer.write(row)
+        self._writer.sync()
+        return row["result"]
 
     def wait(self, units: Sequence[str], world_size: int, *, stall_timeout: float | None = None,
              poll: float = POLL_SECONDS) -> dict[str, Any]:
@@ -379,8 +410,13 @@ class ShardStore:
         return {u: have[u] for u in units}
 
     def close(self) -> None:
-        """Release this rank's lock."""
-        self._lock.release()
+        """Close this rank's file and release this rank's lock."""
+        writer, self._writer = self._writer, None
+        try:
+            if writer is not None:
+                writer.close()
+        finally:
+            self._lock.release()
 
     def __enter__(self) -> "ShardStore":
         return self
