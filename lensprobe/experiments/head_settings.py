@@ -80,6 +80,27 @@ def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise SettingError(name, f"expected one of {', '.join(choices)}, got {value!r}")
 
 
+def _check_tokens(metric: str, tokens: str | None) -> None:
+    """``tokens`` is given exactly for ``logit_diff``, as two comma-separated tokens."""
+    if metric == "logit_diff" and not tokens:
+        raise SettingError("tokens", "metric logit_diff needs {setting} A,B (the two tokens compared, e.g. 7,8)")
+    if tokens is not None and len(tokens.split(",")) != 2:
+        raise SettingError("tokens", f"{{setting}} takes two tokens separated by a comma (e.g. 7,8 or ' 7',' 8'), got "
+                                     f"{tokens!r}")
+
+
+def token_pair(tokens: str | None) -> tuple[int | str, ...] | None:
+    """``"7,8"`` -> ``(7, 8)``: the two tokens of ``logit_diff`` as the experiments take them (ids or text).
+
+    Example:
+        >>> token_pair("7, 8")
+        (7, 8)
+    """
+    if tokens is None:
+        return None
+    return tuple(int(s) if s.strip().isdigit() else s for s in tokens.split(","))
+
+
 @dataclass(frozen=True)
 class AblateConfig:
     """Which heads ``lensprobe ablate`` ablates on one question, and how.
@@ -121,13 +142,15 @@ class SweepConfig:
     """
 
     metric: str = "entropy"
-    """entropy | logprob (needs --answer) | attention:<segment>, e.g. attention:system"""
+    """entropy | logprob (needs --answer) | logit_diff (needs --tokens) | attention:<segment>, e.g. attention:system"""
     heads: str = field(default="all", metadata=HEADS)
     """heads to sweep, e.g. L0H3,L1H2 (0-based), H13 or 13 (head 13 in every layer), or all"""
     ablation: AblationMethod = "zero"
     """ablation method: zero, mean (over the --reference questions) or resample (one --reference question)"""
     batch_size: int = 32
     """heads ablated per forward pass"""
+    tokens: str | None = field(default=None, metadata={"custom_args": {"metavar": "A,B"}})
+    """the two tokens of --metric logit_diff, ids or text (e.g. 7,8)"""
 
     def __post_init__(self) -> None:
         check_heads_setting(self.heads)
@@ -135,10 +158,12 @@ class SweepConfig:
         _count("batch_size", self.batch_size, 1)
         if not isinstance(self.metric, str) or not self.metric.strip():
             raise SettingError("metric", f"expected a metric name such as entropy, got {self.metric!r}")
+        _check_tokens(self.metric, self.tokens)
 
     def sweep_kwargs(self) -> dict:
         """The keywords of :func:`~lensprobe.experiments.sweep.ablation_sweep` these settings give."""
-        return {"heads": self.heads, "method": self.ablation, "batch_size": self.batch_size}
+        return {"heads": self.heads, "method": self.ablation, "batch_size": self.batch_size,
+                "tokens": token_pair(self.tokens)}
 
 
 @dataclass(frozen=True)
@@ -151,7 +176,8 @@ class AttributionConfig:
     """
 
     metric: Literal["entropy", "logprob", "logit_diff"] = "entropy"
-    """entropy (next token, last position) | logprob (needs --answer) | logit_diff (needs --tokens)"""
+    """entropy (next token, last position) | logprob (needs --answer) | logit_diff (needs --tokens); attention
+    metrics carry no gradient: measure them exactly with lensprobe sweep"""
     attribution: AttributionMethod = "atp"
     """attribution method: atp, or atp* (with the QK fix and GradDrop)"""
     ablation: AblationMethod = "zero"
@@ -172,11 +198,7 @@ class AttributionConfig:
     def __post_init__(self) -> None:
         check_heads_setting(self.heads)
         _choice("metric", self.metric, ("entropy", "logprob", "logit_diff"))
-        if self.metric == "logit_diff" and not self.tokens:
-            raise SettingError("tokens", "metric logit_diff needs {setting} A,B (the two tokens compared, e.g. 7,8)")
-        if self.tokens is not None and len(self.tokens.split(",")) != 2:
-            raise SettingError("tokens", f"{{setting}} takes two tokens separated by a comma (e.g. 7,8 or ' 7',' 8'), got "
-                                         f"{self.tokens!r}")
+        _check_tokens(self.metric, self.tokens)
         _choice("attribution", self.attribution, ATTRIBUTION_METHODS)
         _choice("ablation", self.ablation, ABLATION_METHODS)
         _choice("unit", self.unit, ("head", "kv"))
@@ -184,13 +206,7 @@ class AttributionConfig:
         _count("sample", self.sample, 0)
         _count("batch_size", self.batch_size, 1)
 
-    def token_pair(self) -> tuple[int | str, ...] | None:
-        """``tokens`` as :func:`~lensprobe.experiments.attribution.attribute_heads` takes them ("7,8" -> (7, 8))."""
-        if self.tokens is None:
-            return None
-        return tuple(int(s) if s.strip().isdigit() else s for s in self.tokens.split(","))
-
     def attribution_kwargs(self) -> dict:
         """The keywords of :func:`~lensprobe.experiments.attribution.attribute_heads` these settings give."""
         return {"method": self.attribution, "ablation": self.ablation, "heads": self.heads, "unit": self.unit,
-                "batch_size": self.batch_size, "tokens": self.token_pair()}
+                "batch_size": self.batch_size, "tokens": token_pair(self.tokens)}

@@ -148,6 +148,18 @@ def test_cli_sweep(cli_on_tiny, tiny, tmp_path):
     assert (out / "sweep_heatmap.html").is_file() and json.loads((out / "sweep.json").read_text())["heads_swept"] == 8
 
 
+@pytest.mark.parametrize("metric, extra", [("logit_diff", ["--tokens", "5,9"]), ("attention:system", [])])
+def test_cli_sweep_takes_every_metric_of_the_vocabulary(cli_on_tiny, tiny, tmp_path, metric, extra):
+    out = tmp_path / "sw"
+    code = cli_on_tiny(["sweep", "--metric", metric, *extra, "--question", "What is 12+7?", "--heads", "L0H1,L1H2",
+                        "--out", str(out)])
+    assert code == 0
+    table = pd.read_csv(out / "sweep.csv", index_col="layer")
+    p = lp.build_prompt(tiny, "What is 12+7?", system=lp.MATH_SYSTEM_PROMPT)
+    res = lp.ablation_sweep(tiny, p, metric, heads=["L0H1", "L1H2"], tokens=(5, 9) if extra else None, progress=False)
+    assert table.to_numpy() == pytest.approx(res.table.to_numpy(), abs=1e-5, nan_ok=True)
+
+
 def test_cli_bad_heads(cli_on_tiny, tmp_path, capsys):
     code = cli_on_tiny(["ablate", "--heads", "L0X3", "--question", "q", "--out", str(tmp_path)])
     assert code == 2

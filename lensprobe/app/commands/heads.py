@@ -142,8 +142,9 @@ def add_sweep(subparsers) -> None:
 def run_sweep_command(args) -> int:
     args.out = check_out_dir(out_of(args, "sweep"), "sweep")  # before the model loads
     check_reference(args)
-    for answer in args.answer or [None]:
-        resolve_measure(args.metric, answer=answer)
+    if args.metric != "logit_diff":  # checked with its tokens once the model is loaded
+        for answer in args.answer or [None]:
+            resolve_measure(args.metric, answer=answer)
     rank, world = shard_info()  # under torchrun / accelerate launch: this process's share of the sweep
     with writing_out_dir(args.out, "sweep", rank=rank) as files:  # rank 0 writes the folder's files
         return _sweep(args, rank, world, files)
