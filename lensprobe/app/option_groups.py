@@ -138,7 +138,8 @@ class ProblemOptions:
     limit: int | None = field(default=None, metadata={"custom_args": {"type": positive_int}})
     """at most this many problems"""
     shuffle_seed: int | None = None
-    """shuffle problems with this seed before --limit"""
+    """the problem set's own seed: MATH-500 is shuffled with it before --limit; the arithmetic set is drawn from it
+    (default 0). --seed is the generation's seed only"""
 
 
 @dataclass(frozen=True)

@@ -109,3 +109,16 @@ def test_cli_eval_on_the_arithmetic_set_with_last_number_extraction(tmp_path, ca
     assert "--problems arithmetic generates its problems: drop --data and --subjects" in capsys.readouterr().err
     assert main(["eval", "--model", "tiny", "--extract", "flexible", "--out", str(tmp_path / "y")]) == 2
     assert "invalid choice: 'flexible'" in capsys.readouterr().err
+
+
+def test_the_arithmetic_set_is_drawn_from_the_problem_seed_not_the_generation_seed():
+    """``--shuffle-seed`` chooses the problem set (one meaning per flag); ``--seed`` is the generation's."""
+    from lensprobe.app.cli import build_parser
+    from lensprobe.app.commands.evals import problems_from_args
+
+    def problems(*flags):
+        return problems_from_args(build_parser().parse_args(["eval", "--problems", "arithmetic", "--limit", "4", *flags]))
+
+    assert problems() == lp.evals.arithmetic_problems(n=4, seed=0)
+    assert problems("--shuffle-seed", "3") == lp.evals.arithmetic_problems(n=4, seed=3) != problems()
+    assert problems("--seed", "3") == problems()

@@ -115,9 +115,9 @@ def problems_from_args(args) -> list:
                             seed=args.shuffle_seed)
     if args.data is not None or args.subjects is not None:
         raise LensprobeError("--problems arithmetic generates its problems: drop --data and --subjects "
-                             "(--limit, --levels and --seed choose the set).")
+                             "(--limit, --levels and --shuffle-seed choose the set).")
     return arithmetic_problems(n=args.limit if args.limit is not None else 300,
-                               seed=args.seed if args.seed is not None else 0, levels=args.levels)
+                               seed=args.shuffle_seed if args.shuffle_seed is not None else 0, levels=args.levels)
 
 
 def run_eval(args) -> int:
