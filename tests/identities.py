@@ -1,5 +1,6 @@
 """Helpers of the identity tests: interventions and metrics whose ``repr`` cannot tell two of them apart,
-and the result folders the previous format wrote (``tests/fixtures/old-format``, made by its ``make.py``)."""
+and the result folders earlier formats wrote (``tests/fixtures/old-format`` and ``two-files-format``, each made
+by its ``make.py``)."""
 
 import dataclasses
 import shutil
@@ -8,6 +9,7 @@ from pathlib import Path
 import torch
 
 OLD_FORMAT = Path(__file__).resolve().parent / "fixtures" / "old-format"
+TWO_FILES_FORMAT = Path(__file__).resolve().parent / "fixtures" / "two-files-format"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +53,12 @@ def logprob_of(token_id: int):
 def old_folder(kind: str, tmp_path: Path) -> Path:
     """A copy of the previous format's ``kind`` folder (``eval``, ``sweep``, ``patch`` or ``traces``)."""
     return Path(shutil.copytree(OLD_FORMAT / kind, tmp_path / f"old-{kind}"))
+
+
+def two_files_folder(kind: str, tmp_path: Path) -> Path:
+    """A copy of a ``kind`` folder (``eval`` or ``sweep``) of the layout before one settings file:
+    identities by content, an evaluation's ``config.json`` and a sharded run's ``shards.json``."""
+    return Path(shutil.copytree(TWO_FILES_FORMAT / kind, tmp_path / f"two-files-{kind}"))
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

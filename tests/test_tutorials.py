@@ -428,7 +428,7 @@ def check_05(cwd: Path, nb) -> None:
     stdout = _stdout(nb)
     assert "nothing generated: True" in stdout and "refused:" in stdout
     config = json.loads((out / "config.json").read_text(encoding="utf-8"))
-    assert set(config["conditions"]) == {"w/o", "w/ Mless", "w/ Mful"}
+    assert set(config["parts"]) == {"w/o", "w/ Mless", "w/ Mful"}
     assert (out / "report" / "index.html").is_file()
 
 

@@ -78,6 +78,7 @@ from lensprobe.core.prompts.conditions import (
     resolve_conditions,
 )
 from lensprobe.core.storage.identity import IdentityError, identity_digest, run_identity
+from lensprobe.core.storage.runconfig import run_hash
 from lensprobe.core.storage.shards import check_shard, my_units
 from lensprobe.core.storage.shards import (
     shard_info as shard_info,  # its old home: lensprobe.evals.harness.shard_info
@@ -89,6 +90,7 @@ from lensprobe.evals.data import Problem
 from lensprobe.evals.protocols import get_protocol
 from lensprobe.evals.results import (
     CONFIG_FILE,
+    EVAL_KIND,
     RESULTS_GLOB,
     prepare_folder,
     read_rows,
@@ -200,19 +202,19 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
     rank, world_size = check_shard(rank, world_size, out)
     name = str(model_name) if model_name is not None else model_label(model)
     run, cond_desc = _identities(model, conds, config, out)
-    info = RunInfo(name, identity_digest(run) if "identity" in run else None,
+    info = RunInfo(name, run_hash(EVAL_KIND, run) if "identity" in run else None,
                    {n: d["hash"] for n, d in cond_desc.items()}, rank)
     done: dict[tuple, dict] = {}
     with _nothing_left_if_refused(out, world_size):  # checks after the folder is prepared: intervention positions
         if out is not None:
-            out = prepare_folder(out, run, identity_digest(run), cond_desc, resume=resume or rank != 0,
-                                 labels={"model": name})
+            prepare_folder(out, run, cond_desc, resume=resume or rank != 0, labels={"model": name})
+            out = Path(out).expanduser()
             done = finished_rows(out, problems)
         mine = my_units(problems, rank, world_size)
         plan = plan_rows(model, mine, conds, done, config)
         tally = tally_rows(done, mine, conds)
         new_rows = run_plan(model, plan, config, info, tally, out=out, progress=progress, world_size=world_size)
-    grader = default_grader({"run": run})
+    grader = default_grader({"settings": run})
     if out is None:
         return mark_default_grader(result_table(new_rows, conds, problems), grader)
     expected = {(c.name, p.id, s) for c in conds for p in problems for s in range(config.n_samples)}

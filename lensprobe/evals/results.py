@@ -2,7 +2,9 @@
 
 Layout of an output folder::
 
-    config.json               run configuration, its hash, and every condition's description
+    config.json               the run's settings, its hash, and every condition's identity: the one
+                              layout of every run's settings (:mod:`lensprobe.core.storage.runconfig`),
+                              kind "evaluation", the conditions as its parts
     results-rank{R}.jsonl     one row per (condition, problem, sample), one file per process
 
 Every row is written and flushed as soon as it is graded (``fsync`` after each batch), so a
@@ -20,9 +22,9 @@ adopt them). Rows of one (condition, problem, sample) merge by the results store
 (:func:`~lensprobe.core.storage.store.merge_rows`, :func:`settled_rows`).
 
 The folder is kept by the results store, as sweeps, patching and trace sets are:
-``config.json`` is replaced atomically (:func:`~lensprobe.core.storage.store.atomic_write_json`), rows
-are appended by a :class:`~lensprobe.core.storage.rowfiles.RowWriter` (one locked file per process),
-the settings are compared with :func:`~lensprobe.core.storage.store.settings_diff`, and rank 0 of a
+``config.json`` is written and checked by :func:`~lensprobe.core.storage.runconfig.open_run` (replaced
+atomically; the settings that differ are listed), rows are appended by a
+:class:`~lensprobe.core.storage.rowfiles.RowWriter` (one locked file per process), and rank 0 of a
 sharded run waits for the other ranks with :func:`wait_for_rows`
 (:func:`~lensprobe.core.storage.store.wait_for_units`).
 """
@@ -34,32 +36,24 @@ from typing import TYPE_CHECKING
 
 from lensprobe.core.errors import LensprobeError, LensprobeWarning
 from lensprobe.core.lazy import pandas
-from lensprobe.core.storage.identity import check_identity_rule
 from lensprobe.core.storage.rowfiles import (
     RowWriter as RowWriter,  # its old home: lensprobe.evals.results.RowWriter
 )
 from lensprobe.core.storage.rowfiles import read_row_files
-from lensprobe.core.storage.store import (
-    atomic_write_json,
-    diff_lines,
-    merge_rows,
-    open_folder,
-    other_run_error,
-    read_json,
-    settings_diff,
-    wait_for_units,
-)
+from lensprobe.core.storage.runconfig import CONFIG_FILE, open_run, read_run
+from lensprobe.core.storage.store import merge_rows, wait_for_units
 from lensprobe.evals.rows_check import check_row, check_row_identity, same_verdicts
 from lensprobe.evals.verdicts import PAPER_EXACT, default_grader, mark_default_grader
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["CONFIG_FILE", "ROW_KEY", "DuplicateRowsWarning", "RowWriter", "load_many_results", "load_results",
+__all__ = ["CONFIG_FILE", "EVAL_KIND", "ROW_KEY", "DuplicateRowsWarning", "RowWriter", "load_many_results", "load_results",
            "prepare_folder", "read_config", "read_rows", "results_file", "rows_frame", "settled_rows",
            "wait_for_rows", "with_verdict_column"]
 
-CONFIG_FILE = "config.json"
+EVAL_KIND = "evaluation"
+"""The ``kind`` of an evaluation folder's ``config.json``."""
 RESULTS_GLOB = "results-rank*.jsonl"
 ROW_KEY = ("condition", "problem_id", "sample")
 
@@ -69,71 +63,47 @@ def results_file(out_dir: Path, rank: int) -> Path:
 
 
 def read_config(out_dir: str | os.PathLike) -> dict:
-    """The ``config.json`` of a result folder."""
-    path = Path(out_dir) / CONFIG_FILE
-    if not path.is_file():
-        _refuse_rows_without_config(Path(out_dir))
-        raise LensprobeError(f"{out_dir} holds no {CONFIG_FILE}: is it an evaluation output folder?")
-    return read_json(path, fix="restore or delete it")
+    """The ``config.json`` of an evaluation folder (the one layout of every run's settings,
+    :mod:`lensprobe.core.storage.runconfig`): ``settings`` (the model, generation settings),
+    ``parts`` (each condition's identity, in the order they were first run), ``labels``, ``hash``.
+
+    Raises:
+        LensprobeError: no ``config.json`` (rows without one are named), a folder of another kind
+            of run or of an older lensprobe.
+    """
+    return read_run(out_dir, EVAL_KIND, rows=RESULTS_GLOB)
 
 
-def _refuse_rows_without_config(out: Path) -> None:
-    """Refuse a folder that holds rows but no ``config.json``: whose rows they are cannot be checked,
-    and a new ``config.json`` would adopt them as this run's."""
-    for path, line_no, _ in read_row_files(out, RESULTS_GLOB):
-        raise LensprobeError(
-            f"{out} holds result rows ({path.name} line {line_no}, ...) but no {CONFIG_FILE}: the run they belong to "
-            f"cannot be checked, so they are neither counted nor resumed. Restore {CONFIG_FILE} (a copy of the run's), "
-            "or move the results-rank*.jsonl files away (or use a new output folder) to start over.")
-
-
-def prepare_folder(out_dir: str | os.PathLike, run: dict, run_hash: str, conditions: dict[str, dict],
-                   *, resume: bool = True, labels: dict | None = None) -> Path:
-    """Create or check an output folder for a run.
+def prepare_folder(out_dir: str | os.PathLike, run: dict, conditions: dict[str, dict], *, resume: bool = True,
+                   labels: dict | None = None) -> dict:
+    """Create or check an output folder for an evaluation (:func:`~lensprobe.core.storage.runconfig.open_run`).
 
     Args:
         out_dir: the folder.
         run: the run's identity (model, generation settings; :mod:`lensprobe.core.storage.identity`).
-        run_hash: hash of ``run``.
-        conditions: name -> identity (with a ``"hash"`` entry) of each condition.
+        conditions: name -> identity (with a ``"hash"`` entry) of each condition; a folder with the
+            same settings gains the conditions it does not hold yet.
         resume: ``False`` refuses a folder that already holds results.
         labels: names for people (the model's name), kept beside the identity and not compared.
 
+    Returns:
+        The folder's ``config.json`` after this run's conditions are added (its ``"hash"`` is what
+        every row of the run records).
+
     Raises:
-        LensprobeError: the folder holds another configuration, was written under an older
-            identity rule (:func:`~lensprobe.core.storage.identity.check_identity_rule`), or holds
-            results when ``resume=False``.
+        LensprobeError: the folder holds another configuration or kind of run (the settings that
+            differ are listed), was written by an older lensprobe, or holds results when
+            ``resume=False``.
 
     Example:
-        >>> prepare_folder("runs/x", {"identity": IDENTITY_VERSION}, "abc", {}).name
-        'x'
+        >>> prepare_folder("runs/x", {"identity": IDENTITY_VERSION}, {"w/o": {"hash": "c1"}})["kind"]
+        'evaluation'
     """
-    out = open_folder(out_dir)
-    path = out / CONFIG_FILE
-    if not path.is_file():
-        _refuse_rows_without_config(out)  # rows are never adopted by a new config.json
-    merged, kept = dict(conditions), dict(labels or {})
-    if path.is_file():
-        old = read_config(out)
-        check_identity_rule(old.get("run") or {}, out)
-        kept = old.get("labels") or kept
-        if old.get("config_hash") != run_hash:
-            raise other_run_error(f"{out} holds results of another configuration (hash {old.get('config_hash')}, "
-                                  f"this run {run_hash})", diff_lines(settings_diff(old.get("run", {}), run)) or ["(details differ)"])
-        for name, desc in conditions.items():
-            prev = old.get("conditions", {}).get(name)
-            if prev is not None and prev.get("hash") != desc.get("hash"):
-                raise other_run_error(f"{out} already holds condition {name!r} with a different definition",
-                                      diff_lines(settings_diff(prev, desc)),
-                                      fix="Rename the condition, use a new output folder, or delete this one.")
-        if not resume and any(out.glob(RESULTS_GLOB)):
-            raise LensprobeError(f"{out} already holds results and resume is off: pick a new folder.")
-        merged = {**old.get("conditions", {}), **conditions}
-        if merged == old.get("conditions"):
-            return out
-    # Keys keep their order: the conditions are listed in the order they were first run.
-    atomic_write_json(path, {"config_hash": run_hash, "run": run, "labels": kept, "conditions": merged}, indent=2)
-    return out
+    config = open_run(out_dir, EVAL_KIND, run, parts=conditions, labels=labels, rows=RESULTS_GLOB,
+                      part_name="condition")
+    if not resume and any(Path(out_dir).expanduser().glob(RESULTS_GLOB)):
+        raise LensprobeError(f"{out_dir} already holds results and resume is off: pick a new folder.")
+    return config
 
 
 def read_rows(out_dir: str | os.PathLike) -> list[dict]:
@@ -149,13 +119,12 @@ def read_rows(out_dir: str | os.PathLike) -> list[dict]:
             in a folder without ``config.json``.
     """
     out = Path(out_dir)
-    config = read_json(out / CONFIG_FILE, fix="restore or delete it") if (out / CONFIG_FILE).is_file() else None
+    config = None
     located = []
     for path, line_no, row in read_row_files(out, RESULTS_GLOB):
-        if config is None:
-            _refuse_rows_without_config(out)
+        config = config or read_config(out)  # rows without config.json are refused there
         row = check_row(row, path, line_no)
-        check_row_identity(row, config or {}, path, line_no)
+        check_row_identity(row, config, path, line_no)
         located.append((f"{path} line {line_no}", row))
     _merge(located)
     return [row for _, row in located]
@@ -247,7 +216,7 @@ def load_results(out_dir: str | os.PathLike):
     if not rows:
         return mark_default_grader(pd.DataFrame(columns=["condition", "problem_id", "sample"]), default_grader(cfg))
     df = rows_frame(rows)
-    order = {name: i for i, name in enumerate(cfg.get("conditions", {}))}
+    order = {name: i for i, name in enumerate(cfg["parts"])}
     df = df.assign(_c=df["condition"].map(order).fillna(len(order)))
     df = df.sort_values(["_c", "problem_id", "sample"], kind="stable").drop(columns="_c").reset_index(drop=True)
     return mark_default_grader(df, default_grader(cfg))
@@ -295,7 +264,7 @@ def load_many_results(folders) -> "pd.DataFrame":
             raise LensprobeError(f"{folder} holds no result rows yet.")
         defaults.add(df.attrs.get("default_grader"))
         label = folder.name if names.count(folder.name) == 1 else str(folder)
-        frames.append(df.assign(_folder=label, _hash=str(read_config(folder).get("config_hash"))))
+        frames.append(df.assign(_folder=label, _hash=str(read_config(folder)["hash"])))
     rows = pd.concat(frames, ignore_index=True)
     # One model run with other settings in another folder: tell them apart by folder name.
     for model, part in rows.groupby("model"):

@@ -131,15 +131,15 @@ def check_row_identity(row: dict, config: dict, path: str | Path, line_no: int) 
 
     Example:
         >>> check_row_identity({"condition": "w/o", "config_hash": "a1", "condition_hash": "c1"},
-        ...                    {"config_hash": "a1", "conditions": {"w/o": {"hash": "c1"}}}, Path("r.jsonl"), 1)
+        ...                    {"hash": "a1", "parts": {"w/o": {"hash": "c1"}}}, Path("r.jsonl"), 1)
     """
     fix = (f"rows of another run are neither counted nor resumed: move {Path(path).name} to the folder of the run "
            "that wrote it, or delete it (or the line) to run its rows again.")
-    got, want = row.get("config_hash"), config.get("config_hash")
+    got, want = row.get("config_hash"), config.get("hash")
     if got != want:
         raise LensprobeError(f"{path} line {line_no} records config_hash {got!r}, but the folder's config.json has "
                              f"{want!r}: {fix}")
-    described = config.get("conditions", {}).get(row["condition"])
+    described = config.get("parts", {}).get(row["condition"])
     want = described.get("hash") if isinstance(described, dict) else None
     if row.get("condition_hash") != want:
         has = f"records {want!r} for it" if described is not None else "does not describe it"

@@ -36,12 +36,12 @@ def default_grader(config: dict | None) -> str:
     their protocols), else ``math-verify``.
 
     Example:
-        >>> default_grader({"run": {"generation": {"prompt_format": "paper"}}})
+        >>> default_grader({"settings": {"generation": {"prompt_format": "paper"}}})
         'paper-exact'
-        >>> default_grader({"run": {"generation": {}}})
+        >>> default_grader({"settings": {"generation": {}}})
         'math-verify'
     """
-    generation = ((config or {}).get("run") or {}).get("generation") or {}
+    generation = ((config or {}).get("settings") or {}).get("generation") or {}
     paper = generation.get("prompt_format") == "paper" or bool(generation.get("protocol"))
     return PAPER_EXACT if paper else "math-verify"
 

@@ -73,8 +73,8 @@ def test_table_recipe_on_the_tiny_model(tmp_path, tiny):
     assert table[table["benchmark"] == "aime2024"]["n"].isna().all()  # no AIME data given: published only
     assert any("aime2024: no problems" in n and "--data aime2024=FILE" in n for n in res.notes)
     config = json.loads((out / "runs" / "math500" / "config.json").read_text())
-    assert config["run"]["generation"]["protocol"] == "arm-math500"
-    assert config["run"]["generation"]["max_new_tokens"] == 3
+    assert config["settings"]["generation"]["protocol"] == "arm-math500"
+    assert config["settings"]["generation"]["max_new_tokens"] == 3
     md = (out / "table.md").read_text()
     assert "not one of the paper's models" in md and "| 63.9 |" in md.replace(" 63.9 |", " 63.9 |")
     pd.testing.assert_frame_equal(pd.read_csv(out / "table.csv"), table.astype({"n": "float64"}), check_dtype=False)

@@ -52,11 +52,11 @@ import lensprobe as lp
 from lensprobe.app.cli import main
 from lensprobe.core.storage.outfolder import FOLDER_LOCK
 from lensprobe.core.storage.rowfiles import read_row_file
-from lensprobe.core.storage.store import ShardStore
+from lensprobe.core.storage.shards import ShardStore
 from lensprobe.evals.results import read_rows
 
 SHARD_FILE = "shard-rank0.jsonl"
-SETTINGS = "shards.json"
+SETTINGS = "config.json"
 QUESTIONS = ["What is 1+1?", "What is 12*3?", "What is 7-2?", "Name a prime.", "What is 2^5?", "Is 9 odd?"]
 SYSTEM = "Please reason step by step."
 HOOKS = [f"blocks.{layer}.{hook}" for layer in (0, 1) for hook in ("hook_resid_post", "attn.hook_z", "hook_mlp_out")]

@@ -12,12 +12,12 @@ import lensprobe.core.storage.shards as shards
 from lensprobe.core.storage.rowfiles import read_row_file
 from lensprobe.core.storage.shards import (
     ShardStore,
-    atomic_file,
     check_shard,
     my_units,
     run_sharded,
     shard_info,
 )
+from lensprobe.core.storage.store import atomic_file, atomic_write_json
 from lensprobe.generation.loop import trace_generation
 
 SHARD_VARS = ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE")
@@ -101,7 +101,7 @@ def test_ranks_merge_into_the_single_run_and_a_rerun_computes_nothing(tmp_path):
 def test_a_folder_of_another_run_is_refused(tmp_path):
     run_sharded(["a"], len, out=tmp_path, kind="demo", settings={"v": 1, "w": [1, 2]})
     run_sharded(["a"], len, out=tmp_path, kind="demo", settings={"v": 1, "w": (1, 2)})  # same as JSON
-    with pytest.raises(lp.LensprobeError, match="other settings: v differ. Use a new output folder"):
+    with pytest.raises(lp.LensprobeError, match=r"another 'demo' run:\n  v: folder has 1, this run has 2\nUse a new output folder"):
         run_sharded(["a"], len, out=tmp_path, kind="demo", settings={"v": 2, "w": [1, 2]})
     with pytest.raises(lp.LensprobeError, match="holds results of a 'demo' run, this is a 'sweep' run"):
         run_sharded(["a"], len, out=tmp_path, kind="sweep", settings={"v": 1, "w": [1, 2]})
@@ -126,7 +126,7 @@ def test_one_rank_is_run_by_one_process_at_a_time(tmp_path):
 
 def test_atomic_file_leaves_the_old_file_when_writing_fails(tmp_path):
     path = tmp_path / "r.json"
-    shards.atomic_write_json(path, {"a": 0.1})
+    atomic_write_json(path, {"a": 0.1})
     with pytest.raises(RuntimeError, match="disk gone"), atomic_file(path) as tmp:
         tmp.write_text('{"a": 0.')
         raise RuntimeError("disk gone")
@@ -157,7 +157,7 @@ def test_sharded_sweep_equals_the_single_run_bit_for_bit(tiny, prompts, tmp_path
     before = mtimes(tmp_path)
     again = lp.ablation_sweep(tiny, prompts[:2], **kw, out=tmp_path)
     assert torch.equal(again.ablated, single.ablated) and mtimes(tmp_path) == before  # nothing recomputed
-    with pytest.raises(lp.LensprobeError, match="other settings: batch_size differ"):
+    with pytest.raises(lp.LensprobeError, match="batch_size: folder has 3, this run has 4"):
         lp.ablation_sweep(tiny, prompts[:2], "entropy", batch_size=4, progress=False, out=tmp_path)
     with pytest.raises(lp.LensprobeError, match="needs an output folder"):
         lp.ablation_sweep(tiny, prompts[:2], **kw, rank=0, world_size=2)
@@ -203,7 +203,7 @@ def test_sharded_trace_set_equals_one_trace_per_prompt(tiny, prompts, tmp_path):
     before = mtimes(tmp_path)
     again = lp.generation.trace_prompts(tiny, prompts, out=tmp_path, **kw)
     assert mtimes(tmp_path) == before and torch.equal(again[2].entropy_rows, merged[2].entropy_rows)
-    with pytest.raises(lp.LensprobeError, match="other settings: generation differ"):
+    with pytest.raises(lp.LensprobeError, match="generation.max_new_tokens: folder has 6, this run has 7"):
         lp.generation.trace_prompts(tiny, prompts, out=tmp_path, max_new_tokens=7, track={"system": "system"})
     named = lp.generation.trace_prompts(tiny, {"sum": prompts[0], "product": prompts[2]}, **kw)  # in memory
     assert list(named) == ["sum", "product"] and named["product"].texts == merged[2].texts

@@ -8,9 +8,8 @@ import pytest
 
 import lensprobe as lp
 from lensprobe.core.storage.rowfiles import RowWriter, read_row_files
-from lensprobe.core.storage.shards import run_sharded
+from lensprobe.core.storage.shards import ShardStore, run_sharded
 from lensprobe.core.storage.store import (
-    ShardStore,
     diff_lines,
     merge_rows,
     open_folder,
@@ -223,11 +222,11 @@ def test_done_over_several_ranks_files_returns_every_ranks_units(tmp_path):
 def test_a_reopened_rows_file_keeps_its_earlier_rows(tmp_path):
     from lensprobe.evals.results import prepare_folder, read_rows, results_file, settled_rows
 
-    prepare_folder(tmp_path, {"x": 1}, "h1", {"w/o": {"hash": "c1"}})
+    h1 = prepare_folder(tmp_path, {"x": 1}, {"w/o": {"hash": "c1"}})["hash"]
 
     def row(problem: str) -> dict:
         return {"condition": "w/o", "problem_id": problem, "sample": 0, "finish": "eos", "math-verify": True,
-                "config_hash": "h1", "condition_hash": "c1"}
+                "config_hash": h1, "condition_hash": "c1"}
 
     for rank, problems in ((0, ["a"]), (0, ["b"]), (1, ["c"])):  # rank 0 closes and reopens its file
         with RowWriter(results_file(tmp_path, rank)) as writer:

@@ -243,9 +243,9 @@ def test_pass_at_k():
 
 # ----------------------------------------------------------------------------- result folders
 def test_partial_last_line_is_ignored_and_repaired(tmp_path):
-    prepare_folder(tmp_path, {"x": 1}, "h1", {"c": {"hash": "a"}})
+    h1 = prepare_folder(tmp_path, {"x": 1}, {"c": {"hash": "a"}})["hash"]
     path = tmp_path / "results-rank0.jsonl"
-    good = {"condition": "c", "problem_id": "p1", "sample": 0, "config_hash": "h1", "condition_hash": "a"}
+    good = {"condition": "c", "problem_id": "p1", "sample": 0, "config_hash": h1, "condition_hash": "a"}
     path.write_text(json.dumps(good) + "\n" + '{"condition": "c", "problem_id": "p2", "sa', encoding="utf-8")
     assert read_rows(tmp_path) == [good]
     assert len(load_results(tmp_path)) == 1
@@ -256,8 +256,8 @@ def test_partial_last_line_is_ignored_and_repaired(tmp_path):
 
 
 def test_damaged_middle_line_is_an_error(tmp_path):
-    prepare_folder(tmp_path, {"x": 1}, "h1", {"c": {"hash": "a"}})
-    row = '{"condition": "c", "problem_id": "p1", "sample": 0, "config_hash": "h1", "condition_hash": "a"}'
+    h1 = prepare_folder(tmp_path, {"x": 1}, {"c": {"hash": "a"}})["hash"]
+    row = json.dumps({"condition": "c", "problem_id": "p1", "sample": 0, "config_hash": h1, "condition_hash": "a"})
     (tmp_path / "results-rank0.jsonl").write_text(f"{row}\nnot json\n{row}\n", encoding="utf-8")
     with pytest.raises(lp.LensprobeError, match="line 2 is not valid JSON"):
         read_rows(tmp_path)
@@ -271,12 +271,12 @@ def test_one_writer_per_results_file(tmp_path):
 
 
 def test_prepare_folder_refuses_other_configuration(tmp_path):
-    prepare_folder(tmp_path, {"identity": IDENTITY_VERSION, "generation": {"max_new_tokens": 16}}, "h1", {"w/o": {"hash": "a"}})
-    with pytest.raises(lp.LensprobeError, match=r"(?s)another configuration.*max_new_tokens: folder has 16"):
-        prepare_folder(tmp_path, {"identity": IDENTITY_VERSION, "generation": {"max_new_tokens": 32}}, "h2", {"w/o": {"hash": "a"}})
+    prepare_folder(tmp_path, {"identity": IDENTITY_VERSION, "generation": {"max_new_tokens": 16}}, {"w/o": {"hash": "a"}})
+    with pytest.raises(lp.LensprobeError, match=r"another 'evaluation' run:\n  generation\.max_new_tokens: folder has 16, this run has 32\n"):
+        prepare_folder(tmp_path, {"identity": IDENTITY_VERSION, "generation": {"max_new_tokens": 32}}, {"w/o": {"hash": "a"}})
     with pytest.raises(lp.LensprobeError, match="different definition"):
-        prepare_folder(tmp_path, {"identity": IDENTITY_VERSION, "generation": {"max_new_tokens": 16}}, "h1", {"w/o": {"hash": "b"}})
+        prepare_folder(tmp_path, {"identity": IDENTITY_VERSION, "generation": {"max_new_tokens": 16}}, {"w/o": {"hash": "b"}})
     # a new condition joins the folder
-    prepare_folder(tmp_path, {"identity": IDENTITY_VERSION, "generation": {"max_new_tokens": 16}}, "h1", {"w/ Mful": {"hash": "c"}})
+    prepare_folder(tmp_path, {"identity": IDENTITY_VERSION, "generation": {"max_new_tokens": 16}}, {"w/ Mful": {"hash": "c"}})
     cfg = json.loads((tmp_path / "config.json").read_text())
-    assert set(cfg["conditions"]) == {"w/o", "w/ Mful"}
+    assert set(cfg["parts"]) == {"w/o", "w/ Mful"}

@@ -34,8 +34,8 @@ def test_the_model_name_is_a_label_beside_the_identity(tiny, tmp_path):
     run(tiny, "w/o", tmp_path, model_name="mine")
     run(tiny, "w/o", tmp_path, model_name="renamed")  # the same weights: the same run
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["labels"] == {"model": "mine"} and "name" not in config["run"]["model"]
-    assert config["run"]["identity"] == 1 and len(config["run"]["model"]["weights"]) == 16
+    assert config["labels"] == {"model": "mine"} and "name" not in config["settings"]["model"]
+    assert config["settings"]["identity"] == 1 and len(config["settings"]["model"]["weights"]) == 16
 
 
 def test_an_evaluation_of_the_previous_format_is_refused_with_why(tiny, tmp_path):

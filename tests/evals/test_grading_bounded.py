@@ -103,4 +103,4 @@ def test_the_eval_command_passes_grade_timeout_to_grading_and_records_it(tmp_pat
             "--max-new-tokens", "2", "--grade-timeout", "9", "--no-progress", "--out", str(out)]
     assert main(argv) == 0
     assert seen and set(seen) == {9}
-    assert json.loads((out / "config.json").read_text())["run"]["generation"]["grade_timeout"] == 9
+    assert json.loads((out / "config.json").read_text())["settings"]["generation"]["grade_timeout"] == 9

@@ -113,9 +113,9 @@ def test_rows_hold_prompt_grades_and_hashes(tiny, tmp_path):
                      model_name="tiny")
     assert list(df["problem_id"]) == ["q0", "q1", "q2"]
     cfg = json.loads((tmp_path / "config.json").read_text())
-    assert (df["config_hash"] == cfg["config_hash"]).all()
-    assert (df["condition_hash"] == cfg["conditions"][cond.name]["hash"]).all()
-    template = cfg["conditions"][cond.name]["prompt_template"]
+    assert (df["config_hash"] == cfg["hash"]).all()
+    assert (df["condition_hash"] == cfg["parts"][cond.name]["hash"]).all()
+    template = cfg["parts"][cond.name]["prompt_template"]
     assert [template.replace("{question}", p.problem) for p in probs] == list(df["prompt"])
     # every row wrote the scripted answer and stopped; only the problem whose answer is 1 is right
     assert list(df["generation"]) == [text] * 3 and list(df["finish"]) == ["eos"] * 3
@@ -154,7 +154,7 @@ def test_resume_skips_finished_rows_and_extends(tiny, tmp_path):
     # a new condition joins the folder; another setting is refused
     lp.evaluate(tiny, probs[:2], "w/ Mless", out=tmp_path, max_new_tokens=8, progress=False)
     assert len(load_results(tmp_path)) == 14
-    with pytest.raises(lp.LensprobeError, match=r"(?s)another configuration.*max_new_tokens"):
+    with pytest.raises(lp.LensprobeError, match=r"another 'evaluation' run:\n  generation\.max_new_tokens: folder has 8, this run has 9"):
         lp.evaluate(tiny, probs, "w/o", out=tmp_path, max_new_tokens=9, progress=False)
     other = Condition("w/o", system="Another system prompt.")
     with pytest.raises(lp.LensprobeError, match="different definition"):
@@ -165,7 +165,7 @@ def test_resume_skips_finished_rows_and_extends(tiny, tmp_path):
     with pytest.raises(lp.LensprobeError, match="resume is off"):
         lp.evaluate(tiny, probs, "w/o", out=tmp_path, max_new_tokens=8, progress=False, resume=False)
     # a different model is another configuration
-    with pytest.raises(lp.LensprobeError, match="another configuration"):
+    with pytest.raises(lp.LensprobeError, match=r"another 'evaluation' run:\n  model\."):
         lp.evaluate(tiny_model(seed=1), probs, "w/o", out=tmp_path, max_new_tokens=8, progress=False)
 
 
@@ -434,7 +434,7 @@ def test_cli_eval_and_eval_report(tmp_path, capsys):
     assert "unknown condition 'bogus'" in capsys.readouterr().err
     assert main(["eval", "--model", "tiny", "--data", str(data), "--max-new-tokens", "7", "--out", str(out),
                  "--conditions", "w/o", "--no-progress"]) == 2
-    assert "another configuration" in capsys.readouterr().err
+    assert "another 'evaluation' run" in capsys.readouterr().err
     # --ablate-heads adds an ablated copy of every condition
     abl = tmp_path / "abl"
     assert main(["eval", "--model", "tiny", "--data", str(data), "--conditions", "w/o", "--ablate-heads", "L0H1",

@@ -45,8 +45,8 @@ def test_paper_format_rows_hold_the_authors_string(tiny, tmp_path):
         assert list(rows["prompt"]) == texts
         assert list(rows["prompt_tokens"]) == [len(tiny.tokenizer(t).input_ids) for t in texts]
     cfg = json.loads((tmp_path / "config.json").read_text())
-    assert cfg["run"]["generation"]["prompt_format"] == "paper"
-    assert cfg["conditions"]["w/ Mless"]["prompt_template"] == PAPER_SYSTEM_PROMPT + MLESS + "{question}"
+    assert cfg["settings"]["generation"]["prompt_format"] == "paper"
+    assert cfg["parts"]["w/ Mless"]["prompt_template"] == PAPER_SYSTEM_PROMPT + MLESS + "{question}"
     # the chat format of the same run is another configuration
     with pytest.raises(lp.LensprobeError, match="prompt_format: folder has 'paper', this run has '<missing>'"):
         lp.evaluate(tiny, probs, "w/o", out=tmp_path, max_new_tokens=6, progress=False)
@@ -56,7 +56,7 @@ def test_paper_format_rows_hold_the_authors_string(tiny, tmp_path):
 def test_the_chat_format_is_left_out_of_the_identity(tiny, tmp_path):
     lp.evaluate(tiny, problems(1), "w/o", out=tmp_path, max_new_tokens=4, progress=False)
     cfg = json.loads((tmp_path / "config.json").read_text())
-    assert "prompt_format" not in cfg["run"]["generation"]
+    assert "prompt_format" not in cfg["settings"]["generation"]
     assert identity(EvalConfig(max_new_tokens=4)) == identity(EvalConfig(max_new_tokens=4, prompt_format="chat"))
     assert identity(EvalConfig(max_new_tokens=4, prompt_format="paper"))["prompt_format"] == "paper"
     with pytest.raises(lp.LensprobeError, match=r"unknown prompt_format 'raw': use one of \('chat', 'paper'\)"):
@@ -149,10 +149,10 @@ def test_arm_names_attach_the_given_arm(tiny, tmp_path):
     assert list(dict.fromkeys(df["condition"])) == ["w/o", "ARM", "w/ Mless+ARM"]
     cfg = json.loads((tmp_path / "config.json").read_text())
     for name in ("ARM", "w/ Mless+ARM"):
-        (desc,) = cfg["conditions"][name]["interventions"]
+        (desc,) = cfg["parts"][name]["interventions"]
         assert desc == {".type": "lensprobe.interventions.arm.ARM", "c": 0.5, "percentile": 95, "seed": 0}  # run's seed
-    assert cfg["conditions"]["ARM"]["prompt_template"] == cfg["conditions"]["w/o"]["prompt_template"]
-    assert cfg["conditions"]["w/o"]["interventions"] == []
+    assert cfg["parts"]["ARM"]["prompt_template"] == cfg["parts"]["w/o"]["prompt_template"]
+    assert cfg["parts"]["w/o"]["interventions"] == []
 
 
 def test_arm_rows_are_deterministic_under_a_seed(tiny):
@@ -203,9 +203,9 @@ def test_cli_prompt_format_and_arm_options(tmp_path, capsys):
                  "--max-new-tokens", "4", "--out", str(out), "--no-progress"]) == 0
     capsys.readouterr()
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["run"]["generation"]["prompt_format"] == "paper" and cfg["run"]["generation"]["max_new_tokens"] == 4
-    assert cfg["conditions"]["w/ Mless"]["prompt_template"] == PAPER_SYSTEM_PROMPT + MLESS + "{question}"
-    assert cfg["conditions"]["ARM"]["interventions"][0] == {".type": "lensprobe.interventions.arm.ARM", "c": 0.5,
+    assert cfg["settings"]["generation"]["prompt_format"] == "paper" and cfg["settings"]["generation"]["max_new_tokens"] == 4
+    assert cfg["parts"]["w/ Mless"]["prompt_template"] == PAPER_SYSTEM_PROMPT + MLESS + "{question}"
+    assert cfg["parts"]["ARM"]["interventions"][0] == {".type": "lensprobe.interventions.arm.ARM", "c": 0.5,
                                                             "percentile": 95, "seed": 0}  # as lp.ARM(c=0.5, percentile=95)
     assert "paper-exact" in load_results(out).columns
     assert main(["eval", "--model", "tiny", "--data", str(data), "--conditions", "ARM", "--arm-c", "0.5",

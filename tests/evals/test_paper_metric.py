@@ -53,7 +53,7 @@ def test_verdict_columns_are_any_boolean_column():
         accuracy(df, grader="exact")
     with pytest.raises(lp.LensprobeError, match=r"column 'problem_id' does not hold verdicts"):
         accuracy(df, grader="problem_id")
-    assert default_grader({"run": {"generation": {"protocol": "arm-math500", "prompt_format": "paper"}}}) == \
+    assert default_grader({"settings": {"generation": {"protocol": "arm-math500", "prompt_format": "paper"}}}) == \
         "paper-exact"
 
 
@@ -73,7 +73,7 @@ def test_avg_at_k_is_the_mean_of_the_runs():
 def test_pass3_protocol_is_recorded_and_grades_the_generation_alone(tmp_path, tiny):
     rows = lp.evaluate(tiny, _problems(2), "w/o", out=tmp_path / "p3", protocol="arm-aime-pass3", n_samples=3,
                        max_new_tokens=3, progress=False)
-    gen = json.loads((tmp_path / "p3" / "config.json").read_text())["run"]["generation"]
+    gen = json.loads((tmp_path / "p3" / "config.json").read_text())["settings"]["generation"]
     assert (gen["protocol"], gen["prompt_format"], gen["do_sample"], gen["n_samples"]) == \
         ("arm-aime-pass3", "paper", True, 3)
     assert rows["prompt"].str.startswith("Please reason step by step and put your final answer within \\boxed{}.").all()
@@ -129,4 +129,4 @@ def test_cli_summary_shows_pass_at_k_and_avg_under_the_pass3_protocol(tmp_path, 
     table = pass_at_k_table(rows, 3, grader="paper-exact").iloc[0]
     assert re.search(rf"w/o\s+pass@3\s+{100 * table['pass@3']:5.1f}%\s+avg\s+{100 * table['avg']:5.1f}%", printed)
     assert "(2 problems, 6 samples)" in printed
-    assert json.loads((out / "config.json").read_text())["run"]["generation"]["protocol"] == "arm-aime-pass3"
+    assert json.loads((out / "config.json").read_text())["settings"]["generation"]["protocol"] == "arm-aime-pass3"

@@ -127,9 +127,9 @@ def test_an_evaluation_stops_at_the_first_row_after_its_folder_is_deleted(tiny, 
     assert len(made) == 2  # noticed at the next row, not after every generation
 
 
-def write_folder(out, model: str, verdicts: dict[str, list[bool]], config_hash: str = "h1"):
+def write_folder(out, model: str, verdicts: dict[str, list[bool]], settings: dict | None = None):
     """A result folder written by hand: per condition, one math-verify verdict per problem."""
-    prepare_folder(out, {"model": model}, config_hash, {c: {"hash": c} for c in verdicts})
+    config_hash = prepare_folder(out, {"model": model, **(settings or {})}, {c: {"hash": c} for c in verdicts})["hash"]
     with RowWriter(results_file(out, 0)) as writer:
         for cond, marks in verdicts.items():
             for i, ok in enumerate(marks):
@@ -165,7 +165,7 @@ def test_rows_in_two_folders_of_one_run_are_counted_once(tmp_path):
     with pytest.warns(DuplicateRowsWarning, match=r"6 row\(s\) of copy are also in a folder given before it"):
         rows = load_many_results([a, copy])
     assert len(rows) == 6 and mcnemar_n(rows) == 3 and set(rows["model"]) == {"m"}
-    other = write_folder(tmp_path / "b", "m", {"w/o": [False] * 3, "w/ Mless": [True] * 3}, config_hash="h2")
+    other = write_folder(tmp_path / "b", "m", {"w/o": [False] * 3, "w/ Mless": [True] * 3}, settings={"other": 2})
     both = load_many_results([a, other])  # other settings: told apart, each counted once
     assert len(both) == 12 and set(both["model"]) == {"m (a)", "m (b)"}
     cmp = summary_tables(both)["comparisons"]

@@ -137,7 +137,7 @@ def test_rows_of_another_run_are_refused_by_eval_report_and_by_a_resume(copy, ti
     """Rows recording another config_hash used to be counted by eval-report and taken as finished on resume."""
     shutil.copy(other_run_rows, results_file(copy, 1))
     theirs = json.loads(other_run_rows.read_text().splitlines()[0])["config_hash"]
-    ours = json.loads((copy / "config.json").read_text())["config_hash"]
+    ours = json.loads((copy / "config.json").read_text())["hash"]
     assert theirs != ours
     refused = (rf"results-rank1\.jsonl line 1 records config_hash '{theirs}', but the folder's config\.json has "
                rf"'{ours}': rows of another run are neither counted nor resumed: move results-rank1\.jsonl to the "

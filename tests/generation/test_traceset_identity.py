@@ -18,11 +18,11 @@ def test_a_trace_set_of_another_intervention_is_refused(tiny, prompt, tmp_path):
     again = lp.generation.trace_prompts(tiny, [prompt], max_new_tokens=3, interventions=[AddRow(a.clone())], out=tmp_path / "t")
     assert again[0].texts == first[0].texts
     before = snapshot(tmp_path / "t")
-    with pytest.raises(lp.LensprobeError, match="other settings: interventions differ"):
+    with pytest.raises(lp.LensprobeError, match=r"\n  interventions\.0\.\S+: folder has "):
         lp.generation.trace_prompts(tiny, [prompt], max_new_tokens=3, interventions=[AddRow(b)], out=tmp_path / "t")
     assert snapshot(tmp_path / "t") == before
     lp.generation.trace_prompts(tiny, [prompt], max_new_tokens=3, interventions=[Shift(0.5)], out=tmp_path / "s")
-    with pytest.raises(lp.LensprobeError, match="other settings: interventions differ"):
+    with pytest.raises(lp.LensprobeError, match=r"\n  interventions\.0\.\S+: folder has "):
         lp.generation.trace_prompts(tiny, [prompt], max_new_tokens=3, interventions=[Shift(0.25)], out=tmp_path / "s")
 
 

@@ -27,13 +27,13 @@ def test_a_sweep_of_another_intervention_or_metric_is_refused(tiny, prompts, tmp
     again = sweep(tiny, prompts[0], tmp_path / "t", interventions=[AddRow(a.clone())])  # the same content resumes
     assert again.table.equals(first.table)
     before = snapshot(tmp_path / "t")
-    with pytest.raises(lp.LensprobeError, match="other settings: interventions differ"):
+    with pytest.raises(lp.LensprobeError, match=r"\n  interventions\.0\.\S+: folder has "):
         sweep(tiny, prompts[0], tmp_path / "t", interventions=[AddRow(b)])
     sweep(tiny, prompts[0], tmp_path / "s", interventions=[Shift(0.5)])
-    with pytest.raises(lp.LensprobeError, match="other settings: interventions differ"):
+    with pytest.raises(lp.LensprobeError, match=r"\n  interventions\.0\.\S+: folder has "):
         sweep(tiny, prompts[0], tmp_path / "s", interventions=[Shift(0.25)])
     sweep(tiny, prompts[0], tmp_path / "m", metric=logprob_of(3))
-    with pytest.raises(lp.LensprobeError, match="other settings: metric differ"):
+    with pytest.raises(lp.LensprobeError, match=r"metric\.closure\.token_id: folder has 3, this run has 4"):
         sweep(tiny, prompts[0], tmp_path / "m", metric=logprob_of(4))
     assert snapshot(tmp_path / "t") == before
 
@@ -46,7 +46,7 @@ def test_a_patch_of_another_metric_is_refused(tiny, prompts, tmp_path):
     first = run(logprob_of(3), tmp_path)
     assert run(logprob_of(3), tmp_path).to_dataframe().equals(first.to_dataframe())
     before = snapshot(tmp_path)
-    with pytest.raises(lp.LensprobeError, match="other settings: metric differ"):
+    with pytest.raises(lp.LensprobeError, match=r"metric\.closure\.token_id: folder has 3, this run has 4"):
         run(logprob_of(4), tmp_path)
     assert snapshot(tmp_path) == before
 

@@ -75,7 +75,7 @@ def untrusted_eval_folder(root: Path) -> Path:
     """A result folder whose model, condition names, questions and generations are payloads."""
     out = root / f"run {FOLDER_PAYLOAD}"
     conditions = PAYLOADS[:3]
-    prepare_folder(out, {"model": PAYLOADS[3]}, "h1", {c: {"hash": str(i)} for i, c in enumerate(conditions)})
+    config_hash = prepare_folder(out, {"model": PAYLOADS[3]}, {c: {"hash": str(i)} for i, c in enumerate(conditions)})["hash"]
     with RowWriter(results_file(out, 0)) as writer:
         for i, cond in enumerate(conditions):
             for p in range(3):
@@ -84,7 +84,7 @@ def untrusted_eval_folder(root: Path) -> Path:
                               "level": 1 + p, "subject": PAYLOADS[4], "answer": PAYLOADS[1],
                               "prediction": PAYLOADS[0], "math-verify": ok, "paper": ok, "paper-lenient": ok,
                               "paper-exact": ok, "finish": PAYLOADS[2], "generation": " ".join(PAYLOADS),
-                              "prompt": PAYLOADS[0], "problem": PAYLOADS[4], "config_hash": "h1",
+                              "prompt": PAYLOADS[0], "problem": PAYLOADS[4], "config_hash": config_hash,
                               "condition_hash": str(i)})
     return out
 

@@ -12,7 +12,7 @@ lists the files it wrote in :data:`PAGES_FILE` (:func:`replace_pages`) and delet
 the folder's earlier run listed and this run did not write again, so a rerun with other
 settings leaves no page of the earlier run behind (a run that stops early deletes nothing:
 its files are listed, and cleared, by the next run that ends). Result files kept by the store
-(``config.json``, ``shards.json``, rows and shard files) are never listed: a run with other
+(``config.json``, rows and shard files) are never listed: a run with other
 settings is refused on them instead.
 
 Example:

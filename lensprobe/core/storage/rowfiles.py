@@ -1,7 +1,7 @@
 """Row files of the results store: append-only JSON Lines that survive crashes, one per process.
 
 A run that produces rows (an evaluation: one row per condition, problem and sample; a sharded
-run of :class:`~lensprobe.core.storage.store.ShardStore`: one row per finished unit) gives each
+run of :class:`~lensprobe.core.storage.shards.ShardStore`: one row per finished unit) gives each
 process its own file (``results-rank{R}.jsonl``, ``shard-rank{R}.jsonl``), written by a
 :class:`RowWriter`: one ``os.write`` per row, ``fsync`` when its writer syncs (an evaluation
 after each batch, a sharded run after each row), a lock while open, a row cut short by a crash
@@ -79,7 +79,7 @@ class RowWriter:
     Holds a :class:`~lensprobe.core.storage.locks.FileLock` beside the file (``.results-rank{R}.jsonl.lock``),
     so two processes never write the same file (run sharded processes with distinct ranks); a
     lock left by a killed process is taken over with a warning. A caller that already holds a
-    lock covering the file (a :class:`~lensprobe.core.storage.store.ShardStore`'s rank lock)
+    lock covering the file (a :class:`~lensprobe.core.storage.shards.ShardStore`'s rank lock)
     passes ``locked=True``, and the writer takes no lock of its own. A failed write or ``fsync``
     (a full disk, a lost network mount) raises at once, saying how many rows are safely on
     disk; a row cut short by a failed write is removed.

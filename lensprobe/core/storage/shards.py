@@ -7,8 +7,8 @@ processes a launcher starts (``torchrun``, ``accelerate launch``, ``srun``, ``mp
 - :func:`shard_info` reads this process's ``(rank, world_size)`` from the environment;
 - :func:`my_units` gives rank ``r`` every ``world_size``-th unit, starting at unit ``r``;
 - :func:`run_sharded` computes this rank's units that are not on disk yet, keeping each result
-  in the results store (:class:`~lensprobe.core.storage.store.ShardStore`: ``shards.json`` with what the
-  run computes and its hash, one ``shard-rank{R}.jsonl`` per process, to which each finished unit
+  in the results store (:class:`ShardStore`: ``config.json`` with what the run computes and its hash
+  (:mod:`lensprobe.core.storage.runconfig`), one ``shard-rank{R}.jsonl`` per process, to which each finished unit
   is appended as one row and fsynced before the next unit starts, so a crash loses at most the
   unit being computed), and on rank 0 waits for the other ranks' files
   (:func:`~lensprobe.core.storage.store.wait_for_units`) and returns every unit's result.
@@ -27,26 +27,31 @@ Example:
     {'a': 1, 'b': 1}
 """
 
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 from tqdm.auto import tqdm
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.storage.identity import check_identity_rule
+from lensprobe.core.storage.locks import FileLock
+from lensprobe.core.storage.rowfiles import RowWriter, read_row_file
+from lensprobe.core.storage.runconfig import OLD_SETTINGS_FILE, open_run
+from lensprobe.core.storage.store import (
+    POLL_SECONDS,
+    merge_rows,
+    open_folder,
+    other_run_error,
+    wait_for_units,
+)
 
-# The results store, re-exported from its old home (lensprobe.core.storage.shards.ShardStore ...).
-from lensprobe.core.storage.store import POLL_SECONDS as POLL_SECONDS
-from lensprobe.core.storage.store import SETTINGS_FILE as SETTINGS_FILE
-from lensprobe.core.storage.store import STALL_TIMEOUT as STALL_TIMEOUT
-from lensprobe.core.storage.store import ShardStore as ShardStore
-from lensprobe.core.storage.store import atomic_file as atomic_file
-from lensprobe.core.storage.store import atomic_write_json as atomic_write_json
-from lensprobe.core.storage.store import open_folder, read_json
+__all__ = ["ShardStore", "bind_local_gpu", "check_shard", "my_units", "run_sharded", "shard_info"]
 
-__all__ = ["bind_local_gpu", "check_shard", "my_units", "run_sharded", "shard_info"]
+_RANK_FILE = "shard-rank{}.jsonl"
+_OLD_RANK_FILE = "shard-rank{}.json"
 
 T = TypeVar("T")
 
@@ -150,7 +155,7 @@ def run_sharded(units: Sequence[str], compute: Callable[[str], Any], *, out: str
     Args:
         units: unit names (unique strings), in a fixed order every process agrees on.
         compute: ``unit -> JSON-able result``; called only for this rank's units not on disk.
-        out: the folder where the processes' results meet (see :class:`~lensprobe.core.storage.store.ShardStore`);
+        out: the folder where the processes' results meet (see :class:`ShardStore`);
             ``None`` computes every unit in memory (no sharding, no resuming).
         kind, settings: what the run computes, for refusing a folder of another run. Settings
             built by :func:`~lensprobe.core.storage.identity.run_identity` name their identity rule, and a
@@ -183,9 +188,6 @@ def run_sharded(units: Sequence[str], compute: Callable[[str], Any], *, out: str
     if out is None:
         with tqdm(units, desc=label, unit="unit", disable=not progress) as bar:
             return {u: compute(u) for u in bar}
-    recorded = open_folder(out) / SETTINGS_FILE
-    if "identity" in settings and recorded.is_file():
-        check_identity_rule(read_json(recorded).get("settings") or {}, out)
     with ShardStore(out, kind, settings, rank=rank) as store:
         done = store.done()
         mine = my_units(units, rank, world_size)
@@ -198,3 +200,122 @@ def run_sharded(units: Sequence[str], compute: Callable[[str], Any], *, out: str
         if rank == 0 and world_size > 1:
             return store.wait(units, world_size, stall_timeout=stall_timeout)
         return {u: done[u] for u in (units if world_size == 1 else mine)}
+
+
+class ShardStore:
+    """One sharded run's folder: its settings, and every finished unit of every rank.
+
+    ``config.json`` holds what the run computes and its hash
+    (:func:`~lensprobe.core.storage.runconfig.open_run`, the one layout of every run's settings); each rank appends one row per
+    finished unit, ``{"unit": name, "result": value}``, to ``shard-rank{R}.jsonl`` (a
+    :class:`~lensprobe.core.storage.rowfiles.RowWriter`: one ``os.write`` per row, ``fsync``
+    before :meth:`record` returns), so a finished unit survives a kill and a crash loses at most
+    the unit being computed (a row cut short is skipped by readers and cut off before this rank
+    appends again). Rows are never rewritten: recording a unit costs the same however many are
+    on disk.
+
+    Args:
+        out: the folder (created if missing); every process of the run passes the same one.
+        kind: what the run computes (``"ablation sweep"``, ``"patch"``, ``"trace set"``, ...).
+        settings: JSON-able description of everything that changes the results; a folder
+            holding another kind or other settings is refused.
+        rank: this process's rank; it alone appends to ``shard-rank{rank}.jsonl`` (locked while open).
+
+    Raises:
+        LensprobeError: the folder holds another run (the settings that differ are listed), rows
+            without a ``config.json``, files of an older lensprobe (``shards.json``,
+            ``shard-rank{R}.json``), or another process holds this rank.
+
+    Example:
+        >>> with ShardStore("runs/x", "demo", {"v": 1}, rank=0) as store:
+        ...     _ = store.record("a", 1.5)
+        ...     store.done()
+        {'a': 1.5}
+    """
+
+    def __init__(self, out: str | os.PathLike, kind: str, settings: Mapping[str, Any], *, rank: int = 0) -> None:
+        self.out = open_folder(out)
+        self.rank = rank
+        self._refuse_old_files()
+        self.config = open_run(self.out, kind, settings, rows=_RANK_FILE.format("*"))
+        self._lock = FileLock(self.out / f".shard-rank{rank}.lock",
+                              busy=f"rank {rank} of {self.out} is being run by another process ({{holder}}): wait "
+                                   "for it, or give each process its own rank (start them with a launcher such as "
+                                   "torchrun).").acquire()
+        self._writer: RowWriter | None = None  # opened at the first record (under the rank lock)
+
+    def _refuse_old_files(self) -> None:
+        old = sorted(p.name for p in self.out.glob(_OLD_RANK_FILE.format("*")))
+        if old and not (self.out / OLD_SETTINGS_FILE).is_file():  # with it, open_run says what the folder is
+            raise other_run_error(
+                f"{self.out} holds shard files of an older format ({', '.join(old)}; finished units are now "
+                "rows of shard-rank{R}.jsonl), which lensprobe no longer reads",
+                fix="Rerun into a new output folder (or delete this one to start over).")
+
+    def _rank_files(self) -> list[Path]:
+        """Every rank's row file in the folder, by rank."""
+        files = {}
+        for path in self.out.glob(_RANK_FILE.format("*")):
+            number = path.name.removeprefix("shard-rank").removesuffix(".jsonl")
+            if number.isdigit():
+                files[int(number)] = path
+        return [files[rank] for rank in sorted(files)]
+
+    def done(self) -> dict[str, Any]:
+        """Every finished unit in the folder -> its result: every rank's rows (as on disk, a row cut
+        short by a crash skipped) merged by :func:`merge_rows`, rank files by rank, lines in order.
+
+        Raises:
+            LensprobeError: two rows hold one unit with different results (in two ranks' files,
+                or twice in one), or a row is damaged.
+        """
+        located = []
+        for path in self._rank_files():
+            for line_no, row in read_row_file(path):
+                if not (isinstance(row, dict) and isinstance(row.get("unit"), str) and "result" in row):
+                    raise LensprobeError(f"{path} line {line_no} is not a finished unit ({{\"unit\": ..., "
+                                         "\"result\": ...}): the file was edited or damaged; delete that line to "
+                                         "compute its unit again.")
+                located.append((f"{path} unit {row['unit']!r} (line {line_no})", row["unit"], row["result"]))
+        merged = merge_rows(located, fix="delete that unit's line from one of the files (or delete the file)")
+        return {str(unit): result for unit, result in merged.items()}
+
+    def record(self, unit: str, result: Any) -> Any:
+        """Append one finished unit's JSON-able result to this rank's file, on disk (fsynced) when
+        this returns; returns the result as read back from JSON."""
+        row = json.loads(json.dumps({"unit": unit, "result": result}))
+        if self._writer is None:
+            self._writer = RowWriter(self.out / _RANK_FILE.format(self.rank), locked=True)
+        self._writer.write(row)
+        self._writer.sync()
+        return row["result"]
+
+    def wait(self, units: Sequence[str], world_size: int, *, stall_timeout: float | None = None,
+             poll: float = POLL_SECONDS) -> dict[str, Any]:
+        """Wait until every unit is in the folder (:func:`wait_for_units`); returns unit -> result for ``units``.
+
+        Raises:
+            LensprobeError: no rank finished a unit for ``stall_timeout`` seconds (default
+                :data:`~lensprobe.core.storage.store.STALL_TIMEOUT`); the message names the ranks still missing.
+        """
+        def look() -> tuple[int, dict[str, Any]]:
+            have = self.done()
+            return len(have), have
+
+        have = wait_for_units(self.out, units, world_size, look, stall_timeout=stall_timeout, poll=poll)
+        return {u: have[u] for u in units}
+
+    def close(self) -> None:
+        """Close this rank's file and release this rank's lock."""
+        writer, self._writer = self._writer, None
+        try:
+            if writer is not None:
+                writer.close()
+        finally:
+            self._lock.release()
+
+    def __enter__(self) -> "ShardStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

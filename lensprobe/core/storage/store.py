@@ -10,8 +10,9 @@ way:
   then ``os.replace``. Readers see the old file or the whole new one; a write that fails leaves
   the old file as it was and no temporary file. Results are appended as rows instead
   (:class:`~lensprobe.core.storage.rowfiles.RowWriter`), never rewritten.
-- **Settings.** A folder records what its run computes and a hash of it; a run with other
-  settings is refused, naming the settings that differ (:func:`settings_diff`,
+- **Settings.** A folder records what its run computes and a hash of it in ``config.json``, one
+  layout for every kind of run (:mod:`lensprobe.core.storage.runconfig`); a run with other
+  settings is refused, naming every setting that differs (:func:`settings_diff`,
   :func:`other_run_error`).
 - **Locks.** One process per results file (:class:`~lensprobe.core.storage.locks.FileLock`); a lock left
   by a killed process is taken over with a warning. A command writing an output folder holds
@@ -22,7 +23,7 @@ way:
   files it does not write again (:func:`~lensprobe.core.storage.outfolder.replace_pages`).
 - **Shard files.** Each process appends rows only to its own file
   (:mod:`lensprobe.core.storage.rowfiles`): ``shard-rank{R}.jsonl`` (one row per finished unit,
-  :class:`ShardStore`, fsynced before the unit counts as recorded) or ``results-rank{R}.jsonl``
+  :class:`~lensprobe.core.storage.shards.ShardStore`, fsynced before the unit counts as recorded) or ``results-rank{R}.jsonl``
   (an evaluation's rows, fsynced after each batch). Rows are never rewritten; a row cut short by
   a crash is skipped by readers and cut off before the rank appends again. Reading merges every
   rank's file.
@@ -40,10 +41,8 @@ way:
   already, and the rerun computes only the missing ones.
 
 Example:
-    >>> with ShardStore("runs/x", "demo", {"v": 1}, rank=0) as store:
-    ...     _ = store.record("a", 1.5)
-    ...     store.done()
-    {'a': 1.5}
+    >>> merge_rows([("rank0 line 1", "a", 1), ("rank1 line 1", "a", 1)])
+    {'a': 1}
 """
 
 import contextlib
@@ -55,23 +54,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.storage.jsonable import json_digest
-from lensprobe.core.storage.locks import FileLock
-from lensprobe.core.storage.rowfiles import RowWriter, read_row_file
 
-__all__ = ["NEW_FOLDER_FIX", "POLL_SECONDS", "SETTINGS_FILE", "STALL_TIMEOUT", "ShardStore", "atomic_file",
+__all__ = ["NEW_FOLDER_FIX", "POLL_SECONDS", "STALL_TIMEOUT", "atomic_file",
            "atomic_write_json", "atomic_write_text", "diff_lines", "merge_rows", "open_folder", "other_run_error",
            "read_json", "settings_diff", "wait_for_units"]
 
 C = TypeVar("C", bound=Collection[str])
 
-SETTINGS_FILE = "shards.json"
 STALL_TIMEOUT = 3600.0
 """Seconds rank 0 waits without anything new in the folder before it gives up with an error."""
 POLL_SECONDS = 0.5
 NEW_FOLDER_FIX = "Use a new output folder, or delete this one to start over."
-_RANK_FILE = "shard-rank{}.jsonl"
-_OLD_RANK_FILE = "shard-rank{}.json"
 _MISSING = "<missing>"
 
 
@@ -171,7 +164,7 @@ def read_json(path: Path, fix: str = "delete it to compute its units again") -> 
         LensprobeError: the file is not valid JSON.
 
     Example:
-        >>> read_json(Path("runs/x/shards.json"))["kind"]
+        >>> read_json(Path("runs/x/config.json"))["kind"]
         'demo'
     """
     try:
@@ -201,23 +194,25 @@ def open_folder(out: str | os.PathLike) -> Path:
     return out
 
 
-def settings_diff(old: Mapping, new: Mapping, at: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any, Any]]:
+def settings_diff(old: Any, new: Any, at: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any, Any]]:
     """Every setting that differs between a folder's settings (``old``) and this run's (``new``):
-    ``(key path, folder's value, this run's value)``, nested mappings compared key by key, a
-    missing key as ``"<missing>"``.
+    ``(key path, folder's value, this run's value)``; mappings are compared key by key and lists of
+    one length item by item (the item's index in the path), a missing key as ``"<missing>"``.
 
     Example:
         >>> settings_diff({"g": {"n": 16}, "m": "a"}, {"g": {"n": 32}, "m": "a"})
         [(('g', 'n'), 16, 32)]
+        >>> settings_diff({"i": [{"c": 1}, {"c": 2}]}, {"i": [{"c": 1}, {"c": 3}]})
+        [(('i', '1', 'c'), 2, 3)]
     """
-    out = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key, _MISSING), new.get(key, _MISSING)
-        if isinstance(a, Mapping) and isinstance(b, Mapping):
-            out += settings_diff(a, b, (*at, key))
-        elif a != b:
-            out.append(((*at, key), a, b))
-    return out
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        out = []
+        for key in sorted(set(old) | set(new), key=str):
+            out += settings_diff(old.get(key, _MISSING), new.get(key, _MISSING), (*at, str(key)))
+        return out
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new) and at:
+        return [d for i, (a, b) in enumerate(zip(old, new, strict=True)) for d in settings_diff(a, b, (*at, str(i)))]
+    return [] if old == new else [(at, old, new)]
 
 
 def diff_lines(diff: list[tuple[tuple[str, ...], Any, Any]]) -> list[str]:
@@ -290,136 +285,3 @@ def wait_for_units(out: str | os.PathLike, units: Sequence[str], world_size: int
                 f"{what} is saved)."
             )
         time.sleep(poll)
-
-
-class ShardStore:
-    """One sharded run's folder: its settings, and every finished unit of every rank.
-
-    ``shards.json`` holds what the run computes and its hash; each rank appends one row per
-    finished unit, ``{"unit": name, "result": value}``, to ``shard-rank{R}.jsonl`` (a
-    :class:`~lensprobe.core.storage.rowfiles.RowWriter`: one ``os.write`` per row, ``fsync``
-    before :meth:`record` returns), so a finished unit survives a kill and a crash loses at most
-    the unit being computed (a row cut short is skipped by readers and cut off before this rank
-    appends again). Rows are never rewritten: recording a unit costs the same however many are
-    on disk.
-
-    Args:
-        out: the folder (created if missing); every process of the run passes the same one.
-        kind: what the run computes (``"ablation sweep"``, ``"patch"``, ``"trace set"``, ...).
-        settings: JSON-able description of everything that changes the results; a folder
-            holding another kind or other settings is refused.
-        rank: this process's rank; it alone appends to ``shard-rank{rank}.jsonl`` (locked while open).
-
-    Raises:
-        LensprobeError: the folder holds another run, shard files of the older format
-            (``shard-rank{R}.json``), or another process holds this rank.
-
-    Example:
-        >>> with ShardStore("runs/x", "demo", {"v": 1}, rank=0) as store:
-        ...     _ = store.record("a", 1.5)
-        ...     store.done()
-        {'a': 1.5}
-    """
-
-    def __init__(self, out: str | os.PathLike, kind: str, settings: Mapping[str, Any], *, rank: int = 0) -> None:
-        self.out = open_folder(out)
-        self.rank = rank
-        self._refuse_old_files()
-        self._check_settings(kind, json.loads(json.dumps(dict(settings))))
-        self._lock = FileLock(self.out / f".shard-rank{rank}.lock",
-                              busy=f"rank {rank} of {self.out} is being run by another process ({{holder}}): wait "
-                                   "for it, or give each process its own rank (start them with a launcher such as "
-                                   "torchrun).").acquire()
-        self._writer: RowWriter | None = None  # opened at the first record (under the rank lock)
-
-    def _refuse_old_files(self) -> None:
-        old = sorted(p.name for p in self.out.glob(_OLD_RANK_FILE.format("*")))
-        if old:
-            raise other_run_error(
-                f"{self.out} holds shard files of an older format ({', '.join(old)}; finished units are now "
-                "rows of shard-rank{R}.jsonl), which lensprobe no longer reads",
-                fix="Rerun into a new output folder (or delete this one to start over).")
-
-    def _check_settings(self, kind: str, settings: dict) -> None:
-        path = self.out / SETTINGS_FILE
-        run_hash = json_digest([kind, settings])
-        if not path.is_file():
-            atomic_write_json(path, {"kind": kind, "hash": run_hash, "settings": settings})
-            return
-        old = read_json(path)
-        if old.get("hash") == run_hash:
-            return
-        if old.get("kind") != kind:
-            why = f"a {old.get('kind')!r} run, this is a {kind!r} run"
-        else:
-            keys = sorted({at[0] for at, _, _ in settings_diff(old.get("settings", {}), settings)})
-            why = "other settings: " + ", ".join(keys or ["(details differ)"]) + " differ"
-        raise other_run_error(f"{self.out} holds results of {why}")
-
-    def _rank_files(self) -> list[Path]:
-        """Every rank's row file in the folder, by rank."""
-        files = {}
-        for path in self.out.glob(_RANK_FILE.format("*")):
-            number = path.name.removeprefix("shard-rank").removesuffix(".jsonl")
-            if number.isdigit():
-                files[int(number)] = path
-        return [files[rank] for rank in sorted(files)]
-
-    def done(self) -> dict[str, Any]:
-        """Every finished unit in the folder -> its result: every rank's rows (as on disk, a row cut
-        short by a crash skipped) merged by :func:`merge_rows`, rank files by rank, lines in order.
-
-        Raises:
-            LensprobeError: two rows hold one unit with different results (in two ranks' files,
-                or twice in one), or a row is damaged.
-        """
-        located = []
-        for path in self._rank_files():
-            for line_no, row in read_row_file(path):
-                if not (isinstance(row, dict) and isinstance(row.get("unit"), str) and "result" in row):
-                    raise LensprobeError(f"{path} line {line_no} is not a finished unit ({{\"unit\": ..., "
-                                         "\"result\": ...}): the file was edited or damaged; delete that line to "
-                                         "compute its unit again.")
-                located.append((f"{path} unit {row['unit']!r} (line {line_no})", row["unit"], row["result"]))
-        merged = merge_rows(located, fix="delete that unit's line from one of the files (or delete the file)")
-        return {str(unit): result for unit, result in merged.items()}
-
-    def record(self, unit: str, result: Any) -> Any:
-        """Append one finished unit's JSON-able result to this rank's file, on disk (fsynced) when
-        this returns; returns the result as read back from JSON."""
-        row = json.loads(json.dumps({"unit": unit, "result": result}))
-        if self._writer is None:
-            self._writer = RowWriter(self.out / _RANK_FILE.format(self.rank), locked=True)
-        self._writer.write(row)
-        self._writer.sync()
-        return row["result"]
-
-    def wait(self, units: Sequence[str], world_size: int, *, stall_timeout: float | None = None,
-             poll: float = POLL_SECONDS) -> dict[str, Any]:
-        """Wait until every unit is in the folder (:func:`wait_for_units`); returns unit -> result for ``units``.
-
-        Raises:
-            LensprobeError: no rank finished a unit for ``stall_timeout`` seconds (default
-                :data:`STALL_TIMEOUT`); the message names the ranks still missing.
-        """
-        def look() -> tuple[int, dict[str, Any]]:
-            have = self.done()
-            return len(have), have
-
-        have = wait_for_units(self.out, units, world_size, look, stall_timeout=stall_timeout, poll=poll)
-        return {u: have[u] for u in units}
-
-    def close(self) -> None:
-        """Close this rank's file and release this rank's lock."""
-        writer, self._writer = self._writer, None
-        try:
-            if writer is not None:
-                writer.close()
-        finally:
-            self._lock.release()
-
-    def __enter__(self) -> "ShardStore":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
