@@ -1,10 +1,12 @@
 """The published numbers of the papers lensprobe reproduces, as data shipped in the package.
 
-``lensprobe/evals/papers/arm-2510.01032.toml`` holds Tables 1, 2, 3a, 4, 5, 7 and 8 of the
-meaningless-tokens paper (arXiv 2510.01032 v1) as printed; Table 9 (the ARM settings) is
+``lensprobe/evals/papers/arm-2510.01032.toml`` holds Tables 1, 2, 3a, 3b (= Table 6), 4, 5, 7 and 8 of
+the meaningless-tokens paper (arXiv 2510.01032 v1) as printed; Table 9 (the ARM settings) is
 :data:`~lensprobe.interventions.arm_presets.PAPER_TABLE9`. :func:`published_numbers` reads them as
 one flat table, one :class:`PublishedNumber` per cell, each naming its table, model, benchmark
 and the lensprobe condition its column corresponds to (``"w/o"``, ``"w/ Mless"``, ``"ARM"`` ...).
+:func:`paper_models` gives the published configuration of each model the paper evaluates
+(``lensprobe/evals/papers/arm-2510.01032-models.toml``, from each model's public ``config.json``).
 
 Baselines differ between the paper's own tables (Llama-3.1-8B-Instruct on MATH-500 without
 filler: 41.8 in Table 1, 35.4 in Table 5, 43.0 in Table 2): always show the table a number
@@ -24,10 +26,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["PAPERS", "PublishedNumber", "published_numbers", "published_table"]
+__all__ = ["PAPERS", "PublishedNumber", "paper_models", "published_numbers", "published_table"]
 
 PAPERS = {"2510.01032": "arm-2510.01032.toml"}
 """arXiv id -> the data file of its published numbers (in ``lensprobe/evals/papers``)."""
+MODEL_FILES = {"2510.01032": "arm-2510.01032-models.toml"}
+"""arXiv id -> the data file of its models' published configurations (in ``lensprobe/evals/papers``)."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,9 @@ class PublishedNumber:
         benchmark: lensprobe's benchmark key (``"math500"``, ``"aime2024"`` ...).
         condition: the lensprobe condition of the column or row (``"w/o"``, ``"w/ Mless"``, ``"ARM"``,
             or the paper's own label where lensprobe has no such condition).
-        value: percent as printed; ``None`` for a cell the paper leaves empty (``"-"``).
+        value: percent as printed; ``None`` for a cell the paper prints as ``"-"``.
+        text: the cell as lensprobe shows it: the number, or what the table's ``"-"`` means
+            (Table 2: ``"< 5"``, below 5%; ``""`` where the table does not say).
     """
 
     arxiv: str
@@ -50,13 +56,15 @@ class PublishedNumber:
     benchmark: str
     condition: str
     value: float | None
+    text: str = ""
 
 
 @functools.cache
-def _load(arxiv: str) -> dict:
-    if arxiv not in PAPERS:
-        raise LensprobeError(f"no published numbers for arXiv {arxiv!r}: lensprobe has {tuple(PAPERS)}.")
-    text = resources.files("lensprobe.evals").joinpath("papers").joinpath(PAPERS[arxiv]).read_text(encoding="utf-8")
+def _load(arxiv: str, files: tuple[tuple[str, str], ...] = tuple(PAPERS.items())) -> dict:
+    names = dict(files)
+    if arxiv not in names:
+        raise LensprobeError(f"no published numbers for arXiv {arxiv!r}: lensprobe has {tuple(names)}.")
+    text = resources.files("lensprobe.evals").joinpath("papers").joinpath(names[arxiv]).read_text(encoding="utf-8")
     return tomllib.loads(text)
 
 
@@ -69,9 +77,10 @@ def _cells(arxiv: str, table: str, spec: dict) -> list[PublishedNumber]:
                                  f"{len(spec['columns'])} columns (a damaged data file).")
         for col, value in zip(spec["columns"], values, strict=True):
             cell = {"model": spec.get("model"), **col, spec["row"]: label}
+            number = None if value == "-" else float(value)
             out.append(PublishedNumber(arxiv=arxiv, table=table, model=cell["model"], benchmark=cell["benchmark"],
-                                       condition=cell.get("condition", ""),
-                                       value=None if value == "-" else float(value)))
+                                       condition=cell.get("condition", ""), value=number,
+                                       text=spec.get("dash", "") if number is None else f"{number:g}"))
     return out
 
 
@@ -91,7 +100,7 @@ def published_numbers(arxiv: str = "2510.01032") -> list[PublishedNumber]:
 
 def published_table(table: str, arxiv: str = "2510.01032"):
     """One table of published numbers as a DataFrame (columns ``table``, ``model``, ``benchmark``,
-    ``condition``, ``value``).
+    ``condition``, ``value``, ``text``).
 
     Raises:
         LensprobeError: the paper has no such table in lensprobe's data.
@@ -106,5 +115,21 @@ def published_table(table: str, arxiv: str = "2510.01032"):
         raise LensprobeError(f"no table {table!r} in lensprobe's data of arXiv {arxiv}: use one of "
                              f"{tuple(data['tables'])} (Table 9 is lensprobe.interventions.arm_presets).")
     cells = _cells(arxiv, str(table), data["tables"][str(table)])
-    return pd.DataFrame([{k: getattr(c, k) for k in ("table", "model", "benchmark", "condition", "value")}
+    return pd.DataFrame([{k: getattr(c, k) for k in ("table", "model", "benchmark", "condition", "value", "text")}
                          for c in cells])
+
+
+def paper_models(arxiv: str = "2510.01032") -> dict[str, dict]:
+    """The published configuration of every model the paper evaluates, by lensprobe's model key
+    (:func:`~lensprobe.interventions.arm_presets.model_key`: the name without organisation, lower
+    case): ``hub`` (the model's hub name), ``n_layers``, ``n_heads``, ``n_kv_heads``, ``d_model``,
+    ``d_vocab`` (from its public ``config.json``) and ``source`` (where they were read).
+
+    Raises:
+        LensprobeError: a paper lensprobe has no model configurations for.
+
+    Example:
+        >>> paper_models()["qwen2.5-math-7b"]["n_kv_heads"]
+        4
+    """
+    return dict(_load(arxiv, tuple(MODEL_FILES.items()))["models"])

@@ -45,7 +45,7 @@ def _transcribed() -> dict[str, list[tuple[str, list]]]:
     """table -> [(row label, values in reading order)] from the markdown."""
     sec = _sections()
     out = {}
-    for table in ("1", "2", "5", "8"):
+    for table in ("1", "2", "3b", "5", "8"):
         rows = []
         for label, *cells in _markdown_rows(sec[table]):
             values = []
@@ -67,14 +67,14 @@ def test_every_published_number_equals_the_shared_transcription():
     for cell in ours:
         by_table.setdefault(cell.table, []).append(cell)
     transcribed = _transcribed()
-    assert set(by_table) == set(transcribed) == {"1", "2", "3a", "4", "5", "7", "8"}
+    assert set(by_table) == set(transcribed) == {"1", "2", "3a", "3b", "4", "5", "7", "8"}
     for table, rows in transcribed.items():
         expected = [v for _, vs in rows for v in vs]
         assert [c.value for c in by_table[table]] == expected, f"table {table}"
-    for table in ("1", "2", "5", "7"):  # rows are models: the names are the paper's
+    for table in ("1", "2", "3b", "5", "7"):  # rows are models: the names are the paper's
         n = len(by_table[table]) // len(transcribed[table])
         assert [c.model for c in by_table[table][::n]] == [label for label, _ in transcribed[table]], table
-    assert sum(len(vs) for rows in transcribed.values() for _, vs in rows) == len(ours) == 194
+    assert sum(len(vs) for rows in transcribed.values() for _, vs in rows) == len(ours) == 250
 
 
 def test_table9_in_the_presets_equals_the_shared_transcription():
@@ -93,7 +93,11 @@ def test_published_table_and_its_errors():
     t1 = published_table("1")
     row = t1[(t1["model"] == "Qwen2.5-Math-1.5B") & (t1["benchmark"] == "aime2024")]
     assert row.set_index("condition")["value"].to_dict() == {"w/o": 14.4, "w/ Mless": 17.5}
-    assert published_table("2").query("benchmark == 'livecodebench' and model == 'Qwen2.5-Math-7B'")["value"].isna().all()
+    below_5 = published_table("2").query("benchmark == 'livecodebench' and model == 'Qwen2.5-Math-7B'")
+    assert below_5["value"].isna().all() and (below_5["text"] == "< 5").all()  # Table 2's "-": below 5%
+    assert set(published_table("1")["text"]) >= {"63.9", "14.4"}
+    t3b = published_table("3b").set_index(["model", "benchmark", "condition"])["value"]
+    assert t3b[("Llama3.1-8B-Instruct", "openbookqa", "ARM")] == 50.8
     with pytest.raises(LensprobeError, match=r"no table '9'.*arm_presets"):
         published_table("9")
     with pytest.raises(LensprobeError, match=r"no published numbers for arXiv '1234.5678'"):
