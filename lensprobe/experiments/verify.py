@@ -8,9 +8,15 @@ runs ``batch_size`` single-head ablations), under the attribution's own ablation
 Example:
     >>> att = lp.attribute_heads(model, prompts, "entropy", method="atp*")
     >>> ver = lp.verify_attribution(model, prompts, "entropy", att, top=20, sample=20)
-    >>> ver.recall, ver.spearman, ver.misses
+    >>> ver.recall, ver.recall_kind, ver.spearman, ver.misses
+
+Recall is stated only where it can be known: exact when every head was verified (``top=None``,
+or a sample covering the rest), an estimated lower bound with its 95% interval from a random
+sample of the heads outside the top, and "not measured" without one (:meth:`Verification.recall_text`):
+the top candidates alone always agree with themselves, so their recall would hold by construction.
 """
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +29,7 @@ from lensprobe.core.hooks.forward import as_prompts
 from lensprobe.core.hooks.heads import resolve_positions
 from lensprobe.core.lazy import pandas
 from lensprobe.core.measures.forced import resolve_measures
+from lensprobe.core.measures.intervals import wilson_interval
 from lensprobe.core.measures.measure import measure_once
 from lensprobe.experiments.attribution import Attribution
 from lensprobe.experiments.sweep import sweep_prompt
@@ -72,9 +79,17 @@ class Verification:
             ``estimate``, ``score``, ``exact`` (mean over prompts of the exact change),
             ``error`` (``estimate - exact``), ``chosen`` (``"top"`` or ``"sample"``).
         top: how many units were verified as top candidates.
-        spearman, spearman_abs, recall: :func:`agreement` over the verified units (recall at
-            ``top``: a sampled unit whose exact effect beats a top candidate's is a miss).
-        misses: the sampled units whose ``|exact|`` ranks among the ``top`` largest (false
+        spearman, spearman_abs: :func:`agreement`'s correlations over the verified units.
+        recall: top-``top`` recall (the share of the true ``top`` largest ``|exact|`` among the
+            ``top`` candidates), only where it can be known; see ``recall_kind``.
+        recall_kind: ``"exact"`` (every unit was verified: the true top is known), ``"sampled"``
+            (``recall`` is an estimate of a lower bound from a random sample of the other units, with
+            ``recall_low``/``recall_high``, its 95% interval), or ``"unknown"`` (no unit outside the
+            top was checked: ``recall`` is ``nan``; nothing can be said about the heads not checked).
+        recall_low, recall_high: the 95% interval of a sampled estimate (``nan`` otherwise).
+        outside: units outside the top candidates; ``sampled``: how many of them were verified.
+        beat: verified units outside the top whose ``|exact|`` exceeds the weakest top candidate's.
+        misses: the sampled units whose ``|exact|`` ranks among the ``top`` largest verified (false
             negatives of the attribution), largest first.
         method, metric: of the attribution.
     """
@@ -87,13 +102,32 @@ class Verification:
     misses: Any
     method: str
     metric: str
+    recall_kind: str = "exact"
+    recall_low: float = math.nan
+    recall_high: float = math.nan
+    outside: int = 0
+    sampled: int = 0
+    beat: int = 0
+
+    def recall_text(self) -> str:
+        """What is known of the top-k recall, in words (what the summary line says)."""
+        k = self.top
+        if self.recall_kind == "exact":
+            return f"top-{k} recall {self.recall:.2f} (exact: every head verified)"
+        if self.recall_kind == "unknown":
+            return (f"top-{k} recall not measured: none of the {self.outside} heads outside the top {k} was checked "
+                    "(sample=N estimates it; top=None verifies every head)")
+        return (f"top-{k} recall >= {self.recall:.2f} estimated (95% interval {self.recall_low:.2f}-"
+                f"{self.recall_high:.2f}) from {self.sampled} random heads of the {self.outside} outside the top "
+                f"{k}, {self.beat} of which beat a top candidate")
 
     def summary(self) -> str:
-        """One line: how many units were verified and how well the attribution agreed."""
+        """One line: how many units were verified, how well the attribution agreed, and what is known of
+        its recall (:meth:`recall_text`)."""
         n = len(self.table)
         return (f"{self.method} on {self.metric}: {n} heads verified exactly ({self.top} top, {n - self.top} sampled); "
                 f"Spearman {self.spearman:.3f} (|score| vs |exact| {self.spearman_abs:.3f}); "
-                f"top-{self.top} recall {self.recall:.2f}; {len(self.misses)} missed")
+                f"{self.recall_text()}; {len(self.misses)} missed")
 
 
 def _exact_heads(model, items, measures, att: Attribution, chosen: list[int], batch_size: int) -> Tensor:
@@ -188,5 +222,27 @@ def _verification(att: Attribution, chosen: list[int], top: int, exact: Tensor) 
     cut = exact.abs().sort(descending=True).values[min(top, len(chosen)) - 1]
     misses = table[(table["chosen"] == "sample") & (table["exact"].abs() >= float(cut))]
     misses = misses.reindex(misses["exact"].abs().sort_values(ascending=False).index).reset_index(drop=True)
-    return Verification(table, top, stats["spearman"], stats["spearman_abs"], stats["recall"], misses,
-                        att.method, att.metric)
+    outside, sampled = len(att.units) - top, len(chosen) - top
+    weakest = float(exact[:top].abs().min())
+    beat = int((exact[top:].abs() > weakest).sum())
+    recall, low, high, kind = _recall(stats["recall"], top, outside, sampled, beat)
+    return Verification(table, top, stats["spearman"], stats["spearman_abs"], recall, misses, att.method, att.metric,
+                        recall_kind=kind, recall_low=low, recall_high=high, outside=outside, sampled=sampled,
+                        beat=beat)
+
+
+def _recall(verified: float, top: int, outside: int, sampled: int, beat: int) -> tuple[float, float, float, str]:
+    """``(recall, low, high, kind)``: exact when every unit was verified; from a random sample of the
+    ``outside`` units otherwise. A unit outside the top that beats the weakest top candidate can
+    push at most one candidate out of the true top, so with ``F`` such units the recall is at least
+    ``1 - F / top``; ``F`` is estimated as the sampled share times ``outside`` (Wilson interval)."""
+    if sampled == outside:
+        return verified, math.nan, math.nan, "exact"
+    if sampled == 0:
+        return math.nan, math.nan, math.nan, "unknown"
+    lo, hi = wilson_interval(beat, sampled)
+
+    def bound(share: float) -> float:
+        return min(1.0, max(0.0, 1 - share * outside / top))
+
+    return bound(beat / sampled), bound(hi), bound(lo), "sampled"

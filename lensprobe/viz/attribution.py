@@ -82,7 +82,7 @@ def attribution_scatter(verification, *, title: str | None = None):
                              line=dict(color="gray", dash="dash"), hoverinfo="skip"))
     stats = ""
     if hasattr(verification, "spearman"):
-        stats = (f"Spearman {verification.spearman:.3f}, top-{verification.top} recall {verification.recall:.2f}; ")
+        stats = f"Spearman {verification.spearman:.3f}, {verification.recall_text()}; "
     method = getattr(verification, "method", "attribution")
     fig.update_layout(
         title=dict(text=f"{title or f'{method} estimate vs exact ablation'}<br><sup>{stats}{INDEX_NOTE}; "

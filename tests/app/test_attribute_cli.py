@@ -33,7 +33,8 @@ def test_attribute_writes_estimates_verification_and_figures(tmp_path, capsys, t
     assert list(ver["chosen"]) == ["top"] * 3 + ["sample"] * 2
     summary = json.loads((out / "attribution.json").read_text())
     assert summary["method"] == "atp*" and summary["verification"]["top"] == 3
-    assert 0.0 <= summary["verification"]["recall"] <= 1.0
+    assert 0.0 <= summary["verification"]["recall"] <= 1.0 and summary["verification"]["recall_kind"] == "sampled"
+    assert summary["verification"]["recall_note"].startswith("top-3 recall >= ") and "from 2 random heads" in printed
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -73,3 +73,31 @@ def test_misses_are_sampled_heads_that_beat_the_top(tiny, prompts):
         verify_attribution(tiny, prompts, "entropy", att)
     with pytest.raises(LensprobeError, match="top must be"):
         verify_attribution(tiny, prompts[0], "entropy", att, top=0)
+
+
+def test_recall_is_never_stated_where_it_cannot_be_known(tiny, prompts):
+    """The top candidates alone always agree with themselves: recall over them is 1.00 by construction."""
+    att = attribute_heads(tiny, prompts[0], "entropy")
+    exact = lp.ablation_sweep(tiny, prompts[0], "entropy", progress=False).changes[0]
+    alone = verify_attribution(tiny, prompts[0], "entropy", att, top=3, sample=0)
+    assert alone.recall_kind == "unknown" and alone.recall != alone.recall  # nan
+    assert "recall 1.00" not in alone.summary()
+    assert "top-3 recall not measured: none of the 5 heads outside the top 3 was checked" in alone.summary()
+    # a random sample of the rest: a lower bound estimated from the share that beats the weakest candidate
+    some = verify_attribution(tiny, prompts[0], "entropy", att, top=3, sample=3, seed=2)
+    picked = list(att.top(3)["head_label"])
+    weakest = min(abs(float(exact[att.labels.index(lbl)])) for lbl in picked)
+    sampled = some.table[some.table["chosen"] == "sample"]["head_label"]
+    beat = sum(abs(float(exact[att.labels.index(lbl)])) > weakest for lbl in sampled)
+    low, high = lp.evals.wilson_interval(beat, 3)
+    assert some.recall_kind == "sampled" and (some.sampled, some.outside, some.beat) == (3, 5, beat)
+    assert some.recall == pytest.approx(min(1.0, max(0.0, 1 - (beat / 3) * 5 / 3)))
+    assert some.recall_low == pytest.approx(min(1.0, max(0.0, 1 - high * 5 / 3)))
+    assert some.recall_high == pytest.approx(min(1.0, max(0.0, 1 - low * 5 / 3)))
+    assert f"from 3 random heads of the 5 outside the top 3, {beat} of which beat a top candidate" in some.summary()
+    # every head verified: the true top-3 is known, and the recall is exact
+    full = verify_attribution(tiny, prompts[0], "entropy", att, top=3, sample=5)
+    truth = set(torch.argsort(exact.abs(), descending=True, stable=True)[:3].tolist())
+    chosen = {att.labels.index(lbl) for lbl in picked}
+    assert full.recall_kind == "exact" and full.recall == pytest.approx(len(truth & chosen) / 3)
+    assert "(exact: every head verified)" in full.summary()

@@ -35,4 +35,7 @@ def test_scatter_points_by_choice_and_diagonal():
     assert list(top.x) == [-1.5, 1.2] and list(top.y) == [-2.0, 1.0] and list(top.text) == ["L0H1", "L1H1"]
     assert list(sample.text) == ["L0H0"]
     assert list(line.x) == [-2.0, 1.2] and list(line.y) == [-2.0, 1.2]
-    assert "top-2 recall 0.50" in fig.layout.title.text
+    assert "top-2 recall 0.50 (exact: every head verified)" in fig.layout.title.text
+    unknown = Verification(table.iloc[:2], 2, 1.0, 1.0, float("nan"), table.iloc[:0], "atp*", "entropy",
+                           recall_kind="unknown", outside=1)
+    assert "recall not measured" in attribution_scatter(unknown).layout.title.text

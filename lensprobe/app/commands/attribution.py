@@ -88,7 +88,10 @@ def _attribute(args, files: list) -> int:
             ver.table.to_csv(tmp, index=False)
         files.append(write_figure(attribution_scatter(ver), out / "attribution_scatter.html"))
         summary["verification"] = {"top": ver.top, "spearman": ver.spearman, "spearman_abs": ver.spearman_abs,
-                                   "recall": ver.recall, "misses": ver.misses.to_dict(orient="records")}
+                                   "recall": ver.recall, "recall_kind": ver.recall_kind,
+                                   "recall_interval": [ver.recall_low, ver.recall_high], "outside_top": ver.outside,
+                                   "sampled": ver.sampled, "recall_note": ver.recall_text(),
+                                   "misses": ver.misses.to_dict(orient="records")}
         print(ver.summary())
     files.append(atomic_write_json(out / "attribution.json", to_jsonable(summary)))
     print(f"wrote the attribution to {out.resolve()}")

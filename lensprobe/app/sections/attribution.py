@@ -39,4 +39,5 @@ def build_demo_section(model, *, quick: bool = False) -> Section:
                    figures=[attribution_heatmap(att), attribution_scatter(ver)],
                    tables={"attribution": att.table, "verification": ver.table},
                    data={"spearman": ver.spearman, "spearman_abs": ver.spearman_abs, "recall": ver.recall,
+                         "recall_kind": ver.recall_kind,
                          "metric_values": att.values.tolist()})

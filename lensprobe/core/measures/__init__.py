@@ -1,4 +1,5 @@
-"""What a run measures: metrics as pure functions of tensors (:mod:`.metrics`), measures bound to a prompt
+"""What a run measures: metrics as pure functions of tensors (:mod:`.metrics`), confidence intervals
+(:mod:`.intervals`), measures bound to a prompt
 (:mod:`.measure`) and over given tokens (:mod:`.forced`, with the one metric vocabulary
 :func:`~lensprobe.core.measures.forced.resolve_measures`).
 
