@@ -13,7 +13,7 @@ from lensprobe.core.lazy import pandas
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.prompts.conditions import PromptFormat, paper_conditions, resolve_conditions
 from lensprobe.evals.data import load_math500, load_problems
-from lensprobe.evals.protocols import get_protocol
+from lensprobe.evals.protocols import arm_layer_defaults, get_protocol
 from lensprobe.evals.published import published_table
 from lensprobe.interventions.arm import ARM
 from lensprobe.interventions.arm_presets import benchmark_key, model_key
@@ -59,9 +59,12 @@ def recipe_problems(recipe: Recipe, data: dict[str, str | os.PathLike], limit: i
     return sets, notes
 
 
-def recipe_conditions(recipe: Recipe, model, bench: str, arm: Any = None) -> tuple[list, list[str]]:
+def recipe_conditions(recipe: Recipe, model, bench: str, arm: Any = None, *,
+                      arm_source: str = "code") -> tuple[list, list[str]]:
     """The recipe's conditions on ``bench`` (its ``define`` entries built from the protocol's prompt),
     and notes: ARM conditions are dropped when the model has no preset there and no ``arm`` is given.
+    ARM conditions attach ``arm`` (or ``arm[bench]``), else the model's preset on ``bench`` from
+    ``arm_source`` (``"code"`` or ``"paper"``; the decoder-layer defaults under a protocol that runs them).
 
     Example:
         >>> conds, notes = recipe_conditions(load_recipe("arm-table3a"), model, "math500")
@@ -82,7 +85,8 @@ def recipe_conditions(recipe: Recipe, model, bench: str, arm: Any = None) -> tup
         arm = arm.get(bench)
     if arm is None and any(n == "ARM" or n.endswith("+ARM") for n in names):
         try:
-            arm = ARM.preset(model, bench)
+            arm = ARM.preset(model, bench, source=arm_source,  # type: ignore[arg-type]
+                             layer_defaults=arm_layer_defaults(recipe.protocol))
         except LensprobeError as err:
             names = [n for n in names if not (n == "ARM" or n.endswith("+ARM"))]
             notes.append(f"{bench}: ARM rows skipped: {err}")

@@ -23,8 +23,8 @@ from lensprobe.evals.mathverify import GRADE_TIMEOUT, check_timeout
 from lensprobe.evals.protocols import get_protocol
 from lensprobe.generation.config import GenerationConfig
 
-__all__ = ["PAPER_MAX_NEW_TOKENS", "TRANSFORMERS4_TOP_K", "EvalConfig", "paper_generation_settings",
-           "with_format_defaults"]
+__all__ = ["PAPER_MAX_NEW_TOKENS", "TRANSFORMERS4_TOP_K", "EvalConfig", "applied_sampling", "loaded_generation_config",
+           "model_samples", "paper_generation_settings", "with_format_defaults"]
 
 PAPER_MAX_NEW_TOKENS = 2048
 
@@ -111,28 +111,53 @@ class EvalConfig(GenerationConfig):
 
 
 TRANSFORMERS4_TOP_K = 50
-"""``transformers`` 4.x's ``top_k`` when a generation config leaves it unset (the authors' version)."""
+"""``transformers``' ``top_k`` when a generation config leaves it unset (4.x, the authors' version, and 5.x)."""
 
 
-def paper_generation_settings(model) -> dict:
+def loaded_generation_config(model) -> Any:
+    """The generation configuration ``model`` was loaded with (``model.original_model.generation_config``:
+    the model's ``generation_config.json``), or ``None`` when it has none (a TransformerLens 3.x
+    ``HookedTransformer``, a model built without one)."""
+    return getattr(getattr(model, "original_model", None), "generation_config", None)
+
+
+def model_samples(model) -> bool:
+    """Whether ``model`` samples by its loaded generation configuration (its ``do_sample``); a model with no
+    generation configuration decodes greedily, as ``transformers``' ``generate`` does then.
+
+    Example:
+        >>> model_samples(lp.load_model())   # SmolLM2's generation_config.json has no do_sample
+        False
+    """
+    gen = loaded_generation_config(model)
+    return bool(getattr(gen, "do_sample", False)) if gen is not None else False
+
+
+def paper_generation_settings(model, do_sample: bool | None = None) -> dict:
     """How the authors generate: ``max_new_tokens=2048`` and the model's own generation config.
 
-    Every setting of ``model.original_model.generation_config`` that changes the next-token
-    distribution is taken (greedy when there is none): ``do_sample``, ``repetition_penalty``
-    (greedy too) and, with sampling, ``temperature``, ``top_p``, ``top_k`` and ``min_p``. The
-    authors ran ``transformers`` 4.x, whose ``generate`` applies ``top_k=50`` when the
-    generation config leaves ``top_k`` unset: so does this (an explicit ``0`` or ``None`` in
-    a config read by 4.x would also have meant 50 for ``None``; only ``0`` turns it off).
+    Every setting of the loaded generation config (:func:`loaded_generation_config`) that changes the
+    next-token distribution is taken (greedy when there is none): ``do_sample``, ``repetition_penalty``
+    (greedy too) and, with sampling, ``temperature``, ``top_p``, ``top_k`` and ``min_p``. The authors ran
+    ``transformers`` 4.x, whose ``generate`` applies ``top_k=50`` when the generation config leaves
+    ``top_k`` unset (so does 5.x): so does this (only an explicit ``0`` turns it off).
+
+    Args:
+        model: the model.
+        do_sample: ``generate(do_sample=...)`` of the authors' call (their pass@3 script passes
+            ``True``); ``None``: the generation config's. Sampling forced on a greedy configuration takes
+            the configuration's sampling fields and ``transformers``' defaults for the others
+            (``top_k=50``), as ``generate(do_sample=True)`` does.
 
     Example:
         >>> paper_generation_settings(model)
         {'max_new_tokens': 2048, 'do_sample': False}
+        >>> paper_generation_settings(model, do_sample=True)["top_k"]   # a greedy config, sampled
+        50
     """
-    out: dict[str, Any] = {"max_new_tokens": PAPER_MAX_NEW_TOKENS, "do_sample": False}
-    gen = getattr(getattr(model, "original_model", None), "generation_config", None)
-    if gen is None:
-        return out
-    out["do_sample"] = bool(getattr(gen, "do_sample", False))
+    out: dict[str, Any] = {"max_new_tokens": PAPER_MAX_NEW_TOKENS,
+                           "do_sample": model_samples(model) if do_sample is None else bool(do_sample)}
+    gen = loaded_generation_config(model)
     penalty = getattr(gen, "repetition_penalty", None)
     if penalty not in (None, 1.0):
         out["repetition_penalty"] = float(penalty)
@@ -146,6 +171,31 @@ def paper_generation_settings(model) -> dict:
     return out
 
 
+def applied_sampling(model, config: GenerationConfig | None = None) -> dict[str, Any]:
+    """The sampling fields as the generation applies them: ``do_sample``, ``temperature``, ``top_p``,
+    ``top_k`` and ``min_p`` (``None`` where a field does not apply: every one when greedy, ``top_k`` and
+    ``top_p`` when they cut nothing), and ``repetition_penalty`` (greedy too; ``None`` when off).
+
+    Args:
+        model: the model, whose generation config gives the settings when ``config`` is ``None``.
+        config: the run's settings (an :class:`EvalConfig` or :class:`~lensprobe.GenerationConfig`);
+            ``None``: the authors' format on ``model`` (:func:`paper_generation_settings`).
+
+    Example:
+        >>> applied_sampling(model, EvalConfig(do_sample=True, top_k=50))
+        {'do_sample': True, 'temperature': 1.0, 'top_p': None, 'top_k': 50, 'min_p': None, 'repetition_penalty': None}
+    """
+    if config is None:
+        config = GenerationConfig(**paper_generation_settings(model))
+    sampled = bool(config.do_sample)
+    return {"do_sample": sampled,
+            "temperature": float(config.temperature) if sampled else None,
+            "top_p": float(config.top_p) if sampled and config.top_p < 1 else None,
+            "top_k": int(config.top_k) if sampled and config.top_k > 0 else None,
+            "min_p": float(config.min_p) if sampled and config.min_p else None,
+            "repetition_penalty": float(config.repetition_penalty) if config.repetition_penalty != 1 else None}
+
+
 def with_format_defaults(model, settings: dict) -> dict:
     """``settings`` with the defaults of the ``"paper"`` format (:func:`paper_generation_settings`)
     and of ``settings["protocol"]`` filled in; the settings given win.
@@ -157,5 +207,5 @@ def with_format_defaults(model, settings: dict) -> dict:
     name = settings.get("protocol")
     if name is None and settings.get("prompt_format") != "paper":
         return settings
-    fixed = get_protocol(name).settings if name is not None else {}
-    return {**paper_generation_settings(model), **fixed, **settings}
+    fixed = {**(get_protocol(name).settings if name is not None else {}), **settings}
+    return {**paper_generation_settings(model, fixed.get("do_sample")), **fixed}

@@ -68,7 +68,7 @@ import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.attach import with_default_seed
@@ -78,6 +78,7 @@ from lensprobe.core.prompts.conditions import (
     resolve_conditions,
 )
 from lensprobe.core.storage.identity import IdentityError, identity_digest, run_identity
+from lensprobe.core.storage.jsonable import describe_setting
 from lensprobe.core.storage.runconfig import run_hash
 from lensprobe.core.storage.shards import check_shard, my_units
 from lensprobe.core.storage.shards import (
@@ -87,7 +88,7 @@ from lensprobe.evals.benchmarks import resolve_benchmark
 from lensprobe.evals.config import EvalConfig, with_format_defaults
 from lensprobe.evals.config import paper_generation_settings as paper_generation_settings  # its old home
 from lensprobe.evals.data import Problem
-from lensprobe.evals.protocols import get_protocol
+from lensprobe.evals.protocols import arm_layer_defaults, get_protocol
 from lensprobe.evals.results import (
     CONFIG_FILE,
     EVAL_KIND,
@@ -130,7 +131,8 @@ def _check_problems(problems) -> list[Problem]:
 def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str | os.PathLike | None = None,
              config: EvalConfig | None = None, model_name: str | None = None, resume: bool = True,
              progress: bool = True, rank: int | None = None, world_size: int | None = None,
-             wait_for_shards: bool = True, arm: Any = None, benchmark: str | None = None, **settings):
+             wait_for_shards: bool = True, arm: Any = None, benchmark: str | None = None,
+             arm_source: Literal["code", "paper"] = "code", **settings):
     """Generate and grade answers for every condition x problem (x sample), resumably.
 
     Args:
@@ -153,7 +155,12 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
             return the merged table (an error names the ranks when they stall; see above).
         arm: the ARM that ``"ARM"`` and ``"<name>+ARM"`` conditions attach (e.g.
             ``lp.ARM(c=0.1, percentile=95)``); default: the authors' preset for the model on
-            ``benchmark``.
+            ``benchmark`` from ``arm_source`` (under a protocol whose ``arm`` is ``"layer-defaults"``,
+            such as ``"arm-aime-pass3"``, the authors' decoder-layer defaults).
+        arm_source: where that preset comes from: ``"code"`` (the authors' released code, default) or
+            ``"paper"`` (Table 9 and the paper's text); see
+            :data:`~lensprobe.interventions.arm_presets.DISAGREEMENTS`. The ARM's settings and source are
+            recorded with its condition in ``config.json`` (``parts.<condition>.labels``).
         benchmark: the problems' benchmark (``"math500"``, ``"aime2024"``, ``"aime2025"`` ...),
             which picks the ARM preset; default: inferred from lensprobe's built-in data
             (:func:`~lensprobe.evals.benchmarks.infer_benchmark`).
@@ -196,8 +203,11 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
         )
     system: dict[str, Any] = {"system": get_protocol(config.protocol).system} if config.protocol else {}
     builtins = paper_conditions(prompt_format=config.prompt_format, **system) if config.prompt_format != "chat" else None
-    conds = resolve_conditions(conditions, builtins=builtins,
-                               arm=arm if arm is not None else (lambda: ARM.preset(model, bench)))
+    if arm_source not in ("code", "paper"):
+        raise LensprobeError(f"arm_source must be 'code' (the released code) or 'paper' (Table 9), got {arm_source!r}.")
+    layer_defaults = arm_layer_defaults(config.protocol)
+    conds = resolve_conditions(conditions, builtins=builtins, arm=arm if arm is not None else (
+        lambda: ARM.preset(model, bench, source=arm_source, layer_defaults=layer_defaults)))
     conds = [dataclasses.replace(c, interventions=with_default_seed(c.interventions, config.seed)) for c in conds]
     rank, world_size = check_shard(rank, world_size, out)
     name = str(model_name) if model_name is not None else model_label(model)
@@ -224,6 +234,12 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
     return mark_default_grader(result_table(rows, conds, problems), grader)
 
 
+def _labels(condition) -> dict:
+    """What a condition's interventions are, every field shown (an ARM's ``source`` too, which its identity
+    leaves out): a label for people beside the identity, never compared."""
+    return {"interventions": [describe_setting(i, structured=(type(i),)) for i in condition.interventions]}
+
+
 def _identities(model, conds, config: EvalConfig, out) -> tuple[dict, dict[str, dict]]:
     """The run's identity and each condition's (with its ``"hash"``), by content; the model's name is a label
     beside them. A run kept in memory (``out=None``) resumes nothing: when something it depends on cannot be
@@ -233,7 +249,7 @@ def _identities(model, conds, config: EvalConfig, out) -> tuple[dict, dict[str, 
         conditions = {}
         for c in conds:
             desc = c.describe(model)
-            conditions[c.name] = {**desc, "hash": identity_digest(desc)}
+            conditions[c.name] = {**desc, "hash": identity_digest(desc), "labels": _labels(c)}
         return run, conditions
     except IdentityError:
         if out is not None:

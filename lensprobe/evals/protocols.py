@@ -7,18 +7,24 @@ explicitly still win (and are recorded, so such a folder is not the protocol's).
 
 - ``"arm-math500"``: ``Math500/math500.py`` and ``mless.py`` (their MATH-500 and AIME scripts
   are the same; ``AIME2024/aime2024.py`` and ``AIME2025/AIME2025.py`` differ only in the data).
-- ``"arm-aime-pass3"``: ``evaluate_pass_at3`` in the same files, run by ``pass_3.py``.
+- ``"arm-aime-pass3"``: ``evaluate_pass_at3`` in the same files, run by ``pass_3.py``, as the code
+  runs it: ``generate(do_sample=True)`` with the model's generation config, so a configuration without
+  ``top_k`` samples the 50 most probable tokens (``transformers``' default; Qwen2.5-Math's configs are
+  greedy and set none), and ARM at the decoder layers' defaults (``c=0.13``, percentile 99.5; Gemma
+  fraction 0.13, quantile 0.995): the function passes no ARM settings to ``generate``.
+- ``"arm-aime-pass3-text"``: the same with ARM at the benchmark's preset, as the paper's text has it
+  (Table 9 with ``arm_source="paper"``, ``--arm-source paper``); the only difference from the code's.
 
 Every setting with the file it comes from is in :data:`PROTOCOLS` (``Protocol.sources``).
 """
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.prompts.prompt import PAPER_SYSTEM_PROMPT
 
-__all__ = ["PASS3_SYSTEM_PROMPT", "PROTOCOLS", "Protocol", "get_protocol", "grades_prompt"]
+__all__ = ["PASS3_SYSTEM_PROMPT", "PROTOCOLS", "Protocol", "arm_layer_defaults", "get_protocol", "grades_prompt"]
 
 PASS3_SYSTEM_PROMPT = "Please reason step by step and put your final answer within \\boxed{}."
 r"""The pass@3 script's instruction: an f-string there, so the model sees ``\boxed{}`` (single braces)."""
@@ -38,7 +44,12 @@ class Protocol:
             decodes both); ``False``: the generation alone (the pass@3 script strips the prompt).
         k: pass@k reported (``None``: accuracy).
         runs: runs the paper averages (Table 1: five).
+        arm: the ARM that ``"ARM"`` conditions attach when none is given: ``"preset"``, the model's
+            preset for the benchmark (from the run's ARM source), or ``"layer-defaults"``, the authors'
+            decoder-layer defaults (:data:`~lensprobe.interventions.arm_presets.LAYER_DEFAULTS`) where the
+            benchmark has a preset.
         sources: setting -> the authors' file (and line of reasoning) it comes from.
+        notes: how the protocol differs from the paper's text (or a sibling protocol), listed with it.
 
     Example:
         >>> PROTOCOLS["arm-aime-pass3"].settings["n_samples"]
@@ -52,7 +63,42 @@ class Protocol:
     grade_prompt: bool = True
     k: int | None = None
     runs: int = 1
+    arm: Literal["preset", "layer-defaults"] = "preset"
     sources: dict[str, str] = field(default_factory=dict)
+    notes: str = ""
+
+
+def _pass3(name: str, arm: Literal["preset", "layer-defaults"], how: str, notes: str) -> Protocol:
+    """The pass@3 script's protocol with ARM as ``arm`` says."""
+    return Protocol(
+        name=name,
+        description="the authors' pass@3 script, " + how + ": single-brace \\boxed{} prompt, 512 new tokens, "
+                    "sampling with the model's generation config (top_k 50 where it sets none), 20 samples per "
+                    "problem, unbiased pass@3, the prompt stripped before grading",
+        settings={"prompt_format": "paper", "max_new_tokens": 512, "do_sample": True, "n_samples": 20},
+        system=PASS3_SYSTEM_PROMPT,
+        grade_prompt=False,
+        k=3,
+        arm=arm,
+        notes=notes,
+        sources={
+            "prompt": "AIME2024/aime2024.py evaluate_pass_at3: f'{system_prefix}{prompt}' with system_prefix "
+                      "'...within \\\\boxed{}.' (an f-string: single braces)",
+            "max_new_tokens": "evaluate_pass_at3(max_new_tokens=512)",
+            "sampling": "evaluate_pass_at3: generate(do_sample=True), temperature/top_p commented out, so the "
+                        "model's generation config, and transformers' top_k=50 where it sets no top_k (4.56 in "
+                        "requirements.txt; Qwen2.5-Math's configs are greedy and set none: the top 50 tokens, "
+                        "not the whole vocabulary)",
+            "arm": "aime2024_pass3: the ARM model loaded where choose_parameters has a setting; evaluate_pass_at3 "
+                   "then calls generate without range_c/percentage, so the decoder layers run their defaults "
+                   "(range_c=0.13, percentage=99.5; modeling_llama.py's arm pmin=0.2)",
+            "n_samples": "evaluate_pass_at3(samples_per_task=20) (pass_3.py passes args.samples_per_task, "
+                         "default 5 in args.py: use n_samples=5 to follow that)",
+            "k": "evaluate_pass_at3: k = 3, pass_at_k_from_counts = 1 - C(n-c, k) / C(n, k) (unbiased)",
+            "grader": "evaluate_pass_at3: the prompt stripped from the decoded text, then is_equiv "
+                      "(paper-exact on the generation alone; an answer is_equiv raises on counts as wrong)",
+        },
+    )
 
 
 PROTOCOLS: dict[str, Protocol] = {
@@ -75,29 +121,26 @@ PROTOCOLS: dict[str, Protocol] = {
             "dtype": "Math500/utils.py: from_pretrained without torch_dtype, so fp32",
         },
     ),
-    "arm-aime-pass3": Protocol(
-        name="arm-aime-pass3",
-        description="the authors' pass@3 script: single-brace \\boxed{} prompt, 512 new tokens, sampling, 20 samples "
-                    "per problem, unbiased pass@3, the prompt stripped before grading",
-        settings={"prompt_format": "paper", "max_new_tokens": 512, "do_sample": True, "n_samples": 20},
-        system=PASS3_SYSTEM_PROMPT,
-        grade_prompt=False,
-        k=3,
-        sources={
-            "prompt": "AIME2024/aime2024.py evaluate_pass_at3: f'{system_prefix}{prompt}' with system_prefix "
-                      "'...within \\\\boxed{}.' (an f-string: single braces)",
-            "max_new_tokens": "evaluate_pass_at3(max_new_tokens=512)",
-            "sampling": "evaluate_pass_at3: do_sample=True, temperature/top_p commented out, so the model's "
-                        "generation config",
-            "n_samples": "evaluate_pass_at3(samples_per_task=20) (pass_3.py passes args.samples_per_task, "
-                         "default 5 in args.py: use n_samples=5 to follow that)",
-            "k": "evaluate_pass_at3: k = 3, pass_at_k_from_counts = 1 - C(n-c, k) / C(n, k) (unbiased)",
-            "grader": "evaluate_pass_at3: the prompt stripped from the decoded text, then is_equiv "
-                      "(paper-exact on the generation alone)",
-        },
-    ),
+    "arm-aime-pass3": _pass3(
+        "arm-aime-pass3", "layer-defaults",
+        "as the code runs it: ARM at the decoder layers' defaults (c=0.13, percentile 99.5; Gemma fraction 0.13, "
+        "quantile 0.995)",
+        "ARM: the code's evaluate_pass_at3 passes no range_c/percentage to generate, so the decoder layers' defaults "
+        "run (modeling_*.py: range_c=0.13, percentage=99.5), not the benchmark's choose_parameters (Table 9); "
+        "arm-aime-pass3-text runs those"),
+    "arm-aime-pass3-text": _pass3(
+        "arm-aime-pass3-text", "preset",
+        "as the paper's text has it: ARM at the benchmark's preset (Table 9 with --arm-source paper)",
+        "ARM: the benchmark's preset (Table 9 with arm_source='paper'), where the code's pass@3 runs the decoder "
+        "layers' defaults (arm-aime-pass3); everything else is the code's"),
 }
 """The named protocols (see the module docs)."""
+
+
+def arm_layer_defaults(protocol: str | None) -> bool:
+    """Whether ``"ARM"`` conditions under ``protocol`` run the authors' decoder-layer defaults rather than the
+    benchmark's preset (``Protocol.arm``; ``None``: the preset)."""
+    return protocol is not None and get_protocol(protocol).arm == "layer-defaults"
 
 
 def get_protocol(name: str) -> Protocol:

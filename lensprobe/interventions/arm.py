@@ -212,6 +212,11 @@ class ARM:
             ``batch_dependent`` (:func:`lensprobe.generate` runs static batches, evaluations run
             each problem alone) and it warns once (:class:`BatchDependenceWarning`) when a
             forward holds more than one row.
+        source: where the settings come from, a label recorded beside the run's settings and never
+            part of ARM's identity or equality (two ARMs of equal numbers run the same):
+            ``"code"`` or ``"paper"`` from :meth:`preset` (``"code (layer defaults)"`` with
+            ``layer_defaults=True``), ``None`` for settings given by hand. Settings given on top of
+            a preset keep its source.
 
     Raises:
         LensprobeError: a bad setting (at construction); a layer out of range, a model
@@ -235,6 +240,7 @@ class ARM:
     variant: Variant = "default"
     seed: int | None = None
     per_row: bool = True
+    source: str | None = field(default=None, compare=False, metadata={"identity": False, "cmd": False})
 
     def __post_init__(self) -> None:
         if not isinstance(self.layer, int) or isinstance(self.layer, bool) or self.layer < 0:
@@ -253,7 +259,7 @@ class ARM:
 
     @classmethod
     def preset(cls, model_name: Any, benchmark: str | None = "math500", *, source: Source = "code",
-               fallback: Mapping[str, Any] | None = None, **overrides) -> "ARM":
+               layer_defaults: bool = False, fallback: Mapping[str, Any] | None = None, **overrides) -> "ARM":
         """The authors' settings for ``model_name`` on ``benchmark`` (the one ARM preset function).
 
         The values and their sources (Table 9 of the paper, or the released code) are in
@@ -267,7 +273,11 @@ class ARM:
                 or ``"livecodebench"`` (case and ``-``/``_`` ignored); ``None``: the benchmark is
                 not known (e.g. problems of your own), so no preset applies.
             source: ``"code"`` (default: the released code where it has a value, else Table 9) or
-                ``"paper"`` (Table 9 and the paper's text); they differ in a few cells.
+                ``"paper"`` (Table 9 and the paper's text); they differ in a few cells. The ARM
+                records it (:attr:`source`).
+            layer_defaults: the authors' decoder-layer defaults (``c=0.13``, 99.5; what their pass@3
+                code runs) where the benchmark has a setting, instead of the benchmark's
+                (:data:`~lensprobe.interventions.arm_presets.LAYER_DEFAULTS`).
             fallback: :class:`ARM` settings (e.g. ``{"c": 0.1, "percentile": 95}``, the authors'
                 Qwen2.5-Math-7B values on MATH-500) used when no preset applies: a model without
                 presets, a cell where the authors report no ARM gain, or ``benchmark=None``.
@@ -293,7 +303,8 @@ class ARM:
         if unknown:
             raise LensprobeError(f"unknown ARM field(s) {sorted(unknown)}: use {names}.")
         try:
-            settings = arm_preset(model_name, benchmark, source).settings
+            settings = {**arm_preset(model_name, benchmark, source, layer_defaults=layer_defaults).settings,
+                        "source": f"{source} (layer defaults)" if layer_defaults else source}
         except NoPresetError:
             if fallback is None:
                 raise

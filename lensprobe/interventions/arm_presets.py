@@ -23,6 +23,12 @@ lensprobe's ARM follows it bit for bit. Where the sources disagree (:data:`DISAG
 
 Gemma percentiles are quantiles of ``|a|`` in ``[0, 1]`` (the code's 0.85; the table prints 85.0)
 and use ``variant="gemma"``.
+
+**Layer defaults.** A run of the authors' code that passes no ARM settings to ``generate`` (their pass@3
+function, ``evaluate_pass_at3``) runs ARM with the defaults of the decoder layers in their modeling files:
+``c = 0.13``, percentile 99.5 (Gemma: fraction 0.13, quantile 0.995), on the models and benchmarks where
+their script loads the ARM model at all (a per-benchmark setting exists). ``arm_preset(...,
+layer_defaults=True)`` gives those (:data:`LAYER_DEFAULTS`).
 """
 
 from dataclasses import dataclass, field
@@ -30,7 +36,7 @@ from typing import Any, Literal
 
 from lensprobe.core.errors import LensprobeError
 
-__all__ = ["ARM_PRESETS", "BENCHMARKS", "DISAGREEMENTS", "PAPER_TABLE9", "ArmPreset", "NoPresetError", "arm_preset",
+__all__ = ["ARM_PRESETS", "BENCHMARKS", "DISAGREEMENTS", "LAYER_DEFAULTS", "PAPER_TABLE9", "ArmPreset", "NoPresetError", "arm_preset",
            "benchmark_key", "model_key"]
 
 Source = Literal["paper", "code"]
@@ -73,6 +79,11 @@ _CODE: dict[str, dict[str, tuple[float, float] | None]] = {
                  "qwen2.5-7b-instruct": (0.1, 99.5), "qwen2.5-32b-instruct": (0.05, 99),
                  "gemma-3-4b-it": (0.25, 0.85), "gemma-3-27b-it": (0.25, 0.7), "llama-3.1-8b-instruct": None},
 }
+LAYER_DEFAULTS = (0.13, 99.5)
+"""``(c, percentile)`` the authors' decoder layers use when ``generate`` passes no ARM settings
+(``range_c=0.13, percentage=99.5`` in ``modeling_qwen2.py``, ``modeling_llama.py`` and ``modeling_gemma3.py``;
+Gemma reads them as fraction 0.13 and quantile 0.995)."""
+_LAYER_DEFAULTS_ORIGIN = "code: modeling_*.py decoder layer defaults (range_c=0.13, percentage=99.5)"
 _CODE_P_MIN = {"llama-3.1-8b-instruct": (0.2, "code: modeling_llama.py (arm pmin=0.2)")}
 _PAPER_P_MIN = (0.02, "paper: Section 3 (p_min = 0.02)")
 
@@ -147,7 +158,8 @@ def _cell(model: str, bench: str, source: str) -> tuple[tuple[float, float] | No
     return PAPER_TABLE9[model][bench], "paper: Table 9"
 
 
-def arm_preset(model: Any, benchmark: str | None = "math500", source: Source = "code") -> ArmPreset:
+def arm_preset(model: Any, benchmark: str | None = "math500", source: Source = "code", *,
+               layer_defaults: bool = False) -> ArmPreset:
     """The authors' ARM settings for ``model`` on ``benchmark``, from ``source``, with each value's origin.
 
     Args:
@@ -156,6 +168,9 @@ def arm_preset(model: Any, benchmark: str | None = "math500", source: Source = "
             ``None``: the benchmark is not known, so no preset applies.
         source: ``"code"`` (default: the released code's value where it has one, else Table 9)
             or ``"paper"`` (Table 9 and the paper's text). See :data:`DISAGREEMENTS`.
+        layer_defaults: ``c`` and the percentile of the authors' decoder layers (:data:`LAYER_DEFAULTS`,
+            what their pass@3 code runs) instead of the benchmark's, where the benchmark has a setting
+            (``source`` still picks ``p_min``).
 
     Raises:
         LensprobeError: an unknown source or benchmark name.
@@ -195,7 +210,9 @@ def arm_preset(model: Any, benchmark: str | None = "math500", source: Source = "
             "percentile=...), pass fallback={'c': ..., 'percentile': ...} to lp.ARM.preset, or leave ARM out of "
             "this benchmark."
         )
-    c, pct = cell
+    c, pct = cell if not layer_defaults else LAYER_DEFAULTS
+    if layer_defaults:
+        origin = _LAYER_DEFAULTS_ORIGIN
     gemma = key.startswith("gemma-3")
     settings: dict[str, Any] = {"c": c, "percentile": pct / 100 if gemma and pct > 1 else pct}
     sources = {"c": origin, "percentile": origin}

@@ -30,7 +30,13 @@ code.
 threshold, so ties at the threshold all move); ``target`` for positive entries is
 ``quantile(|a|, percentile)`` of the *absolute* values with ``percentile`` in ``[0, 1]``
 (a value above 1 is divided by 100); one ``u`` is drawn for every entry of the tensor (its
-shape), and the moved entries use theirs.
+shape), and the moved entries use theirs. The quantiles are ``torch.quantile``'s, bit for bit
+(:func:`torch_quantile`: the rank ``q * (n - 1)`` in float32, ``torch.lerp``), of ``|a|`` in
+float32 with ``c`` rounded to the activations' dtype first, and the threshold, targets and draws
+are in the activations' dtype, as the authors' function computes them. One difference: on a tensor
+of more than 2**24 entries ``torch.quantile`` refuses and the authors' function falls back to a
+1000-bin histogram (with 0.9 in place of the target's quantile); lensprobe computes the exact
+quantile there (a Gemma-3-27B prompt forward reaches 2**24 entries at 781 positions).
 
 Consequences worth knowing:
 
@@ -58,7 +64,8 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 
-__all__ = ["MAD_SCALE", "Mode", "Variant", "arm_redistribute", "arm_redistribute_rows", "check_rule", "near_zero_band"]
+__all__ = ["MAD_SCALE", "Mode", "Variant", "arm_redistribute", "arm_redistribute_rows", "check_rule", "near_zero_band",
+           "torch_quantile"]
 
 Mode = Literal["replace", "add"]
 Variant = Literal["default", "gemma"]
@@ -206,20 +213,46 @@ def _quantile_rows(values: Tensor, q: float) -> Tensor:
 
 
 def _redistribute_gemma(a: Tensor, c: float, percentile: float, mode: str, generator) -> Tensor:
-    flat = a.detach().reshape(-1).to(torch.float32)
-    magnitude = flat.abs()
-    tau = _quantile(magnitude, min(max(float(c), 0.0), 1.0))
-    mask = magnitude <= tau
-    q = percentile / 100.0 if percentile > 1 else percentile
-    pos_target = _quantile(magnitude, q)
-    negative = flat[flat < 0]
-    neg_target = negative.min().abs() if negative.numel() else flat.new_zeros(())
-    signs = torch.where(flat < 0, -1.0, 1.0).to(torch.float32)
-    u = torch.rand(tuple(a.shape), generator=generator, device=flat.device, dtype=torch.float32).reshape(-1)
-    shift = signs * u * torch.where(signs > 0, pos_target, neg_target)
-    new = shift if mode == "replace" else flat + shift
-    out = torch.where(mask, new.to(a.dtype), a.detach().reshape(-1))
-    return out.view_as(a)
+    """The authors' Gemma-3 rule, step by step as their ``arm`` computes it: the thresholds in float32 by
+    :func:`torch_quantile`, the comparison, targets and draws in the activations' dtype."""
+    dtype, device = a.dtype, a.device
+    y = a.detach()
+    magnitude = y.abs()
+    flat32 = magnitude.reshape(-1).to(torch.float32)
+    fraction = torch.tensor(float(c), device=device, dtype=dtype).clamp(0.0, 1.0).to(torch.float32)
+    mask = magnitude <= torch_quantile(flat32, fraction).to(dtype)
+    q = percentile / 100 if percentile > 1 else percentile
+    pos_target = torch_quantile(flat32, torch.tensor(q, device=device, dtype=torch.float32)).to(dtype)
+    negative = y < 0
+    neg_target = torch.where(negative, y, torch.full_like(y, math.inf)).min().abs() if bool(negative.any()) \
+        else y.new_zeros(())
+    signs = torch.where(y < 0, -1.0, 1.0).to(dtype)
+    u = torch.rand(tuple(a.shape), generator=generator, device=device, dtype=torch.float32).to(dtype)
+    shift = signs * torch.where(signs > 0, u * pos_target, u * neg_target)
+    return torch.where(mask, shift if mode == "replace" else y + shift, y)
+
+
+def torch_quantile(values: Float[Tensor, " n"], q: Tensor) -> Tensor:
+    """``torch.quantile(values, q)`` (linear interpolation) of a 1-D float tensor, for any size.
+
+    Computed as ``torch.quantile`` computes it (``aten/src/ATen/native/Sorting.cpp``): the rank
+    ``q * (n - 1)`` in ``q``'s dtype, the values at its floor and ceiling (by selection:
+    ``torch.quantile`` refuses more than 2**24 entries), and ``torch.lerp`` between them by the rank's
+    fraction, so it equals ``torch.quantile`` bit for bit where that runs. ``q`` is a 0-d tensor of
+    ``values``' dtype.
+
+    Example:
+        >>> v = torch.rand(1000)
+        >>> bool(torch_quantile(v, torch.tensor(0.995)) == torch.quantile(v, torch.tensor(0.995)))
+        True
+    """
+    rank = q * (values.numel() - 1)
+    below = rank.long()
+    weight = rank - below
+    above = rank.ceil().long()
+    low = values.kthvalue(int(below) + 1).values
+    high = values.kthvalue(int(above) + 1).values
+    return torch.lerp(low, high, weight)
 
 
 def _quantile(values: Tensor, q: float) -> Tensor:

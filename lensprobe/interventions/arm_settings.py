@@ -2,7 +2,8 @@
 ``percentile``, ``p_min``, ``variant``), each ``None`` when not given, and where presets come from.
 
 :meth:`ArmSettingsBase.arm` is the one place a partial setting is completed: the authors' preset for
-the model on the benchmark, with the settings given on top.
+the model on the benchmark from ``--arm-source`` (also when nothing else is given), with the settings
+given on top.
 
 Example:
     >>> ArmSettings(arm_c=0.2).arm("Qwen/Qwen2.5-Math-7B", "math500")
@@ -15,7 +16,7 @@ from typing import Any, Literal
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.given import Given, given_settings
 from lensprobe.interventions.arm import ARM
-from lensprobe.interventions.arm_presets import PAPER_TABLE9, arm_preset, model_key
+from lensprobe.interventions.arm_presets import PAPER_TABLE9, NoPresetError, Source, model_key
 
 __all__ = ["ArmSettings", "ArmSettingsBase"]
 
@@ -39,46 +40,55 @@ class ArmSettingsBase(Given):
         """The ARM fields given (``source`` is not one)."""
         return {k: v for k, v in self.given().items() if k != "source"}
 
-    def arm(self, model_name: Any, benchmark: str | None) -> ARM | None:
-        """The ARM of these settings: the preset of ``model_name`` (a name or a loaded model) on ``benchmark`` with the settings given
-        on top; ``None`` when none is given (the preset is then taken where an ARM condition needs it).
+    @property
+    def source(self) -> Source:
+        """Where presets come from: ``--arm-source`` (``"code"`` when not given)."""
+        return self.arm_source or "code"
+
+    def arm(self, model_name: Any, benchmark: str | None, *, layer_defaults: bool = False) -> ARM:
+        """The ARM of these settings: the preset of ``model_name`` (a name or a loaded model) on ``benchmark``
+        from :attr:`source` (the decoder layers' defaults with ``layer_defaults``), with the settings given on
+        top; the settings given alone when there is no preset and they hold ``c`` and ``percentile``.
+
+        Callers that need an ARM only for ARM conditions pass ``lambda: settings.arm(model, benchmark)``, so
+        a model without a preset fails only when an ARM condition asks for one.
 
         Raises:
+            NoPresetError: nothing given and no preset (the message says what to pass).
             LensprobeError: a partial setting for a model or benchmark without a preset, or a bad value.
         """
         given = self.settings()
-        if not given:
-            return None
-        base: dict = {}
-        if model_name is None:
-            why = "no ARM preset to start from"
-        elif model_key(model_name) not in PAPER_TABLE9:
-            why = f"no ARM preset for {model_key(model_name)!r} to start from"
-        elif benchmark is None:
-            why = f"no benchmark to take {model_key(model_name)}'s ARM preset from (pass --benchmark)"
-        else:
-            why = (f"the authors report no ARM gain for {model_key(model_name)} on {benchmark}, so there is no "
-                   "preset to start from")
-            try:
-                base = arm_preset(model_name, benchmark, self.arm_source or "code").settings
-            except LensprobeError:
-                base = {}
-        settings = {**base, **given}
-        if "c" not in settings or "percentile" not in settings:
-            raise LensprobeError(f"{why}: give both --arm-c and --arm-percentile.")
-        return ARM(**settings)
+        try:
+            return ARM.preset(model_name, benchmark, source=self.source, layer_defaults=layer_defaults, **given)
+        except NoPresetError as err:
+            if not given or ("c" in given and "percentile" in given):
+                if not given:
+                    raise
+                return ARM(**given)
+            if model_name is None or model_key(model_name) not in PAPER_TABLE9:
+                why = f"no ARM preset for {model_key(model_name)!r} to start from" if model_name is not None \
+                    else "no ARM preset to start from"
+            elif benchmark is None:
+                why = f"no benchmark to take {model_key(model_name)}'s ARM preset from (lensprobe eval: --benchmark)"
+            else:
+                why = (f"the authors report no ARM gain for {model_key(model_name)} on {benchmark}, so there is no "
+                       "preset to start from")
+            raise LensprobeError(f"{why}: give both --arm-c and --arm-percentile.") from err
 
+
+_SOURCE_HELP = ("where the ARM presets come from, also when no other --arm-* option is given: code (the authors' "
+                "released code, the default) or paper (Table 9 and the paper's text)")
 
 ArmSettings: Any = given_settings(
     ARM, "ArmSettings", base=ArmSettingsBase,
-    exclude=[f for f in ("layer", "p_max", "k", "mode", "seed", "per_row")],
+    exclude=["layer", "p_max", "k", "mode", "seed", "per_row", "source"],
     extra=[("arm_source", Literal["code", "paper"] | None,
-            field(default=None, metadata={"custom_args": {"choices": ("code", "paper")}}))], prefix="arm_",
+            field(default=None, metadata={"custom_args": {"choices": ("code", "paper")}, "help": _SOURCE_HELP}))],
+    prefix="arm_",
     docs={"c": "c of the ARM module attached by 'ARM' / '<name>+ARM' conditions (Gemma variant: the fraction "
                "moved); every ARM setting starts from the authors' preset for the model on the benchmark and "
                "overrides only what is given (a model without a preset needs c and percentile)",
           "percentile": "percentile of the ARM module (0-100; Gemma variant: a quantile in [0, 1])",
           "p_min": "lower bound of the moved fraction (default: the preset's; 0.02, Llama 0.2 in the code)",
-          "variant": "ARM rule (default: the preset's)",
-          "arm_source": "where presets come from: code (the authors' released code, the default) or paper (Table 9)"})
+          "variant": "ARM rule (default: the preset's)"})
 """ARM's command-line fields, each ``None`` when not given (see the module docs)."""

@@ -103,7 +103,9 @@ def test_arm_options_start_from_the_preset():
                 "model": "meta-llama/Llama-3.1-8B-Instruct", "benchmark": "math500"}
         return argparse.Namespace(**{**base, **kw})
 
-    assert arm_from_args(args()) is None  # nothing given: the preset is taken when needed
+    code, paper = arm_from_args(args()), arm_from_args(args(arm_source="paper"))  # nothing else given: the preset
+    assert (code.c, code.percentile, code.p_min, code.source) == (0.32, 90, 0.2, "code")
+    assert (paper.c, paper.percentile, paper.p_min, paper.source) == (0.32, 90, 0.02, "paper")
     llama = arm_from_args(args(arm_percentile=95.0))
     assert (llama.c, llama.percentile, llama.p_min) == (0.32, 95.0, 0.2)
     gemma = arm_from_args(args(model="google/gemma-3-27b-it", benchmark="aime2024", arm_c=0.3))
@@ -114,7 +116,7 @@ def test_arm_options_start_from_the_preset():
     with pytest.raises(lp.LensprobeError, match=r"^no ARM preset for 'tiny' to start from: give both --arm-c and "
                                                 r"--arm-percentile\.$"):
         arm_from_args(args(model="x/tiny", arm_c=0.1))
-    with pytest.raises(lp.LensprobeError, match=r"pass --benchmark\): give both"):
+    with pytest.raises(lp.LensprobeError, match=r"no benchmark to take llama-3.1-8b-instruct's ARM preset from .*: give both"):
         arm_from_args(args(arm_c=0.1, benchmark=None))
     with pytest.raises(lp.LensprobeError, match=r"no ARM gain for qwen2.5-7b-instruct on aime2024.*give both"):
         arm_from_args(args(model="Qwen/Qwen2.5-7B-Instruct", benchmark="aime2024", arm_c=0.1))

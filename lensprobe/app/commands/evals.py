@@ -38,7 +38,7 @@ from lensprobe.evals.arithmetic import arithmetic_problems
 from lensprobe.evals.benchmarks import resolve_benchmark
 from lensprobe.evals.data import load_math500
 from lensprobe.evals.harness import evaluate, shard_info
-from lensprobe.evals.protocols import get_protocol
+from lensprobe.evals.protocols import arm_layer_defaults, get_protocol
 from lensprobe.evals.results import load_results
 from lensprobe.evals.settings import EvalSettings
 from lensprobe.evals.stats import pass_at_k_table, summary_tables
@@ -87,11 +87,15 @@ def _builtins(args):
 def conditions_from_args(args, model=None, benchmark: str | None = None) -> list:
     """The conditions of ``--conditions`` in ``--prompt-format`` (or ``--protocol``), with ``--arm-*``,
     ``--system`` and ``--ablate-heads`` applied (ARM conditions start from the preset of ``model``
-    on ``benchmark``; before the model loads any ARM stands in for the preset)."""
-    name = model if model is not None else args.model
-    arm = args.arm.arm(name, benchmark)
-    if arm is None:
-        arm = (lambda: ARM.preset(model, benchmark)) if model is not None else ARM(c=0.1, percentile=90)
+    on ``benchmark`` from ``--arm-source``; before the model loads any ARM stands in for the preset)."""
+    layer_defaults = arm_layer_defaults(args.protocol)
+
+    def preset_arm():  # the preset from --arm-source (or the protocol's layer defaults), the --arm-* given on top
+        return args.arm.arm(model, benchmark, layer_defaults=layer_defaults)
+
+    if model is None and args.arm.settings():  # before the model loads: the settings given are checked
+        args.arm.arm(args.model, benchmark, layer_defaults=layer_defaults)
+    arm = preset_arm if model is not None else ARM(c=0.1, percentile=90)  # before loading: a stand-in
     conds = resolve_conditions(args.conditions, builtins=_builtins(args), arm=arm)
     if args.system is not None:
         conds = [replace(c, system=args.system or None) for c in conds]
