@@ -31,7 +31,7 @@ does (same positions, same replacement values). Its ablation changes ``z`` by ``
    fixed: its effect through MLPs, and through one later layer into another, stays linear.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -198,6 +198,19 @@ def _metric(measure, model, prompt, tokens: Tensor, logits: Tensor) -> Tensor:
     return value.sum()
 
 
+def _refuse_cut_gradient(g: Mapping[int, Tensor | None], units: Sequence[Unit], measure) -> None:
+    """Refuse a metric whose gradient at every attributed head's output is zero: every estimate would be
+    0 whatever the heads do (the exact sweep of the same metric is not)."""
+    grads = [g.get(layer) for layer in {u[0] for u in units}]
+    if all(x is None or not bool(x.any()) for x in grads):
+        raise LensprobeError(
+            f"the metric {getattr(measure, 'name', measure)!r} has a zero gradient at the output of every attributed "
+            "head on this prompt: its computation cuts the gradient (.detach(), .item(), argmax, a Python number) "
+            "or does not depend on these heads, so every estimate would be 0. Compute it from the logits with "
+            "differentiable torch operations, or measure the heads exactly with lp.ablation_sweep."
+        )
+
+
 @dataclass
 class _Pass:
     """One forward and backward: per unit layer ``dz`` (``[pos, head, d_head]``), per layer the gradient ``g``
@@ -248,6 +261,7 @@ def _gradients(model, tokens: Tensor, measure, prompt, units: Sequence[Unit], po
         outs = [post[layer] for layer in range(1, n_layers)] if grad_drop else []
         grads = torch.autograd.grad(value, leaves + outs, retain_graph=grad_drop, allow_unused=True)
         g = dict(enumerate(grads[:n_layers]))
+        _refuse_cut_gradient(g, units, measure)
         dz = {layer: _delta_z(zs[layer][0][0], layer, positions, source) for layer in {u[0] for u in units}}
         linear = torch.tensor([_dot(dz[layer], g[layer], heads) for layer, heads in units], device="cpu")
         drops = _drop_gradients(pre, leaves, grads[n_layers:], min(u[0] for u in units)) if grad_drop else {}

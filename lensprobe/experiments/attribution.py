@@ -28,11 +28,13 @@ from lensprobe.core.hooks.forward import as_prompts
 from lensprobe.core.hooks.heads import head_label, kv_group_heads, resolve_heads, resolve_positions
 from lensprobe.core.lazy import pandas
 from lensprobe.core.measures.forced import resolve_measures
+from lensprobe.core.storage.identity import IdentityError, identity_digest
 from lensprobe.core.storage.store import atomic_file
 from lensprobe.experiments.atp import Unit, attribute_prompt, combine
+from lensprobe.interventions.ablation import check_ablation_positions
 from lensprobe.interventions.replacement import METHODS, Method, ablation_source, check_method
 
-__all__ = ["Attribution", "AttributionMethod", "attribute_heads", "attribution_sources", "unit_label"]
+__all__ = ["Attribution", "AttributionMethod", "attribute_heads", "attribution_sources", "computed_on", "unit_label"]
 
 AttributionMethod = Literal["atp", "atp*"]
 UNITS = ("head", "kv")
@@ -109,6 +111,19 @@ class Attribution:
         with atomic_file(path) as tmp:
             self.table.to_csv(tmp, index=False)
         return path
+
+
+def computed_on(model, items, metric: Any, answers: Any = None, tokens: Any = None, continuation: Any = None
+                ) -> dict[str, str]:
+    """What an attribution was computed on, by content: the model (a digest of its weights), the prompts
+    and the metric (with its answers, tokens or continuation). A metric that cannot be described by
+    content (:mod:`~lensprobe.core.storage.identity`) is identified as this very object.
+    :func:`~lensprobe.experiments.verify.verify_attribution` compares them with its own arguments."""
+    try:
+        measured = identity_digest([metric, answers, tokens, continuation])
+    except IdentityError:
+        measured = f"object {id(metric)}"  # kept alive by the settings that hold it
+    return {"model": identity_digest(model), "prompts": identity_digest(list(items)), "metric": measured}
 
 
 def _units(model, heads, unit: str) -> list[Unit]:
@@ -211,7 +226,10 @@ def attribute_heads(model, prompts, metric: Any = "entropy", *, method: Attribut
         ``spread``, ``score``.
 
     Raises:
-        LensprobeError: a bad method, unit, metric, ablation or head spec; a non-finite metric.
+        LensprobeError: a bad method, unit, metric, ablation or head spec; positions that ablate
+            nothing (outside the prompt, an empty list, ``"generated"`` on a prompt); a non-finite
+            metric, or one whose gradient at every head's output is zero (cut by ``.detach()``,
+            ``.item()``, ...).
 
     Example:
         >>> att = lp.attribute_heads(model, prompts, "entropy", method="atp*")
@@ -231,7 +249,9 @@ def attribute_heads(model, prompts, metric: Any = "entropy", *, method: Attribut
     estimates, scores, values = [], [], []
     for prompt, measure, source in zip(items, measures, sources, strict=True):
         pos = resolve_positions(positions, prompt if hasattr(prompt, "positions") else None)
-        part = attribute_prompt(model, measure.inputs(model, prompt), measure, prompt, units, pos, source,
+        inputs = measure.inputs(model, prompt)
+        check_ablation_positions(pos, int(inputs.shape[-1]))  # positions that ablate nothing: as the sweep refuses
+        part = attribute_prompt(model, inputs, measure, prompt, units, pos, source,
                                 qk_fix=star, grad_drop=star, batch_size=batch_size)
         est, score = combine(part, units, n_layers)
         estimates.append(est)
@@ -240,7 +260,8 @@ def attribute_heads(model, prompts, metric: Any = "entropy", *, method: Attribut
     n_heads = int(model.cfg.n_heads)
     settings = {"ablation": ablation, "method": kind, "reference": reference, "per_position": per_position,
                 "positions": positions, "answers": answers, "tokens": tokens, "continuation": continuation,
-                "metric": metric, "sources": sources}
+                "metric": metric, "sources": sources, "computed_on": computed_on(model, items, metric, answers, tokens,
+                                                                             continuation)}
     return Attribution(units, torch.stack(estimates), torch.stack(scores), torch.tensor(values, device="cpu"),
                        method, getattr(measures[0], "name", str(metric)), unit, n_layers, n_heads,
                        n_heads // int(getattr(model.cfg, "n_key_value_heads", None) or n_heads), settings)

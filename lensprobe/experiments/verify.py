@@ -31,7 +31,7 @@ from lensprobe.core.lazy import pandas
 from lensprobe.core.measures.forced import resolve_measures
 from lensprobe.core.measures.intervals import wilson_interval
 from lensprobe.core.measures.measure import measure_once
-from lensprobe.experiments.attribution import Attribution
+from lensprobe.experiments.attribution import Attribution, computed_on
 from lensprobe.experiments.sweep import sweep_prompt
 from lensprobe.interventions.ablation import HeadAblation
 
@@ -184,7 +184,8 @@ def verify_attribution(model, prompts, metric: Any, attribution: Attribution, *,
         A :class:`Verification`.
 
     Raises:
-        LensprobeError: a different number of prompts, or ``top``/``sample`` out of range.
+        LensprobeError: another model, other prompts or another metric than the attribution's
+            (compared by content), or ``top``/``sample`` out of range.
 
     Example:
         >>> ver = lp.verify_attribution(model, prompts, "entropy", att, top=20, sample=20)
@@ -196,6 +197,7 @@ def verify_attribution(model, prompts, metric: Any, attribution: Attribution, *,
             f"the attribution was computed on {attribution.estimates.shape[0]} prompts but {len(items)} were given: "
             "pass the same prompts."
         )
+    _check_same_run(model, items, metric, attribution)
     n = len(attribution.units)
     top = n if top is None else top
     if not isinstance(top, int) or not 1 <= top <= n or not isinstance(sample, int) or sample < 0:
@@ -211,6 +213,24 @@ def verify_attribution(model, prompts, metric: Any, attribution: Attribution, *,
     exact = (_exact_heads(model, items, measures, attribution, chosen, batch_size) if attribution.unit == "head"
              else _exact_groups(model, items, measures, attribution, chosen)).mean(0)
     return _verification(attribution, chosen, top, exact)
+
+
+def _check_same_run(model, items, metric: Any, att: Attribution) -> None:
+    """Refuse to verify an attribution with another model, other prompts or another metric than it was
+    computed on: the exact values would measure something else than its estimates."""
+    s = att.settings
+    recorded = s.get("computed_on")
+    if recorded is None:
+        return  # an Attribution built by hand: nothing recorded to compare
+    given = computed_on(model, items, metric, s["answers"], s["tokens"], s["continuation"])
+    differ = [name for name in ("model", "prompts", "metric") if given[name] != recorded[name]]
+    if differ:
+        raise LensprobeError(
+            f"the {' and '.join(differ)} given here {'differs' if differ in (['model'], ['metric']) else 'differ'} from "
+            "the attribution's "
+            "(compared by content): "
+            "its estimates and the exact ablations would measure different things. Pass the model, prompts and "
+            "metric of the attribution (or attribute again on these).")
 
 
 def _verification(att: Attribution, chosen: list[int], top: int, exact: Tensor) -> Verification:

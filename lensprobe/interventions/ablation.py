@@ -344,7 +344,9 @@ def check_ablation_positions(positions: Any, length: int, what: str = "prompt") 
         what: what ``length`` counts, for the message (``"prompt"``, ``"prompt + max_new_tokens"``).
 
     Raises:
-        LensprobeError: a fixed position, or the start of an open range, at ``length`` or beyond.
+        LensprobeError: no position at all (an empty list); ``"generated"`` resolved against a prompt
+            in a run that generates nothing; a fixed position, or the start of an open range, at
+            ``length`` or beyond.
 
     Example:
         >>> check_ablation_positions(resolve_positions([5000]), 39)
@@ -353,6 +355,16 @@ def check_ablation_positions(positions: Any, length: int, what: str = "prompt") 
     """
     if not isinstance(positions, Positions):
         return
+    if not positions.fixed and positions.start is None and not positions.generated:
+        raise LensprobeError("no ablation positions given (an empty list): the ablation would ablate nothing and show "
+                             "no effect. Pass at least one position, a segment name such as 'question', or "
+                             "positions=None for every position.")
+    if positions.generated and positions.start is not None and positions.start >= length:
+        raise LensprobeError(
+            f"positions='generated' were resolved against a prompt of {positions.start} tokens, and this run "
+            f"processes {length} positions (the {what}), none generated: the ablation would ablate nothing and "
+            "show no effect. Ablate 'generated' positions during a generation (lp.generate, lp.trace_generation, "
+            "lp.evaluate), or choose prompt positions or a segment name such as 'question'.")
     outside = sorted(p for p in positions.fixed if p >= length)
     start = positions.start if positions.start is not None and not positions.generated else None
     if outside or (start is not None and start >= length):
