@@ -1,15 +1,16 @@
 """Experiment runners over the hook objects: ablation sweeps (:mod:`.sweep`), activation patching
 (:mod:`.patching`), attribution (:mod:`.attribution`, with AtP and AtP* in :mod:`.atp`) and its exact
-verification (:mod:`.verify`), and their configurations (:mod:`.head_settings`). Each runs many forwards,
+verification (:mod:`.verify`), the search for the heads that matter (:mod:`.findheads`), and their configurations (:mod:`.head_settings`). Each runs many forwards,
 identifies itself by content and saves into the results store.
 
 May import: :mod:`lensprobe.core`, :mod:`lensprobe.interventions` and :mod:`lensprobe.generation`.
 """
 
 from lensprobe.experiments.attribution import Attribution, attribute_heads
+from lensprobe.experiments.findheads import HeadSearch, find_heads
 from lensprobe.experiments.patching import PatchResult, patch
 from lensprobe.experiments.sweep import SweepResult, ablation_sweep
 from lensprobe.experiments.verify import Verification, verify_attribution
 
-__all__ = ["Attribution", "PatchResult", "SweepResult", "Verification", "ablation_sweep", "attribute_heads", "patch",
-           "verify_attribution"]
+__all__ = ["Attribution", "HeadSearch", "PatchResult", "SweepResult", "Verification", "ablation_sweep",
+           "attribute_heads", "find_heads", "patch", "verify_attribution"]

@@ -35,7 +35,7 @@ from lensprobe.experiments.attribution import Attribution, computed_on
 from lensprobe.experiments.sweep import sweep_prompt
 from lensprobe.interventions.ablation import HeadAblation
 
-__all__ = ["Verification", "agreement", "verify_attribution"]
+__all__ = ["Verification", "agreement", "recall_bound", "verify_attribution"]
 
 
 def _spearman(a: Tensor, b: Tensor) -> float:
@@ -245,13 +245,13 @@ def _verification(att: Attribution, chosen: list[int], top: int, exact: Tensor) 
     outside, sampled = len(att.units) - top, len(chosen) - top
     weakest = float(exact[:top].abs().min())
     beat = int((exact[top:].abs() > weakest).sum())
-    recall, low, high, kind = _recall(stats["recall"], top, outside, sampled, beat)
+    recall, low, high, kind = recall_bound(stats["recall"], top, outside, sampled, beat)
     return Verification(table, top, stats["spearman"], stats["spearman_abs"], recall, misses, att.method, att.metric,
                         recall_kind=kind, recall_low=low, recall_high=high, outside=outside, sampled=sampled,
                         beat=beat)
 
 
-def _recall(verified: float, top: int, outside: int, sampled: int, beat: int) -> tuple[float, float, float, str]:
+def recall_bound(verified: float, top: int, outside: int, sampled: int, beat: int) -> tuple[float, float, float, str]:
     """``(recall, low, high, kind)``: exact when every unit was verified; from a random sample of the
     ``outside`` units otherwise. A unit outside the top that beats the weakest top candidate can
     push at most one candidate out of the true top, so with ``F`` such units the recall is at least

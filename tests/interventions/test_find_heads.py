@@ -1,0 +1,105 @@
+"""find_heads: its exact values are the sweep's, its stopping rule and flag do what the docstring says,
+and its cost is counted as the docstring counts it."""
+
+import pytest
+import torch
+
+import lensprobe as lp
+from lensprobe.core.measures.forced import resolve_measures
+from lensprobe.experiments.findheads import _write_ratios, find_heads
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny):
+    system = "Please reason step by step."
+    return [lp.build_prompt(tiny, "What is 3*4?", system=system, filler=lp.Filler.meaningless(count=5)),
+            lp.build_prompt(tiny, "What is 12+7?", system=system)]
+
+
+@pytest.fixture(scope="module")
+def sweep(tiny, prompts):
+    return lp.ablation_sweep(tiny, prompts, "entropy", progress=False)
+
+
+def test_every_exact_value_is_the_sweeps(tiny, prompts, sweep):
+    found = find_heads(tiny, prompts, "entropy", top=3, flag=0.0)  # flag 0: every head ablated, as the sweep
+    assert len(found.table) == 8 and set(found.table["why"]) == {"flagged"} and found.recall_kind == "exact"
+    labels = [f"L{layer}H{head}" for layer, head in sweep.heads]
+    for row, column in zip(found.table.itertuples(), range(len(found.table)), strict=True):
+        i = labels.index(row.head_label)
+        torch.testing.assert_close(found.exact[:, column], sweep.changes[:, i], rtol=1e-4, atol=1e-6)
+        assert row.exact == pytest.approx(float(sweep.changes[:, i].mean()), rel=1e-4, abs=1e-6)
+    truth = [labels[i] for i in torch.argsort(sweep.changes.mean(0).abs(), descending=True, stable=True)[:3].tolist()]
+    assert list(found.found["head_label"]) == truth
+    for p in range(2):
+        want = [labels[i] for i in torch.argsort(sweep.changes[p].abs(), descending=True, stable=True)[:3].tolist()]
+        assert found.per_prompt[p] == want
+    assert "top-3 exact (every head ablated)" in found.summary()
+
+
+def test_verification_follows_atp_order_and_stops_when_a_step_adds_nothing(tiny, prompts, sweep):
+    found = find_heads(tiny, prompts, "entropy", top=2, flag=float("inf"), step=2, sample=0)
+    att = found.attribution
+    order = [att.labels[i] for i in torch.argsort(att.scores.mean(0), descending=True, stable=True).tolist()]
+    verified = found.table[found.table["why"] == "verified"]
+    n = len(verified)
+    assert set(verified["head_label"]) == set(order[:n]) and n == 2 * found.steps  # AtP's first, two at a time
+    labels = [f"L{layer}H{head}" for layer, head in sweep.heads]
+    effect = {lbl: abs(float(sweep.changes[:, labels.index(lbl)].mean())) for lbl in labels}
+
+    def top2(heads):
+        return set(sorted(heads, key=lambda h: -effect[h])[:2])
+
+    # the rule, by hand: stop after the first step (from the second on) that leaves the exact top-2 as it was
+    steps = [order[k: k + 2] for k in range(0, 8, 2)]
+    seen, stop = [], len(steps)
+    for k, chunk in enumerate(steps):
+        before = top2(seen) if len(seen) >= 2 else None
+        seen += chunk
+        if before is not None and top2(seen) == before:
+            stop = k + 1
+            break
+    assert found.steps == stop and set(found.found["head_label"]) == top2(seen)
+    assert found.recall_kind == ("exact" if stop == 4 else "unknown")
+
+
+def test_flagged_heads_are_those_that_move_the_residual_stream(tiny, prompts):
+    measures = resolve_measures(tiny, "entropy", 2)
+    att = lp.attribute_heads(tiny, prompts, "entropy")
+    ratios = _write_ratios(tiny, prompts, measures, att.settings["sources"], None, 2)
+    store = {}
+    with lp.intervene(tiny, *[(f"blocks.{layer}.{hook}", lambda act, hook: store.__setitem__(hook.name, act.detach()))
+                              for layer in (0, 1) for hook in ("attn.hook_z", "hook_resid_pre")]):
+        tiny(prompts[1].tokens)
+    w_o = tiny.blocks[1].attn.W_O.detach()
+    by_hand = (store["blocks.1.attn.hook_z"][0, :, 2] @ w_o[2]).norm() / store["blocks.1.hook_resid_pre"][0].norm()
+    assert float(ratios[1, 2]) >= float(by_hand) - 1e-5  # the largest over prompts (zero ablation: dz = -z)
+    cut = float(ratios.flatten().sort().values[4])
+    found = find_heads(tiny, prompts, "entropy", top=1, flag=cut, budget=0, sample=0)
+    flagged = {f"L{layer}H{head}" for layer in range(2) for head in range(4) if float(ratios[layer, head]) > cut}
+    assert set(found.table[found.table["why"] == "flagged"]["head_label"]) == flagged and len(flagged) == 3
+
+
+def test_cost_is_counted_as_documented(tiny, prompts):
+    found = find_heads(tiny, prompts, "entropy", top=1, flag=float("inf"), step=3, budget=3, sample=2, seed=1,
+                       batch_size=2)
+    # clean row alone (nothing flagged): 1; three heads in one step: rows sorted by layer in batches of 2;
+    # two sampled heads likewise. A batch of r rows from lowest layer s of 2: s/2 + r(2-s)/2.
+    def batches(heads):
+        rows = sorted((int(h[1]), int(h[3])) for h in heads)
+        out = 0.0
+        for k in range(0, len(rows), 2):
+            chunk = rows[k: k + 2]
+            s = min(layer for layer, _ in chunk)
+            out += s / 2 + len(chunk) * (2 - s) / 2
+        return out
+
+    table = found.table
+    want = 1.0 + batches(table[table["why"] == "verified"]["head_label"]) + batches(
+        table[table["why"] == "sampled"]["head_label"])
+    assert found.cost["exact"] == pytest.approx(want)
+    assert found.cost["total"] == pytest.approx(3.0 + 1.0 + want)
+    assert found.cost["one_at_a_time"] == len(table) + 1
+    assert found.recall_kind == "sampled" and found.sampled == 2 and found.outside == 5
+    with pytest.raises(lp.LensprobeError, match="top must be a whole number"):
+        find_heads(tiny, prompts, "entropy", top=0)
