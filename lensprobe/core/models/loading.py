@@ -17,6 +17,7 @@ import operator
 import os
 import re
 import shutil
+import subprocess
 import warnings
 from pathlib import Path
 from typing import Any
@@ -170,7 +171,38 @@ def _boot(TransformerBridge, name: str, hf, tok, device: torch.device, dtype: to
     weights where they are, so the weights are moved first.
     """
     hf = hf.to(device=device, dtype=dtype).eval()
-    return TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tok, device=device, dtype=dtype)
+    with no_package_installs():
+        return TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tok, device=device, dtype=dtype)
+
+
+@contextlib.contextmanager
+def no_package_installs():
+    """Refuse ``pip install`` / ``uv pip install`` commands run with ``subprocess.check_call`` inside the block.
+
+    TransformerLens (3.9 and 4.3), booting a multimodal model such as ``Gemma3ForConditionalGeneration``
+    (gemma-3-4b-it, 27b-it), installs torchvision with pip into the running environment when the
+    model's image processor does not load (offline, or a folder without one); the release pip picks
+    need not match the installed torch, and then every later ``transformers`` model import fails.
+    lensprobe runs the text model and needs no processor: the install is refused, TransformerLens
+    leaves ``bridge.processor`` unset and the boot goes on.
+
+    Example:
+        >>> with no_package_installs():
+        ...     bridge = TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tok)
+    """
+    run = subprocess.check_call
+
+    def refuse(args, *rest, **kwargs):
+        words = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+        if "pip" in words and "install" in words:
+            raise subprocess.CalledProcessError(1, args, output="lensprobe refuses package installs while loading")
+        return run(args, *rest, **kwargs)
+
+    subprocess.check_call = refuse
+    try:
+        yield
+    finally:
+        subprocess.check_call = run
 
 
 def _offline_requested() -> bool:

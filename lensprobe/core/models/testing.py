@@ -30,7 +30,7 @@ CHATML_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-_CORPUS = [
+CORPUS = [
     "Please reason step by step, and put your final answer within \\boxed{}.",
     "What is 12+7? The answer is 19. What is 3*4? It is 12.",
     "/ / / / / / / / he he he he the cat sat on the mat # * # * ## ** ###",
@@ -53,7 +53,7 @@ def tiny_tokenizer(chat_template: bool = True):
         vocab_size=400, special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tok.train_from_iterator(CORPUS * 4, trainer=trainer)
     fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
         pad_token="<|endoftext|>", unk_token="<|endoftext|>",
