@@ -176,6 +176,15 @@ def _ablate(model, items, measures, att: Attribution, pairs: list[tuple[int, int
     return values, base, cost
 
 
+def _check_settings(top: Any, sample: Any, batch_size: Any, step: Any, budget: Any, flag: Any) -> None:
+    for name, value, low in (("top", top, 1), ("sample", sample, 0), ("batch_size", batch_size, 1),
+                             ("step", 1 if step is None else step, 1), ("budget", 0 if budget is None else budget, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise LensprobeError(f"{name} must be a whole number >= {low}, got {value!r}.")
+    if not isinstance(flag, (int, float)) or isinstance(flag, bool) or flag < 0:
+        raise LensprobeError(f"flag must be a share >= 0 of the residual stream's norm, got {flag!r}.")
+
+
 def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablation: Any = "zero",
                reference: Any = None, positions: Any = None, answers: Any = None, tokens: Any = None,
                continuation: Any = None, flag: float = 0.10, step: int | None = None, budget: int | None = None,
@@ -213,12 +222,7 @@ def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablati
         >>> found = lp.find_heads(model, prompts, "entropy", top=20)
         >>> print(found.summary())
     """
-    for name, value, low in (("top", top, 1), ("sample", sample, 0), ("batch_size", batch_size, 1),
-                             ("step", 1 if step is None else step, 1), ("budget", 0 if budget is None else budget, 0)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise LensprobeError(f"{name} must be a whole number >= {low}, got {value!r}.")
-    if not isinstance(flag, (int, float)) or isinstance(flag, bool) or flag < 0:
-        raise LensprobeError(f"flag must be a share >= 0 of the residual stream's norm, got {flag!r}.")
+    _check_settings(top, sample, batch_size, step, budget, flag)
     att = attribute_heads(model, prompts, metric, method="atp", ablation=ablation, reference=reference,
                           positions=positions, answers=answers, tokens=tokens, continuation=continuation)
     if att.unit != "head":
