@@ -99,6 +99,15 @@ def test_loglikelihoods_equal_plain_transformers(tiny, tiny_hf, tok, batch_size)
     assert_scores(scores(LensprobeLM(tiny, batch_size=batch_size)), want)
 
 
+def test_requests_score_as_lm_evals_own_hf_model_on_the_same_weights(tiny, tiny_hf, tok):
+    from lm_eval.models.huggingface import HFLM
+
+    hf_lm = HFLM(pretrained=tiny_hf, tokenizer=tok, batch_size=2, device="cpu")
+    assert_scores(scores(LensprobeLM(tiny, batch_size=3)), hf_lm.loglikelihood([Request(*r) for r in REQUESTS]))
+    text = [Request("The quick brown fox jumps over the lazy dog. What is 3*4?")]
+    assert LensprobeLM(tiny).loglikelihood_rolling(text) == pytest.approx(hf_lm.loglikelihood_rolling(text), abs=2e-4)
+
+
 def test_a_filler_scores_as_the_prompt_with_the_filler_text(tiny, tiny_hf, tok):
     got = scores(LensprobeLM(tiny, "w/ Mless", batch_size=3))
     assert_scores(got, [by_hand(tiny_hf, tok, MLESS + c, x) for c, x in REQUESTS])
