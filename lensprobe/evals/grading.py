@@ -301,13 +301,19 @@ def extract_boxed_paper(text: str | None) -> str | None:
     return None
 
 
+class PaperGraderError(LensprobeError):
+    """The authors' ``is_equiv`` raises on this answer: a ``\\frac`` or ``\\sqrt`` with nothing after it
+    (an ``IndexError`` in their ``_fix_fracs`` / ``_fix_sqrt``). Their MATH-500 script does not catch it, so
+    their run would stop there; an evaluation makes the row an error row (``finish="error"``)."""
+
+
 def normalize_answer_paper_exact(string: str) -> str:
     r"""The authors' normalisation: Hendrycks' ``_strip_string`` with their changes.
 
     Differs from :func:`normalize_answer` in three ways: units keep the text before the first
     ``"\text{ "`` even when there are several (the original insisted on exactly one);
-    only ``\%`` is removed (a bare ``%`` stays); a trailing ``\frac`` or ``\sqrt`` with
-    nothing after it raises ``IndexError`` (the caller then compares the raw strings).
+    only ``\%`` is removed (a bare ``%`` stays); a ``\frac`` or ``\sqrt`` with nothing after it
+    (at the end, or right before another) raises ``IndexError``, as theirs does.
 
     Example:
         >>> normalize_answer_paper_exact(r"50\%"), normalize_answer_paper_exact("50%")
@@ -334,7 +340,8 @@ def grade_paper_exact(full_text: str | None, answer: str) -> bool:
        and a leading ``.`` to ``0.``; a prefix ``k = `` dropped when the part before ``=``
        has at most 2 characters; ``\sqrt2`` to ``\sqrt{2}``; spaces removed; ``\frac12`` to
        ``\frac{1}{2}``; ``0.5`` to ``\frac{1}{2}``; ``a/b`` of integers to ``\frac{a}{b}``).
-       When normalisation fails, the raw strings are compared instead.
+       Where their normalisation raises (a ``\frac`` or ``\sqrt`` with nothing after it), so does this:
+       :class:`PaperGraderError` (their MATH-500 loop would stop; an evaluation writes an error row).
     3. Always lenient: correct when ``a == b`` or ``a`` is a substring of ``b`` (prediction
        ``1`` is accepted for ``10``; an empty box ``\boxed{}`` is accepted for every
        problem).
@@ -347,6 +354,9 @@ def grade_paper_exact(full_text: str | None, answer: str) -> bool:
         The authors' verdict (it inflates accuracy: use ``"math-verify"`` or ``"paper"`` for
         a strict one).
 
+    Raises:
+        PaperGraderError: where the authors' ``is_equiv`` raises (see step 2).
+
     Example:
         >>> grade_paper_exact(r"Please ... \boxed{{}}.What is 3+7? ... \boxed{1}", "10")
         True
@@ -358,8 +368,11 @@ def grade_paper_exact(full_text: str | None, answer: str) -> bool:
         return False
     try:
         a, b = normalize_answer_paper_exact(prediction), normalize_answer_paper_exact(answer)
-    except (IndexError, ValueError):
-        a, b = prediction, answer
+    except IndexError as err:
+        raise PaperGraderError(
+            f"the authors' grader (is_equiv) raises on the boxed answer {prediction!r} or the reference "
+            f"{answer!r}: a \\frac or \\sqrt with nothing after it (IndexError in their _fix_fracs/_fix_sqrt), "
+            "so their script would stop here; no verdict") from err
     return a == b or a in b
 
 

@@ -29,7 +29,7 @@ from lensprobe.core.storage.jsonable import json_digest
 from lensprobe.core.storage.rowfiles import RowWriter
 from lensprobe.evals.config import EvalConfig
 from lensprobe.evals.data import Problem
-from lensprobe.evals.grading import GRADERS, extract_answer, grade_all, grade_paper_exact
+from lensprobe.evals.grading import GRADERS, PaperGraderError, extract_answer, grade_all, grade_paper_exact
 from lensprobe.evals.mathverify import GRADE_TIMEOUT
 from lensprobe.evals.protocols import grades_prompt
 from lensprobe.evals.results import read_rows, results_file, rows_frame, settled_rows
@@ -257,13 +257,17 @@ def make_row(it: Item, cond: Condition, ids: list[int], text: str, finish: str, 
          grade_timeout: int | None = GRADE_TIMEOUT) -> dict:
     p = it.problem
     shown = (it.prompt.text, len(it.prompt)) if it.prompt is not None else (None, None)  # None: not built
+    exact: bool | None = None
+    if finish not in ("nonfinite", "error"):
+        try:  # the authors' verdict: on prompt + generation (MATH-500 script), or the generation alone (pass@3)
+            exact = grade_paper_exact((it.prompt.text if exact_on_prompt else "") + text, p.answer)
+        except PaperGraderError as err:  # their grader raises here, so their script would stop: an error row
+            finish, error = "error", str(err)
     if finish in ("nonfinite", "error"):  # not an answer: no prediction, no verdict
         prediction, verdicts, exact = None, dict.fromkeys(GRADERS), None
     else:
         prediction = extract_answer(text, extract)
         verdicts = grade_all(prediction, p.answer, timeout=grade_timeout)
-        # the authors' verdict: on prompt + generation (MATH-500 script), or the generation alone (pass@3)
-        exact = grade_paper_exact((it.prompt.text if exact_on_prompt else "") + text, p.answer)
     return {
         "condition": cond.name, "problem_id": p.id, "sample": it.sample, "subject": p.subject,
         "level": p.level, "answer": p.answer, "prediction": prediction, **verdicts,
