@@ -17,17 +17,23 @@ name or from a file path. Fields (every one checked when read)::
     benchmarks = ["math500", "aime2024"]
     conditions = ["w/o", "w/ Mless"]    # built-in names, "ARM", or names defined below
     models = ["Qwen/Qwen2.5-Math-1.5B"] # the authors' models (the docs' GPU commands)
-    runs = 5                            # runs the paper averages (information)
+    runs = 5                            # runs the paper averages (the default of --runs)
     notes = "..."                       # shown in the table's Markdown and the report
     [settings]                          # how it runs: ReproduceConfig's fields (the command line's
     limit = 50                          #   --limit, --max-new-tokens, ... given win)
     [define."w/ Mless ?"]               # a condition: a built-in one with other filler settings
     base = "w/ Mless"
     symbol = "?"                        # also: count, word, placement
+
+A name is letters, digits, ``.``, ``_`` and ``-`` (it names the default output folder). A ``define`` may
+not take a built-in condition's name (``w/o``, ``w/ Mless``, ``ARM`` ...); one that takes the name of a
+shipped recipe's condition with another definition is renamed ``"<name> (own definition)"``, so it is
+never shown beside the published number of the paper's condition.
 """
 
 import dataclasses
 import os
+import re
 import sys
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -36,6 +42,7 @@ from typing import Any
 
 from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.core.given import Given
+from lensprobe.core.prompts.conditions import paper_conditions
 from lensprobe.core.prompts.prompt import PLACEMENTS
 from lensprobe.evals.protocols import PROTOCOLS
 from lensprobe.interventions.arm_presets import benchmark_key
@@ -69,6 +76,10 @@ class ReproduceConfig(Given):
     """generated tokens per answer (default: the protocol's, 2048 for arm-math500)"""
     batch_size: int | None = None
     """rows generated at once (default 8)"""
+    runs: int | None = None
+    """seeded runs (seeds 0 .. N-1), reported as their mean and spread (default: the runs the paper averages,
+    the recipe's runs: 5 for Table 1); a cell that does not vary with the seed (a model that does not sample,
+    no random intervention) runs once"""
     quick: bool | None = field(default=None, metadata={"custom_args": {"const": True}})
     """figure recipes: short inputs (a smoke run)"""
     data: list[str] | None = field(default=None, metadata={
@@ -77,7 +88,7 @@ class ReproduceConfig(Given):
     benchmarks without data are skipped with a note"""
 
     def __post_init__(self) -> None:
-        for name in ("limit", "max_new_tokens", "batch_size"):
+        for name in ("limit", "max_new_tokens", "batch_size", "runs"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise SettingError(name, f"expected a whole number >= 1, got {value!r}")
@@ -91,6 +102,9 @@ class ReproduceConfig(Given):
         """``other`` with the settings given here on top (a command line's over a recipe's)."""
         return replace(other, **self.given())
 _DEFINE_FIELDS = {"base", "symbol", "count", "word", "placement"}
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+OWN = " (own definition)"
+"""Appended to a defined condition that takes a shipped recipe's condition name with another definition."""
 
 
 @dataclass(frozen=True)
@@ -193,11 +207,16 @@ def _recipe(data: dict, where: str, default_name: str) -> Recipe:
     runs = data.get("runs", 1)
     if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
         raise LensprobeError(f"{where}: runs must be a positive integer, got {runs!r}.")
-    return Recipe(name=str(data.get("name", default_name)), title=str(data.get("title", default_name)), kind=kind,
+    name = data.get("name", default_name)
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
+        raise LensprobeError(f"{where}: name {name!r} must be letters, digits, '.', '_' and '-' (it names the output "
+                             "folder): e.g. name = \"my-table1\".")
+    define, conditions = _own_names(_defines(data.get("define", {}), where), lists["conditions"], where)
+    return Recipe(name=name, title=str(data.get("title", default_name)), kind=kind,
                   arxiv=str(data.get("arxiv", "2510.01032")), table=_opt(data.get("table")),
                   figure=_opt(data.get("figure")), protocol=protocol, benchmarks=benchmarks,
-                  conditions=lists["conditions"], models=lists["models"], runs=runs,
-                  notes=str(data.get("notes", "")), define=_defines(data.get("define", {}), where), source=where,
+                  conditions=conditions, models=lists["models"], runs=runs,
+                  notes=str(data.get("notes", "")), define=define, source=where,
                   settings=_settings(data.get("settings", {}), where))
 
 
@@ -219,7 +238,12 @@ def _opt(value) -> str | None:
 def _defines(define: Any, where: str) -> dict[str, dict[str, Any]]:
     if not isinstance(define, dict):
         raise LensprobeError(f"{where}: define must be a table of conditions, got {define!r}.")
+    builtin = set(paper_conditions(prompt_format="paper"))
     for name, spec in define.items():
+        if name in builtin or name == "ARM" or name.endswith("+ARM"):
+            raise LensprobeError(f"{where}: define.{name!r} takes the name of a built-in condition, which the published "
+                                 "numbers are matched on: give your definition a name of its own (e.g. "
+                                 f"{name + ' (mine)'!r}).")
         if not isinstance(spec, dict) or "base" not in spec:
             raise LensprobeError(f"{where}: define.{name!r} needs base (a built-in condition such as 'w/ Mless').")
         unknown = sorted(set(spec) - _DEFINE_FIELDS)
@@ -228,3 +252,15 @@ def _defines(define: Any, where: str) -> dict[str, dict[str, Any]]:
         if spec.get("placement", "between") not in PLACEMENTS:
             raise LensprobeError(f"{where}: define.{name!r}: placement must be one of {PLACEMENTS}.")
     return dict(define)
+
+
+def _own_names(define: dict[str, dict[str, Any]], conditions: tuple[str, ...], where: str
+               ) -> tuple[dict[str, dict[str, Any]], tuple[str, ...]]:
+    """Rename (``"<name> (own definition)"``) each defined condition that a shipped recipe defines otherwise."""
+    shipped: dict[str, dict] = {}
+    for file in _shipped().values():
+        if str(file) != where:
+            shipped.update(tomllib.loads(file.read_text(encoding="utf-8")).get("define", {}))
+    renamed = {n: n + OWN for n, spec in define.items() if n in shipped and shipped[n] != spec}
+    return ({renamed.get(n, n): spec for n, spec in define.items()},
+            tuple(renamed.get(c, c) for c in conditions))

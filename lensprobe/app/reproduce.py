@@ -1,46 +1,69 @@
 """``lp.reproduce`` / ``lensprobe reproduce``: run a study recipe and put the published numbers beside.
 
 A table recipe (:mod:`lensprobe.app.recipe`) evaluates its conditions on each benchmark it names under
-its protocol (:func:`lensprobe.evaluate`, resumable result folders in ``OUT/runs/<benchmark>``),
-grades with the authors' ``paper-exact`` (``math-verify`` beside), and writes:
+its protocol (:func:`lensprobe.evaluate`, resumable result folders in ``OUT/runs/<benchmark>``; seeds
+after the first in ``OUT/runs/<benchmark>.seed<k>``), grades with the authors' ``paper-exact``
+(``math-verify`` beside), and writes:
 
-- ``OUT/table.csv``: one row per (benchmark, condition): this run's ``n``, accuracy and 95% interval
-  under ``paper-exact``, ``math-verify``, then one column per model of the paper's table with the
-  published number;
-- ``OUT/table.md``: the same as Markdown, with the recipe, the protocol and what differs;
-- ``OUT/report/index.html``: the table, accuracy bars and paired tests per benchmark.
+- ``OUT/table.csv``: one row per (benchmark, condition): this run's columns (``run: n``, ``run: accuracy
+  (authors' grader)``, its interval, runs and spread, ``run: accuracy (math-verify)``, ``run: comparable``),
+  one column per model of the paper's table with the published number, then the facts each cell was
+  computed under (``run: model``, ``run: model configuration``, ``run: weights digest``, ``run: dtype``, ...
+  ``run: why not comparable``; :func:`~lensprobe.app.provenance.fact_columns`);
+- ``OUT/table.json``: the same per cell, nested (facts, verdict and reasons, published numbers);
+- ``OUT/table.md``: the table as Markdown, the run's facts and every cell's verdict with its reasons;
+- ``OUT/report/index.html``: the same, accuracy bars and paired tests per benchmark;
+- ``OUT/recipe.json``: the recipe whose run the folder holds (another recipe's run is refused).
 
 A figure recipe draws its study (:data:`~lensprobe.app.reproduce_figures.FIGURES`) into
 ``OUT/report`` (numbers as CSV beside the page) and writes ``OUT/figure.md``.
 """
 
+import dataclasses
 import html
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lensprobe.app.provenance import (
+    BENCHMARK_TOTALS,
+    RUN_FACTS,
+    arm_facts,
+    fact_columns,
+    run_facts,
+    verdict,
+)
 from lensprobe.app.recipe import Recipe, load_recipe
 from lensprobe.app.reproduce_figures import figure_sections
 from lensprobe.app.reproduce_tables import (
+    RUN_COLUMNS,
     beside_published,
     cell_text,
     markdown_table,
     model_note,
     recipe_conditions,
     recipe_problems,
+    run_numbers,
 )
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.hooks.capabilities import capabilities
 from lensprobe.core.lazy import pandas
 from lensprobe.core.models.loading import model_label
-from lensprobe.core.storage.store import atomic_file, atomic_write_text
+from lensprobe.core.storage.store import atomic_file, atomic_write_json, atomic_write_text, read_json
+from lensprobe.evals.config import model_samples
 from lensprobe.evals.harness import evaluate
 from lensprobe.evals.protocols import get_protocol
-from lensprobe.evals.stats import accuracy
+from lensprobe.evals.results import read_config
+from lensprobe.interventions.arm_presets import benchmark_key
 from lensprobe.viz.eval_report import results_section
 from lensprobe.viz.report import Section, write_report
 
-__all__ = ["ReproduceResult", "reproduce"]
+__all__ = ["ReproduceResult", "check_reproduce", "reproduce"]
+
+RECIPE_FILE = "recipe.json"
+"""Names the recipe whose run an output folder holds."""
 
 
 @dataclass(frozen=True)
@@ -49,29 +72,79 @@ class ReproduceResult:
 
     Attributes:
         recipe: the recipe run.
-        table: this run beside the published numbers (``None`` for a figure recipe).
+        table: this run's columns beside the published numbers (``None`` for a figure recipe).
+        cells: per (benchmark, condition) run: the facts it was computed under, its verdict
+            (``comparable``) and the reasons when not (what ``table.json`` holds).
         files: name -> path of every file written (``{}`` without ``out``).
         notes: what was skipped and why (a benchmark without data, ARM without a preset ...).
     """
 
     recipe: Recipe
     table: Any = None
+    cells: tuple[dict, ...] = ()
     files: dict[str, Path] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
 
+def check_reproduce(recipe: str | os.PathLike | Recipe, *, data: dict | None = None, out: str | os.PathLike | None = None,
+                    limit: int | None = None, runs: int | None = None) -> Recipe:
+    """Every check of :func:`reproduce` that needs no model, so a command can make them before it loads one:
+    the recipe, ``limit`` and ``runs``, each data file (a benchmark the recipe runs, a file that exists) and
+    the output folder (it must not hold another recipe's run). Returns the recipe.
+
+    Raises:
+        LensprobeError: what is wrong, and what to do.
+
+    Example:
+        >>> check_reproduce("arm-table1", data={"aime2025": "aime2025.jsonl"})
+        Traceback (most recent call last):
+        LensprobeError: data for aime2025, which recipe 'arm-table1' does not run (it runs math500, aime2024): drop it.
+    """
+    recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
+    for name, value in (("limit", limit), ("runs", runs)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise LensprobeError(f"{name} must be a positive integer, got {value!r}.")
+    for bench, path in (data or {}).items():
+        key = benchmark_key(bench)
+        if key not in recipe.benchmarks:
+            raise LensprobeError(f"data for {key}, which recipe {recipe.name!r} does not run (it runs "
+                                 f"{', '.join(recipe.benchmarks)}): drop it.")
+        if not Path(path).expanduser().is_file():
+            raise LensprobeError(f"data file {path} for {key} does not exist: give a JSONL or Parquet problem file.")
+    if out is not None:
+        _check_folder(recipe, Path(out).expanduser())
+    return recipe
+
+
+def _check_folder(recipe: Recipe, out: Path) -> None:
+    held = read_json(out / RECIPE_FILE, fix="delete the folder to start over") if (out / RECIPE_FILE).is_file() else None
+    if held is None and not any((out / f).exists() for f in ("table.md", "table.csv", "figure.md")):
+        return
+    if held is not None and held.get("recipe") == recipe.name:
+        return
+    what = f"the run of recipe {held.get('recipe')!r} ({held.get('source')})" if held else \
+        "a reproduce table of an older lensprobe, whose recipe is not recorded"
+    raise LensprobeError(f"{out} holds {what}; recipe {recipe.name!r} would replace its table and report. Give it its "
+                         f"own folder (e.g. --out {out / recipe.name}), or delete {out} to start over.")
+
+
 def reproduce(recipe: str | os.PathLike | Recipe, model, *, out: str | os.PathLike | None = None,
               limit: int | None = None, max_new_tokens: int | None = None, data: dict | None = None,
-              arm: Any = None, quick: bool = False, batch_size: int = 8, model_name: str | None = None,
-              progress: bool = True) -> ReproduceResult:
+              arm: Any = None, arm_source: str = "code", runs: int | None = None, quick: bool = False,
+              batch_size: int = 8, model_name: str | None = None, progress: bool = True) -> ReproduceResult:
     """Run a study recipe on ``model`` and compare it with the paper's published numbers.
+
+    Every cell of the table carries the facts it was computed under and a verdict: *comparable* only
+    when the model's configuration equals the named paper model's published one, the whole benchmark
+    ran without error rows, and runs, sampling, dtype (fp32), prompt and ARM settings are the
+    protocol's (:func:`~lensprobe.app.provenance.verdict`); otherwise every reason is listed.
 
     Args:
         recipe: a shipped recipe's name (``lensprobe reproduce --list``), a ``.toml`` file of
             your own, or a :class:`~lensprobe.app.recipe.Recipe`.
         model: a loaded model (``lp.load_model(...)``).
-        out: output folder (table, Markdown, report; evaluation rows under ``runs/``, so a
-            rerun resumes); ``None`` writes nothing.
+        out: output folder (table, Markdown, JSON, report; evaluation rows under ``runs/``, so a
+            rerun resumes); ``None`` writes nothing. A folder holding another recipe's run is refused.
         limit: at most this many problems per benchmark (the first in file order).
         max_new_tokens: generated tokens per answer (default: the protocol's, 2048 for arm-math500).
         data: benchmark -> problem file for the benchmarks lensprobe does not ship
@@ -79,9 +152,15 @@ def reproduce(recipe: str | os.PathLike | Recipe, model, *, out: str | os.PathLi
             without data is skipped with a note.
         arm: the ARM of ``"ARM"`` conditions, or ``{benchmark: ARM}`` (default: the authors'
             preset for the model on each benchmark; without one, ARM rows are skipped with a note).
+        arm_source: where the presets come from: ``"code"`` (the released code) or ``"paper"`` (Table 9).
+        runs: seeded runs (seeds 0 .. runs-1), reported as their mean and standard deviation (default: the
+            runs the paper averages, the recipe's ``runs``: 5 for Table 1). A condition whose rows do not
+            depend on the seed (the model's generation config does not sample and no intervention draws
+            random numbers) runs once, and the table says so.
         quick: figure recipes: short inputs (a smoke run).
         batch_size: rows generated at once (continuous batching).
-        model_name: name recorded in the rows (default: the model's).
+        model_name: the model's name, recorded in the rows and compared with the paper's models
+            (default: the model's own).
         progress: show progress bars.
 
     Returns:
@@ -89,72 +168,166 @@ def reproduce(recipe: str | os.PathLike | Recipe, model, *, out: str | os.PathLi
 
     Raises:
         LensprobeError: an unknown recipe or a bad recipe file, a data file for a benchmark the
-            recipe does not run, a missing data file, or bad settings.
+            recipe does not run, a missing data file, an output folder of another recipe, or bad settings.
 
     Example:
         >>> res = lp.reproduce("arm-table1", lp.load_model(), limit=5, out="repro/table1")
-        >>> res.table[["benchmark", "condition", "paper-exact", "Qwen2.5-Math-1.5B (Table 1)"]]
+        >>> res.table[["benchmark", "condition", "run: accuracy (authors' grader)", "Qwen2.5-Math-1.5B (Table 1)"]]
     """
-    recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise LensprobeError(f"limit must be a positive integer, got {limit!r}.")
+    recipe = check_reproduce(recipe, data=data, out=out, limit=limit, runs=runs)
     out_path = Path(out).expanduser() if out is not None else None
+    claim = {}
+    if out_path is not None:
+        out_path.mkdir(parents=True, exist_ok=True)
+        claim = {"recipe": atomic_write_json(out_path / RECIPE_FILE, {"recipe": recipe.name, "source": recipe.source},
+                                             indent=2)}
     if recipe.kind == "figure":
-        return _figure(recipe, model, out_path, quick)
-    return _table(recipe, model, out_path, dict(data or {}), limit=limit, max_new_tokens=max_new_tokens, arm=arm,
-                  batch_size=batch_size, model_name=model_name, progress=progress)
+        res = _figure(recipe, model, out_path, quick)
+    else:
+        run = _Run(recipe, model, model_name or model_label(model), arm, arm_source, runs or recipe.runs,
+                   {"batch_size": batch_size, **({"protocol": recipe.protocol} if recipe.protocol else {}),
+                    **({"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {})}, progress)
+        res = _table(run, out_path, dict(data or {}), limit)
+    return dataclasses.replace(res, files={**claim, **res.files})
 
 
-def _table(recipe: Recipe, model, out: Path | None, data: dict, *, limit, max_new_tokens, arm, batch_size,
-           model_name, progress) -> ReproduceResult:
+@dataclass(frozen=True)
+class _Run:
+    recipe: Recipe
+    model: Any
+    name: str
+    arm: Any
+    arm_source: Any
+    runs: int
+    settings: dict
+    progress: bool
+
+
+def _table(run: _Run, out: Path | None, data: dict, limit) -> ReproduceResult:
     pd = pandas()
-    problem_sets, notes = recipe_problems(recipe, data, limit)
-    settings: dict[str, Any] = {"batch_size": batch_size}
-    if recipe.protocol is not None:
-        settings["protocol"] = recipe.protocol
-    if max_new_tokens is not None:
-        settings["max_new_tokens"] = max_new_tokens
-    results, sections = [], []
+    problem_sets, notes = recipe_problems(run.recipe, data, limit)
+    samples = model_samples(run.model)
+    results, cells, sections = [], [], []
     for bench, problems in problem_sets.items():
-        conds, skipped = recipe_conditions(recipe, model, bench, arm)
+        conds, skipped = recipe_conditions(run.recipe, run.model, bench, run.arm, arm_source=run.arm_source)
         notes += skipped
-        rows = evaluate(model, problems, conds, out=None if out is None else out / "runs" / bench,
-                        model_name=model_name, benchmark=bench, progress=progress, **settings)
-        exact = accuracy(rows, "condition", grader="paper-exact")
-        mv = accuracy(rows, "condition", grader="math-verify").set_index("condition")["accuracy"]
-        for r in exact.itertuples():
-            results.append({"benchmark": bench, "condition": r.condition, "n": r.n,
-                            "paper-exact": round(100 * r.accuracy, 1), "low": round(100 * r.low, 1),
-                            "high": round(100 * r.high, 1), "math-verify": round(100 * mv[r.condition], 1)})
-        sections.append(results_section(rows, title=f"{bench}: accuracy per condition", grader="paper-exact"))
-    run = pd.DataFrame.from_records(results, columns=["benchmark", "condition", "n", "paper-exact", "low", "high",
-                                                      "math-verify"])
-    table = beside_published(run, recipe)
-    files = _write_table(recipe, model, out, table, sections, notes, limit, settings) if out is not None else {}
-    return ReproduceResult(recipe=recipe, table=table, files=files, notes=tuple(notes))
+        seeded = _seeded_runs(run, bench, problems, conds, samples, out)
+        for cond in conds:
+            varies = _varies(cond, samples)
+            rows = [rows for _, rows, _ in seeded if (rows["condition"] == cond.name).any()]
+            numbers = run_numbers(cond.name, rows)
+            cell = _cell(run, bench, cond, seeded, numbers, len(problems), varies)
+            numbers["run: comparable"] = "comparable" if cell["comparable"] else "not comparable"
+            results.append({"benchmark": bench, "condition": cond.name, **numbers})
+            cells.append(cell)
+        notes += _runs_notes(run, bench, conds, samples)
+        sections.append(results_section(seeded[0][1], title=f"{bench}: accuracy per condition", grader="paper-exact"))
+    table = beside_published(pd.DataFrame.from_records(results, columns=["benchmark", "condition", *RUN_COLUMNS]),
+                             run.recipe)
+    files = _write_table(run, out, table, cells, sections, notes) if out is not None else {}
+    return ReproduceResult(recipe=run.recipe, table=table, cells=tuple(cells), files=files, notes=tuple(notes))
 
 
-def _write_table(recipe: Recipe, model, out: Path, table, sections: list, notes: list[str], limit,
-                 settings: dict) -> dict[str, Path]:
-    out.mkdir(parents=True, exist_ok=True)
+def _seeded_runs(run: _Run, bench: str, problems, conds, samples: bool, out: Path | None) -> list[tuple]:
+    """``(seed, rows, config)`` per run: every condition with seed 0, then seeds 1 .. runs-1 of the conditions
+    whose rows depend on the seed; ``config`` is what the run's folder records (its ``config.json``; without
+    ``out``, the run goes to a temporary folder, removed after it is read)."""
+    done = []
+    with tempfile.TemporaryDirectory(prefix="lensprobe-reproduce-") as tmp:
+        runs = Path(tmp) if out is None else out / "runs"
+        for seed in range(run.runs):
+            todo = conds if seed == 0 else [c for c in conds if _varies(c, samples)]
+            if not todo:
+                break
+            folder = runs / (bench if seed == 0 else f"{bench}.seed{seed}")
+            rows = evaluate(run.model, problems, todo, out=folder, model_name=run.name, benchmark=bench,
+                            progress=run.progress, seed=seed, **run.settings)
+            done.append((seed, rows, read_config(folder)))
+    return done
+
+
+def _varies(cond, samples: bool) -> bool:
+    """Whether a condition's rows depend on the seed: the model samples, or an intervention draws random numbers."""
+    return samples or any(capabilities(i).seeded for i in cond.interventions)
+
+
+def _cell(run: _Run, bench: str, cond, seeded: list, numbers: dict, n_problems: int, varies: bool) -> dict:
+    seeds = [s for s, rows, _ in seeded if (rows["condition"] == cond.name).any()]
+    config = seeded[0][2]
+    facts = run_facts(run.model, config, name=run.name)
+    arm = arm_facts(config["parts"].get(cond.name, {}), run.name, bench)
+    cell = {"problems": n_problems, "of": BENCHMARK_TOTALS.get(bench), "runs": len(seeds), "seeds": seeds,
+            "errors": numbers.pop("errors"), "arm": arm}
+    comparable, reasons = verdict(facts, cell, run.model, paper_runs=run.recipe.runs, random=varies)
+    return {"benchmark": bench, "condition": cond.name, "facts": facts, **cell, "varies with the seed": varies,
+            "comparable": comparable, "reasons": reasons, "columns": fact_columns(facts, cell, reasons)}
+
+
+def _runs_notes(run: _Run, bench: str, conds, samples: bool) -> list[str]:
+    fixed = [c.name for c in conds if not _varies(c, samples)]
+    if run.runs == 1 or not fixed:
+        return []
+    return [f"{bench}: {', '.join(fixed)} ran once of {run.runs} runs: the loaded model's generation config does not "
+            "sample and no intervention of theirs draws random numbers, so every run would give the same rows."]
+
+
+def _write_table(run: _Run, out: Path, table, cells: list[dict], sections: list, notes: list[str]) -> dict[str, Path]:
+    recipe = run.recipe
     protocol = get_protocol(recipe.protocol) if recipe.protocol else None
+    shared = cells[0]["columns"] if cells else {}
     facts = [f"Recipe `{recipe.name}` ({recipe.source}): {recipe.title}.",
-             f"Model: {model_label(model)}. {model_note(model, recipe)}",
+             f"Model: {run.name}. {model_note(run.model, recipe, run.name)}",
+             *[f"{k.removeprefix('run: ').capitalize()}: {shared[k]}." for k in RUN_FACTS[1:] if k in shared],
              f"Protocol: {recipe.protocol or 'none'}" + (f" ({protocol.description})" if protocol else "") + ".",
-             f"Problems per benchmark: {'all' if limit is None else f'the first {limit}'}; settings: {settings}.",
-             "Accuracies in percent; `paper-exact` is the authors' grader (their tables' metric), `low`/`high` its "
-             "95% Wilson interval; the published columns are the paper's models (arXiv "
-             f"{recipe.arxiv}, Table {recipe.table}).", *([recipe.notes] if recipe.notes else []), *notes]
-    paths = {"csv": out / "table.csv", "markdown": out / "table.md"}
+             "Accuracies in percent. The run's columns start with `run:`: `run: accuracy (authors' grader)` is the "
+             "authors' `is_equiv` (`paper-exact`, their tables' metric), the mean over `run: runs`, with its 95% "
+             "Wilson interval (one run) or the runs' standard deviation; the other columns are the paper's models "
+             f"as published (arXiv {recipe.arxiv}, Table {recipe.table}).", *([recipe.notes] if recipe.notes else []),
+             *notes]
+    verdicts = [f"{c['benchmark']} / {c['condition']}: " + ("comparable" if c["comparable"] else
+                "not comparable: " + "; ".join(c["reasons"])) + f" (problems {c['columns']['run: problems']}, seeds "
+                f"{c['columns']['run: seeds'] or 'none'}, error rows {c['errors']}"
+                + (f", ARM {c['columns']['run: ARM']} from {c['columns']['run: ARM source']}" if c["arm"] else "") + ")"
+                for c in cells]
+    full = _with_facts(table, cells)
+    paths = {"csv": out / "table.csv", "markdown": out / "table.md", "json": out / "table.json"}
     with atomic_file(paths["csv"]) as tmp:
-        table.to_csv(tmp, index=False)
-    md = [f"# {recipe.title}", "", *[f"- {f}" for f in facts], "", markdown_table(table), ""]
+        full.to_csv(tmp, index=False)
+    atomic_write_json(paths["json"], _json(recipe, table, cells, notes), indent=2)
+    md = [f"# {recipe.title}", "", *[f"- {f}" for f in facts], "", markdown_table(table), "", "## Comparability",
+          "", *[f"- {v}" for v in verdicts], ""]
     atomic_write_text(paths["markdown"], "\n".join(md))
     intro = "".join(f"<p>{html.escape(f)}</p>" for f in facts)
-    summary = Section(title=recipe.title, intro=intro, html=[_html_table(table)], tables={"table": table})
+    listed = "<ul>" + "".join(f"<li>{html.escape(v)}</li>" for v in verdicts) + "</ul>"
+    summary = Section(title=recipe.title, intro=intro, html=[_html_table(table), "<h3>Comparability</h3>" + listed],
+                      tables={"table": full})
     paths["report"] = write_report(out / "report", [summary, *sections], title=f"lensprobe reproduce {recipe.name}",
-                                   meta={"model": model_label(model), "recipe": recipe.name})
+                                   meta={"model": run.name, "recipe": recipe.name})
     return paths
+
+
+def _with_facts(table, cells: list[dict]):
+    """``table`` with each run cell's facts as ``run: ...`` columns (published-only rows leave them empty)."""
+    pd = pandas()
+    facts = pd.DataFrame([{"benchmark": c["benchmark"], "condition": c["condition"], **c["columns"]} for c in cells])
+    return table.merge(facts, on=["benchmark", "condition"], how="left") if cells else table
+
+
+def _json(recipe: Recipe, table, cells: list[dict], notes: list[str]) -> dict:
+    published = [c for c in table.columns if c.endswith(f"(Table {recipe.table})")]
+    rows = {(r["benchmark"], r["condition"]): r for r in table.to_dict("records")}
+    out = []
+    for c in cells:
+        row = rows[(c["benchmark"], c["condition"])]
+        out.append({**{k: v for k, v in c.items() if k != "columns"},
+                    "run": {k: _plain(row[k]) for k in RUN_COLUMNS},
+                    "published": {k: _plain(row[k]) for k in published}})
+    return {"recipe": {"name": recipe.name, "title": recipe.title, "source": recipe.source, "arxiv": recipe.arxiv,
+                       "table": recipe.table, "paper_runs": recipe.runs}, "cells": out, "notes": notes}
+
+
+def _plain(v):
+    return None if cell_text(v) == "" else (v.item() if hasattr(v, "item") else v)
 
 
 def _html_table(table) -> str:
@@ -168,7 +341,6 @@ def _figure(recipe: Recipe, model, out: Path | None, quick: bool) -> ReproduceRe
     sections = figure_sections(recipe.figure or "", model, quick=quick)
     if out is None:
         return ReproduceResult(recipe=recipe)
-    out.mkdir(parents=True, exist_ok=True)
     index = write_report(out / "report", sections, title=f"lensprobe reproduce {recipe.name}",
                          meta={"model": model_label(model), "recipe": recipe.name})
     readme = atomic_write_text(out / "figure.md",

@@ -4,9 +4,11 @@ the published numbers (used by :func:`lensprobe.app.reproduce.reproduce`)."""
 import dataclasses
 import math
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 
+from lensprobe.app.provenance import model_reasons, parameter_text
 from lensprobe.app.recipe import Recipe
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
@@ -14,12 +16,20 @@ from lensprobe.core.models.loading import model_label
 from lensprobe.core.prompts.conditions import PromptFormat, paper_conditions, resolve_conditions
 from lensprobe.evals.data import load_math500, load_problems
 from lensprobe.evals.protocols import arm_layer_defaults, get_protocol
-from lensprobe.evals.published import published_table
+from lensprobe.evals.published import paper_models, published_table
+from lensprobe.evals.stats import accuracy
 from lensprobe.interventions.arm import ARM
 from lensprobe.interventions.arm_presets import benchmark_key, model_key
 
-__all__ = ["beside_published", "cell_text", "markdown_table", "model_note", "recipe_conditions", "recipe_problems"]
+__all__ = ["RUN_COLUMNS", "RUN_N", "beside_published", "cell_text", "markdown_table", "model_note", "recipe_conditions",
+           "recipe_problems", "run_numbers"]
 
+RUN_N = "run: n"
+"""The run's column of graded rows (its other columns: :data:`RUN_COLUMNS`)."""
+RUN_COLUMNS = (RUN_N, "run: accuracy (authors' grader)", "run: 95% CI low", "run: 95% CI high", "run: runs",
+               "run: sd over runs", "run: accuracy (math-verify)", "run: comparable")
+"""This run's columns, named so that none reads as the paper's: the authors' grader (``paper-exact``, the mean over
+the runs), its 95% Wilson interval (one run), the runs and their standard deviation, math-verify, the verdict."""
 BUILT_IN = ("math500",)
 """Benchmarks whose problems lensprobe ships; the others need a data file."""
 
@@ -98,24 +108,60 @@ def recipe_conditions(recipe: Recipe, model, bench: str, arm: Any = None, *,
 def beside_published(run, recipe: Recipe):
     """The run's rows with one column per model of the recipe's published table (``"<model> (Table
     T)"``), matched on (benchmark, condition); published rows the run lacks are kept (run columns
-    empty).
+    empty), the table's other benchmarks and conditions too (shown as published). A cell the paper
+    prints as "-" reads what it means there (Table 2: ``"< 5"``).
 
     Example:
         >>> beside_published(run, load_recipe("arm-table1")).columns[:4].tolist()
-        ['benchmark', 'condition', 'n', 'paper-exact']
+        ['benchmark', 'condition', 'run: n', "run: accuracy (authors' grader)"]
     """
     if recipe.table is None:
         raise LensprobeError(f"recipe {recipe.name!r} is a {recipe.kind} recipe: only a table recipe has published numbers.")
     pub = published_table(recipe.table, recipe.arxiv)
-    pub = pub[pub["benchmark"].isin(recipe.benchmarks) & pub["condition"].isin(recipe.conditions)]
-    wide = pub.pivot_table(index=["benchmark", "condition"], columns="model", values="value", sort=False,
+    pub["shown"] = [t if v is None or v != v else v for v, t in zip(pub["value"], pub["text"], strict=True)]
+    wide = pub.pivot_table(index=["benchmark", "condition"], columns="model", values="shown", sort=False,
                            dropna=False, aggfunc="first")
     wide.columns = [f"{m} (Table {recipe.table})" for m in wide.columns]
     order = {(b, c): i for i, (b, c) in enumerate((b, c) for b in recipe.benchmarks for c in recipe.conditions)}
-    table = run.merge(wide.reset_index(), on=["benchmark", "condition"], how="outer")
-    table["_o"] = [order.get((b, c), len(order)) for b, c in zip(table["benchmark"], table["condition"], strict=True)]
-    table["n"] = table["n"].astype("Int64")  # published-only rows have no count
+    for key in [*zip(run["benchmark"], run["condition"], strict=True), *wide.index]:  # then the run's, the paper's
+        order.setdefault(key, len(order))
+    table = run.merge(wide.reset_index(), on=["benchmark", "condition"], how="outer", sort=False)
+    table["_o"] = [order[(b, c)] for b, c in zip(table["benchmark"], table["condition"], strict=True)]
+    for col in (RUN_N, RUN_COLUMNS[4]):  # counts (published-only rows have none)
+        table[col] = table[col].astype("Int64")
+    for col in (*RUN_COLUMNS[1:4], *RUN_COLUMNS[5:7]):  # percentages (None where not measured)
+        table[col] = pandas().to_numeric(table[col]).astype(float)
     return table.sort_values("_o", kind="stable").drop(columns="_o").reset_index(drop=True)
+
+
+def run_numbers(name: str, runs: list) -> dict:
+    """One condition's numbers over its seeded runs (``runs``: each run's result rows): graded rows ``n``
+    (the first run's), the authors' grader's mean accuracy in percent, its 95% Wilson interval (one run
+    only), the runs, their standard deviation (two or more), math-verify's mean, and ``errors`` (rows
+    without a verdict, over all runs)."""
+    exact: list[float] = []
+    mv: list[float] = []
+    n: int | None = None
+    errors, low, high = 0, 0.0, 0.0
+    for rows in runs:
+        mine = rows[rows["condition"] == name]
+        graded = mine[mine["paper-exact"].notna()]
+        errors += len(mine) - len(graded)
+        n = len(graded) if n is None else n
+        if len(graded):
+            acc = accuracy(graded, "condition", grader="paper-exact").iloc[0]
+            exact.append(100 * acc["accuracy"])
+            low, high = 100 * acc["low"], 100 * acc["high"]
+            mv.append(100 * graded["math-verify"].astype(float).mean())
+    one = len(runs) == 1 and bool(exact)
+    return {RUN_N: n, RUN_COLUMNS[1]: _mean(exact), RUN_COLUMNS[2]: round(low, 1) if one else None,
+            RUN_COLUMNS[3]: round(high, 1) if one else None, RUN_COLUMNS[4]: len(runs),
+            RUN_COLUMNS[5]: round(statistics.stdev(exact), 1) if len(exact) > 1 else None,
+            RUN_COLUMNS[6]: _mean(mv), "errors": errors}
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(statistics.fmean(values), 1) if values else None
 
 
 def cell_text(v) -> str:
@@ -133,18 +179,27 @@ def markdown_table(table) -> str:
     return "\n".join(lines)
 
 
-def model_note(model, recipe: Recipe) -> str:
-    """A sentence saying whether ``model`` is one of the paper's models, and what to expect if not.
+def model_note(model, recipe: Recipe, name: str | None = None) -> str:
+    """A sentence on whether ``model`` (named ``name``, default its own name) is one of the paper's
+    models: only when the name is one and its configuration equals the published one.
 
     Example:
         >>> model_note(lp.load_model(), load_recipe("arm-table1"))[:40]
-        'SmolLM2-135M-Instruct is a 135M-paramete'
+        'SmolLM2-135M-Instruct (135M parameters) '
     """
-    key = model_key(model_label(model))
-    paper = {model_key(m) for m in recipe.models}
-    if key in paper:
-        return "One of the paper's models."
+    name = name or model_label(model)
     params = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else 0
-    size = f"a {params / 1e6:.0f}M-parameter model" if params else "not one of the paper's models"
-    return (f"{model_label(model)} is {size}, not one of the paper's models (1.5B-32B parameters): it cannot "
-            "reach their numbers. Read the table's shape (conditions side by side), not its values.")
+    size = f" ({parameter_text(params)} parameters)" if params else ""
+    key = model_key(name)
+    published = paper_models(recipe.arxiv)
+    if key in published:
+        facts = {"name": name, "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads,
+                 "n_kv_heads": getattr(model.cfg, "n_key_value_heads", None) or model.cfg.n_heads,
+                 "d_model": model.cfg.d_model, "d_vocab": model.cfg.d_vocab}
+        differs = model_reasons(facts)
+        if not differs:
+            return (f"{name}{size}: one of the paper's models, its configuration equal to the published one "
+                    f"({published[key]['source']}).")
+        return f"{model_label(model)}{size} is not the paper's model: {differs[0]}. Read the table's shape, not its values."
+    return (f"{model_label(model)}{size} is not one of the paper's models (1.5B-32B parameters): it cannot reach "
+            "their numbers. Read the table's shape (conditions side by side), not its values.")

@@ -158,7 +158,11 @@ def get_protocol(name: str) -> Protocol:
     return PROTOCOLS[name]
 
 
-def grades_prompt(protocol: str | None) -> bool:
-    """Whether ``paper-exact`` grades prompt + generation under ``protocol`` (``None``: yes, as the
-    MATH-500 script does)."""
+def grades_prompt(protocol: str | None, prompt_format: str = "paper") -> bool:
+    """Whether ``paper-exact`` grades prompt + generation: only for the authors' own prompt string
+    (``prompt_format="paper"``), as their MATH-500 script does (``protocol=None`` or a protocol whose
+    ``grade_prompt`` says so). A chat prompt is never graded: its system message's own ``\\boxed{}``
+    would be read as the answer (an empty box, which the authors' lenient rule accepts for every problem)."""
+    if prompt_format != "paper":
+        return False
     return True if protocol is None else get_protocol(protocol).grade_prompt

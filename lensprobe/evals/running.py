@@ -198,7 +198,8 @@ def run_plan(model, plan, config: EvalConfig, info: RunInfo, tally: dict, *, out
     def emit(it: Item, cond: Condition, ids: list[int], text: str, finish: str, error: str | None,
              seconds: float) -> None:
         row = make_row(it, cond, ids, text, finish, seconds, info, extract=config.extract, error=error,
-                       exact_on_prompt=grades_prompt(config.protocol), grade_timeout=config.grade_timeout)
+                       exact_on_prompt=grades_prompt(config.protocol, config.prompt_format),
+                       grade_timeout=config.grade_timeout)
         if writer is not None:
             writer.write(row)
             writer.sync()

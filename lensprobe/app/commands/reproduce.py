@@ -15,7 +15,7 @@ from lensprobe.app.examples import describe
 from lensprobe.app.option_groups import ModelOptions, OutputOptions, RecipeOptions
 from lensprobe.app.parsing import add_config
 from lensprobe.app.recipe import ReproduceConfig, list_recipes, load_recipe
-from lensprobe.app.reproduce import reproduce
+from lensprobe.app.reproduce import check_reproduce, reproduce
 from lensprobe.app.reproduce_tables import markdown_table
 from lensprobe.core.errors import LensprobeError
 from lensprobe.interventions.arm_presets import benchmark_key
@@ -69,6 +69,7 @@ def run_reproduce(args) -> int:
     args.config = args.config.over(recipe.settings)  # the recipe's settings, the options given on top
     data = data_from_args(args.config.data)
     out = args.out if args.out is not None else Path(f"reproduce-{recipe.name}")
+    check_reproduce(recipe, data=data, out=out, runs=args.config.runs)  # the recipe's own checks, before the model
     check_out_dir(out, "reproduce")
     with writing_out_dir(out, "reproduce") as files:
         return _reproduce(args, recipe, data, out, files)
@@ -83,7 +84,7 @@ def _reproduce(args, recipe, data: dict[str, Path], out: Path, files: list[Path]
     config: ReproduceConfig = args.config
     res = reproduce(recipe, model, out=out, limit=config.limit, max_new_tokens=config.max_new_tokens, data=data,
                     arm={b: a for b, a in arms.items() if a is not None} or None, quick=bool(config.quick),
-                    batch_size=config.batch_size or 8, progress=not args.no_progress)
+                    runs=config.runs, batch_size=config.batch_size or 8, progress=not args.no_progress)
     if res.table is not None:
         print(markdown_table(res.table))
     for note in res.notes:
