@@ -55,6 +55,8 @@ EvalSettings: Any = given_settings(
               "extract": {"custom_args": {"choices": EXTRACT_METHODS}},
               "grade_timeout": {"custom_args": {"metavar": "SECONDS"}}},
     docs={"protocol": "one of the authors' protocols: arm-math500 (raw prompt, 2048 tokens, the model's "
-                      "generation config, paper-exact grading) or arm-aime-pass3 (single-brace prompt, 512 "
-                      "tokens, sampling, 20 samples, pass@3); the settings given still win"})
+                      "generation config, paper-exact grading), arm-aime-pass3 (their pass@3 code: single-brace "
+                      "prompt, 512 tokens, sampling with top_k 50 where the config sets none, 20 samples, pass@3, "
+                      "ARM at the decoder layers' defaults c=0.13, 99.5) or arm-aime-pass3-text (the same with "
+                      "ARM at the benchmark's preset, as the paper's text); the settings given still win"})
 """The :class:`~lensprobe.evals.config.EvalConfig` fields, each ``None`` when not given (see the module docs)."""
