@@ -82,7 +82,8 @@ def arm_facts(part: dict, model_name: str, benchmark: str) -> dict | None:
     ran = {k: v for k, v in found[0].items() if k not in _NOT_SETTINGS}
     source = found[0].get("source")
     try:
-        preset = arm_preset(model_name, benchmark, "paper" if str(source).startswith("paper") else "code")
+        preset = arm_preset(model_name, benchmark, "paper" if str(source).startswith("paper") else "code",
+                            layer_defaults="layer defaults" in str(source))
         expected: dict | None = _arm_fields(preset.settings)
         origins = "; ".join(sorted(set(preset.sources.values())))
     except NoPresetError:
