@@ -33,7 +33,7 @@ from lensprobe.core.prompts.prompt import (
 )
 from lensprobe.core.version import __version__ as __version__
 from lensprobe.evals import EvalConfig, evaluate, grade, load_math500
-from lensprobe.experiments import ablation_sweep, attribute_heads, find_heads, patch, verify_attribution
+from lensprobe.experiments import ablation_sweep, attribute_heads, find_heads, patch, patch_heads, verify_attribution
 from lensprobe.generation import GenerationConfig, generate, trace_generation
 from lensprobe.interventions import ARM, ablate_heads
 
@@ -60,6 +60,7 @@ __all__ = [
     # experiments
     "ablation_sweep",
     "patch",
+    "patch_heads",
     "attribute_heads",
     "verify_attribution",
     "find_heads",

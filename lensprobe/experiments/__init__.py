@@ -1,5 +1,5 @@
 """Experiment runners over the hook objects: ablation sweeps (:mod:`.sweep`), activation patching
-(:mod:`.patching`), attribution (:mod:`.attribution`, with AtP and AtP* in :mod:`.atp`) and its exact
+(:mod:`.patching`; per head across prompts of different lengths: :mod:`.headpatch`), attribution (:mod:`.attribution`, with AtP and AtP* in :mod:`.atp`) and its exact
 verification (:mod:`.verify`), the search for the heads that matter (:mod:`.findheads`), and their configurations (:mod:`.head_settings`). Each runs many forwards,
 identifies itself by content and saves into the results store.
 
@@ -8,9 +8,10 @@ May import: :mod:`lensprobe.core`, :mod:`lensprobe.interventions` and :mod:`lens
 
 from lensprobe.experiments.attribution import Attribution, attribute_heads
 from lensprobe.experiments.findheads import HeadSearch, find_heads
+from lensprobe.experiments.headpatch import HeadPatch, patch_heads
 from lensprobe.experiments.patching import PatchResult, patch
 from lensprobe.experiments.sweep import SweepResult, ablation_sweep
 from lensprobe.experiments.verify import Verification, verify_attribution
 
-__all__ = ["Attribution", "HeadSearch", "PatchResult", "SweepResult", "Verification", "ablation_sweep",
-           "attribute_heads", "find_heads", "patch", "verify_attribution"]
+__all__ = ["Attribution", "HeadPatch", "HeadSearch", "PatchResult", "SweepResult", "Verification", "ablation_sweep",
+           "attribute_heads", "find_heads", "patch", "patch_heads", "verify_attribution"]
