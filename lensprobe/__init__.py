@@ -33,7 +33,14 @@ from lensprobe.core.prompts.prompt import (
 )
 from lensprobe.core.version import __version__ as __version__
 from lensprobe.evals import EvalConfig, evaluate, grade, load_math500
-from lensprobe.experiments import ablation_sweep, attribute_heads, find_heads, patch, patch_heads, verify_attribution
+from lensprobe.experiments import (
+    ablation_sweep,
+    attribute_heads,
+    find_heads,
+    patch,
+    patch_heads,
+    verify_attribution,
+)
 from lensprobe.generation import GenerationConfig, generate, trace_generation
 from lensprobe.interventions import ARM, ablate_heads
 
