@@ -67,6 +67,7 @@ class StepRecorder:
         self.want_hidden = want_hidden
         self.latent = want_hidden is not None  # only latent thinking replaces input embeddings
         self.hidden: Tensor | None = None
+        self.prompt_width = 0  # keys of the prompt forward (the padded prompt), read by the pattern hooks
 
     def hooks(self, model) -> list[Hook]:
         """The hooks to attach: ``hook_embed`` (latent inputs), attention patterns, final hidden state."""
@@ -86,8 +87,13 @@ class StepRecorder:
         def record(pattern: Tensor, hook) -> None:
             last = pattern[:, :, -1, :]  # newest query: [row, head, key]
             assert self.masks is not None and self.attn is not None  # hooks() attaches this only then
+            if self.step == 0:  # the prompt forward: every layer's keys are the padded prompt
+                self.prompt_width = last.shape[-1]
+            seen = self.prompt_width + self.step  # positions the newest query can see
+            # a sliding-window layer's cache (Gemma) keeps the window's last keys only: its pattern covers those
+            keys = self.masks[:, seen - last.shape[-1]: seen]
             with one_thread():  # one tiny matmul: waking more threads costs more than it
-                torch.matmul(last.float(), self.masks[:, : last.shape[-1]], out=self.attn[self.step, index])
+                torch.matmul(last.float(), keys, out=self.attn[self.step, index])
 
         return record
 
