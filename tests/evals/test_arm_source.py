@@ -151,3 +151,11 @@ def test_evaluate_refuses_an_unknown_source(tiny):
     # the test session's runtime type checks refuse it at the call, lensprobe's own check otherwise
     with pytest.raises(Exception, match=r"arm_source"):
         lp.evaluate(tiny, lp.load_math500(limit=1), "w/o", arm_source="table", max_new_tokens=1, progress=False)
+
+
+def test_reproduce_help_names_only_its_own_options_and_explains_the_source(capsys):
+    assert main(["reproduce", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--benchmark" not in text  # reproduce takes its benchmarks from the recipe
+    source_help = text[text.index("  --arm-source {code,paper}"):]
+    assert "no other --arm-* option" in " ".join(source_help.split())

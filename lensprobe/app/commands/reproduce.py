@@ -18,6 +18,7 @@ from lensprobe.app.recipe import ReproduceConfig, list_recipes, load_recipe
 from lensprobe.app.reproduce import check_reproduce, reproduce
 from lensprobe.app.reproduce_tables import markdown_table
 from lensprobe.core.errors import LensprobeError
+from lensprobe.evals.protocols import arm_layer_defaults
 from lensprobe.interventions.arm_presets import benchmark_key
 from lensprobe.interventions.arm_settings import ArmSettings
 
@@ -77,13 +78,17 @@ def run_reproduce(args) -> int:
 
 def _reproduce(args, recipe, data: dict[str, Path], out: Path, files: list[Path]) -> int:
     benches = recipe.benchmarks or (None,)
-    for bench in benches:  # a partial --arm-* setting without a preset fails here
-        args.arm.arm(args.model, bench)
+    layer_defaults = arm_layer_defaults(recipe.protocol)
+    given = bool(args.arm.settings())
+    for bench in benches if given else ():  # a partial --arm-* setting without a preset fails here
+        args.arm.arm(args.model, bench, layer_defaults=layer_defaults)
     model = load_cli_model(args)
-    arms = {b: args.arm.arm(model, b) for b in benches if b is not None}  # None: the preset
+    # --arm-* given: their ARM per benchmark; else reproduce takes each preset from --arm-source
+    arms = {b: args.arm.arm(model, b, layer_defaults=layer_defaults) for b in benches if b is not None} if given \
+        else None
     config: ReproduceConfig = args.config
     res = reproduce(recipe, model, out=out, limit=config.limit, max_new_tokens=config.max_new_tokens, data=data,
-                    arm={b: a for b, a in arms.items() if a is not None} or None, quick=bool(config.quick),
+                    arm=arms or None, arm_source=args.arm.source, quick=bool(config.quick),
                     runs=config.runs, batch_size=config.batch_size or 8, progress=not args.no_progress)
     if res.table is not None:
         print(markdown_table(res.table))
