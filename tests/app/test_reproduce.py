@@ -113,6 +113,7 @@ def test_bad_recipes_and_arguments_fail_before_the_model_loads(tmp_path, capsys)
         (["reproduce", "arm-table1", "--data", "aime2025=x.jsonl"], r"x.jsonl does not exist"),
         (["reproduce", "arm-table1", "--data", "gsm8k"], r"--data takes BENCHMARK=FILE"),
         (["reproduce", "arm-table1", "--limit", "0"], r"argument --limit: expected a whole number >= 1, got 0"),
+        (["reproduce", "arm-table1", "--runs", "0"], r"argument --runs: expected a whole number >= 1, got 0"),
         (["reproduce", "arm-table2", "--arm-c", "0.1"], r"give both --arm-c and --arm-percentile"),
         (["reproduce"], r"name a recipe"),
     ]
@@ -122,6 +123,8 @@ def test_bad_recipes_and_arguments_fail_before_the_model_loads(tmp_path, capsys)
         assert re.search(message, err) and err.count("\n") == 1, (argv, err)
     with pytest.raises(lp.LensprobeError, match=r"data for aime2025, which recipe 'arm-table1' does not run"):
         lp.reproduce("arm-table1", None, data={"AIME25": __file__})
+    with pytest.raises(lp.LensprobeError, match=r"runs must be a positive integer, got 0"):
+        lp.reproduce("arm-table1", None, runs=0)
 
 
 def test_figure_recipe_writes_the_study(tmp_path, tiny):
