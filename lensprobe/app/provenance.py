@@ -100,7 +100,8 @@ def _arm_fields(settings: dict) -> dict:
     return {f.name: getattr(arm, f.name) for f in dataclasses.fields(arm) if f.name not in _NOT_SETTINGS}
 
 
-def verdict(facts: dict, cell: dict, model, *, paper_runs: int = 1, random: bool = False) -> tuple[bool, list[str]]:
+def verdict(facts: dict, cell: dict, model, *, paper_runs: int = 1, random: bool = False,
+            table_models: tuple[str, ...] | None = None) -> tuple[bool, list[str]]:
     """``(comparable, reasons)`` for one cell: comparable only when nothing below differs from the paper's
     protocol; else every reason, in words.
 
@@ -110,9 +111,13 @@ def verdict(facts: dict, cell: dict, model, *, paper_runs: int = 1, random: bool
             ``errors`` (rows without a verdict) and ``arm`` (:func:`arm_facts` or ``None``).
         paper_runs: runs the paper averages for this table.
         random: whether the cell's rows depend on the seed (the model samples, or ARM draws).
+        table_models: the models the compared table has numbers for (hub names); ``None``: not checked.
         model: the loaded model (the sampling applied is compared with its own generation config).
     """
     reasons = model_reasons(facts["model"])
+    keys = {model_key(m) for m in table_models or ()}
+    if table_models is not None and not reasons and model_key(facts["model"]["name"]) not in keys:
+        reasons.append(f"the table has no number for {facts['model']['name']} (it has {', '.join(table_models)})")
     if facts["dtype"] != PAPER_DTYPE:
         reasons.append(f"dtype {facts['dtype']}; the authors ran {PAPER_DTYPE}")
     reasons += _protocol_reasons(facts, model)

@@ -258,7 +258,8 @@ def _cell(run: _Run, bench: str, cond, seeded: list, numbers: dict, n_problems: 
     arm = arm_facts(config["parts"].get(cond.name, {}), run.name, bench)
     cell = {"problems": n_problems, "of": BENCHMARK_TOTALS.get(bench), "runs": len(seeds), "seeds": seeds,
             "errors": numbers.pop("errors"), "arm": arm}
-    comparable, reasons = verdict(facts, cell, run.model, paper_runs=run.recipe.runs, random=varies)
+    comparable, reasons = verdict(facts, cell, run.model, paper_runs=run.recipe.runs, random=varies,
+                                  table_models=run.recipe.models)
     return {"benchmark": bench, "condition": cond.name, "facts": facts, **cell, "varies with the seed": varies,
             "comparable": comparable, "reasons": reasons, "columns": fact_columns(facts, cell, reasons)}
 

@@ -101,6 +101,10 @@ def test_the_verdict_names_each_difference_from_the_protocol(tiny):
         comparable, reasons = verdict(f, cell, tiny, **kw)
         assert not comparable and len(reasons) == 1 and reason in reasons[0], (reason, reasons)
     assert verdict(facts, whole, tiny, paper_runs=5, random=False)[0]  # greedy: one run stands for five
+    table9 = ("Qwen/Qwen2.5-Math-1.5B", "meta-llama/Llama-3.1-8B-Instruct")  # a table without this model
+    comparable, reasons = verdict(facts, whole, tiny, table_models=table9)
+    assert not comparable and reasons == [f"the table has no number for {QWEN7} (it has {', '.join(table9)})"]
+    assert verdict(facts, whole, tiny, table_models=(QWEN7,))[0]
 
 
 def test_seeded_runs_of_a_sampling_model_report_their_mean_and_spread(tmp_path):
