@@ -77,9 +77,9 @@ class ReproduceConfig(Given):
     batch_size: int | None = None
     """rows generated at once (default 8)"""
     runs: int | None = None
-    """seeded runs (seeds 0 .. N-1), reported as their mean and spread (default: the runs the paper averages,
-    the recipe's runs: 5 for Table 1); a cell that does not vary with the seed (a model that does not sample,
-    no random intervention) runs once"""
+    """seeded runs, seeds 0 to N-1, reported as their mean and standard deviation (default: the runs the paper
+    averages, the recipe's runs, 5 for Table 1); a cell that cannot vary with the seed (a greedy generation
+    config, no random intervention) runs once"""
     quick: bool | None = field(default=None, metadata={"custom_args": {"const": True}})
     """figure recipes: short inputs (a smoke run)"""
     data: list[str] | None = field(default=None, metadata={
