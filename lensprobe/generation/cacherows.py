@@ -6,12 +6,15 @@ width (its columns), and the loop's attention mask marks the padding, so rows of
 lengths share one cache; position ids are passed per row, so padding never shifts a row's
 positions. Two kinds of cache are handled:
 
-- ``transformers``' ``DynamicCache`` whose layers are all ``DynamicLayer`` (full attention:
-  the TransformerBridge and the plain view), keys and values ``[row, kv_head, pos, d_head]``;
+- ``transformers``' ``DynamicCache`` whose layers are ``DynamicLayer`` (full attention: the
+  TransformerBridge and the plain view), keys and values ``[row, kv_head, pos, d_head]``, or
+  ``DynamicSlidingWindowLayer`` (Gemma's sliding-window layers), which keeps only the last
+  ``sliding_window - 1`` of its ``cumulative_length`` columns: it is trimmed and joined as the
+  columns it keeps of the same padded rows;
 - TransformerLens' ``TransformerLensKeyValueCache`` (a 3.x ``HookedTransformer``), keys and
   values ``[row, pos, kv_head, d_head]`` plus the attention mask it keeps, ``[row, pos]``.
 
-Any other cache (sliding-window, quantized, static, linear-attention layers) is reported by
+Any other cache (quantized, static, linear-attention layers) is reported by
 :func:`can_join`, and the loop runs static batches instead.
 
 Example:
@@ -40,12 +43,29 @@ def _parts(cache) -> list[tuple[Any, str, int]]:
     raise TypeError(f"not a KV cache lensprobe can batch: {type(cache).__name__}")
 
 
+def _sliding(holder) -> bool:
+    """Whether ``holder`` is a sliding-window cache layer (it keeps its last ``sliding_window - 1`` columns)."""
+    return type(holder).__name__ == "DynamicSlidingWindowLayer"
+
+
+def _columns(holder, name: str, axis: int) -> int:
+    """Columns of the padded rows a part stands for (a sliding-window layer keeps only the last of them)."""
+    return int(holder.cumulative_length) if _sliding(holder) else int(getattr(holder, name).shape[axis])
+
+
+def _kept(holder, columns: int) -> int:
+    """How many of ``columns`` the part keeps."""
+    return min(columns, int(holder.sliding_window) - 1) if _sliding(holder) else columns
+
+
 def can_join(cache) -> bool:
     """Whether rows of ``cache`` can be kept, trimmed and joined (see the module docstring)."""
     layers = getattr(cache, "layers", None)
     if layers is not None:
-        return bool(layers) and all(type(layer).__name__ == "DynamicLayer" and getattr(layer, "is_initialized", True)
-                   for layer in layers)
+        return bool(layers) and all(
+            getattr(layer, "is_initialized", True) and (type(layer).__name__ == "DynamicLayer" or (
+                _sliding(layer) and not getattr(layer, "record_past", False)))
+            for layer in layers)
     return type(cache).__name__ in ("TransformerLensKeyValueCache", "HookedTransformerKeyValueCache") and \
         not getattr(cache, "frozen", False)
 
@@ -55,8 +75,7 @@ def width(cache) -> int:
     parts = _parts(cache)
     if not parts:
         raise TypeError(f"the {type(cache).__name__} holds no layers")
-    holder, name, axis = parts[0]
-    return int(getattr(holder, name).shape[axis])
+    return _columns(*parts[0])
 
 
 def keep_rows(cache, rows: Tensor) -> None:
@@ -72,9 +91,13 @@ def drop_columns(cache, n: int) -> None:
     """Drop the first ``n`` columns of every row (padding every row has), in place."""
     if n <= 0:
         return
-    for holder, name, axis in _parts(cache):
+    parts = _parts(cache)
+    kept = [_kept(holder, _columns(holder, name, axis) - n) for holder, name, axis in parts]
+    for (holder, name, axis), keep in zip(parts, kept, strict=True):
         t = getattr(holder, name)
-        setattr(holder, name, t.narrow(axis, n, t.shape[axis] - n))
+        setattr(holder, name, t.narrow(axis, t.shape[axis] - keep, keep))
+    for holder in {id(h): h for h, _, _ in parts if _sliding(h)}.values():
+        holder.cumulative_length -= n
 
 
 def join(running, new):
@@ -94,9 +117,12 @@ def join(running, new):
     joined = []
     for (holder, name, axis), (other, other_name, _) in zip(mine, theirs, strict=True):
         a, b = getattr(holder, name), getattr(other, other_name)
-        joined.append(torch.cat([_pad_left(a, axis, w), _pad_left(b.to(a.device), axis, w)], dim=0))
+        keep = _kept(holder, w)  # a row's padding columns in front of what a sliding-window layer keeps
+        joined.append(torch.cat([_pad_left(a, axis, keep), _pad_left(b.to(a.device), axis, keep)], dim=0))
     for (holder, name, _), t in zip(mine, joined, strict=True):  # all or nothing: stored once all are made
         setattr(holder, name, t)
+    for holder in {id(h): h for h, _, _ in mine if _sliding(h)}.values():
+        holder.cumulative_length = w
     return running
 
 

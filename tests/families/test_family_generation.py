@@ -16,14 +16,6 @@ TEXTS = ("What is 12+7?", "the cat sat on the mat and the dog sat on the cat", "
 CAPS = [5, 9, 3, 7, 4]
 
 
-def batching(fam) -> str:
-    """How lensprobe batches the family's rows: Gemma's sliding-window cache layers cannot take rows in
-    and out, so it runs static batches (each row still gives what it gives alone)."""
-    if fam.family.name.startswith("gemma"):
-        return "static batches (a DynamicCache cannot take rows in and out)"
-    return "continuous batching"
-
-
 @pytest.fixture(scope="module")
 def prompts(fam):
     ps = [lp.build_prompt(fam.model, t, system="You answer.") for t in TEXTS]
@@ -65,13 +57,23 @@ def test_trace_equals_transformers_generate(fam, prompts, engine):
 def test_continuous_batching_equals_each_prompt_alone(fam, prompts, engine):
     out = lp.generate(fam.model, prompts, max_new_tokens=max(CAPS), batch_size=2, caps=CAPS, stop_at_eos=False,
                       engine=engine)
-    assert out.meta["batching"] == batching(fam) and out.meta["engine"] == engine
+    assert out.meta["batching"] == "continuous batching" and out.meta["engine"] == engine
     assert_rows_equal_solo(out, fam.model, prompts, CAPS, engine=engine)
+
+
+def test_continuous_batching_of_prompts_shorter_than_the_window_equals_each_alone(fam):
+    """Token-id prompts of 2 to 12 tokens (Gemma's window keeps 5 past keys): rows whose whole past fits
+    in the window join rows whose window has slid."""
+    ids = fam.tokenizer(TEXTS[3]).input_ids
+    prompts = [ids[:2], ids[:9], ids[:3], ids[:12], ids[:5]]
+    out = lp.generate(fam.model, prompts, max_new_tokens=max(CAPS), batch_size=2, caps=CAPS, stop_at_eos=False)
+    assert out.meta["batching"] == "continuous batching"
+    assert_rows_equal_solo(out, fam.model, prompts, CAPS)
 
 
 def test_continuous_batching_with_the_family_arm_preset_equals_each_prompt_alone(fam, prompts):
     arm = lp.ARM.preset(fam.family.paper_model, "math500", seed=0)
     out = lp.generate(fam.model, prompts, max_new_tokens=max(CAPS), batch_size=2, caps=CAPS, stop_at_eos=False,
                       interventions=[arm])
-    assert out.meta["batching"] == batching(fam)
+    assert out.meta["batching"] == "continuous batching"
     assert_rows_equal_solo(out, fam.model, prompts, CAPS, interventions=[arm])

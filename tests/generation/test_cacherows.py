@@ -199,13 +199,15 @@ def test_can_join_a_filled_full_attention_cache(kind):
     assert cacherows.can_join(make(kind, 2, 3)) is True
 
 
-def test_cannot_join_a_cache_with_a_sliding_window_layer():
+def test_a_sliding_window_layer_joins_unless_it_records_its_past():
+    """Gemma's sliding-window layers join (rows checked against solo runs in tests/families); one that keeps
+    its past for a later crop does not."""
     kv = tensors_of(0, 2, 5)
     cache = DynamicCache(ddp_cache_data=[(kv[0], kv[1]), (kv[2], kv[3], torch.tensor(4))])
     assert [type(layer).__name__ for layer in cache.layers] == ["DynamicLayer", "DynamicSlidingWindowLayer"]
+    assert cacherows.can_join(cache) is True
+    cache.layers[1].activate_past_recording()
     assert cacherows.can_join(cache) is False
-    full = DynamicCache(ddp_cache_data=[(kv[0], kv[1]), (kv[2], kv[3])])
-    assert cacherows.can_join(full) is True  # the same data without the window: the layer type decides
 
 
 def test_cannot_join_a_static_cache():
