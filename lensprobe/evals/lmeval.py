@@ -58,7 +58,7 @@ from lensprobe.core.prompts.fillers import Filler
 from lensprobe.generation.loop import generate
 from lensprobe.interventions import ARM, ablate_heads
 
-__all__ = ["MODEL_NAME", "LensprobeLM", "lm_eval_accuracy", "main"]
+__all__ = ["MODEL_NAME", "LensprobeLM", "continuation_scores", "lm_eval_accuracy", "main"]
 
 MODEL_NAME = "lensprobe"
 """The name lm-eval knows the adapter by (``--model lensprobe``)."""
@@ -154,11 +154,8 @@ class LensprobeLM(TemplateLM):
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         rows = [(list(ctx) + list(cont))[:-1] for _, ctx, cont in requests]
         conts = [list(cont) for _, _, cont in requests]
-        out = continuation_scores(self.model, rows, conts, self.condition.interventions, self.batch_size)
-        for (key, _, _), result in zip(requests, out, strict=True):
-            if key is not None:
-                self.cache_hook.add_partial("loglikelihood", key, result)
-        return out
+        # no partial cache entries: these requests hold the filler, lm-eval's cache keys the requests as asked
+        return continuation_scores(self.model, rows, conts, self.condition.interventions, self.batch_size)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Log-probability of each whole text, in lm-eval's rolling windows of the model's context."""
