@@ -276,8 +276,9 @@ def _write_table(run: _Run, out: Path, table, cells: list[dict], sections: list,
     recipe = run.recipe
     protocol = get_protocol(recipe.protocol) if recipe.protocol else None
     shared = cells[0]["columns"] if cells else {}
+    recorded = cells[0]["facts"]["model"] if cells else None  # as the run's folder records the model
     facts = [f"Recipe `{recipe.name}` ({recipe.source}): {recipe.title}.",
-             f"Model: {run.name}. {model_note(run.model, recipe, run.name)}",
+             f"Model: {run.name}. {model_note(run.model, recipe, run.name, recorded)}",
              *[f"{k.removeprefix('run: ').capitalize()}: {shared[k]}." for k in RUN_FACTS[1:] if k in shared],
              f"Protocol: {recipe.protocol or 'none'}" + (f" ({protocol.description})" if protocol else "") + ".",
              "Accuracies in percent. The run's columns start with `run:`: `run: accuracy (authors' grader)` is the "

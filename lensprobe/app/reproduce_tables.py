@@ -179,9 +179,11 @@ def markdown_table(table) -> str:
     return "\n".join(lines)
 
 
-def model_note(model, recipe: Recipe, name: str | None = None) -> str:
+def model_note(model, recipe: Recipe, name: str | None = None, facts: dict | None = None) -> str:
     """A sentence on whether ``model`` (named ``name``, default its own name) is one of the paper's
-    models: only when the name is one and its configuration equals the published one.
+    models: only when the name is one and its configuration equals the published one. ``facts``: the
+    run's model facts (:func:`~lensprobe.app.provenance.run_facts`, as its folder records them); default:
+    read from ``model.cfg``.
 
     Example:
         >>> model_note(lp.load_model(), load_recipe("arm-table1"))[:40]
@@ -192,14 +194,14 @@ def model_note(model, recipe: Recipe, name: str | None = None) -> str:
     size = f" ({parameter_text(params)} parameters)" if params else ""
     key = model_key(name)
     published = paper_models(recipe.arxiv)
-    if key in published:
-        facts = {"name": name, "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads,
-                 "n_kv_heads": getattr(model.cfg, "n_key_value_heads", None) or model.cfg.n_heads,
-                 "d_model": model.cfg.d_model, "d_vocab": model.cfg.d_vocab}
-        differs = model_reasons(facts)
-        if not differs:
-            return (f"{name}{size}: one of the paper's models, its configuration equal to the published one "
-                    f"({published[key]['source']}).")
-        return f"{model_label(model)}{size} is not the paper's model: {differs[0]}. Read the table's shape, not its values."
-    return (f"{model_label(model)}{size} is not one of the paper's models (1.5B-32B parameters): it cannot reach "
-            "their numbers. Read the table's shape (conditions side by side), not its values.")
+    if key not in published:
+        return (f"{model_label(model)}{size} is not one of the paper's models (1.5B-32B parameters): it cannot reach "
+                "their numbers. Read the table's shape (conditions side by side), not its values.")
+    cfg = model.cfg
+    facts = facts or {"name": name, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "d_model": cfg.d_model,
+                      "n_kv_heads": getattr(cfg, "n_key_value_heads", None) or cfg.n_heads, "d_vocab": cfg.d_vocab}
+    differs = model_reasons({**facts, "name": name})
+    if not differs:
+        return (f"{name}{size}: one of the paper's models, its configuration equal to the published one "
+                f"({published[key]['source']}).")
+    return f"{model_label(model)}{size} is not the paper's model: {differs[0]}. Read the table's shape, not its values."
