@@ -187,13 +187,23 @@ def test_generate_until_is_greedy_transformers_cut_at_until(tiny, tiny_hf, tok, 
 def test_model_args_are_checked_before_any_request(tiny):
     with pytest.raises(lp.LensprobeError, match="needs ARM settings"):
         LensprobeLM(tiny, "w/ Mless+ARM")
-    with pytest.raises(lp.LensprobeError, match="no preset|preset"):
+    with pytest.raises(lp.LensprobeError, match="no ARM preset for 'lensprobe-tiny-llama' on math500"):
         LensprobeLM(tiny, "ARM", arm="preset")  # the tiny model is none of the authors' models
+    arm = lp.ARM.preset("Qwen/Qwen2.5-Math-7B", "aime2024", seed=0)
+    assert LensprobeLM(tiny, "mless+arm", arm=arm).condition.interventions == (arm,)
     with pytest.raises(lp.LensprobeError, match="builds its own prompts"):
         LensprobeLM(tiny, lp.Condition("own", build=lambda model, q: lp.build_prompt(model, q)))
     with pytest.raises(lp.LensprobeError, match="batch_size"):
         LensprobeLM(tiny, batch_size="auto")
     assert LensprobeLM(tiny, batch_size="4").batch_size == 4
+
+
+def test_a_request_longer_than_the_context_is_refused_not_cut(tiny):
+    lm = LensprobeLM(tiny, "w/ Mless")
+    long = " ".join(["the cat sat on the mat"] * 30)  # fits the tiny model's 256 tokens, not with the filler
+    with pytest.raises(lp.LensprobeError, match="does not truncate"):
+        lm.loglikelihood([Request(long, " x")])
+    assert len(lm.tok_encode(long)) < tiny.cfg.n_ctx < len(lm.tok_encode(lm.prompt_text(long)))
 
 
 def test_the_installed_package_declares_the_lm_eval_entry_point():
