@@ -304,7 +304,8 @@ def extract_boxed_paper(text: str | None) -> str | None:
 class PaperGraderError(LensprobeError):
     """The authors' ``is_equiv`` raises on this answer: a ``\\frac`` or ``\\sqrt`` with nothing after it
     (an ``IndexError`` in their ``_fix_fracs`` / ``_fix_sqrt``). Their MATH-500 script does not catch it, so
-    their run would stop there; an evaluation makes the row an error row (``finish="error"``)."""
+    their run would stop there; an evaluation makes the row an error row (``finish="error"``), except under
+    the pass@3 protocols, whose loop catches it and counts the sample wrong (``Protocol.ungradable``)."""
 
 
 def normalize_answer_paper_exact(string: str) -> str:

@@ -24,7 +24,8 @@ from typing import Any, Literal
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.prompts.prompt import PAPER_SYSTEM_PROMPT
 
-__all__ = ["PASS3_SYSTEM_PROMPT", "PROTOCOLS", "Protocol", "arm_layer_defaults", "get_protocol", "grades_prompt"]
+__all__ = ["PASS3_SYSTEM_PROMPT", "PROTOCOLS", "Protocol", "arm_layer_defaults", "get_protocol", "grades_prompt",
+           "ungradable_is_wrong"]
 
 PASS3_SYSTEM_PROMPT = "Please reason step by step and put your final answer within \\boxed{}."
 r"""The pass@3 script's instruction: an f-string there, so the model sees ``\boxed{}`` (single braces)."""
@@ -42,6 +43,10 @@ class Protocol:
         system: the instruction before the filler and the problem.
         grade_prompt: ``True``: ``paper-exact`` grades prompt + generation (the MATH-500 script
             decodes both); ``False``: the generation alone (the pass@3 script strips the prompt).
+        ungradable: what an answer the authors' ``is_equiv`` raises on becomes
+            (:class:`~lensprobe.evals.grading.PaperGraderError`): ``"error"``, an error row (their
+            MATH-500 loop does not catch it and would stop), or ``"wrong"`` (their pass@3 loop catches
+            it and counts the sample wrong: ``paper-exact`` is ``False``, the other graders grade it).
         k: pass@k reported (``None``: accuracy).
         runs: runs the paper averages (Table 1: five).
         arm: the ARM that ``"ARM"`` conditions attach when none is given: ``"preset"``, the model's
@@ -61,6 +66,7 @@ class Protocol:
     settings: dict[str, Any] = field(default_factory=dict)
     system: str = PAPER_SYSTEM_PROMPT
     grade_prompt: bool = True
+    ungradable: Literal["error", "wrong"] = "error"
     k: int | None = None
     runs: int = 1
     arm: Literal["preset", "layer-defaults"] = "preset"
@@ -78,6 +84,7 @@ def _pass3(name: str, arm: Literal["preset", "layer-defaults"], how: str, notes:
         settings={"prompt_format": "paper", "max_new_tokens": 512, "do_sample": True, "n_samples": 20},
         system=PASS3_SYSTEM_PROMPT,
         grade_prompt=False,
+        ungradable="wrong",
         k=3,
         arm=arm,
         notes=notes,
@@ -141,6 +148,12 @@ def arm_layer_defaults(protocol: str | None) -> bool:
     """Whether ``"ARM"`` conditions under ``protocol`` run the authors' decoder-layer defaults rather than the
     benchmark's preset (``Protocol.arm``; ``None``: the preset)."""
     return protocol is not None and get_protocol(protocol).arm == "layer-defaults"
+
+
+def ungradable_is_wrong(protocol: str | None) -> bool:
+    """Whether an answer the authors' grader raises on counts as wrong under ``protocol`` (their pass@3 loop)
+    rather than making an error row (``Protocol.ungradable``; ``None``: an error row)."""
+    return protocol is not None and get_protocol(protocol).ungradable == "wrong"
 
 
 def get_protocol(name: str) -> Protocol:

@@ -31,7 +31,7 @@ from lensprobe.evals.config import EvalConfig
 from lensprobe.evals.data import Problem
 from lensprobe.evals.grading import GRADERS, PaperGraderError, extract_answer, grade_all, grade_paper_exact
 from lensprobe.evals.mathverify import GRADE_TIMEOUT
-from lensprobe.evals.protocols import grades_prompt
+from lensprobe.evals.protocols import grades_prompt, ungradable_is_wrong
 from lensprobe.evals.results import read_rows, results_file, rows_frame, settled_rows
 from lensprobe.evals.verdicts import PAPER_EXACT
 from lensprobe.generation.loop import generate
@@ -199,7 +199,8 @@ def run_plan(model, plan, config: EvalConfig, info: RunInfo, tally: dict, *, out
              seconds: float) -> None:
         row = make_row(it, cond, ids, text, finish, seconds, info, extract=config.extract, error=error,
                        exact_on_prompt=grades_prompt(config.protocol, config.prompt_format),
-                       grade_timeout=config.grade_timeout)
+                       grade_timeout=config.grade_timeout,
+                       ungradable_wrong=ungradable_is_wrong(config.protocol))
         if writer is not None:
             writer.write(row)
             writer.sync()
@@ -255,15 +256,18 @@ ROW_COLUMNS = ["condition", "problem_id", "sample", "subject", "level", "answer"
 
 def make_row(it: Item, cond: Condition, ids: list[int], text: str, finish: str, seconds: float, info: RunInfo,
          extract: str = "boxed", error: str | None = None, exact_on_prompt: bool = True,
-         grade_timeout: int | None = GRADE_TIMEOUT) -> dict:
+         grade_timeout: int | None = GRADE_TIMEOUT, ungradable_wrong: bool = False) -> dict:
     p = it.problem
     shown = (it.prompt.text, len(it.prompt)) if it.prompt is not None else (None, None)  # None: not built
     exact: bool | None = None
     if finish not in ("nonfinite", "error"):
         try:  # the authors' verdict: on prompt + generation (MATH-500 script), or the generation alone (pass@3)
             exact = grade_paper_exact((it.prompt.text if exact_on_prompt else "") + text, p.answer)
-        except PaperGraderError as err:  # their grader raises here, so their script would stop: an error row
-            finish, error = "error", str(err)
+        except PaperGraderError as err:  # their grader raises: their pass@3 loop counts it wrong, the others stop
+            if ungradable_wrong:
+                exact = False
+            else:
+                finish, error = "error", str(err)
     if finish in ("nonfinite", "error"):  # not an answer: no prediction, no verdict
         prediction, verdicts, exact = None, dict.fromkeys(GRADERS), None
     else:

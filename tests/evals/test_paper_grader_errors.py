@@ -48,3 +48,23 @@ def test_an_evaluation_writes_an_error_row_where_the_authors_script_would_stop(t
     assert by_id.loc["bad", ["prediction", "paper-exact", "math-verify"]].isna().all()
     assert by_id.loc["good", "finish"] != "error" and by_id.loc["good", "paper-exact"] is not None
     assert lp.evals.load_results(tmp_path / "run").set_index("problem_id").loc["bad", "finish"] == "error"
+
+
+@pytest.mark.parametrize("protocol", ["arm-math500", "arm-aime-pass3", "arm-aime-pass3-text"])
+def test_the_pass3_protocols_count_it_wrong_as_the_pass3_loop_does(tiny, protocol):
+    """Their pass@3 loop wraps is_equiv in ``try: ... except Exception: ok = False``; their MATH-500 loop does not."""
+    from lensprobe.core.prompts.conditions import Condition
+    from lensprobe.evals.protocols import get_protocol, ungradable_is_wrong
+    from lensprobe.evals.running import Item, RunInfo, make_row
+
+    item = Item(problem=Problem(id="p", problem="What is 3?", answer="3"), sample=0,
+                prompt=lp.build_prompt(tiny, "What is 3?", template="raw"))
+    info = RunInfo("tiny", None, {"w/o": None}, 0)
+    row = make_row(item, Condition("w/o"), [5, 6], r"so \boxed{3\frac}", "eos", 0.1, info,
+                   exact_on_prompt=get_protocol(protocol).grade_prompt, ungradable_wrong=ungradable_is_wrong(protocol))
+    if protocol.startswith("arm-aime-pass3"):
+        assert (row["finish"], row["paper-exact"], row["error"]) == ("eos", False, None)
+        assert row["prediction"] == r"3\frac" and row["math-verify"] is not None  # the other graders grade it
+    else:
+        assert (row["finish"], row["paper-exact"], row["prediction"]) == ("error", None, None)
+        assert "is_equiv) raises" in row["error"]
