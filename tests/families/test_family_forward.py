@@ -3,9 +3,10 @@ pattern (Gemma's sliding window included), head ablation and ARM with the family
 
 import pytest
 import torch
+from interventions.test_arm import numpy_arm
+from interventions.test_arm_gemma_quantile import authors_gemma_rule
 
 import lensprobe as lp
-from lensprobe.interventions import arm_redistribute
 
 TOL = 1e-5
 TEXT = "What is 12+7? The answer is 19. the cat sat on the mat / / / / he he"
@@ -64,6 +65,18 @@ def test_head_ablation_equals_zeroing_the_heads_input_to_o_proj(fam, tokens, hea
     assert (got - lp.forward(fam.model, tokens)).abs().max() > 1e-4  # the ablation changed the logits
 
 
+def rule_by_hand(arm, act: torch.Tensor, seed: int) -> torch.Tensor:
+    """The rule written apart from lensprobe's: the authors' Gemma function (draws from torch's generator
+    seeded with ``seed``), or the numpy rule with ``seed``'s draws for the entries it moves."""
+    if arm.variant == "gemma":
+        torch.manual_seed(seed)
+        return authors_gemma_rule(act, arm.c, arm.percentile)
+    rule = dict(c=arm.c, percentile=arm.percentile, p_min=arm.p_min, p_max=arm.p_max, k=arm.k)
+    _, moved = numpy_arm(act.numpy(), torch.zeros(act.numel()).double().numpy(), **rule)
+    u = torch.rand(len(moved), generator=torch.Generator().manual_seed(seed)).double().numpy()
+    return torch.from_numpy(numpy_arm(act.numpy(), u, **rule)[0]).float()
+
+
 def test_arm_with_the_family_preset_equals_the_rule_applied_in_the_plain_mlp(fam, tokens):
     """The paper model's preset (Gemma: the fraction-and-quantile variant) on layer 0's MLP: the plain
     model's MLP computed by hand, ``down_proj(rule(act_fn(gate_proj(x))) * up_proj(x))``, with the same draws."""
@@ -73,7 +86,7 @@ def test_arm_with_the_family_preset_equals_the_rule_applied_in_the_plain_mlp(fam
 
     def by_hand(_module, args, _out):
         x = args[0]
-        act = arm_redistribute(mlp.act_fn(mlp.gate_proj(x)), generator=torch.Generator().manual_seed(5), **arm.rule())
+        act = rule_by_hand(arm, mlp.act_fn(mlp.gate_proj(x)), seed=5)
         return mlp.down_proj(act * mlp.up_proj(x))
     handle = mlp.register_forward_hook(by_hand)
     try:
