@@ -18,7 +18,12 @@ from lensprobe.viz.attention import (
     filler_vs_random_figure,
     token_class_figure,
 )
-from lensprobe.viz.attribution import attribution_heatmap, attribution_scatter
+from lensprobe.viz.attribution import (
+    attribution_heatmap,
+    attribution_scatter,
+    find_heads_heatmap,
+    find_heads_scatter,
+)
 from lensprobe.viz.eval_report import results_section, write_eval_report
 from lensprobe.viz.evals import accuracy_bars, accuracy_by_level
 from lensprobe.viz.mechanism import activation_histogram_figure, affine_fit_figure
@@ -38,6 +43,8 @@ __all__ = [
     "attention_view_html",
     "attribution_heatmap",
     "attribution_scatter",
+    "find_heads_heatmap",
+    "find_heads_scatter",
     "condition_change_figure",
     "filler_vs_random_figure",
     "generation_trace_figure",

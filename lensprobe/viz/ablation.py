@@ -119,9 +119,14 @@ def sweep_heatmap(result, *, title: str | None = None, zmax: float | None = None
         z=values.tolist(), x=heads, y=layers, text=text, zmin=-lim, zmax=lim, zmid=0.0,
         colorscale="RdBu_r", colorbar=dict(title=dict(text=f"Δ {metric}")),
         hovertemplate="%{text}<br>Δ " + metric + " = %{z:.4g}<extra></extra>"))
-    head_title = title or f"Change in {metric} when ablating each head" + (f" ({method} ablation)" if method else "")
+    if method == "patch":  # lp.patch_heads: each head's output from the other prompt
+        head_title = title or f"Change in {metric} when each head is patched from the other prompt"
+        note = "patched - clean"
+    else:
+        head_title = title or f"Change in {metric} when ablating each head" + (f" ({method} ablation)" if method else "")
+        note = "ablated - baseline, mean over prompts"
     fig.update_layout(
-        title=dict(text=f"{head_title}<br><sup>{INDEX_NOTE}; ablated - baseline, mean over prompts</sup>"),
+        title=dict(text=f"{head_title}<br><sup>{INDEX_NOTE}; {note}</sup>"),
         xaxis=dict(title_text="head (0-based)", dtick=1), yaxis=dict(title_text="layer (0-based)", autorange="reversed"),
         template="plotly_white", height=max(360, 120 + 18 * len(layers)), width=max(480, 220 + 40 * len(heads)),
         margin=dict(t=100, l=80, r=30, b=60),

@@ -10,7 +10,11 @@ import plotly.graph_objects as go
 
 from lensprobe.viz.style import ABLATED_COLOR, CLEAN_COLOR, INDEX_NOTE
 
-__all__ = ["attribution_heatmap", "attribution_scatter"]
+__all__ = ["attribution_heatmap", "attribution_scatter", "find_heads_heatmap", "find_heads_scatter"]
+
+WHY_COLORS = {"flagged": ABLATED_COLOR, "verified": "#2a9d8f", "sampled": CLEAN_COLOR}
+WHY_TEXT = {"flagged": "flagged (write > 10% of the residual)", "verified": "verified in AtP order",
+            "sampled": "random check"}
 
 
 def attribution_heatmap(attribution, *, title: str | None = None, zmax: float | None = None):
@@ -91,4 +95,59 @@ def attribution_scatter(verification, *, title: str | None = None):
         yaxis_title="estimated Δ", template="plotly_white", height=480, width=620,
         margin=dict(t=100, l=80, r=30, b=60),
     )
+    return fig
+
+
+def find_heads_scatter(search, *, title: str | None = None):
+    """AtP's estimate vs the exact change of every head :func:`~lensprobe.experiments.findheads.find_heads`
+    ablated exactly, coloured by why it was ablated (flagged outside the linear regime, verified in AtP
+    order, or drawn for the random check), with the line estimate = exact.
+
+    Example:
+        >>> fig = find_heads_scatter(lp.find_heads(model, prompts, "entropy"))
+    """
+    table = search.table
+    fig = go.Figure()
+    for why, color in WHY_COLORS.items():
+        rows = table[table["why"] == why]
+        if len(rows):
+            fig.add_trace(go.Scatter(
+                x=rows["exact"].tolist(), y=rows["estimate"].tolist(), mode="markers", name=WHY_TEXT[why],
+                text=rows["head_label"].tolist(), customdata=rows["write"].tolist(), marker=dict(color=color, size=8),
+                hovertemplate="%{text}<br>exact %{x:.4g}<br>AtP %{y:.4g}<br>write %{customdata:.2f}<extra></extra>"))
+    both = table["exact"].tolist() + table["estimate"].tolist()
+    lo, hi = (min(both), max(both)) if both else (0.0, 1.0)
+    fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="estimate = exact",
+                             line=dict(color="gray", dash="dash"), hoverinfo="skip"))
+    fig.update_layout(
+        title=dict(text=f"{title or 'AtP estimate vs exact ablation, by why each head was ablated'}<br><sup>"
+                        f"{search.recall_text()}; {INDEX_NOTE}</sup>"),
+        xaxis_title=f"exact Δ {search.metric} (ablated - clean, mean over prompts)", yaxis_title="AtP estimate",
+        template="plotly_white", height=480, width=680, margin=dict(t=100, l=80, r=30, b=60))
+    return fig
+
+
+def find_heads_heatmap(search, *, title: str | None = None):
+    """Layer x head heatmap of the exact effects :func:`~lensprobe.experiments.findheads.find_heads`
+    measured (blank: not ablated exactly).
+
+    Example:
+        >>> fig = find_heads_heatmap(lp.find_heads(model, prompts, "entropy"))
+    """
+    att = search.attribution
+    z: list[list[float | None]] = [[None] * att.n_heads for _ in range(att.n_layers)]
+    for row in search.table.itertuples():
+        z[int(row.layer)][int(row.head)] = float(row.exact)
+    lim = max((abs(float(v)) for v in search.table["exact"]), default=1.0) or 1.0
+    text = [[f"L{lay}H{h}" for h in range(att.n_heads)] for lay in range(att.n_layers)]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=list(range(att.n_heads)), y=list(range(att.n_layers)), text=text, zmin=-lim, zmax=lim, zmid=0.0,
+        colorscale="RdBu_r", colorbar=dict(title=dict(text=f"Δ {search.metric}")),
+        hovertemplate="%{text}<br>exact Δ = %{z:.4g}<extra></extra>"))
+    fig.update_layout(
+        title=dict(text=f"{title or f'Exact change in {search.metric} of the heads find_heads ablated'}<br><sup>"
+                        f"{INDEX_NOTE}; blank: not ablated exactly; mean over prompts</sup>"),
+        xaxis=dict(title_text="head (0-based)", dtick=1), yaxis=dict(title_text="layer (0-based)", autorange="reversed"),
+        template="plotly_white", height=max(360, 120 + 18 * att.n_layers), width=max(480, 220 + 40 * att.n_heads),
+        margin=dict(t=100, l=80, r=30, b=60))
     return fig

@@ -103,3 +103,20 @@ def test_cost_is_counted_as_documented(tiny, prompts):
     assert found.recall_kind == "sampled" and found.sampled == 2 and found.outside == 5
     with pytest.raises(lp.LensprobeError, match="top must be a whole number"):
         find_heads(tiny, prompts, "entropy", top=0)
+
+
+def test_figures_mark_why_each_head_was_ablated(tiny, prompts):
+    found = find_heads(tiny, prompts, "entropy", top=1, flag=float("inf"), step=2, budget=2, sample=1)
+    scatter = lp.viz.find_heads_scatter(found)
+    names = {trace.name: list(trace.text) for trace in scatter.data if trace.text is not None}
+    table = found.table
+    assert names == {"verified in AtP order": list(table[table["why"] == "verified"]["head_label"]),
+                     "random check": list(table[table["why"] == "sampled"]["head_label"])}
+    heat = lp.viz.find_heads_heatmap(found)
+    z = heat.data[0].z
+    ablated = {(r.layer, r.head): r.exact for r in table.itertuples()}
+    for layer in range(2):
+        for head in range(4):
+            got = z[layer][head]
+            assert got == pytest.approx(ablated[(layer, head)]) if (layer, head) in ablated else got is None
+    assert found.recall_text() in scatter.layout.title.text

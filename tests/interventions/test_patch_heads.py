@@ -75,3 +75,10 @@ def test_named_segments_and_refusals(tiny, prompts):
         lp.patch_heads(tiny, clean, other, "entropy", heads=["L0H1"])
     with pytest.raises(lp.LensprobeError, match="token ids without named segments"):
         lp.patch_heads(tiny, clean.tokens, corrupted, "entropy")
+
+
+def test_the_heatmap_says_heads_were_patched(tiny, prompts):
+    res = lp.patch_heads(tiny, *prompts, "entropy", heads=["L0H1", "L1H2"])
+    fig = lp.viz.sweep_heatmap(res)
+    assert "patched from the other prompt" in fig.layout.title.text and "patched - clean" in fig.layout.title.text
+    assert fig.data[0].z[0][1] == pytest.approx(float(res.changes[0, 0]))
