@@ -5,6 +5,7 @@ short inputs (a smoke run). The papers publish no numbers for these figures: a r
 figure on the model given, to be compared with the paper's by eye.
 """
 
+import html
 from collections.abc import Callable
 
 from lensprobe.app.sections import thinking as thinking_section
@@ -17,7 +18,11 @@ from lensprobe.app.sections.filler import (
 )
 from lensprobe.app.sections.heads import head_attention_section
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.measures.measure import NextTokenEntropy, measure_once
+from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT, Filler, build_prompt
+from lensprobe.experiments.headpatch import patch_heads
 from lensprobe.studies.filler import FillerSetup, attention_received_by_condition, heads_by_change
+from lensprobe.viz.ablation import sweep_heatmap
 from lensprobe.viz.report import Section
 
 __all__ = ["FIGURES", "figure_sections"]
@@ -69,12 +74,32 @@ def thinking_traces(model, quick: bool) -> list[Section]:
     return [thinking_section.build_demo_section(model, quick=quick)]
 
 
+def filler_heads_patched(model, quick: bool) -> list[Section]:
+    """Which heads carry the entropy change when the 55 ``/`` are inserted: each head's output on the prompt
+    with the filler replaced, at the positions both prompts share, by its output without it."""
+    question, source = demo_question(quick)
+    with_filler = build_prompt(model, question, system=MATH_SYSTEM_PROMPT, filler=Filler.meaningless())
+    without = build_prompt(model, question, system=MATH_SYSTEM_PROMPT)
+    res = patch_heads(model, with_filler, without, "entropy")
+    change = float(res.baseline[0]) - float(measure_once(model, NextTokenEntropy(), without)[0])
+    intro = (f"<p>Question: {html.escape(source)}. Next-token entropy at the last position: "
+             f"{float(res.baseline[0]):.3f} nats with the 55 '/' filler, {change:+.3f} against the prompt without it. "
+             "Each head's output on the prompt with the filler is replaced, at every position both prompts share "
+             f"({len(res.clean_positions)} tokens, paired by segment), by its output without the filler; one exact "
+             "run per head. Blue: patching the head moves the entropy down (toward the run without filler). The "
+             "filler's own positions have no counterpart and are not patched.</p>"
+             f"<p>{html.escape(res.summary())}.</p>")
+    return [Section("Heads that carry the filler's entropy change (per-head patching)", intro,
+                    figures=[sweep_heatmap(res)], tables={"patched_heads": res.to_dataframe(), "top": res.top(10)})]
+
+
 FIGURES: dict[str, Callable[..., list[Section]]] = {
     "filler-attention-per-head": filler_per_head,
     "filler-vs-random": filler_vs_random,
     "token-class-attention": token_classes,
     "head-attention-by-condition": head_attention,
     "thinking-traces": thinking_traces,
+    "filler-heads-patched": filler_heads_patched,
 }
 """Figure name -> ``(model, quick) -> sections``."""
 

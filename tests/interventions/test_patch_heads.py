@@ -82,3 +82,21 @@ def test_the_heatmap_says_heads_were_patched(tiny, prompts):
     fig = lp.viz.sweep_heatmap(res)
     assert "patched from the other prompt" in fig.layout.title.text and "patched - clean" in fig.layout.title.text
     assert fig.data[0].z[0][1] == pytest.approx(float(res.changes[0, 0]))
+
+
+def test_the_filler_heads_recipe_is_one_call(tiny, tmp_path):
+    import pandas as pd
+
+    res = lp.reproduce("arm-fig-filler-heads-patched", tiny, out=tmp_path / "r", quick=True)
+    assert res.table is None and (tmp_path / "r" / "report" / "index.html").is_file()
+    (csv,) = (tmp_path / "r" / "report").rglob("patched-heads.csv")
+    got = pd.read_csv(csv)
+    from lensprobe.app.sections.filler import demo_question
+
+    question, _ = demo_question(True)
+    with_filler = lp.build_prompt(tiny, question, system=lp.MATH_SYSTEM_PROMPT, filler=lp.Filler.meaningless())
+    without = lp.build_prompt(tiny, question, system=lp.MATH_SYSTEM_PROMPT)
+    want = lp.patch_heads(tiny, with_filler, without, "entropy")
+    torch.testing.assert_close(torch.tensor(got["change"].values, dtype=torch.float32), want.changes[0],
+                               rtol=1e-5, atol=1e-6)
+    assert "filler's own positions have no counterpart" in (tmp_path / "r" / "report" / "index.html").read_text()
