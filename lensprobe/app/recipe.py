@@ -11,13 +11,17 @@ name or from a file path. Fields (every one checked when read)::
     title = "Table 1: w/o vs w/ Mless"
     kind = "table"                      # or "figure"
     arxiv = "2510.01032"
-    table = "1"                         # the published table compared with (kind = "table")
+    table = "1"                         # the published table compared with (kind = "table"; absent: the
+                                        #   paper publishes a figure only, so the shape is compared by eye)
     figure = "token-class-attention"    # the study drawn (kind = "figure")
     protocol = "arm-math500"            # lp.evals.protocols.PROTOCOLS
     benchmarks = ["math500", "aime2024"]
     conditions = ["w/o", "w/ Mless"]    # built-in names, "ARM", or names defined below
     models = ["Qwen/Qwen2.5-Math-1.5B"] # the authors' models (the docs' GPU commands)
     runs = 5                            # runs the paper averages (the default of --runs)
+    curve = "filler length"             # also draw accuracy against each condition's filler length (x axis)
+    best_of = "majority"                # add "Best-of-N (N=n)" rows: the majority answer of each problem's
+                                        #   n samples (n: the protocol's n_samples), per condition
     notes = "..."                       # shown in the table's Markdown and the report
     [settings]                          # how it runs: ReproduceConfig's fields (the command line's
     limit = 50                          #   --limit, --max-new-tokens, ... given win)
@@ -56,7 +60,9 @@ __all__ = ["KINDS", "Recipe", "ReproduceConfig", "list_recipes", "load_recipe"]
 
 KINDS = ("table", "figure")
 _FIELDS = {"name", "title", "kind", "arxiv", "table", "figure", "protocol", "benchmarks", "conditions", "models",
-           "runs", "notes", "define", "settings"}
+           "runs", "notes", "define", "settings", "curve", "best_of"}
+BEST_OF = ("majority",)
+"""How a ``best_of`` recipe picks the best of a problem's N samples (see :mod:`lensprobe.app.reproduce_samples`)."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,8 @@ class Recipe:
     define: dict[str, dict[str, Any]] = field(default_factory=dict)
     source: str = ""
     settings: ReproduceConfig = field(default_factory=ReproduceConfig)
+    curve: str | None = None
+    best_of: str | None = None
 
 
 def _shipped() -> dict[str, Any]:
@@ -200,10 +208,19 @@ def _recipe(data: dict, where: str, default_name: str) -> Recipe:
         benchmarks = tuple(benchmark_key(b) for b in lists["benchmarks"])
     except LensprobeError as err:
         raise LensprobeError(f"{where}: {err}") from None
-    if kind == "table" and (not data.get("table") or not benchmarks or not lists["conditions"]):
-        raise LensprobeError(f"{where}: a table recipe needs table, benchmarks and conditions.")
+    if kind == "table" and (not benchmarks or not lists["conditions"]):
+        raise LensprobeError(f"{where}: a table recipe needs benchmarks and conditions (and table, the published "
+                             "table compared with, unless the paper shows these numbers as a figure only).")
     if kind == "figure" and not data.get("figure"):
         raise LensprobeError(f"{where}: a figure recipe needs figure (the study it draws).")
+    for key in ("curve", "best_of"):
+        if data.get(key) is not None and (kind != "table" or not isinstance(data[key], str) or not data[key]):
+            raise LensprobeError(f"{where}: {key} is a table recipe's text field, got {data[key]!r}.")
+    if data.get("best_of") not in (None, *BEST_OF):
+        raise LensprobeError(f"{where}: best_of must be one of {BEST_OF}, got {data['best_of']!r}.")
+    if data.get("best_of") and (not protocol or PROTOCOLS[protocol].settings.get("n_samples", 1) < 2):
+        raise LensprobeError(f"{where}: best_of needs a protocol that draws several samples per problem (n_samples > 1, "
+                             "e.g. protocol = \"arm-math500-t0.5\"), got protocol " + repr(protocol) + ".")
     runs = data.get("runs", 1)
     if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
         raise LensprobeError(f"{where}: runs must be a positive integer, got {runs!r}.")
@@ -217,7 +234,8 @@ def _recipe(data: dict, where: str, default_name: str) -> Recipe:
                   figure=_opt(data.get("figure")), protocol=protocol, benchmarks=benchmarks,
                   conditions=conditions, models=lists["models"], runs=runs,
                   notes=str(data.get("notes", "")), define=define, source=where,
-                  settings=_settings(data.get("settings", {}), where))
+                  settings=_settings(data.get("settings", {}), where), curve=data.get("curve"),
+                  best_of=data.get("best_of"))
 
 
 def _settings(table: Any, where: str) -> ReproduceConfig:

@@ -36,7 +36,8 @@ from lensprobe.app.provenance import (
     verdict,
 )
 from lensprobe.app.recipe import Recipe, load_recipe
-from lensprobe.app.reproduce_figures import figure_sections
+from lensprobe.app.reproduce_figures import curve_sections, figure_sections
+from lensprobe.app.reproduce_samples import sample_columns, sample_rows
 from lensprobe.app.reproduce_tables import (
     RUN_COLUMNS,
     beside_published,
@@ -206,7 +207,8 @@ class _Run:
 def _table(run: _Run, out: Path | None, data: dict, limit) -> ReproduceResult:
     pd = pandas()
     problem_sets, notes = recipe_problems(run.recipe, data, limit)
-    samples = model_samples(run.model)
+    samples = model_samples(run.model) or bool(run.recipe.protocol and
+                                               get_protocol(run.recipe.protocol).settings.get("do_sample"))
     results, cells, sections = [], [], []
     for bench, problems in problem_sets.items():
         conds, skipped = recipe_conditions(run.recipe, run.model, bench, run.arm, arm_source=run.arm_source)
@@ -215,15 +217,17 @@ def _table(run: _Run, out: Path | None, data: dict, limit) -> ReproduceResult:
         for cond in conds:
             varies = _varies(cond, samples)
             rows = [rows for _, rows, _ in seeded if (rows["condition"] == cond.name).any()]
-            numbers = run_numbers(cond.name, rows)
-            cell = _cell(run, bench, cond, seeded, numbers, len(problems), varies)
-            numbers["run: comparable"] = "comparable" if cell["comparable"] else "not comparable"
-            results.append({"benchmark": bench, "condition": cond.name, **numbers})
-            cells.append(cell)
+            for name, cell_runs, extra in sample_rows(run.recipe, cond.name, rows):
+                numbers = {**run_numbers(name, cell_runs), **extra}
+                cell = _cell(run, bench, cond.name, name, seeded, numbers, len(problems), varies)
+                numbers["run: comparable"] = "comparable" if cell["comparable"] else "not comparable"
+                results.append({"benchmark": bench, "condition": name, **numbers})
+                cells.append(cell)
         notes += _runs_notes(run, bench, conds, samples)
         sections.append(results_section(seeded[0][1], title=f"{bench}: accuracy per condition", grader="paper-exact"))
-    table = beside_published(pd.DataFrame.from_records(results, columns=["benchmark", "condition", *RUN_COLUMNS]),
-                             run.recipe)
+        sections += curve_sections(run.recipe, bench, conds, seeded[0][1])
+    columns = ["benchmark", "condition", *RUN_COLUMNS, *sample_columns(run.recipe)]
+    table = beside_published(pd.DataFrame.from_records(results, columns=columns), run.recipe)
     files = _write_table(run, out, table, cells, sections, notes) if out is not None else {}
     return ReproduceResult(recipe=run.recipe, table=table, cells=tuple(cells), files=files, notes=tuple(notes))
 
@@ -251,16 +255,18 @@ def _varies(cond, samples: bool) -> bool:
     return samples or any(capabilities(i).seeded for i in cond.interventions)
 
 
-def _cell(run: _Run, bench: str, cond, seeded: list, numbers: dict, n_problems: int, varies: bool) -> dict:
-    seeds = [s for s, rows, _ in seeded if (rows["condition"] == cond.name).any()]
+def _cell(run: _Run, bench: str, source: str, name: str, seeded: list, numbers: dict, n_problems: int,
+          varies: bool) -> dict:
+    """The cell of row ``name`` (condition ``source``'s own row, or a row computed from it: Best-of-N)."""
+    seeds = [s for s, rows, _ in seeded if (rows["condition"] == source).any()]
     config = seeded[0][2]
     facts = run_facts(run.model, config, name=run.name)
-    arm = arm_facts(config["parts"].get(cond.name, {}), run.name, bench)
+    arm = arm_facts(config["parts"].get(source, {}), run.name, bench)
     cell = {"problems": n_problems, "of": BENCHMARK_TOTALS.get(bench), "runs": len(seeds), "seeds": seeds,
             "errors": numbers.pop("errors"), "arm": arm}
     comparable, reasons = verdict(facts, cell, run.model, paper_runs=run.recipe.runs, random=varies,
                                   table_models=run.recipe.models)
-    return {"benchmark": bench, "condition": cond.name, "facts": facts, **cell, "varies with the seed": varies,
+    return {"benchmark": bench, "condition": name, "facts": facts, **cell, "varies with the seed": varies,
             "comparable": comparable, "reasons": reasons, "columns": fact_columns(facts, cell, reasons)}
 
 
@@ -283,8 +289,8 @@ def _write_table(run: _Run, out: Path, table, cells: list[dict], sections: list,
              f"Protocol: {recipe.protocol or 'none'}" + (f" ({protocol.description})" if protocol else "") + ".",
              "Accuracies in percent. The run's columns start with `run:`: `run: accuracy (authors' grader)` is the "
              "authors' `is_equiv` (`paper-exact`, their tables' metric), the mean over `run: runs`, with its 95% "
-             "Wilson interval (one run) or the runs' standard deviation; the other columns are the paper's models "
-             f"as published (arXiv {recipe.arxiv}, Table {recipe.table}).", *([recipe.notes] if recipe.notes else []),
+             "Wilson interval (one run) or the runs' standard deviation; " + _published_text(recipe),
+             *([recipe.notes] if recipe.notes else []),
              *notes]
     verdicts = [f"{c['benchmark']} / {c['condition']}: " + ("comparable" if c["comparable"] else
                 "not comparable: " + "; ".join(c["reasons"])) + f" (problems {c['columns']['run: problems']}, seeds "
@@ -308,6 +314,13 @@ def _write_table(run: _Run, out: Path, table, cells: list[dict], sections: list,
     return paths
 
 
+def _published_text(recipe: Recipe) -> str:
+    if recipe.table is None:
+        return (f"the paper (arXiv {recipe.arxiv}) publishes these numbers as a figure only, so there are no published "
+                "numbers beside the run's: compare the shape by eye.")
+    return f"the other columns are the paper's models as published (arXiv {recipe.arxiv}, Table {recipe.table})."
+
+
 def _with_facts(table, cells: list[dict]):
     """``table`` with each run cell's facts as ``run: ...`` columns (published-only rows leave them empty)."""
     pd = pandas()
@@ -316,13 +329,13 @@ def _with_facts(table, cells: list[dict]):
 
 
 def _json(recipe: Recipe, table, cells: list[dict], notes: list[str]) -> dict:
-    published = [c for c in table.columns if c.endswith(f"(Table {recipe.table})")]
+    published = [c for c in table.columns if recipe.table and c.endswith(f"(Table {recipe.table})")]
     rows = {(r["benchmark"], r["condition"]): r for r in table.to_dict("records")}
     out = []
     for c in cells:
         row = rows[(c["benchmark"], c["condition"])]
         out.append({**{k: v for k, v in c.items() if k != "columns"},
-                    "run": {k: _plain(row[k]) for k in RUN_COLUMNS},
+                    "run": {k: _plain(row[k]) for k in (*RUN_COLUMNS, *sample_columns(recipe))},
                     "published": {k: _plain(row[k]) for k in published}})
     return {"recipe": {"name": recipe.name, "title": recipe.title, "source": recipe.source, "arxiv": recipe.arxiv,
                        "table": recipe.table, "paper_runs": recipe.runs}, "cells": out, "notes": notes}

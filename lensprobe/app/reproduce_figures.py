@@ -8,6 +8,7 @@ figure on the model given, to be compared with the paper's by eye.
 import html
 from collections.abc import Callable
 
+from lensprobe.app.sections import mechanism as mechanism_section
 from lensprobe.app.sections import thinking as thinking_section
 from lensprobe.app.sections.filler import (
     HEADS_PER_LAYER,
@@ -20,12 +21,14 @@ from lensprobe.app.sections.heads import head_attention_section
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.measures.measure import NextTokenEntropy, measure_once
 from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT, Filler, build_prompt
+from lensprobe.evals.stats import accuracy
 from lensprobe.experiments.headpatch import patch_heads
 from lensprobe.studies.filler import FillerSetup, attention_received_by_condition, heads_by_change
 from lensprobe.viz.ablation import sweep_heatmap
+from lensprobe.viz.evals import accuracy_by_level
 from lensprobe.viz.report import Section
 
-__all__ = ["FIGURES", "figure_sections"]
+__all__ = ["FIGURES", "curve_sections", "figure_sections", "filler_length"]
 
 
 def _top_heads(model, question: str, setup: FillerSetup, layers: list[int]):
@@ -93,6 +96,13 @@ def filler_heads_patched(model, quick: bool) -> list[Section]:
                     figures=[sweep_heatmap(res)], tables={"patched_heads": res.to_dataframe(), "top": res.top(10)})]
 
 
+def mechanism(model, quick: bool) -> list[Section]:
+    """The activation redistribution (the paper's mechanism figures): the filler rescales layer-0 attention (an
+    affine map per head) and moves the layer-0 MLP activations away from zero, without filler, with Mless, and
+    without filler + ARM."""
+    return [mechanism_section.build_demo_section(model, quick=quick)]
+
+
 FIGURES: dict[str, Callable[..., list[Section]]] = {
     "filler-attention-per-head": filler_per_head,
     "filler-vs-random": filler_vs_random,
@@ -100,6 +110,7 @@ FIGURES: dict[str, Callable[..., list[Section]]] = {
     "head-attention-by-condition": head_attention,
     "thinking-traces": thinking_traces,
     "filler-heads-patched": filler_heads_patched,
+    "activation-redistribution": mechanism,
 }
 """Figure name -> ``(model, quick) -> sections``."""
 
@@ -116,3 +127,28 @@ def figure_sections(name: str, model, *, quick: bool = False) -> list[Section]:
     if name not in FIGURES:
         raise LensprobeError(f"unknown figure {name!r}: a figure recipe draws one of {tuple(FIGURES)}.")
     return FIGURES[name](model, quick)
+
+
+def filler_length(condition) -> int | None:
+    """Repetitions in ``condition``'s filler (0 without one; ``None`` for a filler drawn per tokenizer)."""
+    if condition.filler is None:
+        return 0
+    return len(condition.filler.content.split()) if isinstance(condition.filler, Filler) else None
+
+
+def curve_sections(recipe, bench: str, conds, rows) -> list[Section]:
+    """A table recipe's ``curve``: the authors' grader's accuracy (95% Wilson interval) on ``bench`` against each
+    condition's filler length (Figure 8), from the run's ``rows`` (seed 0); ``[]`` without ``curve``."""
+    lengths = {c.name: filler_length(c) for c in conds if filler_length(c) is not None}
+    graded = rows[rows["condition"].isin(list(lengths)) & rows["paper-exact"].notna()]
+    if not recipe.curve or graded.empty:
+        return []
+    table = accuracy(graded, "condition", grader="paper-exact")
+    table["level"] = [lengths[c] for c in table["condition"]]
+    table = table.sort_values("level", kind="stable").assign(condition=bench)
+    fig = accuracy_by_level(table, title=f"{bench}: accuracy vs {recipe.curve}")
+    fig.update_xaxes(title_text=recipe.curve, dtick=None)
+    intro = (f"<p>Accuracy (the authors' grader) against {html.escape(recipe.curve)}; bars: 95% Wilson intervals. "
+             "The paper shows this as a figure without numbers: compare the shape by eye.</p>")
+    return [Section(f"{bench}: accuracy vs {recipe.curve}", intro, figures=[fig],
+                    tables={"curve": table})]

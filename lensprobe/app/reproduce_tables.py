@@ -107,7 +107,7 @@ def recipe_conditions(recipe: Recipe, model, bench: str, arm: Any = None, *,
 
 def beside_published(run, recipe: Recipe):
     """The run's rows with one column per model of the recipe's published table (``"<model> (Table
-    T)"``), matched on (benchmark, condition); published rows the run lacks are kept (run columns
+    T)"``), matched on (benchmark, condition) (a recipe without ``table``: the run's rows alone); published rows the run lacks are kept (run columns
     empty), the table's other benchmarks and conditions too (shown as published). A cell the paper
     prints as "-" reads what it means there (Table 2: ``"< 5"``).
 
@@ -115,23 +115,40 @@ def beside_published(run, recipe: Recipe):
         >>> beside_published(run, load_recipe("arm-table1")).columns[:4].tolist()
         ['benchmark', 'condition', 'run: n', "run: accuracy (authors' grader)"]
     """
-    if recipe.table is None:
+    if recipe.kind != "table":
         raise LensprobeError(f"recipe {recipe.name!r} is a {recipe.kind} recipe: only a table recipe has published numbers.")
+    if recipe.table is None:  # the paper publishes a figure only: the run's rows alone
+        return _typed(run.copy())
     pub = published_table(recipe.table, recipe.arxiv)
     pub["shown"] = [t if v is None or v != v else v for v, t in zip(pub["value"], pub["text"], strict=True)]
     wide = pub.pivot_table(index=["benchmark", "condition"], columns="model", values="shown", sort=False,
                            dropna=False, aggfunc="first")
     wide.columns = [f"{m} (Table {recipe.table})" for m in wide.columns]
-    order = {(b, c): i for i, (b, c) in enumerate((b, c) for b in recipe.benchmarks for c in recipe.conditions)}
-    for key in [*zip(run["benchmark"], run["condition"], strict=True), *wide.index]:  # then the run's, the paper's
+    order = _row_order(run, recipe)
+    for key in wide.index:  # then the paper's other rows
         order.setdefault(key, len(order))
     table = run.merge(wide.reset_index(), on=["benchmark", "condition"], how="outer", sort=False)
     table["_o"] = [order[(b, c)] for b, c in zip(table["benchmark"], table["condition"], strict=True)]
+    return _typed(table).sort_values("_o", kind="stable").drop(columns="_o").reset_index(drop=True)
+
+
+def _row_order(run, recipe: Recipe) -> dict:
+    """(benchmark, condition) -> position: benchmark by benchmark, the recipe's conditions, then the run's other rows
+    (a Best-of-N row)."""
+    order: dict = {}
+    for bench in [*recipe.benchmarks, *run["benchmark"]]:
+        for cond in [*recipe.conditions, *run[run["benchmark"] == bench]["condition"]]:
+            order.setdefault((bench, cond), len(order))
+    return order
+
+
+def _typed(table):
+    """The run's counts as integers and its percentages as floats (``None`` where not measured)."""
     for col in (RUN_N, RUN_COLUMNS[4]):  # counts (published-only rows have none)
         table[col] = table[col].astype("Int64")
     for col in (*RUN_COLUMNS[1:4], *RUN_COLUMNS[5:7]):  # percentages (None where not measured)
         table[col] = pandas().to_numeric(table[col]).astype(float)
-    return table.sort_values("_o", kind="stable").drop(columns="_o").reset_index(drop=True)
+    return table
 
 
 def run_numbers(name: str, runs: list) -> dict:

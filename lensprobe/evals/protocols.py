@@ -7,6 +7,8 @@ explicitly still win (and are recorded, so such a folder is not the protocol's).
 
 - ``"arm-math500"``: ``Math500/math500.py`` and ``mless.py`` (their MATH-500 and AIME scripts
   are the same; ``AIME2024/aime2024.py`` and ``AIME2025/AIME2025.py`` differ only in the data).
+- ``"arm-math500-t0.5"``: ``"arm-math500"`` sampled at temperature 0.5, top_p 0.95 with 5 samples per
+  problem (Table 8's caption; the released code has no script for it).
 - ``"arm-aime-pass3"``: ``evaluate_pass_at3`` in the same files, run by ``pass_3.py``, as the code
   runs it: ``generate(do_sample=True)`` with the model's generation config, so a configuration without
   ``top_k`` samples the 50 most probable tokens (``transformers``' default; Qwen2.5-Math's configs are
@@ -126,6 +128,25 @@ PROTOCOLS: dict[str, Protocol] = {
             "grader": "Math500/math500.py: is_equiv(decoded prompt + generation, answer) (paper-exact)",
             "runs": "paper, Table 1: 'average of five runs'",
             "dtype": "Math500/utils.py: from_pretrained without torch_dtype, so fp32",
+        },
+    ),
+    "arm-math500-t0.5": Protocol(
+        name="arm-math500-t0.5",
+        description="the authors' MATH-500 / AIME accuracy script sampled at temperature 0.5, top_p 0.95 (Table 8), "
+                    "5 samples per problem (Best-of-N, N=5)",
+        settings={"prompt_format": "paper", "max_new_tokens": 2048, "do_sample": True, "temperature": 0.5,
+                  "top_p": 0.95, "n_samples": 5},
+        notes="Table 8's settings as its caption states them (temperature 0.5, top_p 0.95); the released code has no "
+              "script for them, so everything else is arm-math500's, and top_k, min_p and repetition_penalty stay "
+              "the model's generation config's (transformers' top_k=50 where it sets none, as generate(do_sample="
+              "True, temperature=0.5, top_p=0.95) applies them). The paper does not say how Best-of-N picks the best "
+              "of the N=5 samples; lensprobe takes the majority answer (see the arm-table8 recipe).",
+        sources={
+            "sampling": "paper, Table 8 (p. 22): 'temperature 0.5, top_p 0.95'",
+            "n_samples": "paper, Table 8: Best-of-N (N=5)",
+            "prompt": "Math500/math500.py, as arm-math500",
+            "max_new_tokens": "Math500/math500.py: max_new_tokens=2048, as arm-math500",
+            "grader": "Math500/math500.py: is_equiv(decoded prompt + generation, answer) (paper-exact)",
         },
     ),
     "arm-aime-pass3": _pass3(

@@ -55,8 +55,8 @@ def data_from_args(values: list[str] | None) -> dict[str, Path]:
 def _list_text() -> str:
     rows = [(r.name, r.kind, f"arXiv {r.arxiv}" + (f" Table {r.table}" if r.table else ""), r.title)
             for r in list_recipes()]
-    width = max(len(r[0]) for r in rows)
-    return "\n".join(f"{n:<{width}}  {k:<6}  {src:<24}  {title}" for n, k, src, title in rows)
+    width, src_width = max(len(r[0]) for r in rows), max(len(r[2]) for r in rows)
+    return "\n".join(f"{n:<{width}}  {k:<6}  {src:<{src_width}}  {title}" for n, k, src, title in rows)
 
 
 def run_reproduce(args) -> int:

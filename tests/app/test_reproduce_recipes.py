@@ -1,0 +1,196 @@
+"""The recipes of Table 7, Table 8 (sampling, Best-of-N), Figure 6 (pass@3), Figure 8 (filler length), Figure 10
+(meaningful tokens) and the mechanism figure, on the tiny model: every number recomputed by hand from the rows."""
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import lensprobe as lp
+from lensprobe.app.cli import main
+from lensprobe.app.reproduce_samples import best_of_rows, pass_numbers
+from lensprobe.app.reproduce_tables import recipe_conditions
+from lensprobe.evals.published import published_numbers
+from lensprobe.evals.running import ErrorRowsWarning
+
+AIME = Path(__file__).resolve().parents[1] / "fixtures" / "aime" / "aime-mini.jsonl"
+ARM = lp.ARM(c=0.13, percentile=99.5)
+ACC = "run: accuracy (authors' grader)"
+
+
+def _rows(folder: Path) -> list[dict]:
+    return [json.loads(line) for f in sorted(folder.glob("results-rank*.jsonl")) for line in f.read_text().splitlines()]
+
+
+def _pct(values) -> float:
+    values = list(values)
+    return round(100 * sum(values) / len(values), 1)
+
+
+def test_table7_base_models_beside_the_published_numbers(tmp_path, tiny):
+    out = tmp_path / "t7"
+    res = lp.reproduce("arm-table7", tiny, out=out, limit=2, max_new_tokens=3, arm=ARM, progress=False)
+    table = res.table
+    for n in (n for n in published_numbers() if n.table == "7"):
+        row = table[(table["benchmark"] == n.benchmark) & (table["condition"] == n.condition)]
+        assert row[f"{n.model} (Table 7)"].item() == n.value
+    rows = _rows(out / "runs" / "math500")
+    for cond in ("w/o", "ARM"):
+        mine = [r for r in rows if r["condition"] == cond and r["finish"] != "error"]
+        got = table[(table["benchmark"] == "math500") & (table["condition"] == cond)]
+        assert got["run: n"].item() == len(mine) == 2
+        assert got[ACC].item() == _pct(r["paper-exact"] for r in mine)
+    arm_cell = next(c for c in res.cells if c["condition"] == "ARM")
+    assert arm_cell["columns"]["run: ARM"].startswith("layer=0, c=0.13, percentile=99.5")
+    assert not arm_cell["comparable"] and any("not the authors' preset" in r for r in arm_cell["reasons"])
+    # no ARM given: the base models have no preset (neither the paper nor the code gives one), the rows are skipped
+    _, notes = recipe_conditions(lp.load_recipe("arm-table7"), tiny, "math500")
+    assert notes and "ARM rows skipped" in notes[0]
+
+
+def test_figure8_filler_lengths_and_the_curve(tmp_path, tiny):
+    out = tmp_path / "f8"
+    # the tiny model's context is 256 tokens: the second problem with 70 '/' does not fit, an error row
+    with pytest.warns(ErrorRowsWarning, match="context is 256"):
+        res = lp.reproduce("arm-fig8-filler-length", tiny, out=out, limit=2, max_new_tokens=3, progress=False)
+    x70 = next(c for c in res.cells if c["condition"] == "w/ Mless x70")
+    assert x70["errors"] == 1 and any("1 error row(s)" in r for r in x70["reasons"])
+    assert not [c for c in res.table.columns if "(Table" in c]  # the paper publishes a figure only
+    assert "publishes these numbers as a figure only" in (out / "table.md").read_text()
+    rows = pd.DataFrame(_rows(out / "runs" / "math500"))
+    lengths = {"w/o": 0, "w/ Mless x10": 10, "w/ Mless x25": 25, "w/ Mless x40": 40, "w/ Mless": 55,
+               "w/ Mless x70": 70}
+    assert list(res.table["condition"]) == list(lengths)
+    for cond, length in lengths.items():
+        prompt = rows[(rows["condition"] == cond) & rows["prompt"].notna()]["prompt"].iloc[0]
+        run = " ".join(["/"] * length)
+        assert prompt.startswith(lp.PAPER_SYSTEM_PROMPT + run) and not prompt.startswith(lp.PAPER_SYSTEM_PROMPT + run + " /")
+    curve = pd.read_csv(next((out / "report").rglob("curve.csv")))
+    assert curve["level"].tolist() == list(lengths.values())
+    for cond, acc in zip(curve["condition"].index, curve["accuracy"], strict=True):
+        name = list(lengths)[cond]
+        graded = rows[(rows["condition"] == name) & rows["paper-exact"].notna()]
+        assert acc == pytest.approx(graded["paper-exact"].astype(bool).mean())
+        assert res.table[res.table["condition"] == name]["run: n"].item() == len(graded)
+
+
+def test_figure10_meaningful_control(tmp_path, tiny):
+    out = tmp_path / "f10"
+    res = lp.reproduce("arm-fig10-meaningful-tokens", tiny, out=out, limit=2, max_new_tokens=3, progress=False)
+    rows = pd.DataFrame(_rows(out / "runs" / "math500"))
+    mful = rows[rows["condition"] == "w/ Mful"]["prompt"].iloc[0]
+    assert mful.startswith(lp.PAPER_SYSTEM_PROMPT + " ".join(["he"] * 55))
+    assert "/ /" not in mful and " ".join(["/"] * 55) in rows[rows["condition"] == "w/ Mless"]["prompt"].iloc[0]
+    for cond in ("w/o", "w/ Mless", "w/ Mful"):
+        mine = rows[rows["condition"] == cond]
+        assert res.table[res.table["condition"] == cond][ACC].item() == _pct(mine["paper-exact"])
+
+
+def test_pass_numbers_by_hand():
+    # problem a: 20 samples, 2 correct; b: 20 samples, 0 correct; c: 20 samples, 19 correct
+    verdicts = {"a": [True] * 2 + [False] * 18, "b": [False] * 20, "c": [True] * 19 + [False]}
+    rows = pd.DataFrame([{"condition": "w/o", "problem_id": p, "sample": i, "paper-exact": v}
+                         for p, vs in verdicts.items() for i, v in enumerate(vs)])
+    each = [1 - math.comb(18, 3) / math.comb(20, 3), 0.0, 1.0]
+    mean = sum(each) / 3
+    se = math.sqrt(sum((v - mean) ** 2 for v in each) / 2) / math.sqrt(3)
+    got = pass_numbers(rows, "w/o", 3)
+    assert got["run: pass@3 (authors' grader)"] == round(100 * mean, 1)
+    assert got["run: pass@3 95% CI low"] == round(100 * max(0, mean - 1.96 * se), 1)
+    assert got["run: pass@3 95% CI high"] == round(100 * min(1, mean + 1.96 * se), 1)
+
+
+def test_figure6_pass3_on_the_tiny_model(tmp_path, tiny):
+    out = tmp_path / "f6"
+    res = lp.reproduce("arm-fig6-pass3", tiny, out=out, limit=2, max_new_tokens=3, arm=ARM, data={"aime2024": AIME},
+                       progress=False)
+    rows = pd.DataFrame(_rows(out / "runs" / "aime2024"))
+    config = json.loads((out / "runs" / "aime2024" / "config.json").read_text())["settings"]["generation"]
+    assert config["protocol"] == "arm-aime-pass3" and config["n_samples"] == 20 and config["top_k"] == 50
+    for cond in ("w/o", "ARM"):
+        mine = rows[rows["condition"] == cond]
+        assert len(mine) == 40
+        each = [1 - math.comb(20 - int(g.sum()), 3) / math.comb(20, 3) if 20 - g.sum() >= 3 else 1.0
+                for _, g in mine.groupby("problem_id")["paper-exact"]]
+        got = res.table[res.table["condition"] == cond]
+        assert got["run: pass@3 (authors' grader)"].item() == round(100 * sum(each) / len(each), 1)
+        assert got[ACC].item() == _pct(mine["paper-exact"])
+    assert not [c for c in res.table.columns if "(Table" in c]
+    text = lp.load_recipe("arm-fig6-pass3-text")
+    assert text.protocol == "arm-aime-pass3-text" and text.conditions == ("w/o", "ARM")
+
+
+def test_best_of_rows_take_the_majority_answer():
+    rows = pd.DataFrame([
+        # p1: "4" twice (the second and third samples) beats "5" once: the first "4" sample decides
+        {"condition": "w/o", "problem_id": "p1", "sample": 0, "prediction": "5", "paper-exact": False},
+        {"condition": "w/o", "problem_id": "p1", "sample": 1, "prediction": "4", "paper-exact": True},
+        {"condition": "w/o", "problem_id": "p1", "sample": 2, "prediction": " 4", "paper-exact": True},
+        # p2: a tie, 1 vs 2: the answer sampled first wins
+        {"condition": "w/o", "problem_id": "p2", "sample": 1, "prediction": "2", "paper-exact": True},
+        {"condition": "w/o", "problem_id": "p2", "sample": 0, "prediction": "1", "paper-exact": False},
+        # p3: no answer twice beats one right answer
+        {"condition": "w/o", "problem_id": "p3", "sample": 0, "prediction": None, "paper-exact": False},
+        {"condition": "w/o", "problem_id": "p3", "sample": 1, "prediction": "7", "paper-exact": True},
+        {"condition": "w/o", "problem_id": "p3", "sample": 2, "prediction": None, "paper-exact": False},
+    ])
+    best = best_of_rows(rows, "w/o", "Best-of-N (N=3)")
+    assert best["problem_id"].tolist() == ["p1", "p2", "p3"]
+    assert best["sample"].tolist() == [1, 0, 0] and best["paper-exact"].tolist() == [True, False, False]
+    assert set(best["condition"]) == {"Best-of-N (N=3)"}
+
+
+def test_table8_sampling_and_best_of_n(tmp_path, tiny):
+    out = tmp_path / "t8"
+    res = lp.reproduce("arm-table8", tiny, out=out, limit=2, max_new_tokens=3, arm=ARM, progress=False)
+    gen = json.loads((out / "runs" / "math500" / "config.json").read_text())["settings"]["generation"]
+    assert (gen["temperature"], gen["top_p"], gen["do_sample"], gen["n_samples"]) == (0.5, 0.95, True, 5)
+    for cell in res.cells:
+        assert cell["facts"]["sampling"]["temperature"] == 0.5 and cell["facts"]["sampling"]["top_p"] == 0.95
+        assert "temperature=0.5, top_p=0.95" in cell["columns"]["run: sampling"]
+    math = res.table[res.table["benchmark"] == "math500"]
+    assert math["condition"].tolist() == ["w/o", "ARM", "Best-of-N (N=5)", "Best-of-N (N=5)+ARM"]
+    assert math["Qwen2.5-Math-1.5B (Table 8)"].tolist() == [63.8, 67.8, 69.4, 71.2]
+    rows = pd.DataFrame(_rows(out / "runs" / "math500"))
+    for cond, best in (("w/o", "Best-of-N (N=5)"), ("ARM", "Best-of-N (N=5)+ARM")):
+        mine = rows[rows["condition"] == cond]
+        assert math[math["condition"] == cond]["run: n"].item() == len(mine) == 10
+        assert math[math["condition"] == cond][ACC].item() == _pct(mine["paper-exact"])
+        by_hand = []
+        for _, group in mine.sort_values("sample").groupby("problem_id", sort=False):
+            answers = [str(p).strip() if p is not None and p == p else "" for p in group["prediction"]]
+            top = max(answers.count(a) for a in answers)
+            by_hand.append(group["paper-exact"].iloc[[answers.count(a) for a in answers].index(top)])
+        assert math[math["condition"] == best]["run: n"].item() == 2
+        assert math[math["condition"] == best][ACC].item() == _pct(by_hand)
+
+
+def test_mechanism_figure_recipe(tmp_path, tiny):
+    res = lp.reproduce("arm-fig-mechanism", tiny, out=tmp_path / "m", quick=True)
+    assert res.table is None and (tmp_path / "m" / "report" / "index.html").is_file()
+    csvs = {p.stem for p in (tmp_path / "m" / "report").rglob("*.csv")}
+    assert {"affine-fit", "activation-summary"} <= csvs
+
+
+def test_new_recipe_fields_are_checked_before_the_model_loads(tmp_path, capsys):
+    cases = {
+        'curve = 3\n': r"curve is a table recipe's text field",
+        'best_of = "oracle"\n': r"best_of must be one of \('majority',\)",
+        'best_of = "majority"\n': r"best_of needs a protocol that draws several samples",
+    }
+    for line, message in cases.items():
+        bad = tmp_path / "bad.toml"
+        bad.write_text('kind = "table"\nprotocol = "arm-math500"\nbenchmarks = ["math500"]\nconditions = ["w/o"]\n' + line)
+        assert main(["reproduce", str(bad), "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "o")]) == 2
+        assert re.search(message, capsys.readouterr().err), line
+
+
+def test_the_list_is_aligned(capsys):
+    assert main(["reproduce", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(lp.list_recipes())
+    starts = {len(re.match(r"^\S+\s+(table|figure)\s+arXiv \S+( Table \S+)?\s+", line).group(0)) for line in lines}
+    assert len(starts) == 1
