@@ -23,6 +23,9 @@ name or from a file path. Fields (every one checked when read)::
     best_of = "majority"                # add "Best-of-N (N=n)" rows: the majority answer of each problem's
                                         #   n samples (n: the protocol's n_samples), per condition
     notes = "..."                       # shown in the table's Markdown and the report
+    kind = "lm-eval"                    # benchmarks are lm-eval tasks, run by lensprobe.evals.lmeval:
+    metrics = {gsm8k = "exact_match"}   #   the metric read per task (default "acc")
+    sources = {gsm8k = "openai/gsm8k"}  #   where each task's data comes from (shown when it is missing)
     [settings]                          # how it runs: ReproduceConfig's fields (the command line's
     limit = 50                          #   --limit, --max-new-tokens, ... given win)
     [define."w/ Mless ?"]               # a condition: a built-in one with other filler settings
@@ -58,9 +61,9 @@ else:  # pragma: no cover - Python 3.10
 
 __all__ = ["KINDS", "Recipe", "ReproduceConfig", "list_recipes", "load_recipe"]
 
-KINDS = ("table", "figure")
+KINDS = ("table", "figure", "lm-eval")
 _FIELDS = {"name", "title", "kind", "arxiv", "table", "figure", "protocol", "benchmarks", "conditions", "models",
-           "runs", "notes", "define", "settings", "curve", "best_of"}
+           "runs", "notes", "define", "settings", "curve", "best_of", "metrics", "sources"}
 BEST_OF = ("majority",)
 """How a ``best_of`` recipe picks the best of a problem's N samples (see :mod:`lensprobe.app.reproduce_samples`)."""
 
@@ -140,6 +143,8 @@ class Recipe:
     settings: ReproduceConfig = field(default_factory=ReproduceConfig)
     curve: str | None = None
     best_of: str | None = None
+    metrics: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
 
 
 def _shipped() -> dict[str, Any]:
@@ -204,23 +209,16 @@ def _recipe(data: dict, where: str, default_name: str) -> Recipe:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise LensprobeError(f"{where}: {key} must be a list of strings, got {value!r}.")
         lists[key] = tuple(value)
-    try:
-        benchmarks = tuple(benchmark_key(b) for b in lists["benchmarks"])
+    try:  # an lm-eval recipe's benchmarks are lm-eval task names
+        benchmarks = lists["benchmarks"] if kind == "lm-eval" else tuple(benchmark_key(b) for b in lists["benchmarks"])
     except LensprobeError as err:
         raise LensprobeError(f"{where}: {err}") from None
-    if kind == "table" and (not benchmarks or not lists["conditions"]):
+    if kind != "figure" and (not benchmarks or not lists["conditions"]):
         raise LensprobeError(f"{where}: a table recipe needs benchmarks and conditions (and table, the published "
                              "table compared with, unless the paper shows these numbers as a figure only).")
     if kind == "figure" and not data.get("figure"):
         raise LensprobeError(f"{where}: a figure recipe needs figure (the study it draws).")
-    for key in ("curve", "best_of"):
-        if data.get(key) is not None and (kind != "table" or not isinstance(data[key], str) or not data[key]):
-            raise LensprobeError(f"{where}: {key} is a table recipe's text field, got {data[key]!r}.")
-    if data.get("best_of") not in (None, *BEST_OF):
-        raise LensprobeError(f"{where}: best_of must be one of {BEST_OF}, got {data['best_of']!r}.")
-    if data.get("best_of") and (not protocol or PROTOCOLS[protocol].settings.get("n_samples", 1) < 2):
-        raise LensprobeError(f"{where}: best_of needs a protocol that draws several samples per problem (n_samples > 1, "
-                             "e.g. protocol = \"arm-math500-t0.5\"), got protocol " + repr(protocol) + ".")
+    _check_extras(data, kind, protocol, benchmarks, where)
     runs = data.get("runs", 1)
     if not isinstance(runs, int) or isinstance(runs, bool) or runs < 1:
         raise LensprobeError(f"{where}: runs must be a positive integer, got {runs!r}.")
@@ -235,7 +233,27 @@ def _recipe(data: dict, where: str, default_name: str) -> Recipe:
                   conditions=conditions, models=lists["models"], runs=runs,
                   notes=str(data.get("notes", "")), define=define, source=where,
                   settings=_settings(data.get("settings", {}), where), curve=data.get("curve"),
-                  best_of=data.get("best_of"))
+                  best_of=data.get("best_of"), metrics=dict(data.get("metrics", {})),
+                  sources=dict(data.get("sources", {})))
+
+
+def _check_extras(data: dict, kind: str, protocol: str | None, benchmarks: tuple[str, ...], where: str) -> None:
+    """The fields of one kind: ``curve`` and ``best_of`` (table), ``metrics`` and ``sources`` (lm-eval)."""
+    for key in ("curve", "best_of"):
+        if data.get(key) is not None and (kind != "table" or not isinstance(data[key], str) or not data[key]):
+            raise LensprobeError(f"{where}: {key} is a table recipe's text field, got {data[key]!r}.")
+    if data.get("best_of") not in (None, *BEST_OF):
+        raise LensprobeError(f"{where}: best_of must be one of {BEST_OF}, got {data['best_of']!r}.")
+    if data.get("best_of") and (not protocol or PROTOCOLS[protocol].settings.get("n_samples", 1) < 2):
+        raise LensprobeError(f"{where}: best_of needs a protocol that draws several samples per problem (n_samples > 1, "
+                             "e.g. protocol = \"arm-math500-t0.5\"), got protocol " + repr(protocol) + ".")
+    for key in ("metrics", "sources"):
+        value = data.get(key, {})
+        if value and kind != "lm-eval":
+            raise LensprobeError(f"{where}: {key} is a field of lm-eval recipes (kind = \"lm-eval\").")
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()) \
+                or set(value) - set(benchmarks):
+            raise LensprobeError(f"{where}: {key} must be a table of {list(benchmarks)} -> text, got {value!r}.")
 
 
 def _settings(table: Any, where: str) -> ReproduceConfig:

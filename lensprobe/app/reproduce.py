@@ -37,6 +37,7 @@ from lensprobe.app.provenance import (
 )
 from lensprobe.app.recipe import Recipe, load_recipe
 from lensprobe.app.reproduce_figures import curve_sections, figure_sections
+from lensprobe.app.reproduce_lmeval import LMEVAL_COLUMNS, check_lmeval_data, lmeval_cells
 from lensprobe.app.reproduce_samples import sample_columns, sample_rows
 from lensprobe.app.reproduce_tables import (
     RUN_COLUMNS,
@@ -105,7 +106,9 @@ def check_reproduce(recipe: str | os.PathLike | Recipe, *, data: dict | None = N
     for name, value in (("limit", limit), ("runs", runs)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise LensprobeError(f"{name} must be a positive integer, got {value!r}.")
-    for bench, path in (data or {}).items():
+    if recipe.kind == "lm-eval":  # tasks of lm-eval, their data a task file each
+        check_lmeval_data(recipe, data or {})
+    for bench, path in (data or {}).items() if recipe.kind != "lm-eval" else ():
         key = benchmark_key(bench)
         if key not in recipe.benchmarks:
             raise LensprobeError(f"data for {key}, which recipe {recipe.name!r} does not run (it runs "
@@ -184,6 +187,9 @@ def reproduce(recipe: str | os.PathLike | Recipe, model, *, out: str | os.PathLi
                                              indent=2)}
     if recipe.kind == "figure":
         res = _figure(recipe, model, out_path, quick)
+    elif recipe.kind == "lm-eval":
+        res = _lmeval(recipe, model, model_name or model_label(model), out_path, arm=arm, arm_source=arm_source,
+                      data=dict(data or {}), limit=limit, batch_size=batch_size)
     else:
         run = _Run(recipe, model, model_name or model_label(model), arm, arm_source, runs or recipe.runs,
                    {"batch_size": batch_size, **({"protocol": recipe.protocol} if recipe.protocol else {}),
@@ -226,10 +232,34 @@ def _table(run: _Run, out: Path | None, data: dict, limit) -> ReproduceResult:
         notes += _runs_notes(run, bench, conds, samples)
         sections.append(results_section(seeded[0][1], title=f"{bench}: accuracy per condition", grader="paper-exact"))
         sections += curve_sections(run.recipe, bench, conds, seeded[0][1])
-    columns = ["benchmark", "condition", *RUN_COLUMNS, *sample_columns(run.recipe)]
+    columns = ["benchmark", "condition", *_run_columns(run.recipe)]
     table = beside_published(pd.DataFrame.from_records(results, columns=columns), run.recipe)
     files = _write_table(run, out, table, cells, sections, notes) if out is not None else {}
     return ReproduceResult(recipe=run.recipe, table=table, cells=tuple(cells), files=files, notes=tuple(notes))
+
+
+def _lmeval(recipe: Recipe, model, name: str, out: Path | None, **how) -> ReproduceResult:
+    """An lm-eval recipe: its tasks under each condition (:mod:`lensprobe.app.reproduce_lmeval`), beside the paper."""
+    rows, cells, notes = lmeval_cells(recipe, model, name, **how)
+    run = _Run(recipe, model, name, how["arm"], how["arm_source"], 1, {}, False)
+    frame = pandas().DataFrame.from_records(rows, columns=["benchmark", "condition", *LMEVAL_COLUMNS])
+    table = beside_published(frame, recipe)
+    files = _write_table(run, out, table, cells, [], notes) if out is not None else {}
+    return ReproduceResult(recipe=recipe, table=table, cells=tuple(cells), files=files, notes=tuple(notes))
+
+
+def _run_columns(recipe: Recipe) -> tuple[str, ...]:
+    return LMEVAL_COLUMNS if recipe.kind == "lm-eval" else (*RUN_COLUMNS, *sample_columns(recipe))
+
+
+def _metric_text(recipe: Recipe) -> str:
+    if recipe.kind == "lm-eval":
+        return ("Accuracies in percent. The run's columns start with `run:`: `run: accuracy (lm-eval)` is lm-eval's "
+                "metric on the task (`run: metric`, with its filter), with a 95% interval of 1.96 lm-eval standard "
+                "errors; ")
+    return ("Accuracies in percent. The run's columns start with `run:`: `run: accuracy (authors' grader)` is the "
+            "authors' `is_equiv` (`paper-exact`, their tables' metric), the mean over `run: runs`, with its 95% "
+            "Wilson interval (one run) or the runs' standard deviation; ")
 
 
 def _seeded_runs(run: _Run, bench: str, problems, conds, samples: bool, out: Path | None) -> list[tuple]:
@@ -287,9 +317,7 @@ def _write_table(run: _Run, out: Path, table, cells: list[dict], sections: list,
              f"Model: {run.name}. {model_note(run.model, recipe, run.name, recorded)}",
              *[f"{k.removeprefix('run: ').capitalize()}: {shared[k]}." for k in RUN_FACTS[1:] if k in shared],
              f"Protocol: {recipe.protocol or 'none'}" + (f" ({protocol.description})" if protocol else "") + ".",
-             "Accuracies in percent. The run's columns start with `run:`: `run: accuracy (authors' grader)` is the "
-             "authors' `is_equiv` (`paper-exact`, their tables' metric), the mean over `run: runs`, with its 95% "
-             "Wilson interval (one run) or the runs' standard deviation; " + _published_text(recipe),
+             _metric_text(recipe) + _published_text(recipe),
              *([recipe.notes] if recipe.notes else []),
              *notes]
     verdicts = [f"{c['benchmark']} / {c['condition']}: " + ("comparable" if c["comparable"] else
@@ -335,7 +363,7 @@ def _json(recipe: Recipe, table, cells: list[dict], notes: list[str]) -> dict:
     for c in cells:
         row = rows[(c["benchmark"], c["condition"])]
         out.append({**{k: v for k, v in c.items() if k != "columns"},
-                    "run": {k: _plain(row[k]) for k in (*RUN_COLUMNS, *sample_columns(recipe))},
+                    "run": {k: _plain(row[k]) for k in _run_columns(recipe)},
                     "published": {k: _plain(row[k]) for k in published}})
     return {"recipe": {"name": recipe.name, "title": recipe.title, "source": recipe.source, "arxiv": recipe.arxiv,
                        "table": recipe.table, "paper_runs": recipe.runs}, "cells": out, "notes": notes}

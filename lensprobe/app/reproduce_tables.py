@@ -115,8 +115,8 @@ def beside_published(run, recipe: Recipe):
         >>> beside_published(run, load_recipe("arm-table1")).columns[:4].tolist()
         ['benchmark', 'condition', 'run: n', "run: accuracy (authors' grader)"]
     """
-    if recipe.kind != "table":
-        raise LensprobeError(f"recipe {recipe.name!r} is a {recipe.kind} recipe: only a table recipe has published numbers.")
+    if recipe.kind == "figure":
+        raise LensprobeError(f"recipe {recipe.name!r} is a figure recipe: only a table recipe has published numbers.")
     if recipe.table is None:  # the paper publishes a figure only: the run's rows alone
         return _typed(run.copy())
     pub = published_table(recipe.table, recipe.arxiv)
@@ -144,9 +144,11 @@ def _row_order(run, recipe: Recipe) -> dict:
 
 def _typed(table):
     """The run's counts as integers and its percentages as floats (``None`` where not measured)."""
-    for col in (RUN_N, RUN_COLUMNS[4]):  # counts (published-only rows have none)
+    for col in (c for c in (RUN_N, RUN_COLUMNS[4]) if c in table):  # counts (published-only rows have none)
         table[col] = table[col].astype("Int64")
-    for col in (*RUN_COLUMNS[1:4], *RUN_COLUMNS[5:7]):  # percentages (None where not measured)
+    percent = [c for c in table.columns if c in (*RUN_COLUMNS[1:4], *RUN_COLUMNS[5:7])
+               or (c.startswith("run: ") and ("pass@" in c or "(lm-eval)" in c))]
+    for col in percent:  # percentages (None where not measured)
         table[col] = pandas().to_numeric(table[col]).astype(float)
     return table
 

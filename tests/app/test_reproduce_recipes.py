@@ -1,4 +1,4 @@
-"""The recipes of Table 7, Table 8 (sampling, Best-of-N), Figure 6 (pass@3), Figure 8 (filler length), Figure 10
+"""The recipes of Table 3b (lm-eval, local task files), Table 7, Table 8 (sampling, Best-of-N), Figure 6 (pass@3), Figure 8 (filler length), Figure 10
 (meaningful tokens) and the mechanism figure, on the tiny model: every number recomputed by hand from the rows."""
 
 import json
@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
+from transformers import AutoTokenizer
 
 import lensprobe as lp
 from lensprobe.app.cli import main
 from lensprobe.app.reproduce_samples import best_of_rows, pass_numbers
 from lensprobe.app.reproduce_tables import recipe_conditions
+from lensprobe.core.models.testing import tiny_tokenizer
 from lensprobe.evals.published import published_numbers
 from lensprobe.evals.running import ErrorRowsWarning
 
@@ -192,5 +195,73 @@ def test_the_list_is_aligned(capsys):
     assert main(["reproduce", "--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(lp.list_recipes())
-    starts = {len(re.match(r"^\S+\s+(table|figure)\s+arXiv \S+( Table \S+)?\s+", line).group(0)) for line in lines}
-    assert len(starts) == 1
+    for recipe, line in zip(lp.list_recipes(), lines, strict=True):  # the title starts at the same column everywhere
+        assert line.startswith(recipe.name + " ") and line.endswith(recipe.title)
+    assert len({len(line) - len(r.title) for r, line in zip(lp.list_recipes(), lines, strict=True)}) == 1
+    assert len({line.index(" " + r.kind + " ") for r, line in zip(lp.list_recipes(), lines, strict=True)}) == 1
+
+
+LMEVAL = Path(__file__).resolve().parents[1] / "fixtures" / "lmeval3b"
+
+
+def _loglik(hf, tok, context: str, continuation: str) -> float:
+    """log P(continuation | context) on the plain model, tokenized as lm-eval's hf model does."""
+    ctx = tok(context, add_special_tokens=False).input_ids
+    whole = tok(context + continuation, add_special_tokens=False).input_ids
+    with torch.no_grad():
+        logp = torch.log_softmax(hf(torch.tensor([whole[:-1]])).logits[0, len(ctx) - 1:].double(), -1)
+    cont = torch.tensor(whole[len(ctx):])
+    return float(logp[torch.arange(len(cont)), cont].sum())
+
+
+def test_table3b_through_lm_eval_on_local_task_files(tmp_path, tiny, tiny_hf, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # the tasks without data must say so, not reach the hub
+    tok = AutoTokenizer.from_pretrained(tiny_tokenizer().name_or_path)
+    data = {"gsm8k": LMEVAL / "gsm8k.yaml", "arc_easy": LMEVAL / "arc_easy.yaml"}
+    res = lp.reproduce("arm-table3b", tiny, out=tmp_path / "t3b", limit=3, data=data, arm=ARM, progress=False)
+    table = res.table
+    arc = [json.loads(line) for line in (LMEVAL / "arc_easy.jsonl").read_text().splitlines()][:3]
+    right = []
+    for row in arc:  # the highest-scoring choice is the label
+        lls = [_loglik(tiny_hf, tok, f"Question: {row['question']}\nAnswer:", f" {c}") for c in row["choices"]]
+        right.append(lls.index(max(lls)) == row["label"])
+    got = table[(table["benchmark"] == "arc_easy") & (table["condition"] == "w/o")]
+    assert got["run: n"].item() == 3 and got["run: accuracy (lm-eval)"].item() == _pct(right)
+    gsm = [json.loads(line) for line in (LMEVAL / "gsm8k.jsonl").read_text().splitlines()]
+    matches = []
+    for row in gsm:  # greedy, 3 tokens, cut at the first "until"
+        ids = torch.tensor([tok(f"Question: {row['question']}\nAnswer:", add_special_tokens=False).input_ids])
+        with torch.no_grad():
+            out = tiny_hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False,
+                                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).split("\n")[0].split("Question:")[0]
+        matches.append(text.strip() == row["answer"])
+    got = table[(table["benchmark"] == "gsm8k") & (table["condition"] == "w/o")]
+    assert got["run: accuracy (lm-eval)"].item() == _pct(matches)
+    assert got["run: metric"].item() == "exact_match (none)"
+    # the published numbers beside, every one of Table 3b
+    for n in (n for n in published_numbers() if n.table == "3b"):
+        row = table[(table["benchmark"] == n.benchmark) & (table["condition"] == n.condition)]
+        assert row[f"{n.model} (Table 3b)"].item() == n.value
+    # the sets without data: no number, a note naming where the data comes from and how to give it
+    for task in ("arc_challenge", "mmlu", "boolq", "hellaswag", "openbookqa"):
+        assert table[table["benchmark"] == task]["run: n"].isna().all()
+        note = next(n for n in res.notes if n.startswith(f"{task}: no data"))
+        assert "Hugging Face dataset" in note and f"--data {task}=task.yaml" in note
+    arm_cell = next(c for c in res.cells if c["condition"] == "ARM")
+    assert arm_cell["columns"]["run: ARM"].startswith("layer=0, c=0.13, percentile=99.5")
+    assert all(not c["comparable"] and c["reasons"] for c in res.cells)
+    assert "lm-eval" in (tmp_path / "t3b" / "table.md").read_text()
+
+
+def test_table3b_data_is_checked_before_the_model_loads(tmp_path, capsys):
+    wrong = tmp_path / "other.yaml"
+    wrong.write_text("task: arc_challenge\n")
+    cases = [(f"gsm8k={wrong}", r"defines task\(s\) \['arc_challenge'\], not gsm8k"),
+             (f"gsm8k={LMEVAL / 'gsm8k.jsonl'}", r"is not an lm-eval task file"),
+             (f"math500={LMEVAL / 'gsm8k.yaml'}", r"data for math500, which recipe 'arm-table3b' does not run")]
+    for value, message in cases:
+        argv = ["reproduce", "arm-table3b", "--data", value, "--model", str(tmp_path / "no-model"), "--out",
+                str(tmp_path / "o")]
+        assert main(argv) == 2
+        assert re.search(message, capsys.readouterr().err), value

@@ -39,8 +39,9 @@ def add_reproduce(subparsers) -> None:
                                                    "to resume")
 
 
-def data_from_args(values: list[str] | None) -> dict[str, Path]:
-    """``["aime2024=file.jsonl"]`` -> ``{"aime2024": Path("file.jsonl")}`` (names checked, files must exist)."""
+def data_from_args(values: list[str] | None, *, tasks: bool = False) -> dict[str, Path]:
+    """``["aime2024=file.jsonl"]`` -> ``{"aime2024": Path("file.jsonl")}`` (names checked, files must exist;
+    ``tasks``: the names are lm-eval task names, kept as given)."""
     data = {}
     for value in values or []:
         name, sep, path = value.partition("=")
@@ -48,15 +49,15 @@ def data_from_args(values: list[str] | None) -> dict[str, Path]:
             raise LensprobeError(f"--data takes BENCHMARK=FILE (e.g. aime2024=aime_2022_2024.jsonl), got {value!r}.")
         if not Path(path).expanduser().is_file():
             raise LensprobeError(f"--data {value}: {path} does not exist.")
-        data[benchmark_key(name)] = Path(path).expanduser()
+        data[name.strip() if tasks else benchmark_key(name)] = Path(path).expanduser()
     return data
 
 
 def _list_text() -> str:
     rows = [(r.name, r.kind, f"arXiv {r.arxiv}" + (f" Table {r.table}" if r.table else ""), r.title)
             for r in list_recipes()]
-    width, src_width = max(len(r[0]) for r in rows), max(len(r[2]) for r in rows)
-    return "\n".join(f"{n:<{width}}  {k:<6}  {src:<{src_width}}  {title}" for n, k, src, title in rows)
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{n:<{widths[0]}}  {k:<{widths[1]}}  {src:<{widths[2]}}  {title}" for n, k, src, title in rows)
 
 
 def run_reproduce(args) -> int:
@@ -68,7 +69,7 @@ def run_reproduce(args) -> int:
     check_common(args)  # every argument is checked before the model loads
     recipe = load_recipe(args.recipe)
     args.config = args.config.over(recipe.settings)  # the recipe's settings, the options given on top
-    data = data_from_args(args.config.data)
+    data = data_from_args(args.config.data, tasks=recipe.kind == "lm-eval")
     out = args.out if args.out is not None else Path(f"reproduce-{recipe.name}")
     check_reproduce(recipe, data=data, out=out, runs=args.config.runs)  # the recipe's own checks, before the model
     check_out_dir(out, "reproduce")
