@@ -265,3 +265,15 @@ def test_table3b_data_is_checked_before_the_model_loads(tmp_path, capsys):
                 str(tmp_path / "o")]
         assert main(argv) == 2
         assert re.search(message, capsys.readouterr().err), value
+
+
+def test_table3b_on_the_command_line_with_arm_flags(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    argv = ["reproduce", "arm-table3b", "--model", "tiny", "--limit", "2", "--data", f"arc_easy={LMEVAL / 'arc_easy.yaml'}",
+            "--arm-c", "0.2", "--arm-percentile", "90", "--out", str(tmp_path / "o"), "--no-progress"]
+    assert main(argv) == 0
+    cells = json.loads((tmp_path / "o" / "table.json").read_text())["cells"]
+    assert [(c["benchmark"], c["condition"]) for c in cells] == [("arc_easy", "w/o"), ("arc_easy", "ARM")]
+    assert cells[1]["arm"]["settings"]["c"] == 0.2 and cells[1]["arm"]["settings"]["percentile"] == 90
+    assert cells[1]["arm"]["source"] == "given (arm= / --arm-*)" and cells[0]["arm"] is None
+    assert "gsm8k: no data" in capsys.readouterr().out

@@ -78,7 +78,8 @@ def run_reproduce(args) -> int:
 
 
 def _reproduce(args, recipe, data: dict[str, Path], out: Path, files: list[Path]) -> int:
-    benches = recipe.benchmarks or (None,)
+    # an lm-eval recipe's ARM starts from the model's MATH-500 preset (the paper gives none for its tasks)
+    benches = ("math500",) if recipe.kind == "lm-eval" else (recipe.benchmarks or (None,))
     layer_defaults = arm_layer_defaults(recipe.protocol)
     given = bool(args.arm.settings())
     for bench in benches if given else ():  # a partial --arm-* setting without a preset fails here
