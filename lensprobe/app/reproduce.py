@@ -389,5 +389,6 @@ def _figure(recipe: Recipe, model, out: Path | None, quick: bool) -> ReproduceRe
     readme = atomic_write_text(out / "figure.md",
         f"# {recipe.title}\n\n- Recipe `{recipe.name}` ({recipe.source}); model: {model_label(model)}"
         f"{' (quick: short inputs)' if quick else ''}.\n- The paper (arXiv {recipe.arxiv}) publishes this as a "
-        "figure without numbers: compare the shapes by eye.\n- Figure and numbers (CSV): `report/index.html`.\n")
+        "figure without numbers: compare the shapes by eye.\n- Figure and numbers (CSV): `report/index.html`.\n"
+        + (f"- {recipe.notes}\n" if recipe.notes else ""))
     return ReproduceResult(recipe=recipe, files={"report": index, "markdown": readme})

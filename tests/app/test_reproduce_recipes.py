@@ -176,6 +176,7 @@ def test_mechanism_figure_recipe(tmp_path, tiny):
     assert res.table is None and (tmp_path / "m" / "report" / "index.html").is_file()
     csvs = {p.stem for p in (tmp_path / "m" / "report").rglob("*.csv")}
     assert {"affine-fit", "activation-summary"} <= csvs
+    assert lp.load_recipe("arm-fig-mechanism").notes in (tmp_path / "m" / "figure.md").read_text()
 
 
 def test_new_recipe_fields_are_checked_before_the_model_loads(tmp_path, capsys):
