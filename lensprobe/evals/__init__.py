@@ -41,15 +41,8 @@ from lensprobe.core.prompts.conditions import (
 from lensprobe.evals.arithmetic import arithmetic_problems
 from lensprobe.evals.benchmarks import infer_benchmark
 from lensprobe.evals.data import Problem, load_math500, load_problems, math500_path, read_jsonl_problems
-from lensprobe.evals.grading import (
-    EXTRACT_METHODS,
-    GRADERS,
-    extract_boxed,
-    extract_last_number,
-    grade,
-    grade_all,
-    normalize_answer,
-)
+from lensprobe.evals.extract import EXTRACT_METHODS, extract_boxed, extract_last_number
+from lensprobe.evals.grading import GRADERS, grade, grade_all, normalize_answer
 from lensprobe.evals.harness import ErrorRowsWarning, EvalConfig, evaluate, shard_info
 from lensprobe.evals.protocols import PROTOCOLS, Protocol, get_protocol
 from lensprobe.evals.published import PublishedNumber, published_numbers, published_table

@@ -18,7 +18,7 @@ from lensprobe.core.prompts.conditions import (
     PROMPT_FORMATS,
     PromptFormat,
 )
-from lensprobe.evals.grading import check_extract
+from lensprobe.evals.extract import check_extract
 from lensprobe.evals.mathverify import GRADE_TIMEOUT, check_timeout
 from lensprobe.evals.protocols import get_protocol
 from lensprobe.generation.config import GenerationConfig
@@ -49,7 +49,7 @@ class EvalConfig(GenerationConfig):
             :meth:`EvalConfig.paper`.
         extract: how the answer is read from the generated text: ``"boxed"`` (the last
             ``\\boxed{...}``, default) or ``"last-number"`` (the last number, lm-eval's flexible
-            extraction; :func:`~lensprobe.evals.grading.extract_last_number`).
+            extraction; :func:`~lensprobe.evals.extract.extract_last_number`).
         protocol: one of the authors' protocols; its settings (prompt format, tokens, sampling, samples) apply where none are given.
             The protocols are :data:`~lensprobe.evals.protocols.PROTOCOLS`; :func:`evaluate` and
             :meth:`EvalConfig.paper` apply their settings.

@@ -37,6 +37,7 @@ Example:
     >>> lm_eval_accuracy(model, ["arc_easy"], "w/o,w/ Mless", limit=20)   # one row per task x condition
 """
 
+import importlib
 import json
 import sys
 from collections.abc import Sequence
@@ -410,7 +411,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     cli_evaluate()
 
 
-if __name__ == "__main__":  # python -m lensprobe.evals.lmeval: the imported module's class is the one registered
-    from lensprobe.evals.lmeval import main as registered_main
-
-    registered_main()
+if __name__ == "__main__":  # python -m lensprobe.evals.lmeval: this copy runs as __main__ and registers nothing;
+    # the module under its own name registers the model when imported, and its main runs lm-eval's command line
+    importlib.import_module(__spec__.name).main()

@@ -29,7 +29,8 @@ from lensprobe.core.storage.jsonable import json_digest
 from lensprobe.core.storage.rowfiles import RowWriter
 from lensprobe.evals.config import EvalConfig
 from lensprobe.evals.data import Problem
-from lensprobe.evals.grading import GRADERS, PaperGraderError, extract_answer, grade_all, grade_paper_exact
+from lensprobe.evals.extract import extract_answer
+from lensprobe.evals.grading import GRADERS, PaperGraderError, grade_all, grade_paper_exact
 from lensprobe.evals.mathverify import GRADE_TIMEOUT
 from lensprobe.evals.protocols import grades_prompt, ungradable_is_wrong
 from lensprobe.evals.results import read_rows, results_file, rows_frame, settled_rows

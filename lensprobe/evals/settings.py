@@ -19,7 +19,7 @@ from typing import Any
 
 from lensprobe.core.given import Given, given_settings
 from lensprobe.evals.config import EvalConfig, with_format_defaults
-from lensprobe.evals.grading import EXTRACT_METHODS
+from lensprobe.evals.extract import EXTRACT_METHODS
 from lensprobe.evals.protocols import PROTOCOLS
 
 __all__ = ["EvalSettings", "EvalSettingsBase"]

@@ -8,7 +8,7 @@ import pytest
 
 import lensprobe as lp
 from lensprobe.core.storage.identity import identity
-from lensprobe.evals.grading import extract_answer, extract_boxed, extract_last_number
+from lensprobe.evals.extract import extract_answer, extract_boxed, extract_last_number
 from lensprobe.evals.harness import EvalConfig
 
 

@@ -4,9 +4,9 @@ hand, one or more rows per quirk; and the existing graders left as they were."""
 import pytest
 
 import lensprobe as lp
+from lensprobe.evals.extract import extract_boxed
 from lensprobe.evals.grading import (
     GRADERS,
-    extract_boxed,
     extract_boxed_paper,
     grade,
     grade_all,
