@@ -5,6 +5,9 @@ Best-of-N rows (Table 8), used by :func:`lensprobe.app.reproduce.reproduce`.
 problem (:func:`~lensprobe.evals.stats.pass_at_k`, the authors' formula), averaged over problems, with a 95% interval
 ``mean +- 1.96 x`` the standard error over problems (normal approximation, clipped to 0-100).
 
+Under a protocol that draws several samples per problem, the accuracy's 95% interval is the same over problems
+(pass@1's), as a problem's samples are not independent.
+
 **Best-of-N** (a recipe with ``best_of = "majority"``): the paper (Table 8) does not say how the best of the N samples
 is chosen. lensprobe takes the **majority answer**: among a problem's N samples (the protocol's ``n_samples``), the
 extracted answer (``prediction``, the last ``\\boxed{}`` of the generated text) given most often, ties to the one
@@ -88,6 +91,10 @@ def sample_rows(recipe, name: str, runs: list) -> list[tuple[str, list, dict]]:
     the protocol has ``k``), then its Best-of-N row when the recipe has ``best_of``."""
     protocol = get_protocol(recipe.protocol) if recipe.protocol else None
     extra = pass_numbers(runs[0], name, protocol.k) if protocol and protocol.k and runs else {}
+    if protocol and protocol.settings.get("n_samples", 1) > 1 and len(runs) == 1:
+        # a problem's samples are not independent: the accuracy's interval over problems (pass@1's), not over rows
+        one = pass_numbers(runs[0], name, 1)
+        extra = {**extra, "run: 95% CI low": one[pass_columns(1)[1]], "run: 95% CI high": one[pass_columns(1)[2]]}
     out = [(name, runs, extra)]
     if recipe.best_of and runs:
         n = int((protocol.settings if protocol else {}).get("n_samples", 1))

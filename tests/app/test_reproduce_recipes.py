@@ -121,6 +121,11 @@ def test_figure6_pass3_on_the_tiny_model(tmp_path, tiny):
         got = res.table[res.table["condition"] == cond]
         assert got["run: pass@3 (authors' grader)"].item() == round(100 * sum(each) / len(each), 1)
         assert got[ACC].item() == _pct(mine["paper-exact"])
+        # the accuracy's interval is over problems (a problem's 20 samples are not independent)
+        per = [g.mean() for _, g in mine.groupby("problem_id")["paper-exact"]]
+        mean, se = sum(per) / 2, math.sqrt(sum((v - sum(per) / 2) ** 2 for v in per)) / math.sqrt(2)
+        assert got["run: 95% CI low"].item() == round(100 * max(0, mean - 1.96 * se), 1)
+        assert got["run: 95% CI high"].item() == round(100 * min(1, mean + 1.96 * se), 1)
     assert not [c for c in res.table.columns if "(Table" in c]
     text = lp.load_recipe("arm-fig6-pass3-text")
     assert text.protocol == "arm-aime-pass3-text" and text.conditions == ("w/o", "ARM")
