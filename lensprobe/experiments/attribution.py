@@ -25,12 +25,13 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.forward import as_prompts
-from lensprobe.core.hooks.heads import head_label, kv_group_heads, resolve_heads, resolve_positions
+from lensprobe.core.hooks.heads import Positions, head_label, kv_group_heads, resolve_heads, resolve_positions
 from lensprobe.core.lazy import pandas
 from lensprobe.core.measures.forced import resolve_measures
 from lensprobe.core.storage.identity import IdentityError, identity_digest
 from lensprobe.core.storage.store import atomic_file
 from lensprobe.experiments.atp import Unit, attribute_prompt, combine
+from lensprobe.experiments.headpatch import aligned_positions, aligned_source
 from lensprobe.interventions.ablation import check_ablation_positions
 from lensprobe.interventions.replacement import METHODS, Method, ablation_source, check_method
 
@@ -126,6 +127,32 @@ def computed_on(model, items, metric: Any, answers: Any = None, tokens: Any = No
     return {"model": identity_digest(model), "prompts": identity_digest(list(items)), "metric": measured}
 
 
+def prompt_positions(settings: dict, index: int, prompt) -> Any:
+    """The ablated positions of prompt ``index`` under an attribution's ``settings``: the positions paired
+    by segment (``align``), else ``positions`` resolved against the prompt."""
+    aligned = settings.get("aligned")
+    if aligned is not None:
+        return aligned[index]
+    return resolve_positions(settings["positions"], prompt if hasattr(prompt, "positions") else None)
+
+
+def _aligned_sources(model, items, ablation: Any, align: Any, positions: Any, unit: str, layers: Sequence[int]
+                     ) -> tuple[list, list]:
+    """Per prompt: the corrupted prompt's ``hook_z`` placed at the positions paired by segment, and those positions."""
+    if isinstance(ablation, str) or positions is not None or unit != "head":
+        raise LensprobeError("align= pairs positions by segment between each prompt and its corrupted prompt: pass "
+                             "ablation=[corrupted prompts], leave positions=None (the paired positions are ablated) "
+                             "and unit='head'.")
+    corrupted = as_prompts(model, ablation, build_strings=True)
+    names = None if align is True else align
+    sources, aligned = [], []
+    for clean, other in zip(items, corrupted, strict=True):
+        clean_pos, other_pos, _ = aligned_positions(clean, other, names)
+        sources.append(aligned_source(model, other, len(clean), clean_pos, other_pos, sorted(set(layers))))
+        aligned.append(Positions(fixed=frozenset(clean_pos)))
+    return sources, aligned
+
+
 def _units(model, heads, unit: str) -> list[Unit]:
     if unit not in UNITS:
         raise LensprobeError(f"unit must be one of {UNITS}, got {unit!r}.")
@@ -167,7 +194,8 @@ def attribute_heads(model, prompts, metric: Any = "entropy", *, method: Attribut
                     ablation: Any = "zero", reference: Any = None, per_position: bool = False,
                     positions: Any = None, heads: Any = "all", unit: str = "head",
                     answers: str | Sequence[str] | None = None, tokens: Sequence[int | str] | None = None,
-                    continuation: Any = None, batch_size: int = 32) -> Attribution:
+                    continuation: Any = None, align: bool | str | Sequence[str] | None = None,
+                    batch_size: int = 32) -> Attribution:
     """Estimate, for every head at once, how a metric changes when that head is ablated.
 
     The ablation is :func:`~lensprobe.interventions.ablation.ablate_heads`' (``hook_z``,
@@ -219,6 +247,11 @@ def attribute_heads(model, prompts, metric: Any = "entropy", *, method: Attribut
         unit: ``"head"`` (one row per query head) or ``"kv"`` (one per KV group, its heads ablated together).
         answers, tokens, continuation: the metric's answer text, logit-difference tokens, or a
             teacher-forced continuation (token ids, e.g. a generation's) per prompt.
+        align: with corrupted prompts of other lengths (``ablation=[...]``), pair positions by
+            segment as :func:`~lensprobe.experiments.headpatch.patch_heads` does (``True``: every
+            segment both prompts have; or segment names): each head's output at the paired positions
+            is replaced by its output there on the corrupted prompt (the positions are the paired ones,
+            so ``positions`` must stay ``None``).
         batch_size: units per batched attention computation of the QK fix.
 
     Returns:
@@ -244,11 +277,15 @@ def attribute_heads(model, prompts, metric: Any = "entropy", *, method: Attribut
     measures = resolve_measures(model, metric, len(items), answers=answers, tokens=tokens, continuation=continuation,
                                 gradient=True)
     kind, sources = attribution_sources(model, len(items), ablation, reference, per_position, [u[0] for u in units])
+    aligned = None
+    if align is not None and align is not False:
+        sources, aligned = _aligned_sources(model, items, ablation, align, positions, unit, [u[0] for u in units])
     star = method == "atp*"
     n_layers = int(model.cfg.n_layers)
     estimates, scores, values = [], [], []
-    for prompt, measure, source in zip(items, measures, sources, strict=True):
-        pos = resolve_positions(positions, prompt if hasattr(prompt, "positions") else None)
+    for p, (prompt, measure, source) in enumerate(zip(items, measures, sources, strict=True)):
+        pos = aligned[p] if aligned is not None else resolve_positions(positions, prompt if hasattr(prompt, "positions")
+                                                                       else None)
         inputs = measure.inputs(model, prompt)
         check_ablation_positions(pos, int(inputs.shape[-1]))  # positions that ablate nothing: as the sweep refuses
         part = attribute_prompt(model, inputs, measure, prompt, units, pos, source,
@@ -260,7 +297,7 @@ def attribute_heads(model, prompts, metric: Any = "entropy", *, method: Attribut
     n_heads = int(model.cfg.n_heads)
     settings = {"ablation": ablation, "method": kind, "reference": reference, "per_position": per_position,
                 "positions": positions, "answers": answers, "tokens": tokens, "continuation": continuation,
-                "metric": metric, "sources": sources, "computed_on": computed_on(model, items, metric, answers, tokens,
+                "metric": metric, "sources": sources, "aligned": aligned, "computed_on": computed_on(model, items, metric, answers, tokens,
                                                                              continuation)}
     return Attribution(units, torch.stack(estimates), torch.stack(scores), torch.tensor(values, device="cpu"),
                        method, getattr(measures[0], "name", str(metric)), unit, n_layers, n_heads,

@@ -42,11 +42,11 @@ from torch import Tensor
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.attach import intervene, recording_hook
 from lensprobe.core.hooks.forward import as_prompts
-from lensprobe.core.hooks.heads import head_label, hook_z_name, resolve_positions
+from lensprobe.core.hooks.heads import head_label, hook_z_name
 from lensprobe.core.lazy import pandas
 from lensprobe.core.measures.forced import resolve_measures
 from lensprobe.experiments.atp import _delta_z
-from lensprobe.experiments.attribution import Attribution, attribute_heads
+from lensprobe.experiments.attribution import Attribution, attribute_heads, prompt_positions
 from lensprobe.experiments.sweep import _PREFIX_SAFE, sweep_prompt
 from lensprobe.experiments.verify import recall_bound
 
@@ -123,19 +123,19 @@ class HeadSearch:
                 f"{c['total'] / c['sweep']:.2f} of the sweep's {c['sweep']:.1f}; {self.recall_text()}")
 
 
-def _write_ratios(model, items, measures, sources, positions: Any, n_layers: int) -> Tensor:
+def _write_ratios(model, items, measures, settings: dict, n_layers: int) -> Tensor:
     """``[layer, head]``: the largest over prompts of ``||dz_h W_O^h|| / ||resid_pre||`` at the ablated positions."""
     n_heads = int(model.cfg.n_heads)
     out = torch.zeros(n_layers, n_heads, device="cpu")
     w_o = [model.blocks[layer].attn.W_O.detach().float() for layer in range(n_layers)]
-    for prompt, measure, source in zip(items, measures, sources, strict=True):
+    for p, (prompt, measure, source) in enumerate(zip(items, measures, settings["sources"], strict=True)):
         store: dict = {}
         hooks = [(hook_z_name(layer), recording_hook(store, ("z", layer))) for layer in range(n_layers)]
         hooks += [(f"blocks.{layer}.hook_resid_pre", recording_hook(store, ("resid", layer))) for layer in range(n_layers)]
         tokens = measure.inputs(model, prompt)
         with torch.no_grad(), intervene(model, *hooks):
             model(tokens)
-        pos = resolve_positions(positions, prompt if hasattr(prompt, "positions") else None)
+        pos = prompt_positions(settings, p, prompt)
         n = int(tokens.shape[-1])
         index = torch.arange(n)[None]
         selected = (torch.ones_like(index, dtype=torch.bool) if pos is None else pos.select(index))[0]
@@ -166,7 +166,7 @@ def _ablate(model, items, measures, att: Attribution, pairs: list[tuple[int, int
     base = torch.empty(len(items), device="cpu") if clean else None
     share = share and type(measures[0]) in _PREFIX_SAFE
     for p, (prompt, measure, source) in enumerate(zip(items, measures, s["sources"], strict=True)):
-        pos = resolve_positions(s["positions"], prompt if hasattr(prompt, "positions") else None)
+        pos = prompt_positions(s, p, prompt)
         flat, share = sweep_prompt(model, prompt, measure, chunks, s["method"], pos, source, share)
         if clean:
             base[p] = flat[0]  # type: ignore[index]
@@ -187,7 +187,7 @@ def _check_settings(top: Any, sample: Any, batch_size: Any, step: Any, budget: A
 
 def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablation: Any = "zero",
                reference: Any = None, positions: Any = None, answers: Any = None, tokens: Any = None,
-               continuation: Any = None, flag: float = 0.10, step: int | None = None, budget: int | None = None,
+               continuation: Any = None, align: Any = None, flag: float = 0.10, step: int | None = None, budget: int | None = None,
                sample: int = 20, seed: int = 0, batch_size: int = 32) -> HeadSearch:
     """The exact top-``top`` heads by the effect of ablating each, at a fraction of the sweep's cost.
 
@@ -199,7 +199,7 @@ def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablati
     Args:
         model: a TransformerLens model.
         prompts: prompts as :func:`~lensprobe.experiments.attribution.attribute_heads` takes them.
-        metric, ablation, reference, positions, answers, tokens, continuation: as in
+        metric, ablation, reference, positions, answers, tokens, continuation, align: as in
             :func:`~lensprobe.experiments.attribution.attribute_heads` (the exact ablations use
             the same settings, so estimates and exact values measure the same thing).
         top: how many heads to find.
@@ -224,7 +224,7 @@ def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablati
     """
     _check_settings(top, sample, batch_size, step, budget, flag)
     att = attribute_heads(model, prompts, metric, method="atp", ablation=ablation, reference=reference,
-                          positions=positions, answers=answers, tokens=tokens, continuation=continuation)
+                          positions=positions, answers=answers, tokens=tokens, continuation=continuation, align=align)
     if att.unit != "head":
         raise LensprobeError("find_heads works on single heads.")  # pragma: no cover - attribute_heads default
     items = as_prompts(model, prompts, build_strings=True)
@@ -235,7 +235,7 @@ def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablati
     pairs = [(layer, heads[0]) for layer, heads in att.units]
     score = att.scores.mean(0)
     atp_order = torch.argsort(score, descending=True, stable=True).tolist()
-    ratios = _write_ratios(model, items, measures, att.settings["sources"], positions, n_layers)
+    ratios = _write_ratios(model, items, measures, att.settings, n_layers)
     write = torch.tensor([float(ratios[layer, head]) for layer, head in pairs])
     why: dict[int, str] = {i: "flagged" for i in range(n_units) if float(write[i]) > flag}
     exact: dict[int, Tensor] = {}

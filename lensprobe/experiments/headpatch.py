@@ -39,7 +39,7 @@ from lensprobe.experiments.patching import _aligned
 from lensprobe.experiments.sweep import _PREFIX_SAFE, SweepResult, sweep_prompt
 from lensprobe.interventions.replacement import record_z
 
-__all__ = ["HeadPatch", "aligned_positions", "patch_heads"]
+__all__ = ["HeadPatch", "aligned_positions", "aligned_source", "patch_heads"]
 
 
 @dataclass
@@ -104,7 +104,7 @@ def aligned_positions(clean, corrupted, segments: str | Sequence[str] | None = N
     return tgt, src, unmatched
 
 
-def _aligned_source(model, corrupted, clean_len: int, clean_pos: list[int], corrupted_pos: list[int],
+def aligned_source(model, corrupted, clean_len: int, clean_pos: list[int], corrupted_pos: list[int],
                     layers: list[int]) -> dict[int, Tensor]:
     """``{layer: [clean position, head, d_head]}``: the corrupted prompt's ``hook_z`` at the paired positions."""
     z = record_z(model, corrupted.tokens, layers)
@@ -151,7 +151,7 @@ def patch_heads(model, clean, corrupted, metric: Any = "entropy", *, heads: Any 
     if not pairs:
         raise LensprobeError("no heads to patch: pass heads='all' or a list of heads.")
     measure = resolve_measures(model, metric, 1, answers=answers, tokens=tokens, continuation=continuation)[0]
-    source = _aligned_source(model, corrupted_p, len(clean_p), clean_pos, corrupted_pos,
+    source = aligned_source(model, corrupted_p, len(clean_p), clean_pos, corrupted_pos,
                              sorted({layer for layer, _ in pairs}))
     rows: list = [None, *pairs]
     chunks = [rows[i: i + batch_size] for i in range(0, len(rows), batch_size)]

@@ -31,7 +31,7 @@ from lensprobe.core.lazy import pandas
 from lensprobe.core.measures.forced import resolve_measures
 from lensprobe.core.measures.intervals import wilson_interval
 from lensprobe.core.measures.measure import measure_once
-from lensprobe.experiments.attribution import Attribution, computed_on
+from lensprobe.experiments.attribution import Attribution, computed_on, prompt_positions
 from lensprobe.experiments.sweep import sweep_prompt
 from lensprobe.interventions.ablation import HeadAblation
 
@@ -138,7 +138,7 @@ def _exact_heads(model, items, measures, att: Attribution, chosen: list[int], ba
     chunks = [rows[i: i + batch_size] for i in range(0, len(rows), batch_size)]
     out = torch.empty(len(items), len(chosen), device="cpu")
     for p, (prompt, measure, source) in enumerate(zip(items, measures, s["sources"], strict=True)):
-        pos = resolve_positions(s["positions"], prompt if hasattr(prompt, "positions") else None)
+        pos = prompt_positions(s, p, prompt)
         flat, _ = sweep_prompt(model, prompt, measure, chunks, s["method"], pos, source, True)
         out[p, order] = flat[1:] - flat[0]
     return out

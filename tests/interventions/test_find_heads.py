@@ -66,7 +66,7 @@ def test_verification_follows_atp_order_and_stops_when_a_step_adds_nothing(tiny,
 def test_flagged_heads_are_those_that_move_the_residual_stream(tiny, prompts):
     measures = resolve_measures(tiny, "entropy", 2)
     att = lp.attribute_heads(tiny, prompts, "entropy")
-    ratios = _write_ratios(tiny, prompts, measures, att.settings["sources"], None, 2)
+    ratios = _write_ratios(tiny, prompts, measures, att.settings, 2)
     store = {}
     with lp.intervene(tiny, *[(f"blocks.{layer}.{hook}", lambda act, hook: store.__setitem__(hook.name, act.detach()))
                               for layer in (0, 1) for hook in ("attn.hook_z", "hook_resid_pre")]):

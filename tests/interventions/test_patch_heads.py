@@ -100,3 +100,33 @@ def test_the_filler_heads_recipe_is_one_call(tiny, tmp_path):
     torch.testing.assert_close(torch.tensor(got["change"].values, dtype=torch.float32), want.changes[0],
                                rtol=1e-5, atol=1e-6)
     assert "filler's own positions have no counterpart" in (tmp_path / "r" / "report" / "index.html").read_text()
+
+
+def test_attribution_and_find_heads_resample_by_segment(tiny, twin_of, prompts):
+    """AtP with align=True: dz is the other prompt's head output at the paired positions minus the clean one,
+    dotted with the gradient there (by hand on plain transformers); find_heads' exact values are patch_heads'."""
+    from oracles import hf_head_gradients
+
+    clean, corrupted = prompts
+    att = lp.attribute_heads(tiny, [clean], "entropy", ablation=[corrupted], align=True)
+    hf = twin_of(tiny)
+    zs, grads, ref = hf_head_gradients(hf, clean.tokens, entropy_of, reference=corrupted.tokens)
+    clean_pos, corrupted_pos, _ = aligned_positions(clean, corrupted)
+    d = int(tiny.cfg.d_head)
+    for i, (layer, heads) in enumerate(att.units):
+        cols = slice(heads[0] * d, (heads[0] + 1) * d)
+        dz = ref[layer][0][corrupted_pos][:, cols] - zs[layer][0][clean_pos][:, cols]
+        want = float((dz.double() * grads[layer][0][clean_pos][:, cols].double()).sum())
+        assert float(att.estimates[0, i]) == pytest.approx(want, rel=1e-3, abs=1e-6), (layer, heads)
+    found = lp.find_heads(tiny, [clean], "entropy", ablation=[corrupted], align=True, flag=0.0, top=3)
+    patched = lp.patch_heads(tiny, clean, corrupted, "entropy")
+    labels = [f"L{layer}H{head}" for layer, head in patched.heads]
+    for row in found.table.itertuples():
+        assert row.exact == pytest.approx(float(patched.changes[0, labels.index(row.head_label)]), abs=1e-5)
+    with pytest.raises(lp.LensprobeError, match="align= pairs positions by segment"):
+        lp.attribute_heads(tiny, [clean], "entropy", ablation="zero", align=True)
+
+
+def entropy_of(logits: torch.Tensor) -> torch.Tensor:
+    logp = logits[-1].double().log_softmax(-1)
+    return -(logp.exp() * logp).sum()
