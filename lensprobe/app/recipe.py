@@ -2,14 +2,15 @@
 
 A recipe names the paper and table (or figure) it reproduces, the models the authors used, and
 either an evaluation (``kind = "table"``: benchmarks x conditions under a protocol, compared with
-the published numbers of ``table``) or a study (``kind = "figure"``: one of
+the published numbers of ``table``, when the paper prints them), lm-eval tasks x conditions (``kind =
+"lm-eval"``: :mod:`lensprobe.app.reproduce_lmeval`) or a study (``kind = "figure"``: one of
 :data:`~lensprobe.app.reproduce_figures.FIGURES`). The shipped recipes are in
 ``lensprobe/app/recipes/``; :func:`list_recipes` lists them and :func:`load_recipe` reads one by
 name or from a file path. Fields (every one checked when read)::
 
     name = "arm-table1"                 # defaults to the file name
     title = "Table 1: w/o vs w/ Mless"
-    kind = "table"                      # or "figure"
+    kind = "table"                      # or "figure", or "lm-eval"
     arxiv = "2510.01032"
     table = "1"                         # the published table compared with (kind = "table"; absent: the
                                         #   paper publishes a figure only, so the shape is compared by eye)
