@@ -89,10 +89,11 @@ class ReproduceResult:
 
 
 def check_reproduce(recipe: str | os.PathLike | Recipe, *, data: dict | None = None, out: str | os.PathLike | None = None,
-                    limit: int | None = None, runs: int | None = None) -> Recipe:
+                    limit: int | None = None, runs: int | None = None, max_new_tokens: int | None = None) -> Recipe:
     """Every check of :func:`reproduce` that needs no model, so a command can make them before it loads one:
-    the recipe, ``limit`` and ``runs``, each data file (a benchmark the recipe runs, a file that exists) and
-    the output folder (it must not hold another recipe's run). Returns the recipe.
+    the recipe, ``limit`` and ``runs``, each data file (a benchmark the recipe runs, a file that exists; for an
+    lm-eval recipe a task file naming its task, and no ``runs`` or ``max_new_tokens``) and the output folder (it
+    must not hold another recipe's run). Returns the recipe.
 
     Raises:
         LensprobeError: what is wrong, and what to do.
@@ -108,6 +109,10 @@ def check_reproduce(recipe: str | os.PathLike | Recipe, *, data: dict | None = N
             raise LensprobeError(f"{name} must be a positive integer, got {value!r}.")
     if recipe.kind == "lm-eval":  # tasks of lm-eval, their data a task file each
         check_lmeval_data(recipe, data or {})
+        given = [f for f, v in (("runs", runs), ("max_new_tokens", max_new_tokens)) if v is not None]
+        if given:
+            raise LensprobeError(f"recipe {recipe.name!r} runs lm-eval tasks, which set their own generation length and "
+                                 f"run once: drop {' and '.join(given)}.")
     for bench, path in (data or {}).items() if recipe.kind != "lm-eval" else ():
         key = benchmark_key(bench)
         if key not in recipe.benchmarks:
@@ -178,7 +183,7 @@ def reproduce(recipe: str | os.PathLike | Recipe, model, *, out: str | os.PathLi
         >>> res = lp.reproduce("arm-table1", lp.load_model(), limit=5, out="repro/table1")
         >>> res.table[["benchmark", "condition", "run: accuracy (authors' grader)", "Qwen2.5-Math-1.5B (Table 1)"]]
     """
-    recipe = check_reproduce(recipe, data=data, out=out, limit=limit, runs=runs)
+    recipe = check_reproduce(recipe, data=data, out=out, limit=limit, runs=runs, max_new_tokens=max_new_tokens)
     out_path = Path(out).expanduser() if out is not None else None
     claim = {}
     if out_path is not None:

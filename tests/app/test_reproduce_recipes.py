@@ -265,10 +265,12 @@ def test_table3b_data_is_checked_before_the_model_loads(tmp_path, capsys):
     wrong.write_text("task: arc_challenge\n")
     cases = [(f"gsm8k={wrong}", r"defines task\(s\) \['arc_challenge'\], not gsm8k"),
              (f"gsm8k={LMEVAL / 'gsm8k.jsonl'}", r"is not an lm-eval task file"),
-             (f"math500={LMEVAL / 'gsm8k.yaml'}", r"data for math500, which recipe 'arm-table3b' does not run")]
+             (f"math500={LMEVAL / 'gsm8k.yaml'}", r"data for math500, which recipe 'arm-table3b' does not run"),
+             (f"gsm8k={LMEVAL / 'gsm8k.yaml'} --runs 2 --max-new-tokens 8",
+              r"runs lm-eval tasks, which set their own generation length and run once: drop runs and max_new_tokens")]
     for value, message in cases:
-        argv = ["reproduce", "arm-table3b", "--data", value, "--model", str(tmp_path / "no-model"), "--out",
-                str(tmp_path / "o")]
+        argv = ["reproduce", "arm-table3b", "--data", *value.split(" "), "--model", str(tmp_path / "no-model"),
+                "--out", str(tmp_path / "o")]
         assert main(argv) == 2
         assert re.search(message, capsys.readouterr().err), value
 
