@@ -43,6 +43,7 @@ from lensprobe.app.reproduce_tables import (
     RUN_COLUMNS,
     beside_published,
     cell_text,
+    data_files,
     markdown_table,
     model_note,
     recipe_conditions,
@@ -58,7 +59,6 @@ from lensprobe.evals.config import model_samples
 from lensprobe.evals.harness import evaluate
 from lensprobe.evals.protocols import get_protocol
 from lensprobe.evals.results import read_config
-from lensprobe.interventions.arm_presets import benchmark_key
 from lensprobe.viz.eval_report import results_section
 from lensprobe.viz.report import Section, write_report
 
@@ -113,13 +113,8 @@ def check_reproduce(recipe: str | os.PathLike | Recipe, *, data: dict | None = N
         if given:
             raise LensprobeError(f"recipe {recipe.name!r} runs lm-eval tasks, which set their own generation length and "
                                  f"run once: drop {' and '.join(given)}.")
-    for bench, path in (data or {}).items() if recipe.kind != "lm-eval" else ():
-        key = benchmark_key(bench)
-        if key not in recipe.benchmarks:
-            raise LensprobeError(f"data for {key}, which recipe {recipe.name!r} does not run (it runs "
-                                 f"{', '.join(recipe.benchmarks)}): drop it.")
-        if not Path(path).expanduser().is_file():
-            raise LensprobeError(f"data file {path} for {key} does not exist: give a JSONL or Parquet problem file.")
+    if recipe.kind != "lm-eval":
+        data_files(recipe, data or {})
     if out is not None:
         _check_folder(recipe, Path(out).expanduser())
     return recipe

@@ -34,6 +34,25 @@ BUILT_IN = ("math500",)
 """Benchmarks whose problems lensprobe ships; the others need a data file."""
 
 
+def data_files(recipe: Recipe, data: dict[str, str | os.PathLike]) -> dict[str, Path]:
+    """``benchmark -> problem file`` of the ``--data`` given, each checked: a benchmark the recipe runs, a file
+    that exists.
+
+    Raises:
+        LensprobeError: a data file for a benchmark the recipe does not run, or a missing file.
+    """
+    files = {}
+    for name, path in data.items():
+        key = benchmark_key(name)
+        if key not in recipe.benchmarks:
+            raise LensprobeError(f"data for {key}, which recipe {recipe.name!r} does not run (it runs "
+                                 f"{', '.join(recipe.benchmarks)}): drop it.")
+        if not Path(path).expanduser().is_file():
+            raise LensprobeError(f"data file {path} for {key} does not exist: give a JSONL or Parquet problem file.")
+        files[key] = Path(path).expanduser()
+    return files
+
+
 def recipe_problems(recipe: Recipe, data: dict[str, str | os.PathLike], limit: int | None
                     ) -> tuple[dict[str, list], list[str]]:
     """``benchmark -> problems`` for the recipe's benchmarks that have data, and notes on the others.
@@ -46,15 +65,7 @@ def recipe_problems(recipe: Recipe, data: dict[str, str | os.PathLike], limit: i
         >>> list(sets), notes[0][:40]
         (['math500'], 'aime2024: no problems (lensprobe ships ')
     """
-    files = {}
-    for name, path in data.items():
-        key = benchmark_key(name)
-        if key not in recipe.benchmarks:
-            raise LensprobeError(f"data for {key}, which recipe {recipe.name!r} does not run (it runs "
-                                 f"{', '.join(recipe.benchmarks)}): drop it.")
-        if not Path(path).expanduser().is_file():
-            raise LensprobeError(f"data file {path} for {key} does not exist: give a JSONL or Parquet problem file.")
-        files[key] = Path(path).expanduser()
+    files = data_files(recipe, data)
     sets, notes = {}, []
     for bench in recipe.benchmarks:
         if bench in files:
