@@ -56,6 +56,7 @@ from lensprobe.core.models.kinds import require_bridge
 from lensprobe.core.models.loading import load_model
 from lensprobe.core.prompts.conditions import Condition, arm_base, resolve_conditions, with_arm
 from lensprobe.core.prompts.fillers import Filler
+from lensprobe.core.storage.identity import IdentityError, identity
 from lensprobe.generation.loop import generate
 from lensprobe.interventions import ARM, ablate_heads
 
@@ -213,12 +214,21 @@ class LensprobeLM(TemplateLM):
         """What lm-eval writes in its results' ``config``: the model and the condition that ran."""
         cfg = self.model.cfg
         return {"model_name": str(getattr(cfg, "model_name", "")), "condition": self.condition.name,
-                "filler": self.filler, "interventions": [repr(i) for i in self.condition.interventions],
+                "filler": self.filler, "interventions": [_described(i) for i in self.condition.interventions],
                 "dtype": str(getattr(cfg, "dtype", "")), "add_bos_token": self.add_bos_token}
 
 
 if __name__ != "__main__":  # run as a script, the module registers itself on import below
     register_model(MODEL_NAME)(LensprobeLM)
+
+
+def _described(intervention: Any) -> Any:
+    """An intervention by content (its settings, tensors by digest) for lm-eval's results; never its ``repr``,
+    which summarises tensors and hides closures. One that cannot be described is named by its type."""
+    try:
+        return identity(intervention)
+    except IdentityError:
+        return {".type": type(intervention).__qualname__, ".identity": "not describable by content"}
 
 
 class _Request:
