@@ -21,8 +21,9 @@ outside its linear regime. :func:`find_heads` combines them:
    states it (exact when every head was ablated).
 
 Every exact ablation runs through the batched sweep (:func:`~lensprobe.experiments.sweep.sweep_prompt`):
-rows are sorted by layer, so a batch runs the layers below its lowest ablated head once. The
-cost is counted in forward-equivalents per prompt: AtP 3 (a forward and a backward), the flag
+rows are sorted by layer and cut into batches where it costs least
+(:func:`~lensprobe.experiments.sweep.layer_chunks`), so heads of nearby layers share a batch and
+a batch runs the layers below its lowest ablated head once. The cost is counted in forward-equivalents per prompt: AtP 3 (a forward and a backward), the flag
 pass 1, a batch of ``r`` rows whose lowest ablated layer is ``s`` of ``L`` layers
 ``s / L + r (L - s) / L``. The thresholds (``flag=0.10``) were set on one set of prompts; the
 benchmark ``benchmarks/find_heads.py`` measures the pipeline against the full sweep.
@@ -47,7 +48,7 @@ from lensprobe.core.lazy import pandas
 from lensprobe.core.measures.forced import resolve_measures
 from lensprobe.experiments.atp import _delta_z
 from lensprobe.experiments.attribution import Attribution, attribute_heads, prompt_positions
-from lensprobe.experiments.sweep import _PREFIX_SAFE, sweep_prompt
+from lensprobe.experiments.sweep import _PREFIX_SAFE, chunk_cost, layer_chunks, sweep_prompt
 from lensprobe.experiments.verify import recall_bound
 
 __all__ = ["HeadSearch", "find_heads"]
@@ -149,19 +150,13 @@ def _write_ratios(model, items, measures, settings: dict, n_layers: int) -> Tens
     return out
 
 
-def _chunk_cost(chunk: list, n_layers: int, share: bool) -> float:
-    start = min((p[0] for p in chunk if p is not None), default=0) if share else 0
-    return start / n_layers + len(chunk) * (n_layers - start) / n_layers
-
-
 def _ablate(model, items, measures, att: Attribution, pairs: list[tuple[int, int]], batch_size: int, share: bool,
             clean: bool) -> tuple[Tensor, Tensor | None, float]:
     """``([prompt, pair] exact values, [prompt] clean values or None, forward-equivalents per prompt)``."""
     s = att.settings
-    order = sorted(range(len(pairs)), key=lambda j: pairs[j])  # by layer: batches share the forward below
-    rows: list = ([None] if clean else []) + [pairs[j] for j in order]
-    chunks = [rows[i: i + batch_size] for i in range(0, len(rows), batch_size)]
     n_layers = int(model.cfg.n_layers)
+    chunks = layer_chunks(([None] if clean else []) + list(pairs), n_layers, batch_size)
+    order = [pairs.index(row) for chunk in chunks for row in chunk if row is not None]
     values = torch.empty(len(items), len(pairs), device="cpu")
     base = torch.empty(len(items), device="cpu") if clean else None
     share = share and type(measures[0]) in _PREFIX_SAFE
@@ -172,7 +167,7 @@ def _ablate(model, items, measures, att: Attribution, pairs: list[tuple[int, int
             base[p] = flat[0]  # type: ignore[index]
             flat = flat[1:]
         values[p, order] = flat
-    cost = sum(_chunk_cost(c, n_layers, share) for c in chunks)
+    cost = sum(chunk_cost(c, n_layers, share) for c in chunks)
     return values, base, cost
 
 
@@ -297,7 +292,7 @@ def _search(att: Attribution, pairs, exact: dict[int, Tensor], why: dict[int, st
                                                                          stable=True)[:top].tolist()]
                   for p in range(values.shape[0])]
     rows = [None, *pairs]
-    sweep = sum(_chunk_cost(rows[i: i + batch_size], n_layers, True) for i in range(0, len(rows), batch_size))
+    sweep = sum(chunk_cost(rows[i: i + batch_size], n_layers) for i in range(0, len(rows), batch_size))
     cost = {**cost, "total": cost["attribution"] + cost["flag"] + cost["exact"], "sweep": sweep,
             "one_at_a_time": float(len(units) + 1)}
     value, low, high, kind = recall

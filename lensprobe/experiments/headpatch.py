@@ -36,7 +36,7 @@ from lensprobe.core.hooks.forward import as_prompts
 from lensprobe.core.hooks.heads import Positions, resolve_heads
 from lensprobe.core.measures.forced import resolve_measures
 from lensprobe.experiments.patching import _aligned
-from lensprobe.experiments.sweep import _PREFIX_SAFE, SweepResult, sweep_prompt
+from lensprobe.experiments.sweep import _PREFIX_SAFE, SweepResult, layer_chunks, sweep_prompt
 from lensprobe.interventions.replacement import record_z
 
 __all__ = ["HeadPatch", "aligned_positions", "aligned_source", "patch_heads"]
@@ -153,8 +153,7 @@ def patch_heads(model, clean, corrupted, metric: Any = "entropy", *, heads: Any 
     measure = resolve_measures(model, metric, 1, answers=answers, tokens=tokens, continuation=continuation)[0]
     source = aligned_source(model, corrupted_p, len(clean_p), clean_pos, corrupted_pos,
                              sorted({layer for layer, _ in pairs}))
-    rows: list = [None, *pairs]
-    chunks = [rows[i: i + batch_size] for i in range(0, len(rows), batch_size)]
+    chunks = layer_chunks([None, *pairs], int(model.cfg.n_layers), batch_size)  # pairs are sorted: order kept
     flat, _ = sweep_prompt(model, clean_p, measure, chunks, "resample", Positions(fixed=frozenset(clean_pos)),
                            source, type(measure) in _PREFIX_SAFE)
     return HeadPatch(pairs, flat[:1], flat[None, 1:], getattr(measure, "name", str(metric)), "patch",

@@ -146,6 +146,36 @@ def _row_independent(interventions) -> tuple:
     return interventions
 
 
+def chunk_cost(chunk: Sequence[tuple[int, int] | None], n_layers: int, share: bool = True) -> float:
+    """Forward-equivalents of one batch of single-head ablations (``None``: the unablated row):
+    with ``share``, the layers below its lowest ablated layer ``s`` run once at batch size 1,
+    the rest once per row: ``s / L + rows (L - s) / L``; without, ``rows``."""
+    start = min((p[0] for p in chunk if p is not None), default=0) if share else 0
+    return start / n_layers + len(chunk) * (n_layers - start) / n_layers
+
+
+def layer_chunks(rows: Sequence[tuple[int, int] | None], n_layers: int, batch_size: int
+                 ) -> list[list[tuple[int, int] | None]]:
+    """``rows`` (heads, ``None`` first for the unablated row) in layer order, cut into batches of at
+    most ``batch_size`` so that their total :func:`chunk_cost` is the least: heads of nearby layers
+    share a batch, and a batch starts a new one where its prefix would cost more than it saves
+    (an exact dynamic programme over the cut points of the sorted rows)."""
+    ordered = sorted(rows, key=lambda r: (-1, -1) if r is None else r)
+    n = len(ordered)
+    best = [0.0] + [float("inf")] * n  # best[i]: least cost of the first i rows
+    cut = [0] * (n + 1)
+    for end in range(1, n + 1):
+        for begin in range(max(0, end - batch_size), end):
+            cost = best[begin] + chunk_cost(ordered[begin:end], n_layers)
+            if cost < best[end] - 1e-12:
+                best[end], cut[end] = cost, begin
+    chunks, end = [], n
+    while end > 0:
+        chunks.append(ordered[cut[end]:end])
+        end = cut[end]
+    return chunks[::-1]
+
+
 def sweep_prompt(model, prompt, measure: Measure, chunks: list[list[tuple[int, int] | None]], method: Method,
                  positions, source, share: bool, bar: Any = None, interventions: Sequence = ()
                  ) -> tuple[Tensor, bool]:

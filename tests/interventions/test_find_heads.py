@@ -1,12 +1,16 @@
 """find_heads: its exact values are the sweep's, its stopping rule and flag do what the docstring says,
 and its cost is counted as the docstring counts it."""
 
+import itertools
+import random
+
 import pytest
 import torch
 
 import lensprobe as lp
 from lensprobe.core.measures.forced import resolve_measures
 from lensprobe.experiments.findheads import _write_ratios, find_heads
+from lensprobe.experiments.sweep import chunk_cost, layer_chunks
 
 
 @pytest.fixture(scope="module")
@@ -80,19 +84,40 @@ def test_flagged_heads_are_those_that_move_the_residual_stream(tiny, prompts):
     assert set(found.table[found.table["why"] == "flagged"]["head_label"]) == flagged and len(flagged) == 3
 
 
+def least_cost(rows, n_layers, batch_size):
+    """The cheapest way to cut sorted rows into batches, by trying every set of cut points."""
+    def cost(chunk):
+        s = min((r[0] for r in chunk if r is not None), default=0)
+        return s / n_layers + len(chunk) * (n_layers - s) / n_layers
+    n, best = len(rows), float("inf")
+    for k in range(n):
+        for cuts in itertools.combinations(range(1, n), k):
+            bounds = list(zip((0, *cuts), (*cuts, n), strict=True))
+            if all(b - a <= batch_size for a, b in bounds):
+                best = min(best, sum(cost(rows[a:b]) for a, b in bounds))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_layer_chunks_cut_where_it_costs_least(seed):
+    rng = random.Random(seed)
+    heads = [(layer, head) for layer in range(12) for head in range(3)]
+    rows = [None] * (seed % 2) + sorted(rng.sample(heads, rng.randint(1, 8)))
+    batch_size = rng.randint(1, 4)
+    chunks = layer_chunks(list(reversed(rows)), 12, batch_size)  # any order in: layer order out
+    assert [r for c in chunks for r in c] == rows and all(1 <= len(c) <= batch_size for c in chunks)
+    assert sum(chunk_cost(c, 12) for c in chunks) == pytest.approx(least_cost(rows, 12, batch_size))
+
+
 def test_cost_is_counted_as_documented(tiny, prompts):
     found = find_heads(tiny, prompts, "entropy", top=1, flag=float("inf"), step=3, budget=3, sample=2, seed=1,
                        batch_size=2)
-    # clean row alone (nothing flagged): 1; three heads in one step: rows sorted by layer in batches of 2;
-    # two sampled heads likewise. A batch of r rows from lowest layer s of 2: s/2 + r(2-s)/2.
+    # clean row alone (nothing flagged): 1; three verified heads, then two sampled heads, each set cut
+    # into batches of at most 2 at the cheapest cut points. A batch of r rows from lowest layer s of 2
+    # costs s/2 + r(2-s)/2.
     def batches(heads):
         rows = sorted((int(h[1]), int(h[3])) for h in heads)
-        out = 0.0
-        for k in range(0, len(rows), 2):
-            chunk = rows[k: k + 2]
-            s = min(layer for layer, _ in chunk)
-            out += s / 2 + len(chunk) * (2 - s) / 2
-        return out
+        return least_cost(rows, n_layers=2, batch_size=2)
 
     table = found.table
     want = 1.0 + batches(table[table["why"] == "verified"]["head_label"]) + batches(
