@@ -27,9 +27,9 @@ early). ``loglikelihood_rolling``: lm-eval's rolling windows, the filler as the 
 **Registration.** The lm-eval release on PyPI (0.4.13) finds a third-party model only when its module is
 imported in the same process: ``import lensprobe.evals.lmeval`` registers ``"lensprobe"`` for
 ``lm_eval.simple_evaluate(model="lensprobe", ...)``, and ``python -m lensprobe.evals.lmeval ...`` runs
-lm-eval's own command line with it registered. lensprobe also declares the ``lm_eval.models`` entry
-point, which lm-eval releases that discover plugins read, so there a plain ``lm_eval --model lensprobe``
-finds it too.
+lm-eval's own command line with it registered. lensprobe also declares an ``lm_eval.models`` entry
+point for lm-eval releases that discover installed model plugins; none was released when this was
+written (0.4.13 is the newest), so a plain ``lm_eval --model lensprobe`` is untested.
 
 Example:
     >>> lm = LensprobeLM(model, condition="w/ Mless", ablate="L0H1", batch_size=8)
