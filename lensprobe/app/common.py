@@ -22,7 +22,7 @@ from lensprobe.core.models.loading import load_model
 from lensprobe.core.models.testing import tiny_model
 from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT
 from lensprobe.core.storage.outfolder import lock_folder, replace_pages
-from lensprobe.core.storage.store import atomic_file, atomic_write_text
+from lensprobe.core.storage.store import atomic_file
 from lensprobe.studies.settings import parse_layers as layer_list  # noqa: F401  (its old home)
 
 TEST_MODEL = "tiny"
@@ -169,14 +169,30 @@ def writing_out_dir(out: Path, command: str, *, rank: int = 0, pages: bool = Tru
                 out.rmdir()  # only when empty: a run that failed before writing anything
 
 
-def write_figure(fig, path: Path) -> Path:
-    """Write a plotly figure as HTML, with ``plotly.min.js`` once beside it (works offline); both
-    written atomically (:func:`~lensprobe.core.storage.store.atomic_file`)."""
-    bundle = path.parent / "plotly.min.js"
-    if not bundle.exists():
-        from plotly.offline import get_plotlyjs
+def write_plotly_bundle(folder: Path) -> Path:
+    """``folder/plotly.min.js``, plotly's own bundle: kept when it holds exactly plotly's bytes, else
+    (missing, cut short by a full disk or a file-size limit, edited, a link or a pipe in its place)
+    written again atomically (:func:`~lensprobe.core.storage.store.atomic_file`).
 
-        atomic_write_text(bundle, get_plotlyjs())
+    Example:
+        >>> write_plotly_bundle(Path("runs/attn")).stat().st_size > 1_000_000
+        True
+    """
+    from plotly.offline import get_plotlyjs
+
+    bundle = Path(folder) / "plotly.min.js"
+    want = get_plotlyjs().encode("utf-8")
+    if bundle.is_symlink() or not bundle.is_file() or bundle.stat().st_size != len(want) or bundle.read_bytes() != want:
+        with atomic_file(bundle) as tmp:
+            tmp.write_bytes(want)
+    return bundle
+
+
+def write_figure(fig, path: Path) -> Path:
+    """Write a plotly figure as HTML, with ``plotly.min.js`` once beside it (works offline; checked
+    against plotly's own bytes by :func:`write_plotly_bundle` and written again when it differs); both
+    written atomically (:func:`~lensprobe.core.storage.store.atomic_file`)."""
+    write_plotly_bundle(path.parent)
     with atomic_file(path) as tmp:
         fig.write_html(tmp, include_plotlyjs="directory", full_html=True)
     return path
