@@ -12,6 +12,8 @@
 - :mod:`~lensprobe.evals.harness`: :func:`evaluate` (batched generation, resumable rows,
   sharding under ``accelerate launch``).
 - :mod:`~lensprobe.evals.results`: result folders, :func:`load_results`.
+- :mod:`~lensprobe.evals.runfacts`: :func:`run_facts`, what a result table ran (problem set,
+  answer extraction, grader, models, conditions), the words of its report.
 - :mod:`~lensprobe.evals.stats`: :func:`accuracy` with Wilson intervals (``k=`` for the mean
   unbiased pass@k over problems), :func:`compare` (exact McNemar test), :func:`pass_at_k`,
   :func:`avg_at_k`; any verdict column (:data:`VERDICT_COLUMNS`, ``paper-exact`` included).
@@ -47,6 +49,7 @@ from lensprobe.evals.harness import ErrorRowsWarning, EvalConfig, evaluate, shar
 from lensprobe.evals.protocols import PROTOCOLS, Protocol, get_protocol
 from lensprobe.evals.published import PublishedNumber, published_numbers, published_table
 from lensprobe.evals.results import load_results, read_config
+from lensprobe.evals.runfacts import RunFacts, run_facts
 from lensprobe.evals.stats import (
     PairedComparison,
     accuracy,
@@ -68,6 +71,7 @@ __all__ = [
     "VERDICT_COLUMNS",
     "Protocol",
     "PublishedNumber",
+    "RunFacts",
     "avg_at_k",
     "get_protocol",
     "infer_benchmark",
@@ -99,6 +103,7 @@ __all__ = [
     "read_config",
     "read_jsonl_problems",
     "resolve_conditions",
+    "run_facts",
     "shard_info",
     "wilson_interval",
 ]

@@ -13,7 +13,7 @@ import json
 from lensprobe.evals.data import math500_path
 from lensprobe.interventions.arm_presets import benchmark_key
 
-__all__ = ["infer_benchmark", "resolve_benchmark"]
+__all__ = ["benchmark_of_ids", "infer_benchmark", "resolve_benchmark"]
 
 
 @functools.cache
@@ -34,7 +34,12 @@ def infer_benchmark(problems) -> str | None:
         >>> infer_benchmark(lp.load_math500(limit=3))
         'math500'
     """
-    ids = [p.id for p in problems]
+    return benchmark_of_ids([p.id for p in problems])
+
+
+def benchmark_of_ids(ids) -> str | None:
+    """:func:`infer_benchmark` from the problem ids alone (e.g. a result table's ``problem_id``)."""
+    ids = [str(i) for i in ids]
     if not ids:
         return None
     if all(i.startswith("aime2025-") for i in ids):

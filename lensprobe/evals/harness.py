@@ -77,6 +77,7 @@ from lensprobe.core.prompts.conditions import (
     paper_conditions,
     resolve_conditions,
 )
+from lensprobe.core.prompts.text import blank, check_text
 from lensprobe.core.storage.identity import IdentityError, identity_digest, run_identity
 from lensprobe.core.storage.jsonable import describe_setting
 from lensprobe.core.storage.runconfig import run_hash
@@ -97,6 +98,7 @@ from lensprobe.evals.results import (
     read_rows,
     wait_for_rows,
 )
+from lensprobe.evals.runfacts import mark_extract
 from lensprobe.evals.running import ErrorRowsWarning as ErrorRowsWarning  # lensprobe.evals exports it
 from lensprobe.evals.running import RunInfo, finished_rows, plan_rows, result_table, run_plan, tally_rows
 from lensprobe.evals.verdicts import default_grader, mark_default_grader
@@ -116,11 +118,14 @@ def _check_problems(problems) -> list[Problem]:
             f"problems must be lensprobe Problems (from lp.load_math500), got {type(bad[0]).__name__}."
         )
     for p in problems:  # before anything is generated: an answer that is not text fails at grading
-        if not isinstance(p.id, str) or not isinstance(p.problem, str) or not p.problem.strip():
-            raise LensprobeError(f"problem {p.id!r}: its id must be a string and its problem non-empty text.")
-        if not isinstance(p.answer, str) or not p.answer.strip():
+        if not isinstance(p.id, str) or not isinstance(p.problem, str) or blank(p.problem):
+            raise LensprobeError(f"problem {p.id!r}: its id must be a string and its problem non-empty text (not "
+                                 "only spaces or invisible characters such as U+200B).")
+        if not isinstance(p.answer, str) or blank(p.answer):
             raise LensprobeError(f"problem {p.id!r}: its answer must be non-empty text, got "
                                  f"{type(p.answer).__name__} {p.answer!r}: e.g. Problem(..., answer=str(value)).")
+        for what, text in (("id", p.id), ("problem", p.problem), ("answer", p.answer)):
+            check_text(text, f"problem {p.id!r}: its {what}")  # a lone surrogate fails only when its row is written
     ids = [p.id for p in problems]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
@@ -226,12 +231,12 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
         new_rows = run_plan(model, plan, config, info, tally, out=out, progress=progress, world_size=world_size)
     grader = default_grader({"settings": run})
     if out is None:
-        return mark_default_grader(result_table(new_rows, conds, problems), grader)
+        return mark_extract(mark_default_grader(result_table(new_rows, conds, problems), grader), config.extract)
     expected = {(c.name, p.id, s) for c in conds for p in problems for s in range(config.n_samples)}
     if world_size > 1 and rank == 0 and wait_for_shards:
         wait_for_rows(out, expected, [p.id for p in problems], world_size)
     rows = [r for r in read_rows(out) if (r["condition"], r["problem_id"], r["sample"]) in expected]
-    return mark_default_grader(result_table(rows, conds, problems), grader)
+    return mark_extract(mark_default_grader(result_table(rows, conds, problems), grader), config.extract)
 
 
 def _labels(condition) -> dict:

@@ -43,6 +43,7 @@ from lensprobe.core.storage.rowfiles import read_row_files
 from lensprobe.core.storage.runconfig import CONFIG_FILE, open_run, read_run
 from lensprobe.core.storage.store import merge_rows, wait_for_units
 from lensprobe.evals.rows_check import check_row, check_row_identity, same_verdicts
+from lensprobe.evals.runfacts import extract_of, mark_extract
 from lensprobe.evals.verdicts import PAPER_EXACT, default_grader, mark_default_grader
 
 if TYPE_CHECKING:
@@ -214,12 +215,13 @@ def load_results(out_dir: str | os.PathLike):
     cfg = read_config(out_dir)
     rows = read_rows(out_dir)
     if not rows:
-        return mark_default_grader(pd.DataFrame(columns=["condition", "problem_id", "sample"]), default_grader(cfg))
+        empty = pd.DataFrame(columns=["condition", "problem_id", "sample"])
+        return mark_extract(mark_default_grader(empty, default_grader(cfg)), extract_of(cfg))
     df = rows_frame(rows)
     order = {name: i for i, name in enumerate(cfg["parts"])}
     df = df.assign(_c=df["condition"].map(order).fillna(len(order)))
     df = df.sort_values(["_c", "problem_id", "sample"], kind="stable").drop(columns="_c").reset_index(drop=True)
-    return mark_default_grader(df, default_grader(cfg))
+    return mark_extract(mark_default_grader(df, default_grader(cfg)), extract_of(cfg))
 
 
 def _distinct_folders(folders) -> list[Path]:
@@ -257,12 +259,13 @@ def load_many_results(folders) -> "pd.DataFrame":
     pd = pandas()
     folders = _distinct_folders(folders)
     names = [f.name for f in folders]
-    frames, defaults = [], set()
+    frames, defaults, extracts = [], set(), []
     for folder in folders:
         df = load_results(folder)
         if len(df) == 0:
             raise LensprobeError(f"{folder} holds no result rows yet.")
         defaults.add(df.attrs.get("default_grader"))
+        extracts += df.attrs.get("extract", ())
         label = folder.name if names.count(folder.name) == 1 else str(folder)
         frames.append(df.assign(_folder=label, _hash=str(read_config(folder)["hash"])))
     rows = pd.concat(frames, ignore_index=True)
@@ -282,8 +285,9 @@ def load_many_results(folders) -> "pd.DataFrame":
             DuplicateRowsWarning, stacklevel=2)
         rows = rows[~dup].reset_index(drop=True)
     # paper-exact by default only when every folder is in the authors' format
-    return mark_default_grader(rows.drop(columns=["_folder", "_hash"]),
+    rows = mark_default_grader(rows.drop(columns=["_folder", "_hash"]),
                                defaults.pop() if len(defaults) == 1 else "math-verify")
+    return mark_extract(rows, *extracts)
 
 
 class DuplicateRowsWarning(LensprobeWarning):

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.evals.results import load_many_results
+from lensprobe.evals.runfacts import RunFacts, run_facts
 from lensprobe.evals.stats import conditions_in_order, summary_tables
-from lensprobe.evals.verdicts import resolve_grader
+from lensprobe.evals.verdicts import verdict_columns
 from lensprobe.viz.evals import accuracy_bars, accuracy_by_level
 from lensprobe.viz.report import Section, write_report
 
@@ -60,41 +61,54 @@ def _summary_html(tables: dict, grader: str) -> str:
     return "\n".join(lines)
 
 
-def results_section(rows, *, title: str = "MATH-500 accuracy per condition", intro: str = "",
+_GRADERS = {
+    "math-verify": "<i>math-verify</i> (symbolic equivalence)",
+    "paper": "<i>paper</i> (the MATH dataset's string normalisation and exact match)",
+    "paper-lenient": "<i>paper-lenient</i> (also accepts a prediction that is a substring of the answer)",
+    "paper-exact": "<i>paper-exact</i> (the meaningless-tokens authors' own <code>is_equiv</code> on prompt + "
+                   "generation, the metric of their tables; it reads boxed answers whatever the extraction, and "
+                   "its substring rule inflates accuracy)",
+}
+
+
+def _graders_note(rows, facts: RunFacts) -> str:
+    """Which grader the figures count, what every grader in the tables is, and how answers were read."""
+    described = [_GRADERS.get(c, f"<i>{html.escape(c)}</i> (a column of your own)") for c in verdict_columns(rows)]
+    return (f"<p>Graded with <b>{html.escape(facts.grader)}</b> (figures). Every grader is in the tables: "
+            f"{', '.join(described)}. {facts.extraction_note} Intervals are 95% Wilson score intervals.</p>")
+
+
+def results_section(rows, *, title: str | None = None, intro: str = "",
                     grader: str | None = None, baseline: str | None = None):
     """A report :class:`~lensprobe.viz.report.Section` with the bars, the per-level figure and the tables.
 
-    ``grader`` is the verdict column of the figures and the summary (``None``: the rows'
-    default, ``paper-exact`` for a folder in the authors' format, with ``math-verify`` beside it).
+    Titles, axes and notes say what ran (:func:`~lensprobe.evals.runfacts.run_facts`: the problem set,
+    the answer extraction, the grader). ``title`` replaces the section's title (default: the problem
+    set's accuracy per condition). ``grader`` is the verdict column of the figures and the summary
+    (``None``: the rows' default, ``paper-exact`` for a folder in the authors' format, with
+    ``math-verify`` beside it).
 
     Example:
         >>> section = results_section(lp.evals.load_results("runs/paper"))   # paper-exact + math-verify
     """
-    grader = resolve_grader(rows, grader)
+    facts = run_facts(rows, grader)
+    grader, title = facts.grader, title or facts.title
     tables = summary_tables(rows, grader=grader, baseline=baseline)
     acc = tables["accuracy"]
     figures = [accuracy_bars(acc[acc["grader"] == grader], title=title)]
     if "by_level" in tables and tables["by_level"]["level"].nunique() > 1:
-        figures.append(accuracy_by_level(tables["by_level"]))
-    graders_note = (
-        f"<p>Graded with <b>{html.escape(grader)}</b> (figures). Every grader is in the tables: "
-        "<i>math-verify</i> (symbolic equivalence), <i>paper</i> (the MATH dataset's string "
-        "normalisation and exact match), <i>paper-lenient</i> (also accepts a prediction that is a "
-        "substring of the answer) and <i>paper-exact</i> (the meaningless-tokens authors' own "
-        "<code>is_equiv</code> on prompt + generation, the metric of their tables; its substring rule "
-        "inflates accuracy). "
-        "Answers are the last <code>\\boxed{...}</code> of the generated text; a generation without one "
-        "is wrong. Intervals are 95% Wilson score intervals.</p>"
-    )
-    models = list(dict.fromkeys(rows["model"]))
+        figures.append(accuracy_by_level(tables["by_level"], title=f"{facts.problems}: accuracy per level "
+                                         "(bars: 95% Wilson interval)",
+                                         level_title=facts.level_title))
     data = {
-        "models": models, "conditions": conditions_in_order(rows), "rows": int(len(rows)),
-        "problems": int(rows["problem_id"].nunique()), "grader": grader,
+        "problem_set": facts.problems, "extract": list(facts.extract),
+        "models": list(facts.models), "conditions": conditions_in_order(rows), "rows": int(len(rows)),
+        "problems": facts.n_problems, "grader": grader,
         "accuracy": acc.to_dict(orient="records"),
         "comparisons": tables["comparisons"].to_dict(orient="records"),
         "finish_reasons": rows["finish"].value_counts().to_dict() if "finish" in rows else {},
     }
-    return Section(title=title, intro=intro + graders_note + _summary_html(tables, grader),
+    return Section(title=title, intro=intro + _graders_note(rows, facts) + _summary_html(tables, grader),
                    figures=figures, tables=tables, data=data)
 
 
@@ -125,5 +139,5 @@ def write_eval_report(folders, out: str | os.PathLike | None = None, *, grader: 
     rows = load_many_results(folders)
     section = results_section(rows, grader=grader, baseline=baseline)
     out = Path(out) if out is not None else folders[0] / "report"
-    meta = {"result folders": ", ".join(str(f) for f in folders)}
+    meta = {"result folders": ", ".join(str(f) for f in folders), **run_facts(rows, grader).facts()}
     return write_report(out, [section], title="lensprobe evaluation report", meta=meta)

@@ -54,11 +54,14 @@ def accuracy_bars(table, *, title: str | None = None, model_column: str = "model
     return fig
 
 
-def accuracy_by_level(table, *, title: str | None = None, model_column: str = "model"):
+def accuracy_by_level(table, *, title: str | None = None, model_column: str = "model",
+                      level_title: str = "difficulty level"):
     """Accuracy (%) per difficulty level, one line per condition (one panel per model), 95% intervals.
 
     Args:
         table: ``accuracy(rows, ["condition", "level"])`` or with ``"model"`` too.
+        title: figure title.
+        level_title: the x axis title (what a level is in this problem set).
 
     Example:
         >>> fig = accuracy_by_level(lp.evals.accuracy(rows, ["condition", "level"]))
@@ -82,7 +85,7 @@ def accuracy_by_level(table, *, title: str | None = None, model_column: str = "m
                 hovertemplate=f"{cond}<br>level %{{x}}: %{{y:.1f}}% (%{{customdata[0]}}/%{{customdata[1]}})"
                               "<extra></extra>",
             ), row=1, col=col)
-        fig.update_xaxes(title_text="difficulty level", dtick=1, row=1, col=col)
+        fig.update_xaxes(title_text=level_title, dtick=1, row=1, col=col)
     fig.update_yaxes(title_text=f"accuracy (%), {grader} grader", rangemode="tozero", row=1, col=1)
     fig.update_layout(template="plotly_white", height=420, legend_title="condition",
                       title=title or "Accuracy per difficulty level (bars: 95% Wilson interval)")

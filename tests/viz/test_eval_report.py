@@ -62,3 +62,27 @@ def test_summary_tables_and_section():
     assert len(sec.figures) == 2 and "McNemar" in sec.intro and "Wilson" in sec.intro
     with pytest.raises(lp.LensprobeError, match="baseline"):
         summary_tables(rows, baseline="w/ Mful")
+
+
+def test_the_report_of_an_arithmetic_run_says_what_ran(tiny, tmp_path):
+    """A run on the arithmetic set read by last number: no MATH-500 or \\boxed{} wording anywhere in its report."""
+    probs = lp.evals.arithmetic_problems(n=4, seed=0)
+    lp.evaluate(tiny, probs, "w/o,w/ Mless", out=tmp_path / "run", max_new_tokens=3, extract="last-number",
+                model_name="tiny", progress=False)
+    index = lp.viz.write_eval_report(tmp_path / "run", tmp_path / "report")
+    page = index.read_text(encoding="utf-8")
+    assert "MATH-500" not in page and "\\boxed{" not in page and "\\\\boxed{" not in page
+    assert "Arithmetic problems: accuracy per condition" in page and "last number of the generated text" in page
+    assert "<dt>answers read by</dt><dd>last-number</dd>" in page
+    facts = lp.evals.run_facts(lp.evals.load_results(tmp_path / "run"))
+    assert (facts.problems, facts.extract, facts.models, facts.n_problems) == (
+        "Arithmetic problems", ("last-number",), ("tiny",), 4)
+
+
+def test_the_facts_of_math500_rows_read_by_box():
+    rows = lp.evals.runfacts.mark_extract(pd.DataFrame({
+        "problem_id": [p.id for p in lp.load_math500(limit=2)], "condition": "w/o", "model": "m",
+        "math-verify": [True, False]}), "boxed")
+    facts = lp.evals.run_facts(rows)
+    assert facts.title == "MATH-500: accuracy per condition" and "\\boxed{...}" in facts.extraction_note
+    assert lp.evals.run_facts(rows.assign(problem_id=["a", "b"])).problems == "Problems"

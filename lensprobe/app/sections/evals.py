@@ -28,8 +28,6 @@ ARITHMETIC_TITLE = "Arithmetic evaluation (last-number grading): w/o vs w/ Mless
 ARITHMETIC_PROBLEMS = 40
 ARITHMETIC_MAX_NEW_TOKENS = 48
 ARITHMETIC_BATCH = 20
-_BOXED_NOTE = ("Answers are the last <code>\\boxed{...}</code> of the generated text; a generation without one "
-               "is wrong.")
 
 
 def build_demo_section(model, *, quick: bool = False):
@@ -87,8 +85,6 @@ def build_arithmetic_section(model, *, quick: bool = False):
         "intervals and the paired McNemar tests before reading the bars.</p>"
     )
     section = results_section(rows, title=ARITHMETIC_TITLE, intro=intro)
-    section.intro = section.intro.replace(
-        _BOXED_NOTE, "Answers are the last number of the generated text; a generation without a number is wrong.")
     section.tables["answers"] = rows[["condition", "problem_id", "level", "subject", "answer", "prediction",
                                       "math-verify", "finish", "generation"]]
     return section
