@@ -52,6 +52,7 @@ from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.core.given import Given
 from lensprobe.core.prompts.conditions import paper_conditions
 from lensprobe.core.prompts.prompt import PLACEMENTS
+from lensprobe.core.storage.files import read_text
 from lensprobe.evals.protocols import PROTOCOLS
 from lensprobe.interventions.arm_presets import benchmark_key
 
@@ -181,9 +182,9 @@ def load_recipe(name_or_path: str | os.PathLike) -> Recipe:
         text, where, default = shipped[text_name].read_text(encoding="utf-8"), f"recipe {text_name!r}", text_name
     elif text_name.endswith(".toml"):
         path = Path(text_name).expanduser()
-        if not path.is_file():
+        if not path.exists():
             raise LensprobeError(f"recipe file {path} does not exist: give a .toml file or one of {sorted(shipped)}.")
-        text, where, default = path.read_text(encoding="utf-8"), str(path), path.stem
+        text, where, default = read_text(path, "recipe file"), str(path), path.stem
     else:
         raise LensprobeError(f"unknown recipe {text_name!r}: use one of {sorted(shipped)} (lensprobe reproduce "
                              "--list) or a path to your own .toml recipe.")

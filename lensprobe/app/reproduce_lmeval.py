@@ -24,6 +24,7 @@ from lensprobe.app.recipe import Recipe
 from lensprobe.app.reproduce_tables import RUN_N
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.prompts.conditions import resolve_conditions
+from lensprobe.core.storage.files import read_text
 from lensprobe.core.storage.identity import model_identity
 from lensprobe.interventions.arm import ARM
 
@@ -52,7 +53,7 @@ def check_lmeval_data(recipe: Recipe, data: dict) -> dict[str, Path]:
         if not file.is_file() or file.suffix not in (".yaml", ".yml"):
             raise LensprobeError(f"data for {task}: {file} is not an lm-eval task file: give a .yaml task file that "
                                  f"names task {task} and loads your local copy of its data.")
-        named = _TASK.findall(file.read_text(encoding="utf-8"))
+        named = _TASK.findall(read_text(file, "lm-eval task file"))
         if task not in named:
             raise LensprobeError(f"data for {task}: {file} defines task(s) {named or 'none'}, not {task}: name it "
                                  f"'task: {task}' in the file.")

@@ -26,6 +26,7 @@ from typing import Literal
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import heavy
+from lensprobe.core.storage.files import DATA_LIMIT, check_file
 from lensprobe.evals.hub import load_hub_dataset
 from lensprobe.evals.problem_files import check_problem_file, format_of, jsonl_rows, read_rows
 
@@ -72,6 +73,7 @@ def math500_path() -> Path:
         if not path.is_file():
             raise LensprobeError(f"LENSPROBE_MATH500={env!r} is not a file: point it at a MATH-500 JSONL file, "
                                  "or unset it to use the copy lensprobe ships.")
+        check_file(path, "MATH-500 file (LENSPROBE_MATH500)", DATA_LIMIT)
         return path
     if not PACKAGED_MATH500.is_file():
         raise LensprobeError(f"lensprobe's copy of MATH-500 is missing ({PACKAGED_MATH500}): reinstall lensprobe, "

@@ -5,11 +5,13 @@ Example:
     >>> rows, unit = read_rows(Path("math500.jsonl"), format_of(Path("math500.jsonl"), None))
 """
 
+import io
 import json
 from pathlib import Path
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import heavy
+from lensprobe.core.storage.files import DATA_LIMIT, check_file, read_text
 
 __all__ = ["FORMATS", "check_problem_file", "format_of", "jsonl_rows", "read_rows"]
 
@@ -17,26 +19,31 @@ FORMATS = ("jsonl", "parquet")
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 
 
-def jsonl_rows(path: Path) -> list[tuple[int, object]]:
-    """``(line number, parsed value)`` for every non-blank line of a JSONL file."""
+def _problem_text(path: Path) -> str:
+    return read_text(path, "problem file", DATA_LIMIT)
+
+
+def jsonl_rows(path: Path, text: str | None = None) -> list[tuple[int, object]]:
+    """``(line number, parsed value)`` for every non-blank line of a JSONL file (``text``: its text,
+    when already read)."""
     rows: list[tuple[int, object]] = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((line_no, json.loads(line)))
-            except json.JSONDecodeError as err:
-                raise LensprobeError(
-                    f"{path} line {line_no} is not valid JSON ({err.msg} at column {err.colno}): "
-                    "fix or remove that line; the file must hold one JSON object per line."
-                ) from None
+    lines = io.StringIO(_problem_text(path) if text is None else text, newline=None)  # lines as a file has them
+    for line_no, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((line_no, json.loads(line)))
+        except json.JSONDecodeError as err:
+            raise LensprobeError(
+                f"{path} line {line_no} is not valid JSON ({err.msg} at column {err.colno}): "
+                "fix or remove that line; the file must hold one JSON object per line."
+            ) from None
     return rows
 
 
-def _json_array_rows(path: Path) -> list[tuple[int, object]]:
+def _json_array_rows(path: Path, text: str) -> list[tuple[int, object]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(text)
     except json.JSONDecodeError as err:
         raise LensprobeError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}): fix the file, "
                              "or write one JSON object per line (JSONL).") from None
@@ -93,10 +100,9 @@ def read_rows(path: Path, fmt: str) -> tuple[list[tuple[int, object]], str]:
     """The file's rows as ``(line number or row index, row)``, and the unit that number counts."""
     check_problem_file(path)
     if fmt == "parquet":
+        check_file(path, "problem file", DATA_LIMIT)
         return _parquet_rows(path), "row"
-    if path.suffix.lower() == ".json":
-        with path.open(encoding="utf-8") as f:
-            head = f.read(4096).lstrip()
-        if head.startswith("["):
-            return _json_array_rows(path), "row"
-    return jsonl_rows(path), "line"
+    text = _problem_text(path)
+    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
+        return _json_array_rows(path, text), "row"
+    return jsonl_rows(path, text), "line"

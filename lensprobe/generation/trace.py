@@ -42,6 +42,7 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import heavy, pandas
+from lensprobe.core.storage.files import DATA_LIMIT, check_file, read_text
 from lensprobe.core.storage.store import atomic_file
 
 if TYPE_CHECKING:
@@ -306,10 +307,10 @@ class GenerationTrace:
     def load(cls, path: str | Path) -> "GenerationTrace":
         """Read a trace written by :meth:`save` (``.parquet`` or ``.json``)."""
         path = Path(path)
-        if not path.is_file():
+        if not path.exists():
             raise LensprobeError(f"trace file not found: {path}.")
         if path.suffix.lower() == ".json":
-            body = json.loads(path.read_text())
+            body = json.loads(read_text(path, "trace file", DATA_LIMIT))
             _check_header(body, path)
             head = body
             R, T = body["n_rows"], body["n_steps"]
@@ -322,6 +323,7 @@ class GenerationTrace:
             str_tokens = body["str_tokens"]
         elif path.suffix.lower() == ".parquet":
             pa, pq = _pyarrow()
+            check_file(path, "trace file", DATA_LIMIT)
             table = pq.read_table(path)
             raw = (table.schema.metadata or {}).get(b"lensprobe")
             head = json.loads(raw) if raw else {}

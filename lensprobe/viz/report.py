@@ -27,6 +27,7 @@ import plotly
 from plotly.offline import get_plotlyjs
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.storage.files import read_text
 from lensprobe.core.storage.jsonable import to_jsonable
 from lensprobe.core.storage.store import atomic_file
 from lensprobe.core.version import __version__
@@ -106,9 +107,9 @@ def _remove_previous(out: Path) -> None:
     """Delete the files an earlier report listed in ``report.json`` (and nothing else)."""
     manifest = out / "report.json"
     try:
-        old = json.loads(manifest.read_text(encoding="utf-8"))
+        old = json.loads(read_text(manifest, "report listing"))
         entries = [(sec["slug"], list(sec["files"])) for sec in old["sections"]]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (LensprobeError, OSError, ValueError, KeyError, TypeError):
         return
     for slug, files in entries:
         for rel in files:

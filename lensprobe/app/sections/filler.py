@@ -2,12 +2,12 @@
 random sentence, attention per token class, and an interactive layer-0 view."""
 
 import html
-import json
 
 from lensprobe.core.hooks.heads import head_label
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.prompts.prompt import prompt_json
 from lensprobe.evals.data import math500_path
+from lensprobe.evals.problem_files import jsonl_rows
 from lensprobe.studies.filler import (
     AttentionReceived,
     FillerSetup,
@@ -49,11 +49,9 @@ def demo_question(quick: bool = False) -> tuple[str, str]:
     """
     path = None if quick else math500_path()
     if path is not None:
-        with path.open(encoding="utf-8") as fh:
-            for line in fh:
-                row = json.loads(line)
-                if row.get("level") == 1 and row.get("problem"):
-                    return row["problem"], f"MATH-500 {row.get('unique_id', '')} (level 1)"
+        for _, row in jsonl_rows(path):
+            if isinstance(row, dict) and row.get("level") == 1 and row.get("problem"):
+                return row["problem"], f"MATH-500 {row.get('unique_id', '')} (level 1)"
     return BUILTIN_QUESTION, "built-in example question"
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.storage.files import DATA_LIMIT, read_bytes
 from lensprobe.core.storage.locks import FileLock
 
 __all__ = ["RowWriter", "read_row_file", "read_row_files"]
@@ -35,13 +36,14 @@ def read_row_file(path: Path) -> Iterator[tuple[int, Any]]:
     newline was cut short by a crash: it is skipped).
 
     Raises:
-        LensprobeError: a complete line is not valid JSON (the file was edited or damaged).
+        LensprobeError: a complete line is not valid JSON (the file was edited or damaged), or the
+            path is not a regular file of at most :data:`~lensprobe.core.storage.files.DATA_LIMIT` bytes.
 
     Example:
         >>> list(read_row_file(Path("runs/x/results-rank0.jsonl")))
         [(1, {'problem_id': 'q0'})]
     """
-    data = path.read_bytes()
+    data = read_bytes(path, "row file", DATA_LIMIT)
     if not data:
         return
     lines = data.split(b"\n")

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.storage.files import read_text
 
 __all__ = ["NEW_FOLDER_FIX", "POLL_SECONDS", "STALL_TIMEOUT", "atomic_file",
            "atomic_write_json", "atomic_write_text", "diff_lines", "merge_rows", "open_folder", "other_run_error",
@@ -158,17 +159,18 @@ def merge_rows(rows: Iterable[tuple[str, Hashable, Any]], *, complete: Callable[
 
 
 def read_json(path: Path, fix: str = "delete it to compute its units again") -> Any:
-    """The JSON in ``path``; a damaged file is refused with what to do (``fix``).
+    """The JSON in ``path`` (read with :func:`~lensprobe.core.storage.files.read_text`); a damaged file
+    is refused with what to do (``fix``).
 
     Raises:
-        LensprobeError: the file is not valid JSON.
+        LensprobeError: the file is not valid JSON, not UTF-8, or not a regular file of bounded size.
 
     Example:
         >>> read_json(Path("runs/x/config.json"))["kind"]
         'demo'
     """
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_text(path, "settings file"))
     except json.JSONDecodeError as err:
         raise LensprobeError(f"{path} is not valid JSON ({err.msg}): it was edited or damaged; {fix}.") from None
 
