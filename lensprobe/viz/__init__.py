@@ -4,7 +4,8 @@ Figure functions take results (DataFrames or result dataclasses), compute nothin
 never call ``.show()``. Layers and heads are labelled TransformerLens-style, 0-based
 ("L0H13" is the papers' "layer 1, head 14"). Colours and labels of conditions, token classes
 and traces come from :mod:`lensprobe.viz.style`; :mod:`lensprobe.viz.report` writes the report
-page. The package is imported on first use of ``lp.viz``, so its modules import plotly at the top.
+page; :func:`save` writes a figure as PDF, SVG, PNG (through kaleido and a Chrome/Chromium), HTML or
+JSON. The package is imported on first use of ``lp.viz``, so its modules import plotly at the top.
 
 May import: :mod:`lensprobe.core` (names, labels, JSON), :mod:`lensprobe.evals` (to read saved
 result folders) and plotting libraries; never a study or the app.
@@ -26,6 +27,7 @@ from lensprobe.viz.attribution import (
 )
 from lensprobe.viz.eval_report import results_section, write_eval_report
 from lensprobe.viz.evals import accuracy_bars, accuracy_by_level
+from lensprobe.viz.export import save
 from lensprobe.viz.mechanism import activation_histogram_figure, affine_fit_figure
 from lensprobe.viz.report import Section, write_report
 from lensprobe.viz.trace import generation_trace_figure
@@ -35,6 +37,7 @@ __all__ = [
     "results_section",
     "write_eval_report",
     "write_report",
+    "save",
     "accuracy_bars",
     "accuracy_by_level",
     "activation_histogram_figure",

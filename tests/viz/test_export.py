@@ -1,0 +1,44 @@
+"""Saving figures: PDF, SVG and PNG through kaleido and the machine's Chromium, HTML and JSON."""
+
+import plotly.io as pio
+import pytest
+
+import lensprobe as lp
+from lensprobe.viz import export
+
+
+def figure():
+    import pandas as pd
+
+    table = pd.DataFrame({"condition": ["w/o", "w/ Mless"], "model": "m", "accuracy": [0.25, 0.5], "low": [0.1, 0.3],
+                          "high": [0.4, 0.7], "n": 8, "correct": [2, 4], "grader": "math-verify"})
+    return lp.viz.accuracy_bars(table, title="Export check")
+
+
+def test_a_figure_is_saved_as_png_svg_and_pdf_in_one_call(tmp_path):
+    assert export.browser_path() is not None  # this machine has Chromium: the export must run
+    fig = figure()
+    png, svg, pdf, html, js = lp.viz.save(fig, tmp_path / "f.png", tmp_path / "f.svg", tmp_path / "f.pdf",
+                                          tmp_path / "f.html", tmp_path / "f.json")
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert svg.read_text(encoding="utf-8").lstrip().startswith("<svg") and "Export check" in svg.read_text()
+    assert pdf.read_bytes().startswith(b"%PDF-")
+    assert "Plotly.newPlot" in html.read_text(encoding="utf-8")
+    assert pio.read_json(js).layout.title.text == "Export check"
+    height = fig.layout.height
+    assert int.from_bytes(png.read_bytes()[20:24], "big") == 2 * height  # the figure's own height, scale 2
+
+
+def test_without_a_browser_one_line_says_how_to_get_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(export, "browser_path", lambda: None)
+    with pytest.raises(lp.LensprobeError) as err:
+        lp.viz.save(figure(), tmp_path / "f.pdf")
+    text = str(err.value)
+    assert "\n" not in text and "apt-get install chromium" in text and "plotly_get_chrome" in text
+    assert not (tmp_path / "f.pdf").exists()
+
+
+def test_an_unknown_suffix_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(lp.LensprobeError, match=r"\.html, \.json or .*\.pdf"):
+        lp.viz.save(figure(), tmp_path / "f.html", tmp_path / "f.eps")
+    assert not (tmp_path / "f.html").exists()
