@@ -9,6 +9,10 @@ the other pages run on the tiny random model (``lensprobe.core.models.testing.ti
 A block that only illustrates (it needs a GPU, the hub or a long run) is fenced as ``python notest``:
 Sybil does not collect it (it is not a skipped test), ``tests/test_docs.py`` counts such blocks against
 a recorded number, and the session summary prints both counts.
+
+Converted models (the embedded SmolLM2, converted from its GGUF file on the first load) are kept in
+pytest's cache folder (``.pytest_cache/d/lensprobe-models``), shared by every session and by the
+processes tests start, never in the user's cache: see :func:`pytest_configure`.
 """
 
 import os
@@ -65,6 +69,16 @@ pytest_collect_file = Sybil(
     teardown=_teardown,
     name="docs",
 ).pytest()
+
+
+def pytest_configure(config):
+    """Point ``$LENSPROBE_CACHE`` at a folder of pytest's cache (a temporary folder without pytest's
+    cache plugin): the suite converts the embedded model once, not once per session, and never writes
+    into the user's cache (``~/.cache/lensprobe``). The folder is keyed by content and versions like the
+    user's, so environments with other package versions share it safely."""
+    cache = getattr(config, "cache", None)
+    folder = cache.mkdir("lensprobe-models") if cache is not None else Path(tempfile.mkdtemp(prefix="lensprobe-models-"))
+    os.environ["LENSPROBE_CACHE"] = str(folder)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -86,40 +86,41 @@ def test_gguf_file_and_local_folder(kind, smol_logits, no_conversion, capfd):
 
 
 def test_fresh_conversion_into_lensprobe_cache(tmp_path, monkeypatch, smol_logits, capfd):
-    """The one real conversion in the suite (about 35 s): GGUF -> safetensors in $LENSPROBE_CACHE."""
-    import transformers
+    """The one real conversion in the suite (about 35 s): GGUF -> safetensors in $LENSPROBE_CACHE, equal
+    to the suite's cached conversion (which ``smol`` was loaded from), weight for weight and in logits."""
     from safetensors.torch import load_file
 
+    import lensprobe.core.models.loading as loading
+
+    gguf = embedded_gguf_path()
+    cached = converted_gguf_folder(gguf)  # the suite's cache (conftest.py), not the user's
     monkeypatch.setenv("LENSPROBE_CACHE", str(tmp_path / "cache"))
     assert cache_dir() == tmp_path / "cache"
-    gguf = embedded_gguf_path()
     capfd.readouterr()
     model = lp.load_model(gguf)  # a Path to a .gguf file
     assert_quiet(capfd)
 
-    folders = list((tmp_path / "cache").iterdir())
-    assert len(folders) == 1 and folders[0].name.startswith(gguf.stem + "-")  # no temporary left behind
+    folders = [p for p in (tmp_path / "cache").iterdir() if p.name != "digests"]
+    assert len(folders) == 1 and folders[0].name.startswith(gguf.stem + "-")  # no temporary or lock left behind
+    assert folders[0].name == cached.name  # the same key: the same file and versions
     files = {p.name for p in folders[0].iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json"} <= files
-    fresh = load_file(folders[0] / "model.safetensors")
-    monkeypatch.delenv("LENSPROBE_CACHE")
-    default = load_file(converted_gguf_folder(gguf) / "model.safetensors")
+    assert {"config.json", "model.safetensors", "tokenizer.json", "manifest.json"} <= files
+    fresh, default = load_file(folders[0] / "model.safetensors"), load_file(cached / "model.safetensors")
     assert fresh.keys() == default.keys()
     assert all(torch.equal(fresh[k], default[k]) for k in fresh)
     torch.testing.assert_close(logits_of(model), smol_logits, rtol=0, atol=0)
     del model, fresh, default
 
     # a second load from that cache does not convert again
-    monkeypatch.setenv("LENSPROBE_CACHE", str(tmp_path / "cache"))
     stamp = (folders[0] / "model.safetensors").stat().st_mtime_ns
 
     def refuse(*args, **kwargs):
         raise AssertionError("converted again")
 
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", refuse)
+    monkeypatch.setattr(loading, "convert_gguf", refuse)
     again = lp.load_model()
     assert (folders[0] / "model.safetensors").stat().st_mtime_ns == stamp
-    assert list((tmp_path / "cache").iterdir()) == folders
+    assert sorted((tmp_path / "cache").iterdir()) == sorted([*folders, tmp_path / "cache" / "digests"])
     torch.testing.assert_close(logits_of(again), smol_logits, rtol=0, atol=0)
 
 

@@ -1,7 +1,8 @@
 """Models: loading (the embedded default, hub names, folders, existing bridges: :mod:`.loading`), the
-GGUF conversion (:mod:`.gguf`), devices and dtypes (:mod:`.devices`), telling model kinds apart
-(:mod:`.kinds`), the tiny random test models (:mod:`.testing`) and the paper's model families as tiny
-Hugging Face folders (:mod:`.families`, with the families' chat templates in :mod:`.chat_templates`).
+GGUF file check (:mod:`.gguf`), the converted-model cache (:mod:`.cache`), devices and dtypes
+(:mod:`.devices`), telling model kinds apart (:mod:`.kinds`), the tiny random test models (:mod:`.testing`)
+and the paper's model families as tiny Hugging Face folders (:mod:`.families`, with the families' chat
+templates in :mod:`.chat_templates`).
 
 May import: :mod:`lensprobe.core.storage` and the core's base modules.
 """

