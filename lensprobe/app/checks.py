@@ -13,7 +13,7 @@ from pathlib import Path
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models.devices import check_device
 from lensprobe.core.prompts.conditions import BUILTIN_CONDITIONS, canonical_condition_name
-from lensprobe.core.prompts.text import surrogate_at
+from lensprobe.core.prompts.text import blank, surrogate_at
 from lensprobe.interventions.arm_presets import benchmark_key
 
 __all__ = ["FILLER_ALIASES", "benchmark_arg", "check_common", "check_text_arguments", "filler_condition",
@@ -64,9 +64,12 @@ def str_list(text: str) -> list[str]:
 
 
 def text(value: str) -> str:
-    """An argparse type: text that is not empty or only spaces (``--question``)."""
+    """An argparse type: text that is not empty or only spaces (``--question``) or invisible characters."""
     if not value.strip():
         raise argparse.ArgumentTypeError("expected text, got an empty string")
+    if blank(value):
+        raise argparse.ArgumentTypeError(f"expected text, got only invisible characters ({value.encode('unicode_escape').decode()}: "
+                                         "zero-width spaces, U+FEFF, ...)")
     return value
 
 

@@ -26,6 +26,7 @@ from typing import Literal
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import heavy
+from lensprobe.core.prompts.text import blank, check_text
 from lensprobe.core.storage.files import DATA_LIMIT, check_file
 from lensprobe.evals.hub import load_hub_dataset
 from lensprobe.evals.problem_files import check_problem_file, format_of, jsonl_rows, read_rows
@@ -133,10 +134,13 @@ def _problem_from_row(row, where: str, line_no: int, fields: _Fields = _MATH500_
     problem, answer = row[fields.problem], row[fields.answer]
     if isinstance(answer, (int, float)) and not isinstance(answer, bool):
         answer = str(answer)
-    if not isinstance(problem, str) or not problem.strip():
-        raise LensprobeError(f"{loc}: {fields.problem!r} must be a non-empty string.")
-    if not isinstance(answer, str) or not answer.strip():
+    if not isinstance(problem, str) or blank(problem):
+        raise LensprobeError(f"{loc}: {fields.problem!r} must be a non-empty string (not only spaces or invisible "
+                             "characters such as U+200B).")
+    if not isinstance(answer, str) or blank(answer):
         raise LensprobeError(f"{loc}: {fields.answer!r} must be a non-empty string or number.")
+    for key, value in ((fields.problem, problem), (fields.answer, answer)):
+        check_text(value, f"{loc}: {key!r}")  # a lone surrogate would fail only when its row is written
     level = row.get(fields.level) if fields.level is not None else None
     if _is_missing(level):
         level = None

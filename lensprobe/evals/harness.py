@@ -77,6 +77,7 @@ from lensprobe.core.prompts.conditions import (
     paper_conditions,
     resolve_conditions,
 )
+from lensprobe.core.prompts.text import blank, check_text
 from lensprobe.core.storage.identity import IdentityError, identity_digest, run_identity
 from lensprobe.core.storage.jsonable import describe_setting
 from lensprobe.core.storage.runconfig import run_hash
@@ -117,11 +118,14 @@ def _check_problems(problems) -> list[Problem]:
             f"problems must be lensprobe Problems (from lp.load_math500), got {type(bad[0]).__name__}."
         )
     for p in problems:  # before anything is generated: an answer that is not text fails at grading
-        if not isinstance(p.id, str) or not isinstance(p.problem, str) or not p.problem.strip():
-            raise LensprobeError(f"problem {p.id!r}: its id must be a string and its problem non-empty text.")
-        if not isinstance(p.answer, str) or not p.answer.strip():
+        if not isinstance(p.id, str) or not isinstance(p.problem, str) or blank(p.problem):
+            raise LensprobeError(f"problem {p.id!r}: its id must be a string and its problem non-empty text (not "
+                                 "only spaces or invisible characters such as U+200B).")
+        if not isinstance(p.answer, str) or blank(p.answer):
             raise LensprobeError(f"problem {p.id!r}: its answer must be non-empty text, got "
                                  f"{type(p.answer).__name__} {p.answer!r}: e.g. Problem(..., answer=str(value)).")
+        for what, text in (("id", p.id), ("problem", p.problem), ("answer", p.answer)):
+            check_text(text, f"problem {p.id!r}: its {what}")  # a lone surrogate fails only when its row is written
     ids = [p.id for p in problems]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)

@@ -88,15 +88,15 @@ class GenerationConfig:
                                  f"{self.max_new_tokens!r}.")
         if not _positive_int(self.n_samples):
             raise LensprobeError(f"n_samples must be an integer >= 1, got {self.n_samples!r}.")
-        if not isinstance(self.temperature, (int, float)) or not MIN_TEMPERATURE <= self.temperature < math.inf:
+        if not _number(self.temperature) or not MIN_TEMPERATURE <= self.temperature < math.inf:
             raise LensprobeError(f"temperature must be a finite number >= {MIN_TEMPERATURE:g}, got {self.temperature!r} "
                                  "(below it the scaled logits overflow; for greedy decoding use do_sample=False).")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if not _number(self.top_p) or not 0 < self.top_p <= 1:
             raise LensprobeError(f"top_p must lie in (0, 1], got {self.top_p!r}.")
         if not _int(self.top_k) or self.top_k < 0:
             raise LensprobeError(f"top_k must be an integer >= 0 (0: no top-k cut), got {self.top_k!r}.")
         object.__setattr__(self, "top_k", int(self.top_k))
-        if self.min_p is not None and (not isinstance(self.min_p, (int, float)) or not 0 <= self.min_p <= 1):
+        if self.min_p is not None and (not _number(self.min_p) or not 0 <= self.min_p <= 1):
             raise LensprobeError(f"min_p must lie in [0, 1] or be None, got {self.min_p!r}.")
         if (not isinstance(self.repetition_penalty, (int, float)) or isinstance(self.repetition_penalty, bool)
                 or not 0 < self.repetition_penalty < float("inf")):
@@ -156,6 +156,11 @@ def _check_names(cls, settings: Mapping[str, Any]) -> None:
 def _int(value) -> bool:
     """An integer (Python's or numpy's), not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _number(value) -> bool:
+    """A real number, not a bool (``temperature=True`` is a slip, not 1.0)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _positive_int(value) -> bool:

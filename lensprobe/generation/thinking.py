@@ -73,12 +73,12 @@ class LatentFusion:
     token: str = THINKING_TOKEN
 
     def __post_init__(self):
-        if not isinstance(self.alpha, (int, float)) or not 0.0 <= self.alpha <= 1.0:
+        if not isinstance(self.alpha, (int, float)) or isinstance(self.alpha, bool) or not 0.0 <= self.alpha <= 1.0:
             raise LensprobeError(f"LatentFusion alpha must lie in [0, 1], got {self.alpha!r} "
                                  "(1 = Coconut, 0 = Soft-Thinking).")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+        if not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool) or not 0.0 < self.top_p <= 1.0:
             raise LensprobeError(f"LatentFusion top_p must lie in (0, 1], got {self.top_p!r}.")
-        if not isinstance(self.temperature, (int, float)) or self.temperature <= 0:
+        if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool) or self.temperature <= 0:
             raise LensprobeError(f"LatentFusion temperature must be > 0, got {self.temperature!r}.")
         _check_token_str(self.token)
 

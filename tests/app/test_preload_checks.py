@@ -43,6 +43,7 @@ TABLE = [
     ("eval", "--data {}", ["/dev/null"], "problem file /dev/null is not a regular file"),
     ("eval", "--device {}", ["bogus", "cuda", "cuda:3"], "device"),
     ("attention", "--question {}", ["''", "'   '"], "--question: expected text"),
+    ("attention", "--question {}", ["\u200b\u200b", "\ufeff"], "--question: expected text, got only invisible"),
     ("attention", "--question {}", [f"'What {BAD} is 2+3?'"], "--question holds bytes that are not UTF-8"),
     ("attention", "--system {}", [f"'You {BAD}'"], "--system holds bytes that are not UTF-8"),
     ("attention", "--out {}", [f"'out{BAD}'"], "--out holds bytes that are not UTF-8"),

@@ -6,7 +6,7 @@ import pytest
 import lensprobe as lp
 from lensprobe.core.prompts import randomtext
 from lensprobe.core.prompts.randomtext import random_sentence_text
-from lensprobe.core.prompts.text import check_text, surrogate_at
+from lensprobe.core.prompts.text import blank, check_text, surrogate_at
 
 
 @pytest.mark.unchecked
@@ -15,6 +15,8 @@ from lensprobe.core.prompts.text import check_text, surrogate_at
     (123, "question must be a string, got int 123"),
     (None, r"question is empty \(got None\)"),
     ("   ", "question is empty"),
+    ("\u200b\u200b", r"question shows nothing \(only invisible characters such as U\+200B or U\+FEFF\)"),
+    ("\ufeff \u2060", "question shows nothing"),
 ])
 def test_build_prompt_refuses_what_is_not_text(tiny, question, message):
     with pytest.raises(lp.LensprobeError, match=message):
@@ -31,6 +33,10 @@ def test_a_system_prompt_or_filler_with_a_surrogate_is_refused(tiny):
 def test_surrogate_at_and_check_text():
     assert surrogate_at("ok") is None and surrogate_at("a\udcffb") == 1
     assert check_text("", "system", empty=True) == ""
+
+
+def test_blank_is_whitespace_and_invisible_format_characters_only():
+    assert blank("") and blank(" \u200b\ufeff\u200d\n") and not blank("a\u200b") and not blank("\u00e9")
 
 
 class CountingTokenizer:

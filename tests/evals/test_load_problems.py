@@ -196,3 +196,14 @@ def test_math500_default_ids_are_unchanged(tmp_path):
                     + json.dumps({"problem": "2+2?", "answer": 4}) + "\n", encoding="utf-8")
     assert [(p.id, p.answer) for p in lp.load_math500(path)] == [("line-1", "2"), ("line-3", "4")]
     assert [(p.id, p.answer) for p in load_problems(path)] == [("gsm-0", "2"), ("gsm-1", "4")]
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ('{"problem": "What is 1+1?", "answer": "2\\udcff"}', r"line 1: 'answer' holds a lone surrogate \(U\+DCFF"),
+    ('{"problem": "\\u200b\\ufeff", "answer": "2"}', r"line 1: 'problem' must be a non-empty string \(not only"),
+])
+def test_a_problem_file_row_that_is_not_text_is_refused_when_read(tmp_path, row, message):
+    path = tmp_path / "p.jsonl"
+    path.write_text(row + "\n", encoding="utf-8")
+    with pytest.raises(lp.LensprobeError, match=message):
+        load_problems(path)

@@ -35,6 +35,9 @@ def test_keyword_settings_override_the_config(tiny):
     ({"max_new_tokens": 4, "temperature": float("inf")}, "temperature must be a finite number"),
     ({"max_new_tokens": 4, "temperature": float("nan")}, "temperature must be a finite number"),
     ({"max_new_tokens": 4, "top_p": 1.5}, r"top_p must lie in \(0, 1\]"),
+    ({"max_new_tokens": 4, "temperature": True, "do_sample": True}, "temperature must be a finite number >= 0.001, got True"),
+    ({"max_new_tokens": 4, "top_p": True, "do_sample": True}, r"top_p must lie in \(0, 1\], got True"),
+    ({"max_new_tokens": 4, "min_p": True, "do_sample": True}, r"min_p must lie in \[0, 1\] or be None, got True"),
     ({"max_new_tokens": 4, "seed": "1"}, "seed must be an integer or None"),
     ({"max_new_tokens": 4, "n_samples": 0}, "n_samples must be an integer >= 1"),
     ({"max_new_tokens": 4, "thinking": "yes"}, "thinking must be lp.generation.LatentFusion"),
@@ -86,3 +89,10 @@ def test_compare_thinking_takes_a_config(tiny):
     assert int(direct.thinking_rows.sum()) == 3
     assert not traces["no thinking"].thinking_rows.any()
     assert traces["Pause"].meta["max_new_tokens"] == 6
+
+
+@pytest.mark.unchecked
+@pytest.mark.parametrize("field", ["alpha", "top_p", "temperature"])
+def test_latent_fusion_refuses_a_flag_for_a_number(field):
+    with pytest.raises(lp.LensprobeError, match=f"LatentFusion {field} must .*got True"):
+        lp.generation.LatentFusion(**{field: True})

@@ -4,11 +4,12 @@ A tokenizer or a UTF-8 file would fail on them later with an error that names ne
 argument nor the fix."""
 
 import re
+import unicodedata
 from typing import Any
 
 from lensprobe.core.errors import LensprobeError
 
-__all__ = ["check_text", "surrogate_at"]
+__all__ = ["blank", "check_text", "surrogate_at"]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -22,6 +23,17 @@ def surrogate_at(text: str) -> int | None:
     """
     found = _SURROGATE.search(text)
     return found.start() if found else None
+
+
+def blank(text: str) -> bool:
+    """Whether ``text`` shows nothing: only whitespace and invisible format characters (zero-width
+    spaces and joiners, U+FEFF, ...: Unicode category Cf), which ``str.strip()`` keeps.
+
+    Example:
+        >>> blank("\\u200b\\ufeff "), blank("a\\u200b")
+        (True, False)
+    """
+    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
 
 
 def check_text(value: Any, name: str, *, empty: bool = False) -> str:
@@ -43,8 +55,9 @@ def check_text(value: Any, name: str, *, empty: bool = False) -> str:
         raise LensprobeError(f"{name} is empty (got None): pass a non-empty string.")
     if not isinstance(value, str):
         raise LensprobeError(f"{name} must be a string, got {type(value).__name__} {value!r}.")
-    if not empty and not value.strip():
-        raise LensprobeError(f"{name} is empty: pass a non-empty string.")
+    if not empty and blank(value):
+        what = "is empty" if not value.strip() else "shows nothing (only invisible characters such as U+200B or U+FEFF)"
+        raise LensprobeError(f"{name} {what}: pass a non-empty string.")
     at = surrogate_at(value)
     if at is not None:
         raise LensprobeError(f"{name} holds a lone surrogate (U+{ord(value[at]):04X} at character {at}), which is not "
