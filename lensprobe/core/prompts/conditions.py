@@ -56,6 +56,7 @@ from lensprobe.core.prompts.prompt import (
     build_prompt,
 )
 from lensprobe.core.prompts.randomtext import random_sentence_text
+from lensprobe.core.prompts.special import SPECIAL_TOKENS, SpecialTokens
 from lensprobe.core.storage.identity import identity, identity_digest
 
 QUESTION_PLACEHOLDER = "{question}"
@@ -111,6 +112,9 @@ class Condition:
             are generated one at a time, since left padding shifts positions.
         generate_kwargs: extra keyword arguments for the generation function, e.g.
             ``{"thinking": lp.generation.LatentFusion(0.6), "think_when": ...}`` for latent thinking.
+        special_tokens: what a special token's text (``<|im_end|>``) in a question, the system prompt or
+            the filler does: ``"refuse"`` (an error naming it), ``"escape"`` (plain text) or ``"allow"``
+            (the control token); see :func:`~lensprobe.build_prompt`.
     """
 
     name: str
@@ -123,6 +127,7 @@ class Condition:
     generate_kwargs: dict = field(default_factory=dict)
     template: Template | None = None
     joiner: str = ""
+    special_tokens: SpecialTokens = "refuse"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip() or "\n" in self.name:
@@ -139,6 +144,8 @@ class Condition:
             )
         if self.joiner and self.template != "raw":
             raise LensprobeError(f"condition {self.name!r}: joiner applies to template='raw' only.")
+        if self.special_tokens not in SPECIAL_TOKENS:
+            raise LensprobeError(f"condition {self.name!r}: special_tokens must be one of {SPECIAL_TOKENS}.")
         if self.build is not None and not callable(self.build):
             raise LensprobeError(f"condition {self.name!r}: build must be a callable (model, question) -> Prompt.")
         if not isinstance(self.interventions, tuple):
@@ -171,7 +178,7 @@ class Condition:
         def build(question: str) -> Prompt:
             return build_prompt(model, question, system=self.system, filler=filler,
                                 placement=self.placement, chat=self.chat, template=self.template,
-                                joiner=self.joiner)
+                                joiner=self.joiner, special_tokens=self.special_tokens)
 
         return build
 
@@ -195,6 +202,7 @@ class Condition:
             "prompt_template": template,
             "interventions": identity(list(self.interventions), f"condition {self.name!r} interventions"),
             "generate_kwargs": identity(dict(sorted(self.generate_kwargs.items())), f"condition {self.name!r}"),
+            **({} if self.special_tokens == "refuse" else {"special_tokens": self.special_tokens}),
         }
 
     def fingerprint(self, model) -> str:

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.prompts.fillers import Filler as Filler  # lensprobe.core.prompts.prompt.Filler, as before
+from lensprobe.core.prompts.special import SpecialTokens, check_special_tokens, encode_options
 from lensprobe.core.prompts.text import check_text
 from lensprobe.core.storage.jsonable import json_digest
 
@@ -168,7 +169,7 @@ def _chat_scaffold(tokenizer, has_system: bool) -> list[str]:
 
 def build_prompt(model, question: str, *, system: str | None = None, filler: Filler | None = None,
                  placement: Placement = "between", chat: bool = True, template: Template | None = None,
-                 joiner: str = "", add_special_tokens: bool = True) -> Prompt:
+                 joiner: str = "", add_special_tokens: bool = True, special_tokens: SpecialTokens = "refuse") -> Prompt:
     """Build a prompt with named segments, optionally with filler tokens inserted.
 
     Args:
@@ -197,6 +198,9 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
             ``tokenizer(text, add_special_tokens=False)``, without the BOS token a
             TransformerLens tokenizer adds (what a plain ``transformers`` tokenizer feeds for
             models that add none, such as SmolLM2 and Qwen2.5).
+        special_tokens: what a special token's text in the question, system prompt or filler (such as
+            ``<|im_end|>``) does: ``"refuse"`` (an error naming it and the field), ``"escape"`` (read as
+            plain characters) or ``"allow"`` (it becomes the control token). See :mod:`lensprobe.core.prompts.special`.
 
     In ``"chat"`` and ``"plain"`` each piece is tokenized on its own, so every segment decodes
     to exactly its text; where the tokenizer would merge characters across a boundary, the
@@ -212,8 +216,8 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
 
     Raises:
         LensprobeError: an empty question, an unknown template or placement, a joiner
-            outside the raw template, a slow tokenizer in raw form, or a prompt longer than
-            the model's context.
+            outside the raw template, a slow tokenizer in raw form, a special token's text in user
+            text (unless ``special_tokens`` says otherwise), or a prompt longer than the model's context.
 
     Example:
         >>> p = build_prompt(model, "What is 12+7?", system=MATH_SYSTEM_PROMPT,
@@ -256,15 +260,16 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
         raise LensprobeError(f"a random sentence of {filler.n_tokens} tokens is longer than the model's context of "
                              f"{n_ctx}: use a smaller filler count.")  # before drawing it
     fill = filler.resolve(tokenizer) if filler is not None else None
+    check_special_tokens(tokenizer, {"system": system, "filler": fill, "question": question}, special_tokens)
     if template == "raw":
         return _assemble_raw(tokenizer, raw_pieces(system, fill, question, placement, joiner), model,
-                             add_special_tokens)
+                             add_special_tokens, special_tokens)
     sys_pieces, user_pieces = content_pieces(system, fill, question, placement)
     if template == "chat":
         pieces = chat_pieces(tokenizer, sys_pieces, user_pieces)
     else:
         pieces = plain_pieces(model, tokenizer, sys_pieces, user_pieces)
-    return _assemble(tokenizer, [(n, t) for n, t in pieces if t], model)
+    return _assemble(tokenizer, [(n, t) for n, t in pieces if t], model, special_tokens)
 
 
 def raw_pieces(system: str | None, fill: str | None, question: str, placement: Placement,
@@ -300,7 +305,8 @@ def raw_pieces(system: str | None, fill: str | None, question: str, placement: P
     return pieces
 
 
-def _assemble_raw(tokenizer, pieces: Pieces, model, add_special_tokens: bool = True) -> Prompt:
+def _assemble_raw(tokenizer, pieces: Pieces, model, add_special_tokens: bool = True,
+                  special_tokens: str = "refuse") -> Prompt:
     """Tokenize the concatenated pieces in one call; segments from the tokens' character offsets."""
     text = "".join(t for _, t in pieces)
     if not getattr(tokenizer, "is_fast", False):
@@ -308,7 +314,8 @@ def _assemble_raw(tokenizer, pieces: Pieces, model, add_special_tokens: bool = T
             "template='raw' needs a fast tokenizer (one that returns character offsets); load the "
             "tokenizer with AutoTokenizer.from_pretrained(..., use_fast=True)."
         )
-    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=add_special_tokens)
+    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=add_special_tokens,
+                    **encode_options(special_tokens, "question"))  # all of it is the user's text
     ids = list(enc["input_ids"])
     offsets = [tuple(o) for o in enc["offset_mapping"]]
     _check_context(len(ids), model)
@@ -399,12 +406,12 @@ def plain_pieces(model, tokenizer, sys_pieces: Pieces, user_pieces: Pieces) -> P
     return pieces + user_pieces
 
 
-def _assemble(tokenizer, pieces: list[tuple[str, str]], model) -> Prompt:
+def _assemble(tokenizer, pieces: list[tuple[str, str]], model, special_tokens: str = "refuse") -> Prompt:
     """Tokenize each piece on its own and concatenate: the :class:`Prompt` with one segment per piece."""
     ids: list[int] = []
     segments: dict[str, tuple[int, int]] = {}
     for name, text in pieces:
-        piece_ids = tokenizer.encode(text, add_special_tokens=False)
+        piece_ids = tokenizer.encode(text, add_special_tokens=False, **encode_options(special_tokens, name))
         segments[name] = (len(ids), len(ids) + len(piece_ids))
         ids.extend(piece_ids)
     _check_context(len(ids), model)
