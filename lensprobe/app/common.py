@@ -9,8 +9,6 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from lensprobe.app.checks import FILLER_ALIASES as FILLER_ALIASES
 from lensprobe.app.checks import filler_condition as filler_condition
 from lensprobe.app.checks import int_list as int_list  # the list parsers' old home
@@ -20,6 +18,7 @@ from lensprobe.app.parsing import add_config
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models.loading import load_model
 from lensprobe.core.models.testing import tiny_model
+from lensprobe.core.progress import tqdm
 from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT
 from lensprobe.core.storage.outfolder import lock_folder, replace_pages
 from lensprobe.core.storage.store import atomic_file

@@ -1,7 +1,9 @@
 """The demo report: every registered study, run on one model, written as one HTML page.
 
-Each study registers a section builder in :data:`DEMO_SECTIONS`: a function
-``build(model, *, quick: bool) -> Section | list[Section]`` in :mod:`lensprobe.app.sections`. ``quick=True`` asks for tiny inputs (used by the tests).
+Each study registers a :class:`DemoSection` in :data:`DEMO_SECTIONS`: a title (what the progress bar
+shows while it runs) and a builder ``build(model, *, quick: bool, progress: bool) -> Section | list[Section]``
+in :mod:`lensprobe.app.sections` (``progress`` may be left out: it shows the builder's inner progress bars).
+``quick=True`` asks for tiny inputs (used by the tests).
 
 Example:
     >>> from lensprobe.app.demo import run_demo
@@ -9,20 +11,48 @@ Example:
     PosixPath('lensprobe-report/index.html')
 """
 
+import inspect
+import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-
-from tqdm.auto import tqdm
 
 from lensprobe.app.sections import attribution, evals, filler, heads, mechanism, thinking
 from lensprobe.core.models.loading import is_hooked_model, load_model, model_label
+from lensprobe.core.progress import tqdm
 from lensprobe.viz.report import Section, write_report
 
-DEMO_SECTIONS: list[Callable] = [filler.build_demo_sections, mechanism.build_demo_section, heads.build_section,
-                                 attribution.build_demo_section, thinking.build_demo_section,
-                                 evals.build_demo_section]
-"""Section builders, in report order; register yours with one import and one entry."""
+
+@dataclass(frozen=True)
+class DemoSection:
+    """One study of the demo report.
+
+    Attributes:
+        title: what the progress bar says while it runs.
+        build: ``build(model, *, quick, progress=False) -> Section | list[Section]``.
+    """
+
+    title: str
+    build: Callable
+
+
+DEMO_SECTIONS: list[DemoSection] = [
+    DemoSection("Meaningless tokens: attention received", filler.build_demo_sections),
+    DemoSection("The mechanism: activations and ARM", mechanism.build_demo_section),
+    DemoSection("Head ablation sweep, single ablations, patching", heads.build_section),
+    DemoSection("Head attribution (AtP*) verified by ablation", attribution.build_demo_section),
+    DemoSection("Latent thinking traces", thinking.build_demo_section),
+    DemoSection("Evaluations: arithmetic and MATH-500", evals.build_demo_section),
+]
+"""The studies, in report order; register yours with one import and one entry."""
+
+
+def _build(entry: DemoSection, model, quick: bool, progress: bool) -> list[Section]:
+    """Run one study's builder (with inner progress bars when it takes ``progress``)."""
+    kwargs = {"progress": progress} if "progress" in inspect.signature(entry.build).parameters else {}
+    out = entry.build(model, quick=quick, **kwargs)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 def run_demo(out_dir: str | Path = "lensprobe-report", model=None, *, quick: bool = False,
@@ -34,10 +64,11 @@ def run_demo(out_dir: str | Path = "lensprobe-report", model=None, *, quick: boo
         model: a loaded model or anything :func:`lensprobe.load_model` takes; ``None``
             for the embedded SmolLM2-135M-Instruct.
         quick: tiny inputs (seconds instead of minutes), for tests.
-        progress: show progress bars on stderr.
+        progress: show progress bars on stderr: one per study, named by its title, and the study's
+            own (sweep units, generation rows, problems) below it.
 
     Returns:
-        The path of ``index.html``.
+        The path of ``index.html`` (:func:`report_contents` says what it holds).
     """
 
     start = time.perf_counter()
@@ -46,11 +77,11 @@ def run_demo(out_dir: str | Path = "lensprobe-report", model=None, *, quick: boo
             model = load_model(model)
             bar.update()
     sections: list[Section] = []
-    with tqdm(DEMO_SECTIONS, desc="report sections", disable=not progress, unit="section") as bar:
-        for build in bar:
-            bar.set_postfix_str(f"{build.__module__}.{build.__name__}")
-            out = build(model, quick=quick)
-            sections.extend(out if isinstance(out, (list, tuple)) else [out])
+    with tqdm(total=len(DEMO_SECTIONS), desc="report", disable=not progress, unit="study") as bar:
+        for entry in DEMO_SECTIONS:
+            bar.set_postfix_str(entry.title)
+            sections.extend(_build(entry, model, quick, progress))
+            bar.update()
     cfg = model.cfg
     meta = {
         "model": model_label(model),
@@ -60,3 +91,28 @@ def run_demo(out_dir: str | Path = "lensprobe-report", model=None, *, quick: boo
         "run time": f"{time.perf_counter() - start:.1f} s",
     }
     return write_report(out_dir, sections, title="lensprobe report", meta=meta)
+
+
+def report_contents(index: str | Path) -> str:
+    """What the report at ``index`` holds and where, as lines to print: its sections, with their figures
+    and the folders of their numbers (from the ``report.json`` beside it).
+
+    Example:
+        >>> print(report_contents("lensprobe-report/index.html"))
+    """
+    index = Path(index).resolve()
+    listing = json.loads((index.parent / "report.json").read_text(encoding="utf-8"))
+    sections = listing["sections"]
+    n_files = sum(len(s["files"]) for s in sections)
+    lines = [f"report: {index} (one page, opens offline in a browser)",
+             f"{len(sections)} sections, {sum(s['n_figures'] for s in sections)} figures, {n_files} files of "
+             f"numbers (CSV tables, JSON data) in a folder per section beside it:"]
+    for i, sec in enumerate(sections, start=1):
+        views = f", {_count(sec['n_html'], 'interactive view')}" if sec["n_html"] else ""
+        where = f"; numbers: {sec['slug']}/ ({_count(len(sec['files']), 'file')})" if sec["files"] else ""
+        lines.append(f"  {i:>2}. {sec['title']}: {_count(sec['n_figures'], 'figure')}{views}{where}")
+    return "\n".join(lines)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"

@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from lensprobe.core.errors import LensprobeError, LensprobeWarning
 from lensprobe.core.hooks.attach import batch_dependent, check_positions, resolve_hooks
 from lensprobe.core.hooks.capabilities import bind_interventions
 from lensprobe.core.lazy import pandas
+from lensprobe.core.progress import tqdm
 from lensprobe.core.prompts.conditions import Condition
 from lensprobe.core.storage.jsonable import json_digest
 from lensprobe.core.storage.rowfiles import RowWriter

@@ -36,12 +36,12 @@ from typing import Any, cast
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from lensprobe.core.errors import LensprobeError, NonFiniteWarning
 from lensprobe.core.hooks.attach import Steps, batch_dependent
 from lensprobe.core.measures.metrics import nonfinite_rows
 from lensprobe.core.models.devices import model_device
+from lensprobe.core.progress import tqdm
 from lensprobe.generation import cacherows
 from lensprobe.generation.batch import pad_batch
 from lensprobe.generation.config import GenerationConfig

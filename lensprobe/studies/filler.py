@@ -27,8 +27,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from tqdm.auto import tqdm
-
 from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.core.hooks.capabilities import bind_interventions
 from lensprobe.core.hooks.forward import attention_patterns
@@ -38,6 +36,7 @@ from lensprobe.core.measures.metrics import (
     average_attention_received,
 )
 from lensprobe.core.models.loading import check_heads, check_layers, model_label
+from lensprobe.core.progress import tqdm
 from lensprobe.core.prompts.conditions import (
     BUILTIN_CONDITIONS,
     Condition,

@@ -13,7 +13,7 @@ import torch
 
 import lensprobe as lp
 from lensprobe.app.cli import main
-from lensprobe.app.demo import run_demo
+from lensprobe.app.demo import DEMO_SECTIONS, run_demo
 from lensprobe.app.sections import evals as eval_sections
 from lensprobe.app.sections import filler as filler_sections
 from lensprobe.app.sections import heads as head_sections
@@ -104,8 +104,18 @@ def test_demo_command_takes_the_tiny_model(tmp_path, math500, capsys):
     """``--model tiny`` (documented for every command) works for ``lensprobe demo`` too."""
     out = tmp_path / "report"
     assert main(["demo", "--model", "tiny", "--quick", "--out", str(out)]) == 0
-    assert str((out / "index.html").resolve()) in capsys.readouterr().out
-    check_report(out, "lensprobe-tiny-llama")
+    printed = capsys.readouterr()
+    manifest = check_report(out, "lensprobe-tiny-llama")
+    # the progress bars name the studies by their titles and show their inner progress
+    assert all(entry.title in printed.err for entry in DEMO_SECTIONS)
+    assert "build_section" not in printed.err and "lensprobe.app" not in printed.err
+    assert "ablation sweep" in printed.err and "problem" in printed.err
+    # at the end: what the report holds and where
+    assert f"report: {(out / 'index.html').resolve()}" in printed.out
+    assert f"{len(TITLES)} sections" in printed.out
+    for sec in manifest["sections"]:
+        assert sec["title"] in printed.out
+        assert not sec["files"] or f"numbers: {sec['slug']}/" in printed.out
 
 
 def test_demo_quick_end_to_end_on_the_embedded_model(smol, tmp_path, math500, capsys):

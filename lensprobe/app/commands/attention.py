@@ -3,8 +3,6 @@
 from dataclasses import replace
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from lensprobe.app.common import (
     add_inputs,
     check_out_dir,
@@ -24,6 +22,7 @@ from lensprobe.app.option_groups import (
     SystemOptions,
 )
 from lensprobe.app.parsing import add_config
+from lensprobe.core.progress import tqdm
 from lensprobe.core.storage.jsonable import to_jsonable
 from lensprobe.core.storage.store import atomic_file, atomic_write_json, atomic_write_text
 from lensprobe.studies import filler as fs

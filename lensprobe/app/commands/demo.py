@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from lensprobe.app.common import add_inputs, check_out_dir, load_cli_model, writing_out_dir
-from lensprobe.app.demo import run_demo
+from lensprobe.app.demo import report_contents, run_demo
 from lensprobe.app.examples import describe
 from lensprobe.app.option_groups import DemoOptions, ModelOptions, OutputOptions
 
@@ -23,5 +23,5 @@ def run_demo_command(args) -> int:
     out = check_out_dir(args.out if args.out is not None else Path("lensprobe-report"), "report")  # before the model
     with writing_out_dir(out, "demo", pages=False):  # the report page lists its own files
         index = run_demo(out, load_cli_model(args), quick=args.quick)
-    print(f"report written to {index.resolve()}")
+    print(report_contents(index))
     return 0

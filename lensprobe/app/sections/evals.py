@@ -30,14 +30,15 @@ ARITHMETIC_MAX_NEW_TOKENS = 48
 ARITHMETIC_BATCH = 20
 
 
-def build_demo_section(model, *, quick: bool = False):
+def build_demo_section(model, *, quick: bool = False, progress: bool = False):
     """The demo's evaluation sections: the arithmetic set, then level-1 MATH-500 problems.
 
     Returns:
         ``[arithmetic section, MATH-500 section]`` (see :func:`build_arithmetic_section` and
         :func:`build_math500_section`).
     """
-    return [build_arithmetic_section(model, quick=quick), build_math500_section(model, quick=quick)]
+    return [build_arithmetic_section(model, quick=quick, progress=progress),
+            build_math500_section(model, quick=quick, progress=progress)]
 
 
 def _arithmetic_conditions(model) -> tuple[str, str]:
@@ -51,7 +52,7 @@ def _arithmetic_conditions(model) -> tuple[str, str]:
     return names + ",ARM,w/ Mless+ARM", "ARM uses the authors' preset for this model (per-row statistics, batched)."
 
 
-def build_arithmetic_section(model, *, quick: bool = False):
+def build_arithmetic_section(model, *, quick: bool = False, progress: bool = False):
     """Built-in arithmetic problems under w/o, w/ Mless, w/ Mful (and ARM when the model has a preset).
 
     Full: the first ``ARITHMETIC_PROBLEMS`` problems of ``lp.evals.arithmetic_problems(seed=0)``
@@ -67,7 +68,7 @@ def build_arithmetic_section(model, *, quick: bool = False):
     names, arm_note = _arithmetic_conditions(model)
     problems = arithmetic_problems(n=n, seed=0)
     rows = evaluate(model, problems, names, max_new_tokens=tokens, batch_size=ARITHMETIC_BATCH,
-                    extract="last-number", model_name=model_label(model), progress=False, rank=0, world_size=1)
+                    extract="last-number", model_name=model_label(model), progress=progress, rank=0, world_size=1)
     n_conds = rows["condition"].nunique()
     n_eos = int((rows["finish"] == "eos").sum())
     intro = (
@@ -90,7 +91,7 @@ def build_arithmetic_section(model, *, quick: bool = False):
     return section
 
 
-def build_math500_section(model, *, quick: bool = False):
+def build_math500_section(model, *, quick: bool = False, progress: bool = False):
     """The demo's MATH-500 section: level-1 MATH-500 problems under w/o, w/ Mless, w/ Mful.
 
     Full: 10 level-1 problems x 3 conditions, 128 new tokens, greedy (SmolLM2-135M rarely
@@ -116,7 +117,7 @@ def build_math500_section(model, *, quick: bool = False):
     if not problems:
         return Section(title=title, intro="<p>No level-1 problem fits this model's context; section skipped.</p>")
     rows = evaluate(model, problems, conds, max_new_tokens=tokens, batch_size=DEMO_BATCH,
-                    model_name=model_label(model), progress=False, rank=0, world_size=1)
+                    model_name=model_label(model), progress=progress, rank=0, world_size=1)
     n_boxed = int(rows["prediction"].notna().sum())
     intro = (
         f"<p>{len(problems)} level-1 MATH-500 problems (the first in file order that fit the context) x 3 conditions on "

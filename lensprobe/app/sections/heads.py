@@ -27,7 +27,7 @@ NOTE = ("Layer and head indices are 0-based, as in TransformerLens: <b>L0H13</b>
         "\"layer 1, head 14\".")
 
 
-def build_section(model, *, quick: bool = False) -> list:
+def build_section(model, *, quick: bool = False, progress: bool = False) -> list:
     """The head-ablation sections of the demo report (registered in ``lensprobe.app.demo``).
 
     A zero-ablation sweep of every head (``quick``: the first two layers) measuring the
@@ -35,17 +35,18 @@ def build_section(model, *, quick: bool = False) -> list:
     head whose ablation moves the entropy most is then shown as the paper's "average
     attention on head H" under None / Mless / Mful, and over prompt + generated tokens;
     single ablations of that head (zero, mean, its KV group); and activation patching of
-    layer 0 from the Mless run into the plain run, site by site.
+    layer 0 from the Mless run into the plain run, site by site. ``progress``: the sweep's progress bar.
     """
     question, source = demo_question(quick)
     setup = FillerSetup(conditions=("w/o", "w/ Mless", "w/ Mful"))
     prompts = condition_prompts(model, question, setup)
-    s1, head = sweep_section(model, prompts, source, quick)
+    s1, head = sweep_section(model, prompts, source, quick, progress)
     return [s1, head_attention_section(model, question, setup, (0, head), quick),
             single_ablation_section(model, prompts, (0, head)), patching_section(model, prompts)]
 
 
-def sweep_section(model, prompts: dict[str, Prompt], source: str, quick: bool) -> tuple[Section, int]:
+def sweep_section(model, prompts: dict[str, Prompt], source: str, quick: bool,
+                  progress: bool = False) -> tuple[Section, int]:
     """Zero-ablate every head (``quick``: the first two layers) on the w/o and Mless prompts: the
     entropy change per head, and the layer-0 head that moves it most."""
     name = model_label(model)
@@ -53,7 +54,7 @@ def sweep_section(model, prompts: dict[str, Prompt], source: str, quick: bool) -
     n_kv = int(getattr(model.cfg, "n_key_value_heads", None) or n_heads)
     swept = "all" if not quick else [(layer, h) for layer in range(min(2, n_layers)) for h in range(n_heads)]
     sweep = ablation_sweep(model, [prompts["w/o"], prompts["w/ Mless"]], "entropy", heads=swept,
-                           batch_size=32, progress=False, rank=0, world_size=1)  # the demo never shards
+                           batch_size=32, progress=progress, rank=0, world_size=1)  # the demo never shards
     per_prompt = {"w/o": sweep.prompt(0), "w/ Mless": sweep.prompt(1)}
     layer0 = sweep.to_dataframe().query("layer == 0").groupby("head")["change"].mean()
     head = int(layer0.abs().idxmax())

@@ -28,7 +28,7 @@ DEMO_STEPS = 128
 DEMO_SCHEDULE = "every:8"
 
 
-def build_demo_section(model, *, quick: bool = False):
+def build_demo_section(model, *, quick: bool = False, progress: bool = False):
     """The demo's latent-thinking section: a few MATH-500 problems under fusion, pause, none.
 
     Full: 4 level-1 MATH-500 problems (the shortest prompts), 128 steps (the paper shows 400),
@@ -49,7 +49,8 @@ def build_demo_section(model, *, quick: bool = False):
         return Section(title=title, intro="<p>No problem fits this model's context; section skipped.</p>")
     rule = parse_schedule(DEMO_SCHEDULE)
     traces = compare_thinking(model_t, prompts, ["fusion", "pause", "none"], max_new_tokens=steps,
-                              think_when=rule, track={"system": "system", "question": "question"})
+                              think_when=rule, track={"system": "system", "question": "question"},
+                              progress=progress)
     summary = trace_summary(traces, track="thinking", band="std", smooth=1 if quick else 5)
     fig = generation_trace_figure(
         summary, title=f"{model_label(model)}: {len(prompts)} MATH-500 problems, mean ± std across problems",

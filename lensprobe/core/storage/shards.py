@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from tqdm.auto import tqdm
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.progress import tqdm
 from lensprobe.core.storage.locks import FileLock
 from lensprobe.core.storage.rowfiles import RowWriter, read_row_file
 from lensprobe.core.storage.runconfig import OLD_SETTINGS_FILE, open_run
