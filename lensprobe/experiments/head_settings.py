@@ -84,6 +84,9 @@ def _check_tokens(metric: str, tokens: str | None) -> None:
     """``tokens`` is given exactly for ``logit_diff``, as two comma-separated tokens."""
     if metric == "logit_diff" and not tokens:
         raise SettingError("tokens", "metric logit_diff needs {setting} A,B (the two tokens compared, e.g. 7,8)")
+    if tokens is not None and metric != "logit_diff":
+        raise SettingError("tokens", f"metric {metric} reads no tokens, only logit_diff does: drop {{setting}} (got "
+                                     f"{tokens!r}) or use metric logit_diff")
     if tokens is not None and len(tokens.split(",")) != 2:
         raise SettingError("tokens", f"{{setting}} takes two tokens separated by a comma (e.g. 7,8 or ' 7',' 8'), got "
                                      f"{tokens!r}")
@@ -204,6 +207,9 @@ class AttributionConfig:
         _choice("unit", self.unit, ("head", "kv"))
         _count("verify", self.verify, 0)
         _count("sample", self.sample, 0)
+        if self.sample and not self.verify:
+            raise SettingError("sample", f"{{setting}} {self.sample} draws heads to verify beside the top ones, but verify "
+                                         "is 0 (nothing is verified): give verify K too, or drop {setting}")
         _count("batch_size", self.batch_size, 1)
 
     def attribution_kwargs(self) -> dict:

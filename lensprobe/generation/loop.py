@@ -58,7 +58,7 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.attach import HookSite, StepContext, check_positions
-from lensprobe.core.hooks.forward import as_prompts, as_tokens
+from lensprobe.core.hooks.forward import as_prompts, as_tokens, outside_vocabulary
 from lensprobe.core.models.loading import check_layers
 from lensprobe.core.prompts.prompt import Prompt
 from lensprobe.core.storage.jsonable import describe_setting
@@ -233,7 +233,8 @@ def _as_interventions(interventions) -> list:
 
 def _as_prompt_list(model, prompts) -> list[tuple[list[int], Prompt | None]]:
     """``(token ids, Prompt or None)`` per prompt (see :func:`lensprobe.core.hooks.forward.as_prompts`)."""
-    return [(as_tokens(model, p)[0].tolist(), p if isinstance(p, Prompt) else None) for p in as_prompts(model, prompts)]
+    return [(as_tokens(model, p, vocabulary=False)[0].tolist(), p if isinstance(p, Prompt) else None)  # ids: per row
+            for p in as_prompts(model, prompts, vocabulary=False)]
 
 
 def _caps(caps, n_prompts: int, max_new_tokens: int) -> list[int]:
@@ -251,12 +252,12 @@ def _caps(caps, n_prompts: int, max_new_tokens: int) -> list[int]:
 
 def _row_problems(model, items, caps: list[int]) -> dict[int, str]:
     """Prompt index -> why it cannot run (a token outside the vocabulary, or too long for the context)."""
-    vocab, n_ctx = int(model.cfg.d_vocab), int(model.cfg.n_ctx)
+    n_ctx = int(model.cfg.n_ctx)
     bad = {}
     for pi, ((ids, _), cap) in enumerate(zip(items, caps, strict=True)):
-        outside = [i for i in ids if not 0 <= i < vocab]
-        if outside:
-            bad[pi] = f"token id {outside[0]} is outside the vocabulary (0-{vocab - 1})."
+        outside = outside_vocabulary(model, ids)
+        if outside is not None:
+            bad[pi] = outside
         elif len(ids) + cap > n_ctx:
             bad[pi] = (f"prompt ({len(ids)} tokens) + max_new_tokens ({cap}) = {len(ids) + cap} exceeds the "
                        f"model's context of {n_ctx} tokens: lower max_new_tokens to at most "

@@ -17,6 +17,7 @@ BASE = {  # eval: --problems math500 (the default) when --data is in the row
     "trace": "trace --model tiny --question 'What is 2+3?' --out out",
     "ablate": "ablate --model tiny --heads L0H1 --question 'What is 2+3?' --out out",
     "sweep": "sweep --model tiny --out out",
+    "attribute": "attribute --model tiny --out out",
     "mechanism": "mechanism --model tiny --question 'What is 2+3?' --out out",
     "demo": "demo --model tiny --quick --out out",
 }
@@ -66,6 +67,12 @@ TABLE = [
     ("sweep", "--batch-size {}", ["0"], "--batch-size"),
     ("sweep", "--heads {}", ["H٣"], "is not a head label"),
     ("sweep", "--heads {}", ["''"], "--heads: expected at least one head"),
+    ("sweep", "--tokens {}", ["7,8"], "metric entropy reads no tokens, only logit_diff does: drop --tokens"),
+    ("sweep", "--answer {}", ["7"], "metric 'entropy' reads no answer"),
+    ("attribute", "--tokens {}", ["7,8"], "metric entropy reads no tokens, only logit_diff does: drop --tokens"),
+    ("attribute", "--answer {}", ["7"], "--metric entropy reads no answer, but --answer was given"),
+    ("attribute", "--sample 3 --verify {}", ["0"], "--sample 3 draws heads to verify beside the top ones, but verify "
+                                                   "is 0"),
     ("mechanism", "--bins {}", ["0"], "--bins"),
     ("mechanism", "--eps {}", ["-1", "0", "nan"], "--eps"),
     ("mechanism", "--arm-c {}", ["inf"], "--arm-c"),

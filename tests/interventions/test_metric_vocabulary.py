@@ -86,3 +86,42 @@ def test_an_unknown_metric_names_the_vocabulary(tiny, prompt):
                 lambda: attribute_heads(tiny, prompt, "entropi")):
         with pytest.raises(lp.LensprobeError, match="unknown metric 'entropi'.*logit_diff.*attention:<segment>"):
             run()
+
+
+@pytest.mark.parametrize(("name", "settings", "message"), [
+    ("entropy", {"answers": "19"}, r"metric 'entropy' reads no answer, but one was given \('19'\)"),
+    ("entropy", {"tokens": (5, 9)}, r"tokens=\(5, 9\) were given, but only metric 'logit_diff' reads them"),
+    ("logprob", {"answers": "19", "tokens": (5, 9)}, "only metric 'logit_diff' reads them, not 'logprob'"),
+])
+def test_an_answer_or_tokens_the_metric_does_not_read_are_refused(tiny, prompt, name, settings, message):
+    for run in (lambda: ablation_sweep(tiny, prompt, name, heads=["L0H1"], progress=False, **settings),
+                lambda: attribute_heads(tiny, prompt, name, **settings)):
+        with pytest.raises(lp.LensprobeError, match=message):
+            run()
+
+
+@pytest.mark.parametrize(("returned", "what"), [
+    (lambda logits: None, "NoneType 'None'"), (lambda logits: "high", "str 'high'"),
+    (lambda logits: logits[:, -1, 0].to(torch.complex64), "torch.complex64 values"),
+])
+def test_a_metric_function_must_return_real_numbers(tiny, prompt, returned, what):
+    def metric(logits, p):
+        return returned(logits)
+
+    for run in (lambda: ablation_sweep(tiny, prompt, metric, heads=["L0H1"], progress=False),
+                lambda: attribute_heads(tiny, prompt, metric)):
+        with pytest.raises(lp.LensprobeError, match=rf"the metric function 'metric' returned {what}: it must return "
+                                                    "real numbers"):
+            run()
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_as_generate_refuses_them(tiny):
+    bad = torch.tensor([[1, 2, tiny.cfg.d_vocab + 5]])
+    for run in (lambda: lp.forward(tiny, bad), lambda: attribute_heads(tiny, bad, "entropy"),
+                lambda: ablation_sweep(tiny, bad, "entropy", heads=["L0H1"], progress=False),
+                lambda: lp.generate(tiny, bad, max_new_tokens=2)):
+        with pytest.raises(lp.LensprobeError, match=rf"token id {tiny.cfg.d_vocab + 5} is outside the vocabulary "
+                                                    rf"\(0-{tiny.cfg.d_vocab - 1}\)"):
+            run()
+    with pytest.raises(lp.LensprobeError, match="token id -1 is outside the vocabulary"):
+        lp.forward(tiny, [1, -1, 2])

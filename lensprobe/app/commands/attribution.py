@@ -47,6 +47,9 @@ def _check(args) -> None:
     args.out = check_out_dir(out_of(args, "attribute"), "attribution")
     if args.metric == "logprob" and not args.answer:
         raise LensprobeError("--metric logprob needs --answer TEXT.")
+    if args.metric != "logprob" and args.answer:
+        raise LensprobeError(f"--metric {args.metric} reads no answer, but --answer was given: drop it, or use "
+                             "--metric logprob to measure the answer.")
     check_reference(args)
     if args.math500 and args.question:
         raise LensprobeError("pass --question or --math500, not both.")

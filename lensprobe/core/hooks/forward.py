@@ -10,7 +10,7 @@ from lensprobe.core.models.loading import check_layers
 from lensprobe.core.prompts.prompt import Prompt, build_prompt
 
 
-def as_tokens(model, prompt_or_tokens, *, one_row: bool = False) -> Int[Tensor, "batch pos"]:
+def as_tokens(model, prompt_or_tokens, *, one_row: bool = False, vocabulary: bool = True) -> Int[Tensor, "batch pos"]:
     """Token ids ``[batch, pos]`` from a :class:`Prompt`, a tensor, or a list of ids, on the model's device.
 
     This is the one place where lensprobe turns a prompt into token ids (lists of prompts go
@@ -20,10 +20,12 @@ def as_tokens(model, prompt_or_tokens, *, one_row: bool = False) -> Int[Tensor, 
         model: a TransformerLens model (its context length and device are used).
         prompt_or_tokens: a :class:`Prompt`, token ids ``[pos]``/``[batch, pos]``, or a list of ints.
         one_row: refuse several rows of tokens (for functions that take one prompt at a time).
+        vocabulary: refuse token ids outside the model's vocabulary (``False``: the caller
+            checks them per row, as :func:`lensprobe.generate` does with ``on_error="row"``).
 
     Raises:
-        LensprobeError: not a prompt or token ids, longer than the model's context, or (with
-            ``one_row``) more than one row.
+        LensprobeError: not a prompt or token ids, longer than the model's context, a token id
+            outside the vocabulary, or (with ``one_row``) more than one row.
 
     Example:
         >>> as_tokens(model, [1, 2, 3]).shape
@@ -53,15 +55,34 @@ def as_tokens(model, prompt_or_tokens, *, one_row: bool = False) -> Int[Tensor, 
         raise LensprobeError(
             f"input is {tokens.shape[-1]} tokens but the model's context is {n_ctx}: shorten the prompt."
         )
+    outside = outside_vocabulary(model, tokens) if vocabulary else None
+    if outside is not None:
+        raise LensprobeError(outside)
     return tokens.to(model.cfg.device) if getattr(model.cfg, "device", None) else tokens
 
 
-def as_prompts(model, prompts, *, build_strings: bool = False) -> list[Prompt | Int[Tensor, "1 pos"]]:
+def outside_vocabulary(model, ids) -> str | None:
+    """Why token ``ids`` (a tensor or a list of ints) cannot run on ``model``: the first id outside its
+    vocabulary (an embedding lookup would fail with an ``IndexError``), or ``None`` when every id is in it.
+
+    Example:
+        >>> outside_vocabulary(model, [1, 2, 10**6])
+        'token id 1000000 is outside the vocabulary (0-49151).'
+    """
+    vocab = int(model.cfg.d_vocab)
+    ids = torch.as_tensor(ids).reshape(-1)
+    bad = ids[(ids < 0) | (ids >= vocab)]
+    return f"token id {int(bad[0])} is outside the vocabulary (0-{vocab - 1})." if bad.numel() else None
+
+
+def as_prompts(model, prompts, *, build_strings: bool = False, vocabulary: bool = True
+               ) -> list[Prompt | Int[Tensor, "1 pos"]]:
     """One item per prompt: a :class:`Prompt` or ``[1, pos]`` token ids, each checked by :func:`as_tokens`.
 
     Accepts one prompt (a :class:`Prompt`, token ids as a list or tensor) or a list of them;
     a ``[batch, pos]`` tensor gives one item per row. Question strings are built with
-    :func:`lensprobe.build_prompt` when ``build_strings`` is true, else refused.
+    :func:`lensprobe.build_prompt` when ``build_strings`` is true, else refused. ``vocabulary``: as
+    :func:`as_tokens` takes it.
 
     Example:
         >>> [len(p) for p in as_prompts(model, [p1, [1, 2, 3]])]
@@ -81,10 +102,10 @@ def as_prompts(model, prompts, *, build_strings: bool = False) -> list[Prompt | 
                 )
             p = build_prompt(model, p)
         if isinstance(p, Prompt):
-            as_tokens(model, p)
+            as_tokens(model, p, vocabulary=vocabulary)
             out.append(p)
             continue
-        tokens = as_tokens(model, p)
+        tokens = as_tokens(model, p, vocabulary=vocabulary)
         if tokens.shape[-1] == 0:
             raise LensprobeError("a prompt is empty: pass at least one token.")
         out.extend(tokens[i: i + 1] for i in range(tokens.shape[0]))

@@ -182,6 +182,9 @@ def resolve_measures(model, metric: Any, n: int, *, answers: str | Sequence[str]
         >>> resolve_measures(model, "logit_diff", 2, tokens=(" 7", " 8"))
         [LogitDiff(a=1046, b=1047, ...), LogitDiff(a=1046, b=1047, ...)]
     """
+    if tokens is not None and metric != "logit_diff":
+        raise LensprobeError(f"tokens={tuple(tokens)!r} were given, but only metric 'logit_diff' reads them, not "
+                             f"{metric!r}: drop tokens, or use metric='logit_diff'.")
     if continuation is not None:
         if metric not in ("entropy", "logprob"):
             raise LensprobeError(

@@ -172,8 +172,7 @@ class CallableMeasure:
         return []
 
     def compute(self, logits: Tensor, tokens: Tensor, prompt, recorders: list) -> Tensor:
-        out = self.fn(logits, prompt)
-        out = torch.as_tensor(out, dtype=torch.float32, device="cpu")
+        out = _real_values(self.fn(logits, prompt), self.name)
         if out.ndim == 0 and logits.shape[0] == 1:
             out = out[None]
         if out.shape != (logits.shape[0],):
@@ -184,6 +183,26 @@ class CallableMeasure:
         broken = nonfinite_rows(logits).reshape(logits.shape[0], -1).any(1).cpu()
         return out.masked_fill(broken, torch.nan)
 
+
+def _real_values(out: Any, name: str) -> Tensor:
+    """What a metric function returned, as float32 on the CPU: real numbers only (``None``, text or a
+    complex value is refused, naming the function, rather than failing inside torch or losing the
+    imaginary part)."""
+    try:
+        values = torch.as_tensor(out)
+    except (TypeError, ValueError, RuntimeError):
+        values = None
+    if values is None or values.is_complex() or not (values.is_floating_point() or values.dtype in _REAL_INTS):
+        kind = f"{values.dtype} values" if values is not None else f"{type(out).__name__} {str(out)[:40]!r}"
+        raise LensprobeError(f"the metric function {name!r} returned {kind}: it must return real numbers, one per "
+                             "batch row (a float tensor of shape [batch]).")
+    return values.to(device="cpu", dtype=torch.float32)
+
+
+_REAL_INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)
+
+
+_ANSWER_NAMES = ("logprob", "answer_logprob", "log-prob", "answer log-prob")
 
 MEASURE_NAMES = ("entropy", "logprob", "logit_diff", "attention:<segment>")
 """The metric names of :func:`lensprobe.core.measures.forced.resolve_measures` (``logit_diff`` needs the model)."""
@@ -206,9 +225,12 @@ def resolve_measure(metric: Any, *, answer: str | None = None) -> Measure:
         return metric
     if isinstance(metric, str):
         key = metric.strip()
+        if answer is not None and key.lower() not in _ANSWER_NAMES:
+            raise LensprobeError(f"metric {metric!r} reads no answer, but one was given ({answer!r}): drop the answer, "
+                                 "or use metric 'logprob' to measure it.")
         if key.lower() == "entropy":
             return NextTokenEntropy()
-        if key.lower() in ("logprob", "answer_logprob", "log-prob", "answer log-prob"):
+        if key.lower() in _ANSWER_NAMES:
             if answer is None:
                 raise LensprobeError(
                     "metric 'logprob' needs the answer: pass answer='...' (or answers=[...] to a sweep)."
