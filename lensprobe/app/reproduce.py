@@ -43,6 +43,8 @@ from lensprobe.app.reproduce_tables import (
     RUN_COLUMNS,
     beside_published,
     cell_text,
+    check_fits,
+    check_kind_settings,
     data_files,
     markdown_table,
     model_note,
@@ -89,9 +91,11 @@ class ReproduceResult:
 
 
 def check_reproduce(recipe: str | os.PathLike | Recipe, *, data: dict | None = None, out: str | os.PathLike | None = None,
-                    limit: int | None = None, runs: int | None = None, max_new_tokens: int | None = None) -> Recipe:
+                    limit: int | None = None, runs: int | None = None, max_new_tokens: int | None = None,
+                    quick: bool = False) -> Recipe:
     """Every check of :func:`reproduce` that needs no model, so a command can make them before it loads one:
-    the recipe, ``limit`` and ``runs``, each data file (a benchmark the recipe runs, a file that exists; for an
+    the recipe, ``limit`` and ``runs`` (and that the recipe's kind reads them: a figure recipe evaluates no
+    problems, only a figure recipe reads ``quick``), each data file (a benchmark the recipe runs, a file that exists; for an
     lm-eval recipe a task file naming its task, and no ``runs`` or ``max_new_tokens``) and the output folder (it
     must not hold another recipe's run). Returns the recipe.
 
@@ -107,6 +111,7 @@ def check_reproduce(recipe: str | os.PathLike | Recipe, *, data: dict | None = N
     for name, value in (("limit", limit), ("runs", runs)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise LensprobeError(f"{name} must be a positive integer, got {value!r}.")
+    check_kind_settings(recipe, limit=limit, runs=runs, max_new_tokens=max_new_tokens, quick=quick)
     if recipe.kind == "lm-eval":  # tasks of lm-eval, their data a task file each
         check_lmeval_data(recipe, data or {})
         given = [f for f, v in (("runs", runs), ("max_new_tokens", max_new_tokens)) if v is not None]
@@ -122,6 +127,9 @@ def check_reproduce(recipe: str | os.PathLike | Recipe, *, data: dict | None = N
 
 def _check_folder(recipe: Recipe, out: Path) -> None:
     held = read_json(out / RECIPE_FILE, fix="delete the folder to start over") if (out / RECIPE_FILE).is_file() else None
+    if held is not None and not isinstance(held, dict):
+        raise LensprobeError(f"{out / RECIPE_FILE} is not a recipe record (a JSON object): it was edited or damaged; "
+                             f"delete {out} to start over, or give another --out.")
     if held is None and not any((out / f).exists() for f in ("table.md", "table.csv", "figure.md")):
         return
     if held is not None and held.get("recipe") == recipe.name:
@@ -178,7 +186,8 @@ def reproduce(recipe: str | os.PathLike | Recipe, model, *, out: str | os.PathLi
         >>> res = lp.reproduce("arm-table1", lp.load_model(), limit=5, out="repro/table1")
         >>> res.table[["benchmark", "condition", "run: accuracy (authors' grader)", "Qwen2.5-Math-1.5B (Table 1)"]]
     """
-    recipe = check_reproduce(recipe, data=data, out=out, limit=limit, runs=runs, max_new_tokens=max_new_tokens)
+    recipe = check_reproduce(recipe, data=data, out=out, limit=limit, runs=runs, max_new_tokens=max_new_tokens,
+                             quick=quick)
     out_path = Path(out).expanduser() if out is not None else None
     claim = {}
     if out_path is not None:
@@ -216,8 +225,11 @@ def _table(run: _Run, out: Path | None, data: dict, limit) -> ReproduceResult:
     samples = model_samples(run.model) or bool(run.recipe.protocol and
                                                get_protocol(run.recipe.protocol).settings.get("do_sample"))
     results, cells, sections = [], [], []
+    planned = {b: recipe_conditions(run.recipe, run.model, b, run.arm, arm_source=run.arm_source) for b in problem_sets}
+    for bench, (conds, _) in planned.items():  # every benchmark's conditions, before the first forward
+        check_fits(run.model, bench, problem_sets[bench], conds, run.settings)
     for bench, problems in problem_sets.items():
-        conds, skipped = recipe_conditions(run.recipe, run.model, bench, run.arm, arm_source=run.arm_source)
+        conds, skipped = planned[bench]
         notes += skipped
         seeded = _seeded_runs(run, bench, problems, conds, samples, out)
         for cond in conds:

@@ -14,6 +14,7 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.prompts.conditions import PromptFormat, paper_conditions, resolve_conditions
+from lensprobe.evals.config import EvalConfig, with_format_defaults
 from lensprobe.evals.data import load_math500, load_problems
 from lensprobe.evals.protocols import arm_layer_defaults, get_protocol
 from lensprobe.evals.published import paper_models, published_table
@@ -21,7 +22,7 @@ from lensprobe.evals.stats import accuracy
 from lensprobe.interventions.arm import ARM
 from lensprobe.interventions.arm_presets import benchmark_key, model_key
 
-__all__ = ["RUN_COLUMNS", "RUN_N", "beside_published", "cell_text", "markdown_table", "model_note", "recipe_conditions",
+__all__ = ["RUN_COLUMNS", "RUN_N", "beside_published", "cell_text", "check_fits", "check_kind_settings", "markdown_table", "model_note", "recipe_conditions",
            "recipe_problems", "run_numbers"]
 
 RUN_N = "run: n"
@@ -78,6 +79,55 @@ def recipe_problems(recipe: Recipe, data: dict[str, str | os.PathLike], limit: i
             continue
         sets[bench] = problems[:limit] if limit is not None else problems
     return sets, notes
+
+
+def check_kind_settings(recipe: Recipe, *, limit: int | None = None, runs: int | None = None,
+                        max_new_tokens: int | None = None, quick: bool = False) -> None:
+    """Refuse a setting the recipe's kind would ignore: a figure recipe evaluates no problems (``limit``,
+    ``runs``, ``max_new_tokens``), and only a figure recipe has inputs ``quick`` can shorten.
+
+    Example:
+        >>> check_kind_settings(load_recipe("arm-table1"), quick=True)
+        Traceback (most recent call last):
+        LensprobeError: recipe 'arm-table1' evaluates problems; quick shortens only a figure recipe's inputs: drop it (limit runs fewer problems).
+    """
+    if recipe.kind == "figure":
+        given = [n for n, v in (("limit", limit), ("runs", runs), ("max_new_tokens", max_new_tokens)) if v is not None]
+        if given:
+            raise LensprobeError(f"recipe {recipe.name!r} draws a figure from fixed inputs and evaluates no problems, so "
+                                 f"{' and '.join(given)} would change nothing: drop {'it' if len(given) == 1 else 'them'} "
+                                 "(quick makes its inputs short).")
+    elif quick:
+        raise LensprobeError(f"recipe {recipe.name!r} evaluates problems; quick shortens only a figure recipe's "
+                             "inputs: drop it (limit runs fewer problems).")
+
+
+def check_fits(model, bench: str, problems: list, conds: list, settings: dict) -> None:
+    """Refuse a condition none of whose prompts fits the model's context with the generation's length
+    (every row would be an error row, and the table could compare nothing), before anything runs.
+
+    Raises:
+        LensprobeError: names the condition, its shortest prompt and the context.
+    """
+    config = EvalConfig(**with_format_defaults(model, settings))
+    n_ctx = int(model.cfg.n_ctx)
+    for cond in conds:
+        build, shortest = cond.prompt_builder(model), None
+        for p in problems:
+            try:
+                length = len(build(p.problem))
+            except LensprobeError:  # longer than the context on its own
+                continue
+            shortest = length if shortest is None else min(shortest, length)
+            if length + config.max_new_tokens <= n_ctx:
+                break
+        else:
+            size = (f"its shortest prompt ({shortest} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds it"
+                    if shortest is not None else "each of its prompts alone exceeds it")
+            raise LensprobeError(f"{bench}: condition {cond.name!r} fits no problem in the model's context of {n_ctx} "
+                                 f"tokens ({size}), so every row would fail: lower "
+                                 "max_new_tokens, shorten the condition's filler, or use a model with a longer "
+                                 "context.")
 
 
 def recipe_conditions(recipe: Recipe, model, bench: str, arm: Any = None, *,

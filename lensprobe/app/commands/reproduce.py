@@ -71,7 +71,8 @@ def run_reproduce(args) -> int:
     args.config = args.config.over(recipe.settings)  # the recipe's settings, the options given on top
     data = data_from_args(args.config.data, tasks=recipe.kind == "lm-eval")
     out = args.out if args.out is not None else Path(f"reproduce-{recipe.name}")
-    check_reproduce(recipe, data=data, out=out, runs=args.config.runs, max_new_tokens=args.config.max_new_tokens)  # the recipe's own checks, before the model
+    check_reproduce(recipe, data=data, out=out, limit=args.config.limit, runs=args.config.runs,  # before the model
+                    max_new_tokens=args.config.max_new_tokens, quick=bool(args.config.quick))
     check_out_dir(out, "reproduce")
     with writing_out_dir(out, "reproduce") as files:
         return _reproduce(args, recipe, data, out, files)

@@ -63,7 +63,11 @@ def tiny_tokenizer(chat_template: bool = True):
     # TransformerLens reloads the tokenizer by its name_or_path, so give it a real folder.
     folder = tempfile.mkdtemp(prefix="lensprobe-tiny-tokenizer-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    fast.save_pretrained(folder)
+    try:
+        fast.save_pretrained(folder)
+    except Exception as err:  # noqa: BLE001 - the tokenizers library raises a bare Exception for OS errors
+        raise LensprobeError(f"cannot write the tiny test model's tokenizer to {folder} ({err}): free disk space in "
+                             "the temporary folder (TMPDIR) or raise the file-size limit (ulimit -f).") from None
     return transformers.AutoTokenizer.from_pretrained(folder)
 
 

@@ -18,7 +18,7 @@ from lensprobe.core.hooks.attach import Hook, Steps, intervene
 from lensprobe.core.models.devices import model_device
 from lensprobe.generation.engines.view import has_user_hooks
 
-__all__ = ["BridgeEngine", "check_cached_steps"]
+__all__ = ["BridgeEngine", "check_cached_steps", "nonfinite_weights_text"]
 
 _CHECKED: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDictionary()
 
@@ -43,6 +43,8 @@ def check_cached_steps(model) -> None:
         full = model(probe, return_type="logits")[:, -1].float()
         _, cache = model(probe[:, :4], return_type="logits_and_cache")
         step = model(probe[:, 4:], past_key_values=cache, return_type="logits_and_cache")[0][:, -1].float()
+    if not (torch.isfinite(full).all() and torch.isfinite(step).all()):
+        raise LensprobeError(nonfinite_weights_text(model))
     if not (step - full).abs().max() <= 1e-3 * full.abs().max().clamp(min=1.0):
         raise LensprobeError(
             f"this TransformerLens ({version('transformer-lens')}) and transformers "
@@ -50,6 +52,16 @@ def check_cached_steps(model) -> None:
             "from a full forward): install transformers<5.24 (pip install 'transformers<5.24')."
         )
     _CHECKED[model] = True
+
+
+def nonfinite_weights_text(model) -> str:
+    """Why a model without hooks computes NaN or inf logits: its weights that are not finite, by name."""
+    bad = [name.replace("._original_component", "") for name, p in model.named_parameters()
+           if not torch.isfinite(p).all()]
+    where = (f"its weights hold NaN or inf values ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})" if bad
+             else "every weight is finite, so a layer overflows")
+    return (f"the model computes NaN or inf logits on a 5-token probe, before any generation: {where}. Check the "
+            "model file (load it again, or try --dtype fp32).")
 
 
 class BridgeEngine:
