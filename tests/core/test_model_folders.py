@@ -4,6 +4,7 @@ safetensors file, a tensor of another shape, no tokenizer) or the command line w
 (an unknown model_type)."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -64,6 +65,11 @@ def sharded_with_a_shard_missing(folder):
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weights}))
 
 
+def fifo_in_place(path):
+    path.unlink()
+    os.mkfifo(path)
+
+
 CASES = [
     ("a missing tensor", lambda f: rewrite_weights(f, lambda w: w.pop(Q_PROJ)),
      rf"model lacks 1 weight tensor\(s\) of the model \({Q_PROJ}\): transformers would fill them with random numbers"),
@@ -81,7 +87,9 @@ CASES = [
     ("a shard its index lists is missing", sharded_with_a_shard_missing,
      r"model lacks 1 of the 2 weight files its model.safetensors.index.json lists \(model-00002-of-00002"),
     ("no weights", lambda f: (f / "model.safetensors").unlink(), r"model holds no weights \(no model.safetensors"),
-    ("a FIFO as config.json", lambda f: ((f / "config.json").unlink(), __import__("os").mkfifo(f / "config.json")),
+    ("a FIFO as tokenizer.json", lambda f: fifo_in_place(f / "tokenizer.json"),
+     r"model file .*tokenizer.json is a FIFO \(named pipe\), not a regular file"),
+    ("a FIFO as config.json", lambda f: fifo_in_place(f / "config.json"),
      r"config.json is a FIFO \(named pipe\), not a regular file"),
 ]
 

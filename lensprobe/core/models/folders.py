@@ -4,6 +4,7 @@ transformers loads a folder that lacks weight tensors with those tensors randoml
 warning that loading silences; a model whose outputs differ is worse than an error. So a folder is
 refused, naming the problem and the fix, when:
 
+- a file in it is not a regular file (a FIFO, a link to a device);
 - its ``config.json`` is not a regular file holding a JSON object whose ``model_type`` the installed
   transformers knows;
 - it holds no tokenizer file;
@@ -49,6 +50,9 @@ def check_model_folder(folder: Path) -> None:
         >>> check_model_folder(tiny_family_folder("qwen2", tmp_path / "qwen2"))
     """
     folder = Path(folder)
+    for path in folder.iterdir():  # transformers would wait forever on a FIFO, or read a device without end
+        if path.exists() and not path.is_dir():  # (a broken link is left to the loader, which may not need it)
+            check_file(path, "model file", limit=2**62)
     _check_config(folder)
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise ModelLoadError(f"{folder} holds no tokenizer (none of {', '.join(TOKENIZER_FILES[:4])}, ...): save "
