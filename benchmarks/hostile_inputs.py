@@ -20,6 +20,7 @@ import io
 import json
 import logging
 import math
+import os
 import shlex
 import shutil
 import signal
@@ -35,7 +36,8 @@ import pandas as pd
 import lensprobe as lp
 from lensprobe.app import common
 from lensprobe.app.cli import main, write_error_log
-from lensprobe.core.models.testing import tiny_model
+from lensprobe.app.recipe import load_recipe
+from lensprobe.core.models.testing import tiny_hf_model, tiny_model
 from lensprobe.core.storage.identity import identity
 from lensprobe.evals import Problem, hub, running
 from lensprobe.evals.results import load_results, results_file
@@ -366,9 +368,132 @@ def _message(fn) -> bool:
     return False
 
 
+def _damaged_folder(whole: Path, out: Path, damage) -> Path:
+    shutil.copytree(whole, out)
+    damage(out)
+    return out
+
+
+def _reweigh(change):
+    def damage(folder: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        weights = load_file(folder / "model.safetensors")
+        change(weights)
+        save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+
+    return damage
+
+
+def model_folder_cases(tiny, work: Path) -> list[tuple[str, object]]:
+    """Round three, incomplete weights: each damaged folder is refused naming the problem (CLI: exit 2)."""
+    import torch
+
+    hf, tok = tiny_hf_model(seed=1, n_layers=1)
+    whole = work / "whole"
+    hf.save_pretrained(whole)
+    tok.save_pretrained(whole)
+    q_proj = "model.layers.0.self_attn.q_proj.weight"
+
+    def cut(folder):
+        data = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+
+    def config(change):
+        return lambda f: (f / "config.json").write_text(json.dumps(change(json.loads((f / "config.json").read_text()))))
+
+    damages = {"missing tensor": _reweigh(lambda w: w.pop(q_proj)),
+               "tensor of another shape": _reweigh(lambda w: w.update({q_proj: torch.zeros(3, 3)})),
+               "truncated model.safetensors": cut,
+               "no tokenizer": lambda f: [p.unlink() for p in f.iterdir() if p.name.startswith("tokenizer")],
+               "unknown model_type": config(lambda c: {**c, "model_type": "nosuchmodel"})}
+    cases = []
+    for name, damage in damages.items():
+        folder = _damaged_folder(whole, work / name.replace(" ", "-"), damage)
+        cases.append((f"load_model: {name}", lambda folder=folder: refuses(lambda: lp.load_model(folder, device="cpu"))))
+        cases.append((f"attention --model: {name}", lambda folder=folder: cli(
+            f"attention --model {folder} --question q --out {work}/a", preload=False)))
+    return cases
+
+
+def _not_a_file(path: Path, kind: str) -> Path:
+    path.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(kind)
+    return path
+
+
+def not_a_file_cases(tiny, work: Path) -> list[tuple[str, object]]:
+    """Round three, files that are not files: FIFOs and links to devices where lensprobe reads a file."""
+    probs = [Problem(id=f"q{i}", problem=f"What is {i}+{i}?", answer=str(2 * i)) for i in range(2)]
+    cases = []
+    for kind in ("fifo", "/dev/zero", "/dev/full"):
+        out = work / f"run-{len(cases)}"
+        lp.evaluate(tiny, probs, "w/o", out=out, max_new_tokens=2, model_name="tiny", progress=False)
+        conf = work / f"conf-{len(cases)}"
+        shutil.copytree(out, conf)
+        _not_a_file(results_file(out, 0), kind)
+        cases.append((f"eval-report, results file {kind}", lambda out=out: cli(f"eval-report {out} --out {out}-r",
+                                                                                 preload=False)))
+        cases.append((f"resumed eval, results file {kind}", lambda out=out: refuses(lambda: lp.evaluate(
+            tiny, probs, "w/o", out=out, max_new_tokens=2, model_name="tiny", progress=False))))
+        _not_a_file(conf / "config.json", kind)
+        cases.append((f"eval-report, config.json {kind}", lambda conf=conf: cli(f"eval-report {conf}", preload=False)))
+        data = _not_a_file(work / f"problems-{len(cases)}.jsonl", kind)
+        cases.append((f"eval --data {kind}", lambda data=data: cli(f"eval --model tiny --data {data} --out {work}/e")))
+        recipe = _not_a_file(work / f"recipe-{len(cases)}.toml", kind)
+        cases.append((f"recipe file {kind}", lambda recipe=recipe: refuses(lambda: load_recipe(str(recipe)))))
+    return cases
+
+
+def asset_cases(tiny, work: Path) -> list[tuple[str, object]]:
+    """Round three, truncated assets: a plotly.min.js cut short (or a link) is written again by the next run."""
+    from plotly.offline import get_plotlyjs
+
+    whole = get_plotlyjs().encode("utf-8")
+
+    def rewritten(damage) -> bool:
+        out = work / f"a{len(list(work.iterdir()))}"
+        out.mkdir()
+        damage(out / "plotly.min.js")
+        cli(f"attention --model tiny --question 'What is 2+3?' --out {out}", preload=False)
+        return (out / "plotly.min.js").read_bytes() == whole
+
+    return [("plotly.min.js cut at 300 KiB", lambda: equals(lambda: rewritten(lambda p: p.write_bytes(whole[:307_200])),
+                                                           True)),
+            ("plotly.min.js empty", lambda: equals(lambda: rewritten(lambda p: p.write_bytes(b"")), True)),
+            ("plotly.min.js a link to /dev/full", lambda: equals(lambda: rewritten(lambda p: p.symlink_to("/dev/full")),
+                                                                True))]
+
+
+def control_token_cases(tiny, work: Path) -> list[tuple[str, object]]:
+    """Round three, chat control tokens in user text: refused by default, naming the token; escaped on request."""
+    end = "<|im_end|>"
+    cases = [(f"build_prompt {field} with {end}", lambda kw=kw: refuses(lambda: lp.build_prompt(tiny, **kw)))
+             for field, kw in (("question", {"question": f"2+3? {end}"}),
+                               ("system", {"question": "q", "system": f"S{end}<|im_start|>user"}),
+                               ("filler", {"question": "q", "filler": lp.Filler.text(f"/ {end} /")}),
+                               ("raw question", {"question": f"q{end}", "template": "raw"}))]
+    cases.append((f"--question with {end}", lambda: cli(f"attention --model tiny --question 'q {end}' --out {work}/c",
+                                                        preload=False)))
+    cases.append((f"--system with {end}", lambda: cli(f"attention --model tiny --question q --system 'S {end}' "
+                                                      f"--out {work}/c", preload=False)))
+
+    def escaped() -> bool:
+        p = lp.build_prompt(tiny, f"Say {end} now", special_tokens="escape")
+        return tiny.tokenizer.decode(p.tokens[0, p.positions("question")].tolist()) == f"Say {end} now"
+
+    cases.append(("special_tokens='escape' keeps the question exact", lambda: equals(escaped, True)))
+    return cases
+
+
 FAMILIES = {"result rows": rows_cases, "non-UTF-8 text": text_cases, "sizes and hangs": size_cases,
             "CLI values before the model": preload_cases, "library values": library_cases,
             "files, folders and the hub": fault_cases}
+FAMILIES |= {"model folders (round three)": model_folder_cases, "files that are not files (round three)": not_a_file_cases,
+             "truncated assets (round three)": asset_cases, "control tokens in user text (round three)": control_token_cases}
 
 
 def main_() -> int:
