@@ -1,8 +1,9 @@
 """The papers' analyses: filler tokens (attention received, filler vs a random sentence, token
-classes), the layer-0 mechanism (the affine rescaling of attention by the filler, MLP
-activations moving away from zero), heads (attention on one head over generation, ablation
-effects) and latent thinking (the same prompts under several thinking settings). They compute and return
-tables and results; figures and reports live in :mod:`lensprobe.viz` and :mod:`lensprobe.app`.
+classes, the attention a prompt segment receives per layer), the layer-0 mechanism (the affine
+rescaling of attention by the filler, MLP activations moving away from zero), heads (attention on one
+head over generation, ablation effects) and latent thinking (the same prompts under several thinking
+settings). They compute and return tables and results; figures and reports live in
+:mod:`lensprobe.viz` and :mod:`lensprobe.app`.
 
 May import: :mod:`lensprobe.core`, :mod:`lensprobe.interventions`, :mod:`lensprobe.generation`.
 """
@@ -24,6 +25,7 @@ from lensprobe.studies.mechanism import (
     filler_affine_fit,
     mechanism_prompts,
 )
+from lensprobe.studies.segments import segment_attention
 from lensprobe.studies.thinking import (
     THINKING_SETTINGS,
     compare_thinking,
@@ -35,4 +37,4 @@ __all__ = ["THINKING_SETTINGS", "AblationEffect", "ActivationStats", "FillerSetu
            "activation_stats", "affine_fit_summary", "ascii_grid", "attention_received_by_condition",
            "compare_thinking", "compare_token_class_attention", "condition_changes", "filler_affine_fit",
            "filler_vs_random", "head_attention_over_generation", "heads_by_change", "mechanism_prompts",
-           "thinking_setting", "with_thinking_token"]
+           "segment_attention", "thinking_setting", "with_thinking_token"]

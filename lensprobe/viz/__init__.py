@@ -17,6 +17,7 @@ from lensprobe.viz.attention import (
     attention_view_html,
     condition_change_figure,
     filler_vs_random_figure,
+    segment_attention_figure,
     token_class_figure,
 )
 from lensprobe.viz.attribution import (
@@ -54,6 +55,7 @@ __all__ = [
     "head_attention_figure",
     "next_token_figure",
     "patch_figure",
+    "segment_attention_figure",
     "sweep_heatmap",
     "token_class_figure",
 ]

@@ -205,6 +205,43 @@ def condition_change_figure(table, *, title: str | None = None):
     return fig
 
 
+def segment_attention_figure(table, *, title: str | None = None):
+    """The attention one prompt segment receives at each layer, one line per condition.
+
+    Args:
+        table: the DataFrame of :func:`~lensprobe.studies.segments.segment_attention` (columns
+            ``condition``, ``layer``, ``segment``, ``positions``, ``attention``, ``sd``).
+        title: figure title (default: the segment's name).
+
+    Returns:
+        A plotly ``Figure``: x is the layer (0-based), y the attention the segment receives, error bars
+        one standard deviation over heads.
+
+    Example:
+        >>> lp.viz.segment_attention_figure(lp.studies.segment_attention(res, "question"))
+    """
+    segment = str(table["segment"].iloc[0]) if len(table) else "segment"
+    colors = condition_colors(unique(table["condition"]))
+    fig = go.Figure()
+    for c in colors:
+        rows = table[table["condition"] == c]
+        fig.add_trace(go.Scatter(
+            x=rows["layer"].tolist(), y=rows["attention"].tolist(), name=condition_label(c), mode="lines+markers",
+            marker_color=colors[c], customdata=rows["positions"].tolist(),
+            error_y=dict(type="data", array=rows["sd"].fillna(0).tolist(), thickness=1, width=3),
+            hovertemplate="layer %{x}: %{y:.3f} (%{customdata} positions)<extra>%{fullData.name}</extra>"))
+    head = title or f"Attention the {segment} receives, per layer"
+    height = 440
+    fig.update_layout(
+        **header(f"{head}<br><sup>sum over its positions of the mean attention from later queries; mean over "
+                 f"heads, bars ± 1 sd; {INDEX_NOTE}</sup>", height, "condition: "),
+        height=height, template="plotly_white", margin=dict(t=120, l=80, r=30, b=60),
+        xaxis=dict(title_text="layer", dtick=1 if table["layer"].nunique() <= 12 else None),
+        yaxis=dict(title_text=f"attention received by the {segment}", rangemode="tozero"),
+    )
+    return fig
+
+
 def token_class_figure(table, *, title: str | None = None):
     """Stacked bars of attention per token class at each layer, groups (conditions or models) side by side.
 
