@@ -91,6 +91,23 @@ def test_every_embedded_figure_was_drawn_by_the_build(built):
     assert (out / "figures" / "plotly.min.js").stat().st_size > 1_000_000
 
 
+def test_every_figure_frame_is_at_least_its_figure_s_height(built):
+    """The frame of every embedded figure holds its whole layout height and the toolbar band above it."""
+    from lensprobe.viz.embed import TOOLBAR_PX
+
+    _, out = built
+    frames = [(page, int(m.group(2)), m.group(1)) for page in out.rglob("*.html") if "figures" not in page.parts
+              for m in re.finditer(r'<iframe src="\.\./figures/([\w-]+\.html)"[^>]*\sheight="(\d+)"',
+                                   page.read_text(encoding="utf-8"))]
+    assert len(frames) >= 5
+    for page, frame, name in frames:
+        figure = (out / "figures" / name).read_text(encoding="utf-8")
+        height = int(re.search(r'class="lp-plot" data-height="(\d+)"', figure).group(1))  # the layout's height
+        assert frame >= height + TOOLBAR_PX, (page, name, frame, height)
+    pages = {page.parent.name for page, _, _ in frames}
+    assert {"heads", "thinking", "meaningless-tokens"} <= pages
+
+
 def test_the_site_needs_no_network(built):
     _, out = built
     fetched = [str(p.relative_to(out)) for p in out.rglob("*.html")

@@ -2,15 +2,20 @@
 
 Each figure is computed here from the embedded model (offline, about a minute on two CPU cores) with the
 same public calls the guides show, and written as an HTML page under ``figures/`` next to one shared
-``plotly.min.js`` (from the installed plotly package, so the pages work offline). The guides embed them
-with ``<iframe src="../figures/NAME.html">``; ``tests/test_docs.py`` checks that every embedded figure
-was written by the build. The figures are never committed, so they cannot go stale.
+``plotly.min.js`` (from the installed plotly package, so the pages work offline), at its own height and as
+wide as the column (:func:`lensprobe.viz.embed.figure_page`). The guides embed them with
+``<iframe src="../figures/NAME.html" width="100%" frameborder="0">``, and this hook gives each frame its
+figure's height; ``tests/test_api_reference.py`` checks that every embedded figure was written by the build
+and that its frame is tall enough. The figures are never committed, so they cannot go stale.
 """
 
+import re
 import warnings
 
 import plotly.offline
 from mkdocs.structure.files import File
+
+from lensprobe.viz.embed import figure_page, frame_height
 
 QUESTION = "What is 12+7?"
 
@@ -25,6 +30,8 @@ def _figures() -> dict:
     figs = {}
     res = lp.studies.attention_received_by_condition(model, QUESTION, layers=[0])
     figs["attention_received"] = lp.viz.attention_received_figure(res, [(0, 3)])
+    every = lp.studies.attention_received_by_condition(model, QUESTION)
+    figs["segment_attention"] = lp.viz.segment_attention_figure(lp.studies.segment_attention(every, "question"))
 
     p0 = lp.build_prompt(model, QUESTION, system=lp.MATH_SYSTEM_PROMPT)
     p1 = lp.build_prompt(model, QUESTION, system=lp.MATH_SYSTEM_PROMPT, filler=lp.Filler.meaningless())
@@ -51,9 +58,26 @@ def _figures() -> dict:
     return figs
 
 
+_FRAME_HEIGHTS: dict[str, int] = {}
+"""Each figure's frame height in pixels (its layout height and the toolbar band), set by ``on_files``."""
+
+_IFRAME = re.compile(r'<iframe src="\.\./figures/([\w-]+)\.html"([^>]*)>')
+
+
 def on_files(files, config, **kwargs):
     files.append(File.generated(config, "figures/plotly.min.js", content=plotly.offline.get_plotlyjs()))
     for name, fig in _figures().items():
-        html = fig.to_html(include_plotlyjs="directory", full_html=True)
-        files.append(File.generated(config, f"figures/{name}.html", content=html))
+        _FRAME_HEIGHTS[name] = frame_height(fig)
+        files.append(File.generated(config, f"figures/{name}.html", content=figure_page(fig)))
     return files
+
+
+def on_page_markdown(markdown, page, config, files, **kwargs):
+    """Every ``<iframe src="../figures/NAME.html">`` gets the figure's own height (a guide never writes one)."""
+
+    def sized(m):
+        attrs = re.sub(r'\s(height|style)="[^"]*"', "", m.group(2))
+        height = _FRAME_HEIGHTS.get(m.group(1))
+        return f'<iframe src="../figures/{m.group(1)}.html"{attrs}' + (f' height="{height}"' if height else "") + ">"
+
+    return _IFRAME.sub(sized, markdown)

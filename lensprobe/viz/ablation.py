@@ -16,6 +16,7 @@ from lensprobe.viz.style import (
     INDEX_NOTE,
     condition_colors,
     condition_label,
+    grid_layout,
     table_of,
     table_spelling,
     unique,
@@ -126,10 +127,9 @@ def sweep_heatmap(result, *, title: str | None = None, zmax: float | None = None
         head_title = title or f"Change in {metric} when ablating each head" + (f" ({method} ablation)" if method else "")
         note = "ablated - baseline, mean over prompts"
     fig.update_layout(
-        title=dict(text=f"{head_title}<br><sup>{INDEX_NOTE}; {note}</sup>"),
+        **grid_layout(head_title, f"{INDEX_NOTE}; {note}", len(layers), len(heads)),
         xaxis=dict(title_text="head (0-based)", dtick=1), yaxis=dict(title_text="layer (0-based)", autorange="reversed"),
-        template="plotly_white", height=max(360, 120 + 18 * len(layers)), width=max(480, 220 + 40 * len(heads)),
-        margin=dict(t=100, l=80, r=30, b=60),
+        template="plotly_white",
     )
     return fig
 

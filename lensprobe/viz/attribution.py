@@ -8,7 +8,7 @@ head 14").
 
 import plotly.graph_objects as go
 
-from lensprobe.viz.style import ABLATED_COLOR, CLEAN_COLOR, INDEX_NOTE
+from lensprobe.viz.style import ABLATED_COLOR, CLEAN_COLOR, INDEX_NOTE, grid_layout
 
 __all__ = ["attribution_heatmap", "attribution_scatter", "find_heads_heatmap", "find_heads_scatter"]
 
@@ -45,13 +45,12 @@ def attribution_heatmap(attribution, *, title: str | None = None, zmax: float | 
         hovertemplate="%{text}<br>estimated Δ = %{z:.4g}<extra></extra>"))
     head_title = title or f"{method} estimate of the change in {attribution.metric} when ablating each " + (
         "KV group" if kv else "head")
+    note = (f"{INDEX_NOTE}; mean over {attribution.estimates.shape[0]} prompt(s); verify the top candidates by "
+            "exact ablation")
     fig.update_layout(
-        title=dict(text=f"{head_title}<br><sup>{INDEX_NOTE}; mean over {attribution.estimates.shape[0]} "
-                        "prompt(s); verify the top candidates by exact ablation</sup>"),
+        **grid_layout(head_title, note, grid.shape[0], grid.shape[1]),
         xaxis=dict(title_text="KV group (0-based)" if kv else "head (0-based)", dtick=1),
         yaxis=dict(title_text="layer (0-based)", autorange="reversed"), template="plotly_white",
-        height=max(360, 120 + 18 * grid.shape[0]), width=max(480, 220 + 40 * grid.shape[1]),
-        margin=dict(t=100, l=80, r=30, b=60),
     )
     return fig
 
@@ -145,9 +144,8 @@ def find_heads_heatmap(search, *, title: str | None = None):
         colorscale="RdBu_r", colorbar=dict(title=dict(text=f"Δ {search.metric}")),
         hovertemplate="%{text}<br>exact Δ = %{z:.4g}<extra></extra>"))
     fig.update_layout(
-        title=dict(text=f"{title or f'Exact change in {search.metric} of the heads find_heads ablated'}<br><sup>"
-                        f"{INDEX_NOTE}; blank: not ablated exactly; mean over prompts</sup>"),
+        **grid_layout(title or f"Exact change in {search.metric} of the heads find_heads ablated",
+                      f"{INDEX_NOTE}; blank: not ablated exactly; mean over prompts", att.n_layers, att.n_heads),
         xaxis=dict(title_text="head (0-based)", dtick=1), yaxis=dict(title_text="layer (0-based)", autorange="reversed"),
-        template="plotly_white", height=max(360, 120 + 18 * att.n_layers), width=max(480, 220 + 40 * att.n_heads),
-        margin=dict(t=100, l=80, r=30, b=60))
+        template="plotly_white")
     return fig

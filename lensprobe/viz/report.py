@@ -31,6 +31,7 @@ from lensprobe.core.storage.files import read_text
 from lensprobe.core.storage.jsonable import to_jsonable
 from lensprobe.core.storage.store import atomic_file
 from lensprobe.core.version import __version__
+from lensprobe.viz.embed import figure_div
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -99,8 +100,7 @@ def inert_scripts(block: str) -> str:
 
 
 def _figure_html(fig) -> str:
-    return fig.to_html(full_html=False, include_plotlyjs=False, default_width="100%",
-                       config={"displaylogo": False, "responsive": True})
+    return figure_div(fig)  # its own height, the column's width up to its own, the toolbar above it
 
 
 def _remove_previous(out: Path) -> None:

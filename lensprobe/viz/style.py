@@ -117,6 +117,32 @@ def header(text: str, height: float, legend_title: str = "") -> dict:
     )
 
 
+def wrap_note(note: str, width_px: float, char_px: float = 6.0) -> list[str]:
+    """``note`` (a title's small second line) cut at ``"; "`` or spaces into lines that fit ``width_px``."""
+    limit = max(20, int(width_px / char_px))
+    lines: list[str] = []
+    for word in note.replace("; ", ";\x00").replace(" ", " \x00").split("\x00"):
+        if lines and len(lines[-1]) + len(word) <= limit:
+            lines[-1] += word
+        else:
+            lines.append(word)
+    return [line.strip() for line in lines]
+
+
+def grid_layout(title: str, note: str, n_rows: int, n_cols: int) -> dict:
+    """Layout of a layer x head heatmap sized to its content: 18 px per row, 40 px per column, wide enough
+    for its title, and a top margin that holds its note however many lines it wraps to.
+
+    Example:
+        >>> fig.update_layout(**grid_layout("Change in entropy", INDEX_NOTE, n_layers, n_heads))
+    """
+    width = max(480, 220 + 40 * n_cols, 8 * len(title) + 110)
+    lines = wrap_note(note, width - 110)
+    top = 70 + 15 * len(lines)
+    return dict(title=dict(text=f"{title}<br><sup>{'<br>'.join(lines)}</sup>"), width=width,
+                height=max(360, 120 + 18 * n_rows) + top - 100, margin=dict(t=top, l=80, r=30, b=60))
+
+
 def vspacing(rows: int, gap_px: float, height: float) -> float:
     """Vertical subplot spacing that leaves ``gap_px`` pixels between ``rows`` rows."""
     return 0.0 if rows <= 1 else min(gap_px / height, 1.0 / (rows - 1))

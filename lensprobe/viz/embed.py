@@ -1,0 +1,55 @@
+"""Figures embedded in pages (the report, the docs site) at their own size, as wide as the column allows.
+
+Every lensprobe figure sets its height from its content (layers, rows, title lines). :func:`figure_div`
+keeps that height, drops a fixed width (the figure fills the column, up to its own width) and keeps
+plotly's toolbar in a band of :data:`TOOLBAR_PX` pixels above the figure, where it covers no title.
+:func:`frame_height` is the height a frame (an ``<iframe>``) needs to show the whole figure.
+
+Example:
+    >>> html = figure_div(lp.viz.sweep_heatmap(res))
+    >>> frame_height(lp.viz.sweep_heatmap(res))    # the layout's height plus the toolbar band
+    690
+"""
+
+import plotly.graph_objects as go
+
+__all__ = ["TOOLBAR_PX", "figure_div", "figure_page", "frame_height"]
+
+TOOLBAR_PX = 30
+"""The band above a figure that holds plotly's toolbar."""
+
+DEFAULT_HEIGHT = 450
+"""plotly's height of a figure that sets none."""
+
+_CSS = (".lp-plot{position:relative;width:100%;box-sizing:border-box} "
+        f".lp-plot .modebar-container{{top:-{TOOLBAR_PX}px !important}}")
+
+
+def frame_height(fig) -> int:
+    """The pixels a frame needs to show ``fig`` whole: its layout height and the toolbar band."""
+    return int(fig.layout.height or DEFAULT_HEIGHT) + TOOLBAR_PX
+
+
+def figure_div(fig, *, include_plotlyjs: bool | str = False) -> str:
+    """``fig`` as an HTML block at its own height, as wide as its container up to its own width.
+
+    Args:
+        fig: a plotly figure (not changed: a copy is embedded).
+        include_plotlyjs: as plotly's ``to_html`` (``False``: the page loads plotly.js once itself).
+    """
+    fig = go.Figure(fig)
+    height, width = int(fig.layout.height or DEFAULT_HEIGHT), fig.layout.width
+    fig.update_layout(height=height, width=None, autosize=True)
+    div = fig.to_html(full_html=False, include_plotlyjs=include_plotlyjs, default_width="100%",
+                      default_height=f"{height}px", config={"displaylogo": False, "responsive": True})
+    limit = f"max-width:{int(width)}px;" if width else ""
+    return (f'<div class="lp-plot" data-height="{height}" style="{limit}padding-top:{TOOLBAR_PX}px">'
+            f"<style>{_CSS}</style>{div}</div>")
+
+
+def figure_page(fig, *, include_plotlyjs: bool | str = "directory") -> str:
+    """A whole HTML page holding only ``fig`` (for an ``<iframe>`` of :func:`frame_height` pixels)."""
+    return ('<!DOCTYPE html><html><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            "<style>html,body{margin:0;padding:0;overflow:hidden}</style></head><body>"
+            f"{figure_div(fig, include_plotlyjs=include_plotlyjs)}</body></html>")
