@@ -190,6 +190,23 @@ def math500_path() -> Path:
     return MATH500
 
 
+# Seconds rank 0 of a sharded run waits without news from the other ranks (LENSPROBE_STALL_TIMEOUT; an
+# hour outside the suite). A fast test runs its ranks one after another in one process, so rank 0's
+# wait finds every unit at once and a merge bug fails in seconds; a slow test's ranks are processes that
+# load a real model side by side, and a busy machine may keep one of them silent for a minute.
+STALL_LIMITS = {"fast": 10, "slow": 240}
+
+
+@pytest.fixture(autouse=True)
+def _short_stall_limit(request, monkeypatch):
+    """Every wait for other ranks gives up within the test's timeout (pyproject.toml's pytest
+    ``timeout``) with lensprobe's own error, instead of waiting an hour; subprocesses inherit it."""
+    from lensprobe.core.storage.store import STALL_TIMEOUT_VAR
+
+    tier = "slow" if request.node.get_closest_marker("slow") is not None else "fast"
+    monkeypatch.setenv(STALL_TIMEOUT_VAR, str(STALL_LIMITS[tier]))
+
+
 @pytest.fixture(autouse=True)
 def _offline_hub(monkeypatch):
     # Nothing in the suite may reach the hub.

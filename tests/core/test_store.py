@@ -46,6 +46,23 @@ def test_the_wait_returns_when_every_unit_is_in_and_raises_naming_the_ranks_when
                        what="problem", stall_timeout=0.05, poll=0.01)
 
 
+def test_the_stall_limit_comes_from_the_environment_when_set(tmp_path, monkeypatch):
+    """LENSPROBE_STALL_TIMEOUT sets how long every wait lasts without news (the suite sets it short, so a
+    merge bug fails instead of waiting an hour); unset, the limit is STALL_TIMEOUT; a bad value is refused."""
+    from lensprobe.core.storage.store import STALL_TIMEOUT, STALL_TIMEOUT_VAR, stall_limit
+
+    monkeypatch.delenv(STALL_TIMEOUT_VAR)
+    assert stall_limit() == STALL_TIMEOUT == 3600
+    monkeypatch.setenv(STALL_TIMEOUT_VAR, " 0.05 ")
+    assert stall_limit() == 0.05
+    with pytest.raises(lp.LensprobeError, match=r"nothing finished for 0.05 s"):
+        wait_for_units(tmp_path, ["u0", "u1"], 2, lambda: (1, {"u0"}), poll=0.01)
+    for bad in ("0", "-5", "an hour", "nan", "inf"):
+        monkeypatch.setenv(STALL_TIMEOUT_VAR, bad)
+        with pytest.raises(lp.LensprobeError, match=rf"LENSPROBE_STALL_TIMEOUT='{bad}' is not a positive number"):
+            wait_for_units(tmp_path, ["u0"], 1, lambda: (0, set()), poll=0.01)
+
+
 def test_folders_and_damaged_files_are_refused_with_the_fix(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(lp.LensprobeError, match="output folder .*notes.txt is a file: give a folder path"):

@@ -282,7 +282,7 @@ def test_rank_0_names_the_ranks_that_stall_and_keeps_its_rows(tiny, tmp_path, mo
     """The results store's one wait: when the other ranks stall, rank 0 of an evaluation stops with an
     error naming them, their problems and the fix (as sweeps do); its own rows stay, and once the other
     rank has run, the same command returns the merged table without generating anything again."""
-    monkeypatch.setattr("lensprobe.core.storage.store.STALL_TIMEOUT", 0.2)
+    monkeypatch.setenv("LENSPROBE_STALL_TIMEOUT", "0.2")  # the limit every wait reads (stall_limit)
     probs = problems(5)
     kw = dict(max_new_tokens=6, progress=False, model_name="tiny", world_size=2)
     with pytest.raises(lp.LensprobeError, match=r"rank 1 of 2 did not finish 2 problem\(s\) \(e.g. 'q1'\) .*"

@@ -163,6 +163,7 @@ def run_sharded(units: Sequence[str], compute: Callable[[str], Any], *, out: str
         rank, world_size: this process's shard; default from the environment (:func:`shard_info`).
         progress: a progress bar over the units this process computes (a string: its label).
         stall_timeout: how long rank 0 waits without news from the other ranks (default
+            :func:`~lensprobe.core.storage.store.stall_limit`: ``$LENSPROBE_STALL_TIMEOUT``, else
             :data:`~lensprobe.core.storage.store.STALL_TIMEOUT` seconds).
 
     Returns:

@@ -35,7 +35,8 @@ way:
   :class:`~lensprobe.core.errors.LensprobeError`: which one is right cannot be told, so nothing
   is counted until one is deleted); never "a later rank wins".
 - **Waiting.** Rank 0 of a sharded run waits for the other ranks with :func:`wait_for_units`.
-  When nothing new reaches the folder for :data:`STALL_TIMEOUT` seconds it raises a
+  When nothing new reaches the folder for :data:`STALL_TIMEOUT` seconds (an hour; the environment
+  variable ``LENSPROBE_STALL_TIMEOUT`` sets another limit, :func:`stall_limit`) it raises a
   :class:`~lensprobe.core.errors.LensprobeError` naming the ranks and the units still missing
   and the fix: rerun the same command. Nothing is lost: every finished unit or row is on disk
   already, and the rerun computes only the missing ones.
@@ -47,6 +48,7 @@ Example:
 
 import contextlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
@@ -56,14 +58,17 @@ from typing import Any, TypeVar
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.storage.files import read_text
 
-__all__ = ["NEW_FOLDER_FIX", "POLL_SECONDS", "STALL_TIMEOUT", "atomic_file",
+__all__ = ["NEW_FOLDER_FIX", "POLL_SECONDS", "STALL_TIMEOUT", "STALL_TIMEOUT_VAR", "atomic_file",
            "atomic_write_json", "atomic_write_text", "diff_lines", "merge_rows", "open_folder", "other_run_error",
-           "read_json", "settings_diff", "wait_for_units"]
+           "read_json", "settings_diff", "stall_limit", "wait_for_units"]
 
 C = TypeVar("C", bound=Collection[str])
 
 STALL_TIMEOUT = 3600.0
-"""Seconds rank 0 waits without anything new in the folder before it gives up with an error."""
+"""Seconds rank 0 waits without anything new in the folder before it gives up with an error, unless
+the environment variable :data:`STALL_TIMEOUT_VAR` sets another number (:func:`stall_limit`)."""
+STALL_TIMEOUT_VAR = "LENSPROBE_STALL_TIMEOUT"
+"""The environment variable that overrides :data:`STALL_TIMEOUT` (seconds, a positive number)."""
 POLL_SECONDS = 0.5
 NEW_FOLDER_FIX = "Use a new output folder, or delete this one to start over."
 _MISSING = "<missing>"
@@ -240,6 +245,31 @@ def other_run_error(head: str, lines: Sequence[str] = (), fix: str = NEW_FOLDER_
     return LensprobeError(f"{head}:\n  " + "\n  ".join(lines) + f"\n{fix}")
 
 
+def stall_limit() -> float:
+    """How long rank 0 waits without news from the other ranks: ``$LENSPROBE_STALL_TIMEOUT`` seconds
+    when set (a cluster whose ranks take longer, a test suite that must fail fast), else
+    :data:`STALL_TIMEOUT`. Read when called, so every wait sees the current environment.
+
+    Raises:
+        LensprobeError: the variable is set but is not a positive number.
+
+    Example:
+        >>> stall_limit()   # with LENSPROBE_STALL_TIMEOUT unset
+        3600.0
+    """
+    given = os.environ.get(STALL_TIMEOUT_VAR, "").strip()
+    if not given:
+        return STALL_TIMEOUT
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise LensprobeError(f"{STALL_TIMEOUT_VAR}={given!r} is not a positive number of seconds: set it to one "
+                             f"(e.g. 600) or unset it (the default is {STALL_TIMEOUT:g} s).")
+    return seconds
+
+
 def wait_for_units(out: str | os.PathLike, units: Sequence[str], world_size: int, look: Callable[[], tuple[int, C]],
                    *, what: str = "unit", stall_timeout: float | None = None, poll: float = POLL_SECONDS) -> C:
     """Wait until every unit of a sharded run is finished; the one wait of lensprobe.
@@ -253,8 +283,8 @@ def wait_for_units(out: str | os.PathLike, units: Sequence[str], world_size: int
         look: reads the folder: ``(number of records on disk, finished units)``; a change in
             the number counts as progress.
         what: what a unit is, for the error (``"unit"``, ``"problem"``).
-        stall_timeout: seconds without progress before giving up (default :data:`STALL_TIMEOUT`,
-            read when called).
+        stall_timeout: seconds without progress before giving up (default :func:`stall_limit`:
+            ``$LENSPROBE_STALL_TIMEOUT``, else :data:`STALL_TIMEOUT`, read when called).
         poll: seconds between looks.
 
     Returns:
@@ -269,7 +299,7 @@ def wait_for_units(out: str | os.PathLike, units: Sequence[str], world_size: int
         >>> wait_for_units("runs/x", ["a", "b"], 2, lambda: (2, {"a", "b"}))
         {'a', 'b'}
     """
-    stall_timeout = STALL_TIMEOUT if stall_timeout is None else stall_timeout
+    stall_timeout = stall_limit() if stall_timeout is None else stall_timeout
     last_count, last_change = -1, time.monotonic()
     while True:
         count, finished = look()
