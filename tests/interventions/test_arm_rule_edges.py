@@ -6,6 +6,7 @@ once) equal to one call per row, bit for bit, on rows made of these edges."""
 import pytest
 import torch
 
+from lensprobe.core.errors import LensprobeError
 from lensprobe.interventions import arm_redistribute
 from lensprobe.interventions.arm_rule import arm_redistribute_rows, near_zero_band
 
@@ -96,3 +97,89 @@ def test_rows_at_once_equal_one_call_per_row_at_the_edges(c, mode):
         for b, row in enumerate(rows):
             alone = arm_redistribute(row, c=c, mode=mode, generator=gen(b), **rule)
             assert torch.equal(together[b], alone), (rule, b)
+
+
+# ----------------------------------------------------------------------------- what mutation testing found
+def test_low_precision_input_is_ruled_on_in_float32():
+    """Statistics, draws and shifts are float32 whatever the input's dtype: a bfloat16 or float16 input
+    gets exactly the float32 rule's result on its values, cast back (unmoved entries round-trip exactly)."""
+    a = torch.randn(4, 48, generator=gen(8)) * 0.3
+    for dtype in (torch.bfloat16, torch.float16):
+        low = a.to(dtype)
+        want = arm_redistribute(low.float(), c=0.2, percentile=95, generator=gen(1)).to(dtype)
+        assert torch.equal(arm_redistribute(low, c=0.2, percentile=95, generator=gen(1)), want)
+        together = arm_redistribute_rows(low, [gen(b) for b in range(4)], c=0.2, percentile=95)
+        assert torch.equal(together, torch.stack([arm_redistribute(low[b].float(), c=0.2, percentile=95,
+                                                                   generator=gen(b)).to(dtype) for b in range(4)]))
+
+
+def test_draws_are_float32_whatever_the_default_dtype():
+    """torch's default dtype does not change the draws (they are float32 by name), so a program that
+    sets float64 as default gets the same result as one that does not."""
+    a = torch.randn(2, 40, generator=gen(2))
+    rule = dict(c=0.2, percentile=95)
+    want = (arm_redistribute(a, generator=gen(0), **rule), arm_redistribute_rows(a, [gen(0), gen(1)], **rule),
+            arm_redistribute(a, variant="gemma", c=0.2, percentile=0.9, generator=gen(0)))
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        got = (arm_redistribute(a, generator=gen(0), **rule), arm_redistribute_rows(a, [gen(0), gen(1)], **rule),
+               arm_redistribute(a, variant="gemma", c=0.2, percentile=0.9, generator=gen(0)))
+    finally:
+        torch.set_default_dtype(before)
+    for x, y in zip(want, got, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_the_batched_rule_has_the_row_rules_defaults_and_takes_one_entry_rows():
+    a = torch.randn(3, 64, generator=gen(4)) * 0.1
+    a[:, :20] = 0.0  # a near-zero share above p_max: the clamp and k matter
+    together = arm_redistribute_rows(a, [gen(b) for b in range(3)], c=0.3, percentile=95)
+    assert all(torch.equal(together[b], arm_redistribute(a[b], c=0.3, percentile=95, generator=gen(b)))
+               for b in range(3))
+    one = torch.tensor([[0.5], [-2.0]])
+    assert torch.equal(arm_redistribute_rows(one, [gen(0), gen(1)], c=0.1, percentile=95),
+                       torch.stack([arm_redistribute(one[b], c=0.1, percentile=95, generator=gen(b)) for b in range(2)]))
+
+
+def test_gemma_add_mode_adds_the_shift_and_percent_or_fraction_at_1_and_2():
+    a = torch.randn(64, generator=gen(6))
+    replaced = arm_redistribute(a, c=0.25, percentile=0.9, variant="gemma", generator=gen(3))
+    added = arm_redistribute(a, c=0.25, percentile=0.9, variant="gemma", mode="add", generator=gen(3))
+    where = moved(replaced, a)
+    assert len(where) == 16 and moved(added, a) == where
+    assert torch.equal(added[where], a[where] + replaced[where])
+    for percent, fraction in ((1, 1.0), (2, 0.02), (100, 1.0)):  # above 1 a percent, else a fraction
+        assert torch.equal(arm_redistribute(a, c=0.25, percentile=percent, variant="gemma", generator=gen(3)),
+                           arm_redistribute(a, c=0.25, percentile=fraction, variant="gemma", generator=gen(3)))
+
+
+@pytest.mark.unchecked
+def test_every_refusal_says_exactly_what_was_wrong():
+    """The rule's own messages, word for word, for inputs outside the annotations too (what a caller
+    without a type checker sees; the intervention's messages are tested in test_arm.py)."""
+    def message(call) -> str:
+        with pytest.raises(LensprobeError) as err:
+            call()
+        return str(err.value)
+
+    ok = dict(c=0.1, percentile=95)
+    assert message(lambda: arm_redistribute(torch.zeros(0), **ok)) == "activations is empty: ARM needs at least one entry."
+    assert message(lambda: arm_redistribute(torch.zeros(3, device="meta"), generator=gen(0), **ok)) == (
+        "the generator is on cpu but the activations are on meta: create it with "
+        "torch.Generator(device=activations.device).")
+    assert message(lambda: arm_redistribute(torch.zeros(3), c=0.1, percentile="high")) == (
+        "percentile must be a number, got 'high'.")
+    assert message(lambda: arm_redistribute(torch.zeros(3), c=0.1, percentile=100.5)) == (
+        "percentile must be in [0, 100] (e.g. 99.5), got 100.5.")
+    assert message(lambda: arm_redistribute(torch.zeros(3), c=0.1, percentile=101, variant="gemma")) == (
+        "with variant='gemma', percentile is a quantile in [0, 1] (or a percent in (1, 100]), got 101.")
+    assert message(lambda: arm_redistribute(torch.zeros(3), p_min=2.0, **ok)) == (
+        "p_min must be a fraction in [0, 1], got 2.0.")
+    for bad in (torch.zeros(4), torch.zeros(2, 0)):
+        assert message(lambda bad=bad: arm_redistribute_rows(bad, [gen(0)] * len(bad), **ok)) == (
+            f"rows must be [batch, n] with n >= 1 and one generator per row, got {tuple(bad.shape)} and "
+            f"{len(bad)} generators.")
+    # the edges of what is allowed
+    for allowed in (dict(percentile=100), dict(k=0), dict(k=0.5), dict(c=1.0, variant="gemma")):
+        arm_redistribute(torch.randn(8, generator=gen(0)), **{**ok, **allowed}, generator=gen(0))
