@@ -162,3 +162,15 @@ def test_two_processes_building_at_once_both_get_the_one_good_folder(env, templa
     folder = Path(folders[0])
     assert folder_intact(folder) and sorted(p.name for p in cache_dir().iterdir()) == ["digests", folder.name]
     torch.testing.assert_close(logits_of(folder), template[1], rtol=0, atol=0)
+
+
+def test_a_cache_where_digests_cannot_be_written_still_serves_its_folders(env, monkeypatch):
+    source, convert = env
+    folder = cached_conversion(source, convert)
+    shutil.rmtree(cache_dir() / "digests")
+
+    def refuse(*args, **kwargs):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(cache, "atomic_write_text", refuse)
+    assert cached_conversion(source, convert) == folder and convert.count == 1

@@ -25,6 +25,7 @@ Example:
     ['config.json', 'manifest.json']
 """
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -129,9 +130,12 @@ def _remembered_digest(path: Path) -> str | None:
 
 
 def _remember_digest(path: Path, content: str) -> None:
+    """Remember ``content`` for ``path`` as it is now; where the cache cannot be written (a read-only
+    cache a folder was put in by hand), the next load hashes the file again."""
     folder = cache_dir() / "digests"
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(folder / _stat_key(path), content + "\n")
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(folder / _stat_key(path), content + "\n")
 
 
 def _folder_for(source: Path, content: str) -> Path:
