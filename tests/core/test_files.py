@@ -96,6 +96,15 @@ def test_result_rows_that_are_not_a_file_are_refused_by_eval_report_and_a_resume
             lp.evaluate(tiny, probs, "w/o", out=out, max_new_tokens=2, model_name="tiny", progress=False)
 
 
+@pytest.mark.parametrize(("kind", "said"), KINDS[:2])
+def test_a_config_json_that_is_not_a_file_is_refused_not_taken_for_a_new_folder(tiny, run, kind, said):
+    out, probs = run
+    not_a_file(out / "config.json", kind)
+    with at_most(30), pytest.raises(lp.LensprobeError, match=rf"config.json {said}"):
+        lp.evaluate(tiny, probs, "w/o", out=out, max_new_tokens=2, model_name="tiny", progress=False)
+    assert main(["eval-report", str(out), "--out", str(out.parent / "report")]) == 2
+
+
 def test_a_settings_file_a_recipe_a_problem_file_and_a_trace_that_are_not_files_are_refused(tmp_path):
     path = tmp_path / "config.json"
     not_a_file(path, "fifo")

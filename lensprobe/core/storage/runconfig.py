@@ -188,7 +188,7 @@ def _recorded(out: Path, *, reading: bool = False) -> dict | None:
         raise LensprobeError(f"{out} was written by an older lensprobe, which kept a run's settings in "
                              f"{OLD_SETTINGS_FILE}; this lensprobe keeps every run's in {CONFIG_FILE} (layout "
                              f"{LAYOUT}), {_OLDER}")
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():  # a FIFO or a link to a device is refused by read_json
         return None
     config = read_json(path, fix="restore it from a copy, or delete the folder to start over")
     if not isinstance(config, dict):
