@@ -30,18 +30,20 @@ def frame_height(fig) -> int:
     return int(fig.layout.height or DEFAULT_HEIGHT) + TOOLBAR_PX
 
 
-def figure_div(fig, *, include_plotlyjs: bool | str = False) -> str:
+def figure_div(fig, *, include_plotlyjs: bool | str = False, div_id: str | None = None) -> str:
     """``fig`` as an HTML block at its own height, as wide as its container up to its own width.
 
     Args:
         fig: a plotly figure (not changed: a copy is embedded).
         include_plotlyjs: as plotly's ``to_html`` (``False``: the page loads plotly.js once itself).
+        div_id: the id of the figure's element (default: a random one).
     """
     fig = go.Figure(fig)
     height, width = int(fig.layout.height or DEFAULT_HEIGHT), fig.layout.width
     fig.update_layout(height=height, width=None, autosize=True)
     div = fig.to_html(full_html=False, include_plotlyjs=include_plotlyjs, default_width="100%",
-                      default_height=f"{height}px", config={"displaylogo": False, "responsive": True})
+                      default_height=f"{height}px", config={"displaylogo": False, "responsive": True},
+                      div_id=div_id)
     limit = f"max-width:{int(width)}px;" if width else ""
     return (f'<div class="lp-plot" data-height="{height}" style="{limit}padding-top:{TOOLBAR_PX}px">'
             f"<style>{_CSS}</style>{div}</div>")

@@ -81,6 +81,15 @@ pre{background:#f4f4f4;padding:8px;overflow-x:auto;white-space:pre-wrap}
 """
 
 
+_FIGURE_FILE = re.compile(r"figure-\d+\.json")
+
+_SAVE_SCRIPT = """function lpImage(id, format) {
+  var gd = document.getElementById(id);
+  Plotly.downloadImage(gd, {format: format, filename: id, scale: format === "png" ? 2 : 1,
+                            width: gd._fullLayout.width, height: gd._fullLayout.height});
+  return false;
+}"""
+
 _INLINE_SCRIPT = re.compile(r"(<script\b[^>]*>)(.*?)(</script)", re.S | re.I)
 
 
@@ -99,8 +108,15 @@ def inert_scripts(block: str) -> str:
     return _INLINE_SCRIPT.sub(lambda m: m.group(1) + m.group(2).replace("<!--", "\\x3C!--") + m.group(3), block)
 
 
-def _figure_html(fig) -> str:
-    return figure_div(fig)  # its own height, the column's width up to its own, the toolbar above it
+def _figure_html(fig, div_id: str, json_file: str) -> str:
+    """A figure at its own size, and under it its PNG and SVG (drawn by plotly in the reader's browser, with
+    plotly's own ``downloadImage``) and its JSON, from which :func:`lensprobe.viz.save` writes a PDF."""
+    name = html.escape(json_file.rsplit("/", 1)[1].removesuffix(".json"))
+    links = " ".join(f'<a href="#{div_id}" onclick="return lpImage(\'{div_id}\', \'{fmt}\')">{fmt.upper()}</a>'
+                     for fmt in ("png", "svg"))
+    pdf = f'lp.viz.save(plotly.io.read_json("{html.escape(json_file)}"), "{name}.pdf")'
+    return (f'<div class="lp-figure">{inert_scripts(figure_div(fig, div_id=div_id))}'
+            f'<p class="files">This figure: {links} <a href="{html.escape(json_file)}">JSON</a> (PDF: <code>{pdf}</code>)</p></div>')
 
 
 def _remove_previous(out: Path) -> None:
@@ -155,10 +171,15 @@ def _unique_slugs(sections: Sequence[Section]) -> list[str]:
 
 
 def _write_numbers(out: Path, sec: Section, slug: str) -> list[str]:
-    """Write a section's tables (CSV) and data (JSON) into ``out/slug``; return their relative paths."""
+    """Write a section's tables (CSV), data (JSON) and figures (plotly JSON) into ``out/slug``; return their
+    relative paths."""
     files: list[str] = []
-    if sec.tables or sec.data:
+    if sec.tables or sec.data or sec.figures:
         (out / slug).mkdir(exist_ok=True)
+    for i, fig in enumerate(sec.figures, start=1):
+        rel = f"{slug}/figure-{i}.json"
+        _write_text(out / rel, fig.to_json())
+        files.append(rel)
     for name, df in sec.tables.items():
         rel = f"{slug}/{slugify(name)}.csv"
         _write_file(out / rel, functools.partial(_write_csv, df))
@@ -176,8 +197,10 @@ def _write_numbers(out: Path, sec: Section, slug: str) -> list[str]:
 def _section_html(sec: Section, slug: str, files: list[str]) -> str:
     """One section's HTML: heading, intro, figures, HTML blocks and links to its files."""
     parts = [f'<section id="{slug}"><h2>{html.escape(sec.title)}</h2>', sec.intro]
-    parts += [f'<div class="lp-figure">{inert_scripts(_figure_html(fig))}</div>' for fig in sec.figures]
+    parts += [_figure_html(fig, f"{slug}-figure-{i}", f"{slug}/figure-{i}.json")
+              for i, fig in enumerate(sec.figures, start=1)]
     parts += [f'<div class="lp-html">{inert_scripts(block)}</div>' for block in sec.html]
+    files = [f for f in files if not _FIGURE_FILE.fullmatch(f.split("/", 1)[1])]  # linked under their figure
     if files:
         links = " ".join(f'<a href="{html.escape(f)}">{html.escape(f.split("/", 1)[1])}</a>' for f in files)
         parts.append(f'<p class="files">Numbers behind this section: {links}</p>')
@@ -193,11 +216,14 @@ def _page(title: str, facts: Mapping[str, Any], toc: str, body: str) -> str:
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>{_CSS}</style>
 <script type="text/javascript">{get_plotlyjs()}</script>
+<script type="text/javascript">{_SAVE_SCRIPT}</script>
 </head><body><main>
 <h1>{html.escape(title)}</h1>
 <dl class="meta">{dl}</dl>
 <p class="note">Layer and head indices are 0-based, as in TransformerLens: <b>L0H13</b> is layer 0, head 13,
-which the papers call "layer 1, head 14". Every figure's numbers are saved next to this page as CSV/JSON.</p>
+which the papers call "layer 1, head 14". Every figure's numbers are saved next to this page as CSV/JSON;
+under each figure, its PNG and SVG (drawn in this browser) and its plotly JSON (for a PDF, with
+<code>lp.viz.save</code>).</p>
 <nav><ol>{toc}</ol></nav>
 {body}
 </main></body></html>

@@ -46,7 +46,12 @@ def test_report_is_self_contained_and_writes_numbers(tmp_path):
     slugs = [s["slug"] for s in manifest["sections"]]
     assert slugs == ["first-study", "first-study-2"]
     files = [f for s in manifest["sections"] for f in s["files"]]
-    assert files == ["first-study/attention-received.csv", "first-study/study.json", "first-study-2/t.csv"]
+    assert files == ["first-study/figure-1.json", "first-study/figure-2.json", "first-study/attention-received.csv",
+                     "first-study/study.json", "first-study-2/t.csv"]
+    for i in (1, 2):  # each figure: its PNG and SVG drawn by plotly in the browser, its JSON for a PDF
+        fig_id = f"first-study-figure-{i}"
+        assert f"lpImage('{fig_id}', 'png')" in page and f"lpImage('{fig_id}', 'svg')" in page
+        assert f'id="{fig_id}"' in page and f'lp.viz.save(plotly.io.read_json("first-study/figure-{i}.json")' in page
     for f in files:
         assert (tmp_path / "rep" / f).is_file()
         assert f'href="{f}"' in page  # linked from the page
