@@ -38,6 +38,7 @@ from lensprobe.app import common
 from lensprobe.app.cli import main, write_error_log
 from lensprobe.app.recipe import load_recipe
 from lensprobe.core.models.testing import tiny_hf_model, tiny_model
+from lensprobe.core.prompts.randomtext import random_sentence_text
 from lensprobe.core.storage.identity import identity
 from lensprobe.evals import Problem, hub, running
 from lensprobe.evals.results import load_results, results_file
@@ -139,10 +140,13 @@ def rows_cases(tiny, work: Path) -> list[tuple[str, object]]:
 
     out2 = edited("dup", disagree)
 
-    def warned():
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            load_results(out2)
+    def warned():  # named in a warning, or refused naming both lines
+        try:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                load_results(out2)
+        except lp.LensprobeError as err:
+            return "line 1 and" in str(err) and "line 4" in str(err)
         return any("line 1 and" in str(w.message) and "line 4" in str(w.message) for w in seen)
 
     cases.append(("disagreeing duplicate rows named", lambda: equals(warned, True)))
@@ -186,10 +190,10 @@ def size_cases(tiny, work: Path) -> list[tuple[str, object]]:
         ("Filler.random_sentence(10**6) in build_prompt", lambda: refuses(
             lambda: lp.build_prompt(tiny, "q", filler=lp.Filler.random_sentence(10**6)))),
         ("random sentence of 200k tokens", lambda: equals(lambda: len(tiny.tokenizer.encode(
-            lp.core.prompts.prompt.random_sentence_text(tiny.tokenizer, 200_000), add_special_tokens=False)), 200_000)),
-        ("--filler random --count 1000000", lambda: cli(f"attention {q} --filler random --count 1000000 --out {work}/a",
-                                                          preload=False)),
-        ("--count 10**11", lambda: cli(f"attention {q} --count 100000000000 --out {work}/a")),
+            random_sentence_text(tiny.tokenizer, 200_000), add_special_tokens=False)), 200_000)),
+        ("--filler random --filler-count 1000000", lambda: cli(
+            f"attention {q} --filler random --filler-count 1000000 --out {work}/a", preload=False)),
+        ("--filler-count 10**11", lambda: cli(f"attention {q} --filler-count 100000000000 --out {work}/a")),
         ("question of 1 MB", lambda: refuses(lambda: lp.build_prompt(tiny, "x " * 500_000))),
         ("grade identical 1 MB", lambda: equals(lambda: lp.grade("x+" * 500_000 + "1", "x+" * 500_000 + "1"), True)),
         ("grade 1+...+1 (1000 terms)", lambda: equals(lambda: lp.grade("+".join(["1"] * 1000), "1000"), True)),
@@ -215,7 +219,7 @@ PRELOAD = [  # (command, bad values): each must exit 2 in one line before any mo
     ("attention --model tiny --question {} --out {w}/a", ["''", "'  '"]),
     ("attention --model tiny --question q --out {w}/a --heads {}", ["1,1", "=-1", "٣"]),
     ("attention --model tiny --question q --out {w}/a --layers {}", ["0,0", "-1"]),
-    ("attention --model tiny --question q --out {w}/a --count {}", ["0", "-3"]),
+    ("attention --model tiny --question q --out {w}/a --filler-count {}", ["0", "-3"]),
     ("attention --model tiny --question q --out {w}/a --no-system --system {}", ["SYS"]),
     ("sweep --model tiny --out {w}/s --metric {}", ["bogus", "logprob", "attention:"]),
     ("sweep --model tiny --out {w}/s --batch-size {}", ["0"]),
@@ -346,7 +350,7 @@ def fault_cases(tiny, work: Path) -> list[tuple[str, object]]:
     def timeout_recorded() -> int:
         cli(f"eval --model tiny --problems arithmetic --limit 1 --conditions w/o --max-new-tokens 2 --grade-timeout 9 "
             f"--no-progress --out {work}/gt", preload=False)
-        return json.loads((work / "gt" / "config.json").read_text())["run"]["generation"]["grade_timeout"]
+        return json.loads((work / "gt" / "config.json").read_text())["settings"]["generation"]["grade_timeout"]
 
     return [
         ("report on a full disk", lambda: equals(lambda: _disk_full_report(work), True)),
@@ -494,6 +498,139 @@ FAMILIES = {"result rows": rows_cases, "non-UTF-8 text": text_cases, "sizes and 
             "files, folders and the hub": fault_cases}
 FAMILIES |= {"model folders (round three)": model_folder_cases, "files that are not files (round three)": not_a_file_cases,
              "truncated assets (round three)": asset_cases, "control tokens in user text (round three)": control_token_cases}
+
+
+def says(argv: str, fragment: str, *, preload: bool = True) -> str:
+    """:func:`cli`, and the one line names the cause (``fragment``): a refusal naming another cause is wrong."""
+    LOADS.clear()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(shlex.split(argv))
+    text = err.getvalue().split("\r")[-1]
+    if rc == 1:
+        return "traceback"
+    if rc == 0 or text.count("\n") != 1 or (preload and LOADS) or fragment not in text:
+        return "silent wrong"
+    return "handled"
+
+
+def ignored_value_cases(tiny, work: Path) -> list[tuple[str, object]]:
+    """Round three, values accepted or ignored without a word: each is refused, naming why."""
+    import torch
+
+    p = lp.build_prompt(tiny, "What is 2+3?")
+    cases = [(a, lambda a=a, f=f: says(a.replace("{w}", str(work)), f)) for a, f in [
+        ("reproduce arm-fig-mechanism --model tiny --limit 3 --out {w}/r1", "evaluates no problems"),
+        ("reproduce arm-table1 --model tiny --quick --out {w}/r2", "quick shortens only a figure recipe's inputs"),
+        ("attribute --model tiny --sample 3 --verify 0 --out {w}/a1", "but verify is 0"),
+        ("attribute --model tiny --answer 7 --out {w}/a2", "reads no answer"),
+        ("attribute --model tiny --tokens 7,8 --out {w}/a3", "reads no tokens"),
+        ("sweep --model tiny --answer 7 --out {w}/s1", "reads no answer"),
+        ("sweep --model tiny --tokens 7,8 --out {w}/s2", "reads no tokens"),
+        ("attention --model tiny --question '\u200b\u200b' --out {w}/t1", "only invisible characters"),
+        ("trace --model tiny --question '\ufeff' --out {w}/t2", "only invisible characters")]]
+    cases += [
+        ("build_prompt('\\u200b')", lambda: refuses(lambda: lp.build_prompt(tiny, "\u200b"))),
+        ("Problem of '\\ufeff' in evaluate", lambda: refuses(lambda: lp.evaluate(
+            tiny, [Problem("a", "\ufeff", "1")], "w/o", max_new_tokens=2, progress=False))),
+        ("GenerationConfig temperature=True", lambda: refuses(lambda: lp.GenerationConfig(4, do_sample=True,
+                                                                                         temperature=True))),
+        ("GenerationConfig top_p=True", lambda: refuses(lambda: lp.GenerationConfig(4, do_sample=True, top_p=True))),
+        ("sweep, complex metric", lambda: refuses(lambda: lp.ablation_sweep(
+            tiny, p, lambda lg, q: lg[:, -1, 0].to(torch.complex64), heads="L0H0", progress=False))),
+        ("attribute_heads, complex metric", lambda: refuses(lambda: lp.attribute_heads(
+            tiny, p, lambda lg, q: lg[:, -1, 0].to(torch.complex64)))),
+        ("sweep entropy with answers", lambda: refuses(lambda: lp.ablation_sweep(tiny, p, "entropy", answers="5",
+                                                                                 heads="L0H0", progress=False))),
+    ]
+    return cases
+
+
+def _nan_model_eval(work: Path) -> str:
+    """``eval`` on a tiny model with one NaN weight: refused as NaN logits, before any generation."""
+    import torch
+
+    nan = tiny_model(seed=0)
+    with torch.no_grad():
+        next(w for n, w in nan.named_parameters() if "q_proj" in n)[0, 0] = float("nan")
+    real = common.tiny_model
+    common.tiny_model = lambda seed=0: nan
+    try:
+        return says(f"eval --model tiny --problems arithmetic --limit 1 --conditions w/o --max-new-tokens 2 "
+                    f"--no-progress --out {work}/nan", "NaN or inf logits", preload=False)
+    finally:
+        common.tiny_model = real
+
+
+def misleading_refusal_cases(tiny, work: Path) -> list[tuple[str, object]]:
+    """Round three, refusals that named the wrong cause, or came after all the work."""
+    recipe = work / "long.toml"
+    recipe.write_text('title = "long filler"\nkind = "table"\nbenchmarks = ["math500"]\nconditions = ["w/o", '
+                      '"w/ long"]\n[define."w/ long"]\nbase = "w/ Mless"\ncount = 400\n', encoding="utf-8")
+    started = []
+    real = running.make_row
+
+    def long_condition() -> str:
+        running.make_row = lambda *a, **k: started.append(1) or real(*a, **k)
+        try:
+            out = says(f"reproduce {recipe} --model tiny --limit 2 --max-new-tokens 2 --no-progress --out {work}/rl",
+                       "fits no problem in the model's context", preload=False)
+        finally:
+            running.make_row = real
+        return out if not started else "silent wrong"
+
+    return [("eval, a NaN weight", lambda: _nan_model_eval(work)),
+            ("reproduce, a condition longer than the context", long_condition)]
+
+
+def _file_size_limit(work: Path) -> str:
+    """``--model tiny`` set up under ``ulimit -f 4`` (Python ignores SIGXFSZ: writes fail with EFBIG)."""
+    import resource
+
+    from lensprobe.core.models import testing
+
+    before = resource.getrlimit(resource.RLIMIT_FSIZE)
+    testing.tiny_tokenizer.cache_clear()
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, before[1]))
+    try:
+        return says(f"attention --model tiny --question q --out {work}/ul", "ulimit -f", preload=False)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, before)
+        testing.tiny_tokenizer.cache_clear()
+
+
+def traceback_cases(tiny, work: Path) -> list[tuple[str, object]]:
+    """Round three, what ended in a traceback: each is one line (CLI: exit 2) before any work."""
+    (work / "latin.toml").write_bytes('title = "caf\u00e9"\nkind = "figure"\nfigure = "mechanism"\n'.encode("latin-1"))
+    (work / "p16.jsonl").write_text('{"problem": "What is 1+1?", "answer": "2"}\n', encoding="utf-16")
+    (work / "psur.jsonl").write_text('{"problem": "What is 1+1?", "answer": "2\\udcff"}\n', encoding="utf-8")
+    for name, file in (("mlist", "config.json"), ("plist", "recipe.json")):
+        (work / name).mkdir()
+        (work / name / file).write_text("[1, 2]", encoding="utf-8")
+    bad = [[1, 2, int(tiny.cfg.d_vocab) + 5]]
+    p = lp.build_prompt(tiny, "What is 2+3?")
+    cases = [(a, lambda a=a, f=f, pre=pre: says(a.replace("{w}", str(work)), f, preload=pre)) for a, f, pre in [
+        ("reproduce {w}/latin.toml --model tiny --out {w}/rl", "is not UTF-8 text", True),
+        ("eval --model tiny --data {w}/p16.jsonl --out {w}/e1", "is not UTF-8 text", True),
+        ("eval --model tiny --data {w}/psur.jsonl --max-new-tokens 2 --out {w}/e2", "holds a lone surrogate", True),
+        ("attention --model {w}/mlist --question q --out {w}/a1", "config.json", False),
+        ("reproduce arm-fig-mechanism --model tiny --out {w}/plist", "is not a recipe record", True)]]
+    cases += [
+        ("--model tiny under ulimit -f 4", lambda: _file_size_limit(work)),
+        ("forward, token id outside the vocabulary", lambda: refuses(lambda: lp.forward(tiny, bad))),
+        ("attribute_heads, token id outside the vocabulary", lambda: refuses(lambda: lp.attribute_heads(
+            tiny, bad, "entropy"))),
+        ("sweep, metric returning None", lambda: refuses(lambda: lp.ablation_sweep(
+            tiny, p, lambda lg, q: None, heads="L0H0", progress=False))),
+        ("attribute_heads, metric returning a string", lambda: refuses(lambda: lp.attribute_heads(
+            tiny, p, lambda lg, q: "high"))),
+    ]
+    return cases
+
+
+FAMILIES |= {"values ignored (round three)": ignored_value_cases,
+             "misleading refusals (round three)": misleading_refusal_cases,
+             "tracebacks (round three)": traceback_cases}
 
 
 def main_() -> int:
