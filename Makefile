@@ -10,7 +10,7 @@ REPORT ?= lensprobe-report
 OMP_WAIT_POLICY ?= PASSIVE
 export OMP_WAIT_POLICY
 
-.PHONY: install browser demo test test-fast test-tl3 lint typecheck bench docs clean
+.PHONY: install browser demo test test-fast test-tl3 lint typecheck bench docs mutate clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -70,6 +70,15 @@ lint: install
 # mypy on the package (settings in pyproject.toml [tool.mypy]): zero errors.
 typecheck: install
 	$(BIN)/mypy lensprobe
+
+# Mutation testing of the modules results depend on, module by module with the fast tests that exercise
+# each (tests/mutate.py, mutmut, in scratch copies under build/mutate/; scores and the command in
+# docs/mutation.md). Not part of `make test`. MUTATE picks modules by words of their path
+# (make mutate MUTATE="arm_rule stats"); MUTATE_MINUTES caps each module's run.
+MUTATE ?=
+MUTATE_MINUTES ?= 30
+mutate: install
+	$(BIN)/python tests/mutate.py $(MUTATE) --minutes $(MUTATE_MINUTES)
 
 bench: install
 	$(BIN)/python benchmarks/attention_overhead.py
