@@ -233,8 +233,8 @@ def segment_attention_figure(table, *, title: str | None = None):
     head = title or f"Attention the {segment} receives, per layer"
     height = 440
     fig.update_layout(
-        **header(f"{head}<br><sup>sum over its positions of the mean attention from later queries; mean over "
-                 f"heads, bars ± 1 sd; {INDEX_NOTE}</sup>", height, "condition: "),
+        **header(f"{head}<br><sup>sum over its positions; mean over heads, bars ± 1 sd; layers 0-based</sup>",
+                 height, "condition: "),
         height=height, template="plotly_white", margin=dict(t=120, l=80, r=30, b=60),
         xaxis=dict(title_text="layer", dtick=1 if table["layer"].nunique() <= 12 else None),
         yaxis=dict(title_text=f"attention received by the {segment}", rangemode="tozero"),
