@@ -106,6 +106,21 @@ def test_the_illustrative_blocks_are_counted_and_every_other_python_block_is_col
     assert len(tested) >= 40
 
 
+CODE_COLUMN = 80
+"""Characters of code that fit the docs site's content column without scrolling: mkdocs-material
+(``mkdocs.yml``: ``theme: material``) lays out a 61rem grid with two 12.1rem sidebars, and its code is
+0.85em monospace; measured in headless Chromium, 80 characters fit at window widths from 1280 to 1920 px."""
+
+
+def test_the_code_blocks_of_the_site_s_pages_fit_its_content_column():
+    conf = _root_conftest()
+    pages = [p for p in conf.doc_pages() if p.name != "README.md"]  # the README is GitHub's page, not the site's
+    assert {"CONTRIBUTING.md", "heads.md", "evaluations.md"} <= {p.name for p in pages}
+    wide = [f"{page.name}: {len(line)} characters: {line.strip()[:60]}" for page in pages
+            for _, body in conf.fences(page) for line in body.splitlines() if len(line) > CODE_COLUMN]
+    assert not wide, f"code lines wider than the docs' content column ({CODE_COLUMN}):\n" + "\n".join(wide)
+
+
 def test_the_readme_fits_on_a_few_screens_and_links_to_guides_that_exist():
     import re
     from pathlib import Path

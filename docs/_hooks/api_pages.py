@@ -1,6 +1,7 @@
 """mkdocs hook: the API reference, generated from the docstrings.
 
-``reference/index.md`` is the curated entry page: the public names by group (the top level, then each
+``reference/index.md`` is the curated entry page (it replaces the file of that name in ``docs/``, which
+says where the reference is to readers on GitHub): the public names by group (the top level, then each
 namespace by role: ``lp.models``, ``lp.prompts``, ...), one line each (the first line of the name's
 docstring), read from the ``__all__`` lists. Each public module (no part of its dotted name starts with
 ``_``) also has a page ``reference/<dotted.name>.md`` holding one mkdocstrings directive; the nav lists
@@ -116,6 +117,9 @@ def on_config(config, **kwargs):
 
 def on_files(files, config, **kwargs):
     modules = public_modules()
+    pointer = files.get_file_from_path("reference/index.md")  # the page readers on GitHub see
+    if pointer is not None:
+        files.remove(pointer)
     files.append(File.generated(config, "reference/index.md", content=_index(modules)))
     for name in modules:
         files.append(File.generated(config, page(name), content=f"::: {name}\n"))
