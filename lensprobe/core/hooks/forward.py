@@ -70,9 +70,11 @@ def outside_vocabulary(model, ids) -> str | None:
         'token id 1000000 is outside the vocabulary (0-49151).'
     """
     vocab = int(model.cfg.d_vocab)
-    ids = torch.as_tensor(ids).reshape(-1)
-    bad = ids[(ids < 0) | (ids >= vocab)]
-    return f"token id {int(bad[0])} is outside the vocabulary (0-{vocab - 1})." if bad.numel() else None
+    ids = (ids if isinstance(ids, Tensor) else torch.as_tensor(ids, dtype=torch.long, device="cpu")).reshape(-1)
+    outside = (ids < 0) | (ids >= vocab)
+    if not bool(outside.any()):
+        return None
+    return f"token id {int(ids[int(outside.int().argmax())])} is outside the vocabulary (0-{vocab - 1})."
 
 
 def as_prompts(model, prompts, *, build_strings: bool = False, vocabulary: bool = True
