@@ -51,6 +51,11 @@ def test_scalar_errors():
         pass_at_k(2, 3, 1)
     with pytest.raises(lp.LensprobeError, match=r"integer counts, got k=1.5"):
         pass_at_k(4, 1, 1.5)
+    with pytest.raises(lp.LensprobeError, match=r"1 <= k <= n, got n=4, c=1, k=0\."):
+        pass_at_k(4, 1, 0)  # pass@0 is no estimate (the formula would say 0.0)
+    for name, args in (("n", (4.0, 1, 1)), ("c", (4, True, 1))):  # each count named by its own name
+        with pytest.raises(lp.LensprobeError, match=rf"^pass@k needs integer counts, got {name}="):
+            pass_at_k(*args)
 
 
 def _rows(samples: dict[str, list[bool]], condition: str = "w/o", **extra) -> list[dict]:
