@@ -64,8 +64,9 @@ def _alarm(signum, frame):
     raise Hang
 
 
-def cli(argv: str, *, preload: bool = True) -> str:
-    """Classify one command: exit 2 in one line (before any model load when ``preload``) is handled."""
+def cli(argv: str, *, preload: bool = True, fragment: str | None = None) -> str:
+    """Classify one command: exit 2 in one line (before any model load when ``preload``, naming
+    ``fragment`` when given) is handled."""
     LOADS.clear()
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -75,8 +76,8 @@ def cli(argv: str, *, preload: bool = True) -> str:
         return "traceback"
     if rc == 0:
         return "silent wrong"
-    if text.count("\n") != 1 or (preload and LOADS):
-        return "silent wrong"  # refused, but late or in several lines
+    if text.count("\n") != 1 or (preload and LOADS) or (fragment is not None and fragment not in text):
+        return "silent wrong"  # refused, but late, in several lines or naming another cause
     return "handled"
 
 
@@ -502,16 +503,7 @@ FAMILIES |= {"model folders (round three)": model_folder_cases, "files that are 
 
 def says(argv: str, fragment: str, *, preload: bool = True) -> str:
     """:func:`cli`, and the one line names the cause (``fragment``): a refusal naming another cause is wrong."""
-    LOADS.clear()
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        rc = main(shlex.split(argv))
-    text = err.getvalue().split("\r")[-1]
-    if rc == 1:
-        return "traceback"
-    if rc == 0 or text.count("\n") != 1 or (preload and LOADS) or fragment not in text:
-        return "silent wrong"
-    return "handled"
+    return cli(argv, preload=preload, fragment=fragment)
 
 
 def ignored_value_cases(tiny, work: Path) -> list[tuple[str, object]]:
