@@ -118,10 +118,10 @@ def header(text: str, height: float, legend_title: str = "") -> dict:
 
 
 def wrap_note(note: str, width_px: float, char_px: float = 6.0) -> list[str]:
-    """``note`` (a title's small second line) cut at ``"; "`` or spaces into lines that fit ``width_px``."""
+    """``note`` (a title's small second line) cut at spaces into lines that fit ``width_px``."""
     limit = max(20, int(width_px / char_px))
     lines: list[str] = []
-    for word in note.replace("; ", ";\x00").replace(" ", " \x00").split("\x00"):
+    for word in note.replace(" ", " \x00").split("\x00"):
         if lines and len(lines[-1]) + len(word) <= limit:
             lines[-1] += word
         else:

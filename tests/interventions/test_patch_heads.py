@@ -80,7 +80,8 @@ def test_named_segments_and_refusals(tiny, prompts):
 def test_the_heatmap_says_heads_were_patched(tiny, prompts):
     res = lp.patch_heads(tiny, *prompts, "entropy", heads=["L0H1", "L1H2"])
     fig = lp.viz.sweep_heatmap(res)
-    assert "patched from the other prompt" in fig.layout.title.text and "patched - clean" in fig.layout.title.text
+    title = " ".join(fig.layout.title.text.replace("<br>", " ").split())  # the note wraps to the figure's width
+    assert "patched from the other prompt" in title and "head 14; patched - clean" in title
     assert fig.data[0].z[0][1] == pytest.approx(float(res.changes[0, 0]))
 
 
