@@ -337,9 +337,18 @@ def _gradient_stack(grads: _Pass, layer: int, n_layers: int) -> Stack:
     return cols, torch.stack(rows)
 
 
-def _qk_corrections(model, tokens: Tensor, units: Sequence[Unit], grads: _Pass, batch_size: int) -> Tensor:
+def qk_passes(units: Sequence[Unit], n_layers: int, batch_size: int) -> int:
+    """The forward passes :func:`_qk_corrections` runs at most: one pulling gradients back, then one per chunk
+    of ``batch_size`` units below the highest layer (fewer when upper layers have no gradient)."""
+    below = sum(1 for u in units if u[0] < n_layers - 1)
+    return 1 + -(-below // batch_size) if below else 0
+
+
+def _qk_corrections(model, tokens: Tensor, units: Sequence[Unit], grads: _Pass, batch_size: int,
+                    tick: Callable[[], None] = lambda: None) -> Tensor:
     """``[unit, layer, drop]``: exact minus linear effect through each later layer's attention, with the full
-    gradient (``drop = 0``) and with each GradDrop gradient (``drop = D``)."""
+    gradient (``drop = 0``) and with each GradDrop gradient (``drop = D``). ``tick`` is called after
+    each forward pass."""
     n_layers = int(model.cfg.n_layers)
     corr = torch.zeros(len(units), n_layers, n_layers, device="cpu")
     targets = [layer for layer in range(1, n_layers)
@@ -360,6 +369,7 @@ def _qk_corrections(model, tokens: Tensor, units: Sequence[Unit], grads: _Pass, 
 
     with frozen_parameters(model):  # u = J^T g per layer and gradient: one leaf row each, one pass
         _local_pass(model, tokens, {layer: (len(stacks[layer][0]), read_local(layer)) for layer in targets})
+    tick()
     below = {layer: sum(1 for u in units if u[0] < layer) for layer in targets}  # units are in layer order
     with torch.inference_mode():
         for start in range(0, max(below.values()), batch_size):
@@ -368,6 +378,7 @@ def _qk_corrections(model, tokens: Tensor, units: Sequence[Unit], grads: _Pass, 
             plan: Plan = {layer: _exact_rows(layer, chunk[: below[layer] - start], writes, stacks[layer], local, corr)
                           for layer in targets if below[layer] > start}
             _local_pass(model, tokens, plan)
+            tick()
     return corr
 
 
@@ -390,15 +401,18 @@ def _exact_rows(layer: int, chosen: list[int], writes: Tensor, stack: Stack, loc
 
 
 def attribute_prompt(model, tokens: Tensor, measure, prompt, units: Sequence[Unit], positions: Positions | None,
-                     source, *, qk_fix: bool, grad_drop: bool, batch_size: int) -> PromptAttribution:
+                     source, *, qk_fix: bool, grad_drop: bool, batch_size: int,
+                     tick: Callable[[], None] = lambda: None) -> PromptAttribution:
     """AtP for every unit on one prompt, with the QK fix's corrections and GradDrop's terms when asked.
 
     ``tokens`` are ``measure.inputs(model, prompt)``; ``positions`` and ``source`` are the
-    ablation's resolved positions and replacement values (as a sweep uses them).
+    ablation's resolved positions and replacement values (as a sweep uses them). ``tick`` is called
+    after the gradient pass and after each of the QK fix's passes (a progress bar's step).
     """
     grads = _gradients(model, tokens, measure, prompt, units, positions, source, grad_drop)
+    tick()
     n_layers = int(model.cfg.n_layers)
-    corr = _qk_corrections(model, tokens, units, grads, batch_size) if qk_fix else \
+    corr = _qk_corrections(model, tokens, units, grads, batch_size, tick) if qk_fix else \
         torch.zeros(len(units), n_layers, n_layers, device="cpu")
     return PromptAttribution(grads.linear, corr, grads.dropped, grads.value)
 

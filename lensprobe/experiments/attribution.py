@@ -28,9 +28,10 @@ from lensprobe.core.hooks.forward import as_prompts
 from lensprobe.core.hooks.heads import Positions, head_label, kv_group_heads, resolve_heads, resolve_positions
 from lensprobe.core.lazy import pandas
 from lensprobe.core.measures.forced import resolve_measures
+from lensprobe.core.progress import tqdm
 from lensprobe.core.storage.identity import IdentityError, identity_digest
 from lensprobe.core.storage.store import atomic_file
-from lensprobe.experiments.atp import Unit, attribute_prompt, combine
+from lensprobe.experiments.atp import Unit, attribute_prompt, combine, qk_passes
 from lensprobe.experiments.headpatch import aligned_positions, aligned_source
 from lensprobe.interventions.ablation import check_ablation_positions
 from lensprobe.interventions.replacement import METHODS, Method, ablation_source, check_method
@@ -195,7 +196,7 @@ def attribute_heads(model, prompts, metric: Any = "entropy", *, method: Attribut
                     positions: Any = None, heads: Any = "all", unit: str = "head",
                     answers: str | Sequence[str] | None = None, tokens: Sequence[int | str] | None = None,
                     continuation: Any = None, align: bool | str | Sequence[str] | None = None,
-                    batch_size: int = 32) -> Attribution:
+                    batch_size: int = 32, progress: bool = False) -> Attribution:
     """Estimate, for every head at once, how a metric changes when that head is ablated.
 
     The ablation is :func:`~lensprobe.interventions.ablation.ablate_heads`' (``hook_z``,
@@ -253,6 +254,8 @@ def attribute_heads(model, prompts, metric: Any = "entropy", *, method: Attribut
             is replaced by its output there on the corrupted prompt (the positions are the paired ones,
             so ``positions`` must stay ``None``).
         batch_size: units per batched attention computation of the QK fix.
+        progress: show a progress bar of the forward and backward passes (one step per gradient
+            pass and per QK-fix pass), with an estimate of the time left.
 
     Returns:
         An :class:`Attribution`; ``.table`` has ``layer``, ``head``, ``head_label``, ``estimate``,
@@ -283,17 +286,21 @@ def attribute_heads(model, prompts, metric: Any = "entropy", *, method: Attribut
     star = method == "atp*"
     n_layers = int(model.cfg.n_layers)
     estimates, scores, values = [], [], []
-    for p, (prompt, measure, source) in enumerate(zip(items, measures, sources, strict=True)):
-        pos = aligned[p] if aligned is not None else resolve_positions(positions, prompt if hasattr(prompt, "positions")
-                                                                       else None)
-        inputs = measure.inputs(model, prompt)
-        check_ablation_positions(pos, int(inputs.shape[-1]))  # positions that ablate nothing: as the sweep refuses
-        part = attribute_prompt(model, inputs, measure, prompt, units, pos, source,
-                                qk_fix=star, grad_drop=star, batch_size=batch_size)
-        est, score = combine(part, units, n_layers)
-        estimates.append(est)
-        scores.append(score)
-        values.append(part.value)
+    steps = 1 + (qk_passes(units, n_layers, batch_size) if star else 0)  # passes per prompt, at most
+    with tqdm(total=len(items) * steps, desc=f"attribution ({method})", unit="pass", disable=not progress,
+              leave=False) as bar:
+        for p, (prompt, measure, source) in enumerate(zip(items, measures, sources, strict=True)):
+            pos = aligned[p] if aligned is not None else resolve_positions(
+                positions, prompt if hasattr(prompt, "positions") else None)
+            inputs = measure.inputs(model, prompt)
+            check_ablation_positions(pos, int(inputs.shape[-1]))  # positions that ablate nothing: as the sweep refuses
+            part = attribute_prompt(model, inputs, measure, prompt, units, pos, source, qk_fix=star, grad_drop=star,
+                                    batch_size=batch_size, tick=lambda: bar.update(1))
+            bar.update((p + 1) * steps - bar.n)  # passes the QK fix did not need (layers without a gradient)
+            est, score = combine(part, units, n_layers)
+            estimates.append(est)
+            scores.append(score)
+            values.append(part.value)
     n_heads = int(model.cfg.n_heads)
     settings = {"ablation": ablation, "method": kind, "reference": reference, "per_position": per_position,
                 "positions": positions, "answers": answers, "tokens": tokens, "continuation": continuation,

@@ -31,6 +31,7 @@ from lensprobe.core.lazy import pandas
 from lensprobe.core.measures.forced import resolve_measures
 from lensprobe.core.measures.intervals import wilson_interval
 from lensprobe.core.measures.measure import measure_once
+from lensprobe.core.progress import tqdm
 from lensprobe.experiments.attribution import Attribution, computed_on, prompt_positions
 from lensprobe.experiments.sweep import sweep_prompt
 from lensprobe.interventions.ablation import HeadAblation
@@ -130,25 +131,29 @@ class Verification:
                 f"{self.recall_text()}; {len(self.misses)} missed")
 
 
-def _exact_heads(model, items, measures, att: Attribution, chosen: list[int], batch_size: int) -> Tensor:
+def _exact_heads(model, items, measures, att: Attribution, chosen: list[int], batch_size: int, progress: bool
+                 ) -> Tensor:
     """``[prompt, chosen]`` exact change per single-head ablation, with the sweep's batched forwards."""
     s = att.settings
     order = sorted(range(len(chosen)), key=lambda j: att.units[chosen[j]])
     rows = [None, *((att.units[chosen[j]][0], att.units[chosen[j]][1][0]) for j in order)]
     chunks = [rows[i: i + batch_size] for i in range(0, len(rows), batch_size)]
     out = torch.empty(len(items), len(chosen), device="cpu")
-    for p, (prompt, measure, source) in enumerate(zip(items, measures, s["sources"], strict=True)):
-        pos = prompt_positions(s, p, prompt)
-        flat, _ = sweep_prompt(model, prompt, measure, chunks, s["method"], pos, source, True)
-        out[p, order] = flat[1:] - flat[0]
+    with tqdm(total=len(items) * len(chunks), desc="verification", unit="batch", disable=not progress,
+              leave=False) as bar:
+        for p, (prompt, measure, source) in enumerate(zip(items, measures, s["sources"], strict=True)):
+            pos = prompt_positions(s, p, prompt)
+            flat, _ = sweep_prompt(model, prompt, measure, chunks, s["method"], pos, source, True, bar)
+            out[p, order] = flat[1:] - flat[0]
     return out
 
 
-def _exact_groups(model, items, measures, att: Attribution, chosen: list[int]) -> Tensor:
+def _exact_groups(model, items, measures, att: Attribution, chosen: list[int], progress: bool) -> Tensor:
     """``[prompt, chosen]`` exact change per KV-group ablation (one forward per group)."""
     s = att.settings
     out = torch.empty(len(items), len(chosen), device="cpu")
-    for p, (prompt, measure) in enumerate(zip(items, measures, strict=True)):
+    for p, (prompt, measure) in enumerate(tqdm(list(zip(items, measures, strict=True)), desc="verification",
+                                               unit="prompt", disable=not progress, leave=False)):
         reference = s["reference"] if isinstance(s["ablation"], str) else as_prompts(model, s["ablation"],
                                                                                     build_strings=True)[p]
         pos = resolve_positions(s["positions"], prompt if hasattr(prompt, "positions") else None)
@@ -162,7 +167,8 @@ def _exact_groups(model, items, measures, att: Attribution, chosen: list[int]) -
 
 
 def verify_attribution(model, prompts, metric: Any, attribution: Attribution, *, top: int | None = 20,
-                       sample: int = 0, seed: int = 0, batch_size: int = 32) -> Verification:
+                       sample: int = 0, seed: int = 0, batch_size: int = 32, progress: bool = False
+                       ) -> Verification:
     """Ablate the attribution's top candidates exactly (and a random sample of the rest) and compare.
 
     The exact effects come from the batched ablation sweep under the attribution's own
@@ -179,6 +185,7 @@ def verify_attribution(model, prompts, metric: Any, attribution: Attribution, *,
             diagnostic for false negatives).
         seed: the random draw's seed.
         batch_size: single-head ablations per forward pass.
+        progress: show a progress bar of the exact ablations (one step per batched forward pass).
 
     Returns:
         A :class:`Verification`.
@@ -210,8 +217,9 @@ def verify_attribution(model, prompts, metric: Any, attribution: Attribution, *,
     s = attribution.settings
     measures = resolve_measures(model, metric, len(items), answers=s["answers"], tokens=s["tokens"],
                                 continuation=s["continuation"])
-    exact = (_exact_heads(model, items, measures, attribution, chosen, batch_size) if attribution.unit == "head"
-             else _exact_groups(model, items, measures, attribution, chosen)).mean(0)
+    exact = (_exact_heads(model, items, measures, attribution, chosen, batch_size, progress)
+             if attribution.unit == "head" else _exact_groups(model, items, measures, attribution, chosen, progress)
+             ).mean(0)
     return _verification(attribution, chosen, top, exact)
 
 

@@ -12,19 +12,20 @@ from lensprobe.viz import attribution_heatmap, attribution_scatter
 from lensprobe.viz.report import Section
 
 
-def build_demo_section(model, *, quick: bool = False) -> Section:
+def build_demo_section(model, *, quick: bool = False, progress: bool = False) -> Section:
     """AtP* (Kramar et al. 2024) of the next-token entropy for every head on the demo question, without
     and with the Mless filler, and an exact check of its top candidates plus a random sample of the rest.
 
-    ``quick`` verifies 3 top heads and 2 sampled ones (else 10 and 10).
+    ``quick`` verifies 3 top heads and 2 sampled ones (else 10 and 10). ``progress``: the attribution's
+    and the verification's progress bars.
     """
     question, source = demo_question(quick)
     prompts = condition_prompts(model, question, FillerSetup(conditions=("w/o", "w/ Mless")))
     items = [prompts["w/o"], prompts["w/ Mless"]]
-    att = attribute_heads(model, items, "entropy", method="atp*")
+    att = attribute_heads(model, items, "entropy", method="atp*", progress=progress)
     top, sample = (3, 2) if quick else (10, 10)
     ver = verify_attribution(model, items, "entropy", att, top=min(top, len(att.units)),
-                             sample=min(sample, len(att.units) - min(top, len(att.units))))
+                             sample=min(sample, len(att.units) - min(top, len(att.units))), progress=progress)
     intro = (
         f"<p>Attribution patching estimates, for all {len(att.units)} heads of {html.escape(model_label(model))} "
         "at once, how the next-token entropy changes when a head is zero-ablated at <code>hook_z</code> (the "
