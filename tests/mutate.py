@@ -36,7 +36,8 @@ MODULES: dict[str, list[str]] = {
                                    "tests/evals/test_grading_paper_exact.py"],
     "lensprobe/evals/stats.py": ["tests/evals/test_pass_at_k.py", "tests/evals/test_paper_metric.py",
                                  "tests/evals/test_data_stats.py", "tests/evals/test_rows_check.py",
-                                 "tests/evals/test_results_faults.py", "tests/core/test_nonfinite.py"],
+                                 "tests/evals/test_results_faults.py", "tests/core/test_nonfinite.py",
+                                 "tests/evals/test_stats_edges.py"],
     # the ARM rule, head ablation
     "lensprobe/interventions/arm_rule.py": ["tests/interventions/test_arm.py",
                                             "tests/interventions/test_arm_rule_edges.py",

@@ -338,8 +338,9 @@ def _gradient_stack(grads: _Pass, layer: int, n_layers: int) -> Stack:
 
 
 def qk_passes(units: Sequence[Unit], n_layers: int, batch_size: int) -> int:
-    """The forward passes :func:`_qk_corrections` runs at most: one pulling gradients back, then one per chunk
-    of ``batch_size`` units below the highest layer (fewer when upper layers have no gradient)."""
+    """The forward passes the QK fix (``_qk_corrections``) runs at most: one pulling gradients back, then
+    one per chunk of ``batch_size`` units below the highest layer (fewer when upper layers have no
+    gradient)."""
     below = sum(1 for u in units if u[0] < n_layers - 1)
     return 1 + -(-below // batch_size) if below else 0
 
