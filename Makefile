@@ -35,11 +35,17 @@ browser:
 demo: install
 	$(BIN)/lensprobe demo --out $(REPORT)
 
+# The suites run on PYTEST_WORKERS processes (pytest-xdist; each test file stays on one worker, so a docs
+# page's blocks run in order in one namespace). Each worker loads the embedded model once (~3 GB of memory):
+# more workers than cores gains nothing, as every test runs on one intra-op thread.
+PYTEST_WORKERS ?= 2
+PARALLEL := $(if $(filter-out 0 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile,)
+
 # The whole suite: lint and type check first (zero findings), every test in .venv (TransformerLens 4,
 # jaxtyping shapes checked at run time: see addopts in pyproject.toml), then the fast suite against
 # TransformerLens 3.x in .venv-tl3 (HookedTransformer). The API reference is built by a test.
 test: install browser lint typecheck
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PARALLEL)
 	$(MAKE) --no-print-directory test-tl3
 
 # The tests that need no real model (tiny random models, hand-made tensors): under a minute.
@@ -62,7 +68,7 @@ $(TL3_STAMP): pyproject.toml Makefile
 	touch $(TL3_STAMP)
 
 test-tl3: $(TL3_STAMP)
-	$(TL3_BIN)/python -m pytest -q -m "not slow"
+	$(TL3_BIN)/python -m pytest -q -m "not slow" $(PARALLEL)
 
 lint: install
 	$(BIN)/ruff check lensprobe tests benchmarks
