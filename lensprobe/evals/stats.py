@@ -137,9 +137,16 @@ def compare(df, a: str, b: str, *, grader: str | None = None) -> PairedCompariso
     for name in (a, b):
         if name not in conds:
             raise LensprobeError(f"condition {name!r} is not in the results: they hold {sorted(conds)}.")
+    if "problem_id" not in df.columns:
+        raise LensprobeError(f"compare pairs rows by problem_id, which the results lack (they have {list(df.columns)}): "
+                             "pass rows with a problem_id column (as lp.evaluate writes them).")
     keys = [c for c in ("model", "problem_id", "sample") if c in df.columns]
     left = df[df["condition"] == a][keys + [grader]].rename(columns={grader: "va"})
     right = df[df["condition"] == b][keys + [grader]].rename(columns={grader: "vb"})
+    for name, side in ((a, left), (b, right)):
+        if side.duplicated(keys).any():
+            raise LensprobeError(f"condition {name!r} has several rows for the same {', '.join(keys)}: pairs would be "
+                                 "ambiguous. Keep one row per problem and sample (a 'sample' column tells samples apart).")
     pairs = left.merge(right, on=keys, how="inner")
     pairs = pairs[pairs["va"].notna() & pairs["vb"].notna()]
     n = len(pairs)

@@ -218,6 +218,19 @@ def test_compare_pairs_rows_by_model_problem_and_sample():
         compare(unanswered, "a", "c")
 
 
+def test_compare_refuses_rows_it_cannot_pair():
+    """Without ``problem_id`` rows would pair by sample alone (every problem with every other), and rows
+    repeating a problem and sample would pair with each other's duplicates: both refused, naming why."""
+    rows = _paired({("m", "p", 0): (True, False), ("m", "q", 0): (False, True)})
+    with pytest.raises(lp.LensprobeError, match=r"pairs rows by problem_id, which the results lack"):
+        compare(rows.drop(columns=["problem_id"]), "a", "b")
+    with pytest.raises(lp.LensprobeError, match=r"condition 'b' has several rows for the same model, problem_id\b"):
+        compare(rows.drop(columns=["sample"]).pipe(lambda d: pd.concat([d, d[d["condition"] == "b"]])), "a", "b")
+    with pytest.raises(lp.LensprobeError, match=r"condition 'a' has several rows for the same model, problem_id, "
+                                                 r"sample"):
+        compare(pd.concat([rows, rows[rows["condition"] == "a"]]), "a", "b")
+
+
 @pytest.mark.unchecked
 def test_mcnemar_refuses_negative_counts():
     """Would catch one of the two counts left unchecked."""
