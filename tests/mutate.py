@@ -28,7 +28,8 @@ MUTMUT = Path(sys.executable).with_name("mutmut")
 
 MODULES: dict[str, list[str]] = {
     # the results store and row files
-    "lensprobe/core/storage/store.py": ["tests/core/test_store.py", "tests/core/test_shards.py"],
+    "lensprobe/core/storage/store.py": ["tests/core/test_store.py", "tests/core/test_shards.py",
+                                       "tests/core/test_store_edges.py"],
     "lensprobe/core/storage/rowfiles.py": ["tests/core/test_store.py", "tests/evals/test_results_faults.py"],
     "lensprobe/core/storage/shards.py": ["tests/core/test_shards.py", "tests/core/test_store.py"],
     # grading and statistics
