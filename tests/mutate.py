@@ -30,7 +30,8 @@ MODULES: dict[str, list[str]] = {
     # the results store and row files
     "lensprobe/core/storage/store.py": ["tests/core/test_store.py", "tests/core/test_shards.py",
                                        "tests/core/test_store_edges.py"],
-    "lensprobe/core/storage/rowfiles.py": ["tests/core/test_store.py", "tests/evals/test_results_faults.py"],
+    "lensprobe/core/storage/rowfiles.py": ["tests/core/test_store.py", "tests/evals/test_results_faults.py",
+                                          "tests/core/test_rowfiles_edges.py"],
     "lensprobe/core/storage/shards.py": ["tests/core/test_shards.py", "tests/core/test_store.py"],
     # grading and statistics
     "lensprobe/evals/grading.py": ["tests/evals/test_grading.py", "tests/evals/test_grading_bounded.py",
