@@ -50,7 +50,7 @@ MODULES: dict[str, list[str]] = {
     "lensprobe/generation/cacherows.py": ["tests/generation/test_cacherows.py", "tests/generation/test_refill.py"],
     "lensprobe/generation/live.py": ["tests/generation/test_refill.py", "tests/generation/test_batch_proof.py"],
     # metrics, prompt segments
-    "lensprobe/core/measures/metrics.py": ["tests/core/test_metrics.py"],
+    "lensprobe/core/measures/metrics.py": ["tests/core/test_metrics.py", "tests/core/test_metrics_edges.py"],
     "lensprobe/core/prompts/prompt.py": ["tests/core/test_prompts.py", "tests/core/test_prompts_raw.py"],
 }
 PYTEST_ARGS = ["--jaxtyping-packages=", "-m", "not slow", "-p", "no:cacheprovider", "-q"]
