@@ -32,7 +32,8 @@ MODULES: dict[str, list[str]] = {
                                        "tests/core/test_store_edges.py"],
     "lensprobe/core/storage/rowfiles.py": ["tests/core/test_store.py", "tests/evals/test_results_faults.py",
                                           "tests/core/test_rowfiles_edges.py"],
-    "lensprobe/core/storage/shards.py": ["tests/core/test_shards.py", "tests/core/test_store.py"],
+    "lensprobe/core/storage/shards.py": ["tests/core/test_shards.py", "tests/core/test_store.py",
+                                        "tests/core/test_shards_edges.py"],
     # grading and statistics
     "lensprobe/evals/grading.py": ["tests/evals/test_grading.py", "tests/evals/test_grading_bounded.py",
                                    "tests/evals/test_grading_paper_exact.py"],

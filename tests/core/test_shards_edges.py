@@ -1,0 +1,170 @@
+"""Edges of sharded runs (lensprobe.core.storage.shards): the launcher's variables, the shard checks, the
+local GPU on a CPU-only machine, run_sharded's orders and refusals, and the rank files read by rank
+number; no model is loaded."""
+
+import json
+
+import pytest
+
+import lensprobe as lp
+import lensprobe.core.storage.shards as shards
+from lensprobe.core.storage.shards import (
+    ShardStore,
+    bind_local_gpu,
+    check_shard,
+    my_units,
+    run_sharded,
+    shard_info,
+)
+
+SHARD_VARS = ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE")
+
+
+@pytest.fixture(autouse=True)
+def _no_launcher(monkeypatch):
+    for var in (*SHARD_VARS, "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_the_launchers_variables_are_read_in_order_and_only_in_pairs(monkeypatch):
+    """torchrun's pair wins over Open MPI's, which wins over MPICH's; a rank without its size is not read."""
+    assert shard_info() == (0, 1)
+    monkeypatch.setenv("PMI_RANK", "3")
+    monkeypatch.setenv("PMI_SIZE", "4")
+    assert shard_info() == (3, 4)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    assert shard_info() == (1, 2)
+    monkeypatch.setenv("RANK", "5")  # no WORLD_SIZE: the next pair
+    assert shard_info() == (1, 2)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert shard_info() == (5, 8)
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(lp.LensprobeError, match=r"^RANK='5' / WORLD_SIZE='two' are not integers: unset them, or "
+                                                r"start the processes with a launcher such as torchrun\.$"):
+        shard_info()
+
+
+def test_check_shard_fills_what_is_not_given_from_the_environment_and_needs_a_folder_when_sharded(monkeypatch):
+    """A rank or world size not given comes from the launcher; a sharded run without a folder is refused."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert check_shard(None, None, "out") == (1, 3)
+    assert check_shard(2, None, "out") == (2, 3)
+    assert check_shard(None, 4, "out") == (1, 4)
+    assert check_shard(0, 1, None) == (0, 1)
+    with pytest.raises(lp.LensprobeError, match=r"^a sharded run \(world size 3\) needs an output folder \(out=\.\.\.\) "
+                                                r"on a filesystem every process shares: the processes' results meet "
+                                                r"there\.$"):
+        check_shard(None, None, None)
+
+
+@pytest.mark.parametrize(("rank", "world"), [(-1, 2), (2, 2), (0, 0), (True, 2), (0, True), (0, 2.0), (0.0, 2)])
+def test_a_bad_shard_is_refused(rank, world):
+    """A rank outside 0 .. world_size - 1, a world size below 1, or a rank or size that is not an int (a bool,
+    a float) is refused."""
+    check = shards._check_rank if isinstance(rank, float) or isinstance(world, float) else check_shard
+    with pytest.raises(lp.LensprobeError, match=rf"^bad shard: rank {rank} of world size {world}; need 0 <= rank < "
+                                                r"world_size\.$"):
+        check(rank, world, *(("out",) if check is check_shard else ()))
+
+
+def test_my_units_of_the_last_rank():
+    """The last rank takes every world_size-th unit from its own index."""
+    assert my_units(["a", "b", "c", "d", "e"], 1, 2) == ["b", "d"]
+    assert my_units(("a", "b", "c"), 2, 3) == ["c"]
+
+
+def test_no_gpu_is_bound_on_a_cpu_only_machine(monkeypatch):
+    """Without LOCAL_RANK, with one that is not a number, or with one but no GPU, nothing is bound."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CPU-only machine's behaviour")
+    assert bind_local_gpu() is None
+    for local in ("1", "x"):
+        monkeypatch.setenv("LOCAL_RANK", local)
+        assert bind_local_gpu() is None
+
+
+def test_run_sharded_refuses_units_named_twice_and_keeps_the_units_order(tmp_path):
+    """Units named twice are refused; in memory or in a folder the results come in the order of the units."""
+    with pytest.raises(lp.LensprobeError, match=r"^unit names must be unique: name each unit of work once\.$"):
+        run_sharded(["a", "b", "a"], len, out=None, kind="demo", settings={})
+    units = ["ccc", "a", "bb"]
+    assert list(run_sharded(units, len, out=None, kind="demo", settings={}).items()) == [("ccc", 3), ("a", 1),
+                                                                                         ("bb", 2)]
+    got = run_sharded(units, lambda u: [len(u), (u,)], out=tmp_path, kind="demo", settings={}, progress="n")
+    assert list(got.items()) == [("ccc", [3, ["ccc"]]), ("a", [1, ["a"]]), ("bb", [2, ["bb"]])]
+
+
+def test_the_ranks_of_a_two_process_run_return_their_share_then_everything(tmp_path):
+    """Rank 1 computes and returns units 1 and 3 only; rank 0 then computes 0 and 2 and returns all four."""
+    units = ["u0", "u1", "u2", "u3"]
+    calls = []
+
+    def compute(u):
+        calls.append(u)
+        return int(u[1]) * 10
+
+    assert run_sharded(units, compute, out=tmp_path, kind="demo", settings={}, rank=1, world_size=2,
+                       stall_timeout=5) == {"u1": 10, "u3": 30}
+    got = run_sharded(units, compute, out=tmp_path, kind="demo", settings={}, rank=0, world_size=2, stall_timeout=5)
+    assert list(got.items()) == [("u0", 0), ("u1", 10), ("u2", 20), ("u3", 30)] and calls == ["u1", "u3", "u0", "u2"]
+
+
+def test_rank_files_are_merged_by_rank_number_and_other_names_are_ignored(tmp_path):
+    """shard-rank10 comes after shard-rank2 (the first complete row wins); shard-rankx.jsonl is not a rank."""
+    with ShardStore(tmp_path, "demo", {}, rank=0):
+        pass
+    (tmp_path / "shard-rank2.jsonl").write_text('{"unit": "a", "result": 2}\n', encoding="utf-8")
+    (tmp_path / "shard-rank10.jsonl").write_text('{"unit": "a", "result": 10}\n', encoding="utf-8")
+    (tmp_path / "shard-rankx.jsonl").write_text("not json\n", encoding="utf-8")
+    with ShardStore(tmp_path, "demo", {}, rank=0) as store, pytest.raises(
+            lp.LensprobeError, match=r"two results for 'a' disagree: .*shard-rank2\.jsonl unit 'a' \(line 1\) and "
+                                     r".*shard-rank10\.jsonl unit 'a' \(line 1\)"):
+        store.done()
+
+
+@pytest.mark.parametrize("row", ['["a", 1]', '{"unit": 1, "result": 1}', '{"unit": "a"}'])
+def test_a_row_that_is_not_a_finished_unit_is_refused(tmp_path, row):
+    """A row that is not a mapping, has no text unit, or has no result is refused with its line and the fix."""
+    with ShardStore(tmp_path, "demo", {}, rank=0) as store:
+        store.record("ok", 1)
+    with open(tmp_path / "shard-rank0.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(row + "\n")
+    with ShardStore(tmp_path, "demo", {}, rank=0) as store, pytest.raises(
+            lp.LensprobeError, match=r"shard-rank0\.jsonl line 2 is not a finished unit \(\{\"unit\": \.\.\., "
+                                     r"\"result\": \.\.\.\}\): the file was edited or damaged; delete that line to "
+                                     r"compute its unit again\.$"):
+        store.done()
+
+
+def test_a_rank_is_held_by_one_store_until_closed_and_its_file_made_at_the_first_unit(tmp_path):
+    """A second store of the same rank is refused while the first is open; the rank file appears only when a
+    unit is recorded; after close the rank can be opened again."""
+    store = ShardStore(tmp_path, "demo", {}, rank=3)
+    with pytest.raises(lp.LensprobeError, match=r"^rank 3 of .* is being run by another process \(.*\): wait for it, "
+                                                r"or give each process its own rank"):
+        ShardStore(tmp_path, "demo", {}, rank=3)
+    assert not (tmp_path / "shard-rank3.jsonl").exists()
+    assert store.record("t", (1, 2)) == [1, 2]
+    store.close()
+    assert [json.loads(line) for line in (tmp_path / "shard-rank3.jsonl").read_text().splitlines()] == [
+        {"unit": "t", "result": [1, 2]}]
+    with ShardStore(tmp_path, "demo", {}, rank=3) as again:
+        assert again.wait(["t"], 4, stall_timeout=1) == {"t": [1, 2]}
+
+
+def test_the_local_rank_picks_a_gpu_modulo_the_gpus_there_are(monkeypatch):
+    """LOCAL_RANK=3 on a machine with 2 GPUs binds GPU 1 (3 % 2), and says so (the GPUs faked here)."""
+    import torch
+
+    bound = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", bound.append)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert bind_local_gpu() == 1 and bound == [1]
+    monkeypatch.setenv("LOCAL_RANK", "-1")  # not a number of digits: left alone
+    assert bind_local_gpu() is None and bound == [1]
