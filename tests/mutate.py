@@ -46,7 +46,8 @@ MODULES: dict[str, list[str]] = {
                                             "tests/interventions/test_arm_rule_edges.py",
                                             "tests/interventions/test_arm_gemma_quantile.py"],
     "lensprobe/interventions/ablation.py": ["tests/interventions/test_ablation.py",
-                                            "tests/interventions/test_ablation_positions.py"],
+                                            "tests/interventions/test_ablation_positions.py",
+                                            "tests/interventions/test_ablation_edges.py"],
     # continuous batching's row handling
     "lensprobe/generation/cacherows.py": ["tests/generation/test_cacherows.py", "tests/generation/test_refill.py"],
     "lensprobe/generation/live.py": ["tests/generation/test_refill.py", "tests/generation/test_batch_proof.py"],

@@ -1,0 +1,192 @@
+"""Head ablation at its edges: the hook on hand-made tensors, positions in a batch of rows and in a
+generation, what ``bind`` and ``ablate_kv_group`` keep, the exact ``repr`` (evaluations hash it) and the
+refusals' exact messages. Expected values come from a plain ``transformers`` forward or by hand."""
+
+import hashlib
+
+import pytest
+import torch
+from test_ablation import hf_logits, zero_slice
+
+import lensprobe as lp
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.hooks.heads import Positions, resolve_positions
+from lensprobe.interventions.ablation import (
+    HeadAblation,
+    RowHeadAblation,
+    ZAblationHook,
+    ablate_heads,
+    ablate_kv_group,
+    check_ablation_positions,
+)
+from lensprobe.interventions.replacement import HeadMeans
+
+
+@pytest.fixture(scope="module")
+def prompt(tiny):
+    return lp.build_prompt(tiny, "What is 12+7?", system="Please reason step by step.")
+
+
+def sha(*texts: bytes) -> str:
+    return hashlib.sha256(b"".join(texts)).hexdigest()[:12]
+
+
+# ------------------------------------------------------------------ the hook on hand-made tensors
+
+
+def test_the_hook_zeroes_each_rows_own_heads_and_names_a_batch_mismatch():
+    """Row b of a [2, head] mask zeroes its own heads at every position; another batch size is refused."""
+    z = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(0))  # [batch, pos, head, d_head]
+    mask = torch.tensor([[True, False, False, False], [False, False, True, True]])
+    got = ZAblationHook(0, mask)(z, None)
+    want = z.clone()
+    want[0, :, 0] = 0
+    want[1, :, 2:] = 0
+    assert torch.equal(got, want)
+    one = ZAblationHook(0, mask[1:])(z[:1], None)  # a one-row mask on a one-row batch
+    assert torch.equal(one[0, :, 2:], torch.zeros(3, 2, 5)) and torch.equal(one[0, :, :2], z[0, :, :2])
+    with pytest.raises(LensprobeError, match=r"^this ablation was built for 2 batch rows but the input has 3\.$"):
+        ZAblationHook(0, mask)(torch.zeros(3, 3, 4, 5), None)
+
+
+def test_a_position_dependent_hook_without_a_step_names_its_layer():
+    """Outside lp.intervene no positions are published; the message names the ablation and its layer."""
+    hook = ZAblationHook(1, torch.ones(1, 4, dtype=torch.bool), Positions(frozenset({0})), by_position=True)
+    with pytest.raises(LensprobeError, match=r"^head ablation at layer 1: no token positions were published"):
+        hook(torch.zeros(1, 3, 4, 5), None)
+
+
+# ------------------------------------------------------------------ positions in a batch, in a generation
+
+
+def test_positions_in_a_batch_of_two_rows_equal_plain_zeroing(tiny, tiny_hf, prompt):
+    """Fixed positions are placed in every row of a two-row batch (the plain model zeroes the same slices)."""
+    a = prompt.tokens
+    batch = torch.cat([a, a.flip(-1)])
+    d = tiny.cfg.d_head
+    got = lp.forward(tiny, batch, ablate_heads("L0H1,L1H2", positions=[1, 3]))
+    want = hf_logits(tiny_hf, batch, {0: zero_slice([1], d, [1, 3]), 1: zero_slice([2], d, [1, 3])})
+    assert (got - want).abs().max() <= 1e-5
+    assert (got - hf_logits(tiny_hf, batch, {})).abs().max() > 1e-3
+
+
+def test_generated_positions_without_a_prompt_are_placed_by_the_generation(tiny, tiny_hf, prompt):
+    """'generated' not bound to a prompt is placed per row by lp.generate: each greedy token is the argmax
+    of a plain forward over prompt + generated tokens with the generated positions zeroed."""
+    n, new = len(prompt), 3
+    out = lp.generate(tiny, prompt, max_new_tokens=new, stop_at_eos=False,
+                      interventions=[ablate_heads("L0H1,L1H3", positions="generated")])
+    ids = list(out.generated_ids[0])
+    assert len(ids) == new
+    tokens = torch.cat([prompt.tokens, torch.tensor([ids])], dim=1)
+    d = tiny.cfg.d_head
+    gen = list(range(n, n + new))
+    want = hf_logits(tiny_hf, tokens, {0: zero_slice([1], d, gen), 1: zero_slice([3], d, gen)})
+    assert want[0, n - 1:n - 1 + new].argmax(-1).tolist() == ids
+
+
+def test_row_head_ablation_ablates_per_row_and_checks_positions_with_what_the_run_counts(tiny, tiny_hf, prompt):
+    """Row 0 ablates L0H1, row 1 nothing; its position check names what its caller counts."""
+    a = prompt.tokens
+    batch = torch.cat([a, a])
+    got = lp.forward(tiny, batch, RowHeadAblation(((0, 1), None)))
+    d = tiny.cfg.d_head
+    assert (got[0] - hf_logits(tiny_hf, a, {0: zero_slice([1], d)})[0]).abs().max() <= 1e-5
+    assert (got[1] - hf_logits(tiny_hf, a, {})[0]).abs().max() <= 1e-5
+    row = RowHeadAblation(((0, 1),), positions=resolve_positions([7]))
+    with pytest.raises(LensprobeError, match=r"lie outside the prompt \+ max_new_tokens \(5 tokens"):
+        row.check_positions(5, "prompt + max_new_tokens")
+    with pytest.raises(LensprobeError, match=r"lie outside the prompt \(5 tokens"):
+        row.check_positions(5)
+
+
+# ------------------------------------------------------------------ bind, ablate_kv_group
+
+
+def test_bind_keeps_everything_but_the_segment_names(prompt):
+    """Resolving segment names keeps the method, reference, per_position and KV groups."""
+    ref = [prompt, prompt]
+    abl = ablate_kv_group("L0KV1", method="mean", reference=ref, per_position=True, positions="question")
+    assert abl.positions == "question"  # a name waits for its prompt
+    bound = abl.bind(prompt)
+    assert bound.positions == Positions(frozenset(prompt.positions("question")))
+    assert (bound.heads, bound.method, bound.reference, bound.per_position, bound.kv_groups) \
+        == ((), "mean", ref, True, ((0, 1),))
+
+
+def test_ablate_kv_group_keeps_its_arguments(prompt):
+    """Every argument of ablate_kv_group reaches the ablation; positions are resolved as in ablate_heads."""
+    plain = ablate_kv_group("L0KV1,L1KV0")
+    assert (plain.heads, plain.method, plain.positions, plain.reference, plain.per_position, plain.kv_groups) \
+        == ((), "zero", None, None, False, ((0, 1), (1, 0)))
+    assert ablate_kv_group("L0KV1", positions=[2, 5]).positions == Positions(frozenset({2, 5}))
+    q = prompt.positions("question")
+    assert ablate_kv_group("L0KV1", positions="question", prompt=prompt).positions == Positions(frozenset(q))
+    assert ablate_kv_group("L0KV1", prompt=prompt).positions is None
+    ref = [prompt]
+    mean = ablate_kv_group("L1KV0", method="mean", reference=ref)
+    assert mean.method == "mean" and mean.reference is ref
+    with pytest.raises(LensprobeError, match=r"^KV group L1KV0 is given twice; name each group once\.$"):
+        ablate_kv_group("L0KV1,L1KV0,L1KV0")
+
+
+# ------------------------------------------------------------------ repr
+
+
+def test_repr_names_heads_groups_positions_and_options():
+    """The repr is what evaluations hash: every part of it, written out."""
+    assert repr(ablate_heads("all")) == "HeadAblation(heads='all', method='zero')"
+    assert repr(ablate_heads("L0H1,H2")) == "HeadAblation(heads='L0H1,L*H2', method='zero')"
+    assert repr(ablate_kv_group("L0KV1,L1KV0")) == "HeadAblation(kv_groups='L0KV1,L1KV0', method='zero')"
+    assert repr(ablate_heads("L0H1", positions=[1, 2, 3, 7])) \
+        == "HeadAblation(heads='L0H1', method='zero', positions=[1-3,7])"
+    assert repr(ablate_heads("L0H1", positions=slice(5, None))) \
+        == "HeadAblation(heads='L0H1', method='zero', positions=from 5)"
+    both = HeadAblation(((0, 1),), positions=Positions(frozenset({1}), start=9))
+    assert repr(both) == "HeadAblation(heads='L0H1', method='zero', positions=[1] + from 9)"
+    gen = HeadAblation(((0, 1),), positions=Positions(start=12, generated=True))
+    assert repr(gen) == "HeadAblation(heads='L0H1', method='zero', positions=generated)"
+    assert repr(ablate_heads("L0H1", positions="question")) \
+        == "HeadAblation(heads='L0H1', method='zero', positions='question')"
+    means = HeadAblation(((0, 1),), "mean", reference=[[1, 2], [3]], per_position=True)
+    assert repr(means) == (f"HeadAblation(heads='L0H1', method='mean', reference=<2 prompts, sha256 "
+                           f"{sha(b'1,2;', b'3;')}>, per_position=True)")
+
+
+def test_repr_describes_each_kind_of_reference_by_its_content(prompt):
+    """A prompt, a list of token ids, token tensors and head means: the count and the SHA-256 of the content."""
+    ids = prompt.tokens[0].tolist()
+    text = ",".join(str(i) for i in ids).encode() + b";"
+    one = HeadAblation(((0, 1),), "resample", reference=prompt)
+    assert repr(one).endswith(f"reference=<1 prompt, sha256 {sha(text)}>)")
+    assert repr(HeadAblation(((0, 1),), "resample", reference=ids)).endswith(f"reference=<1 prompt, sha256 {sha(text)}>)")
+    tensors = HeadAblation(((0, 1),), "mean", reference=[torch.tensor([[4, 5]]), torch.tensor([6])])
+    assert repr(tensors).endswith(f"reference=<2 prompts, sha256 {sha(b'4,5;', b'6;')}>)")
+    v0, v1 = torch.arange(6.0).reshape(2, 3), torch.ones(2, 3)
+    means = HeadMeans({1: v1, 0: v0}, per_position=False, n_prompts=3)
+    chunks = v0.numpy().tobytes() + v1.numpy().tobytes()  # layers in ascending order
+    assert repr(HeadAblation(((0, 1),), "mean", reference=means)).endswith(
+        f"reference=<HeadMeans over 3 prompts, sha256 {sha(chunks)}>)")
+
+
+# ------------------------------------------------------------------ position checks
+
+
+def test_position_check_messages_are_whole():
+    """Each refusal is the whole message, with the run's length and last position, and 'prompt' by default."""
+    with pytest.raises(LensprobeError, match=r"^no ablation positions given \(an empty list\): the ablation would "
+                       r"ablate nothing and show no effect\. Pass at least one position, a segment name such as "
+                       r"'question', or positions=None for every position\.$"):
+        check_ablation_positions(Positions(), 5)
+    generated = Positions(start=5, generated=True)
+    check_ablation_positions(generated, 6)  # one generated position: fine
+    with pytest.raises(LensprobeError, match=r"^positions='generated' were resolved against a prompt of 5 tokens, "
+                       r"and this run processes 5 positions \(the prompt\), none generated: the ablation would ablate "
+                       r"nothing and show no effect\. Ablate 'generated' positions during a generation \(lp\.generate, "
+                       r"lp\.trace_generation, lp\.evaluate\), or choose prompt positions or a segment name such as "
+                       r"'question'\.$"):
+        check_ablation_positions(generated, 5)
+    with pytest.raises(LensprobeError, match=r"^ablation positions 7 lie outside the prompt \(5 tokens, positions "
+                       r"0-4\): they would ablate nothing and show no effect\. Choose positions below 5, or a segment "
+                       r"name such as 'question'\.$"):
+        ablate_heads("L0H1", positions=[7]).check_positions(5)
