@@ -190,3 +190,36 @@ def test_position_check_messages_are_whole():
                        r"0-4\): they would ablate nothing and show no effect\. Choose positions below 5, or a segment "
                        r"name such as 'question'\.$"):
         ablate_heads("L0H1", positions=[7]).check_positions(5)
+
+
+@pytest.mark.parametrize("method", ["mean", "resample"])
+def test_reference_activations_are_computed_once_per_model(tiny, prompt, method, monkeypatch):
+    """Would catch the cache of reference activations left unused (each use recomputing them: a forward over
+    the reference per forward ablated) or shared across models (one model's activations replacing another's
+    heads)."""
+    from lensprobe.core.models.testing import tiny_model
+    from lensprobe.interventions import ablation as module
+
+    calls = []
+    real = module.replacement_source
+
+    def counted(model, *args):
+        calls.append(model)
+        return real(model, *args)
+
+    monkeypatch.setattr(module, "replacement_source", counted)
+    other = tiny_model(seed=1)  # the same shape, other weights
+    abl = ablate_heads("L0H1,L1H2", method=method, reference=prompt)
+    sources = []
+    for model in (tiny, tiny, other, other, tiny):
+        abl.hooks(model)
+        sources.append(vars(abl)["_cache"][model])
+    assert calls == [tiny, other]  # once per model, in the order first used
+    assert sources[0] is sources[1] is sources[4] and sources[2] is sources[3]
+
+    def by_layer(source):  # HeadMeans keeps its tensors in .values, resample's source is {layer: z}
+        return source.values if method == "mean" else source
+
+    want = by_layer(real(other, method, prompt, [0, 1], False))  # computed again, without the cache
+    assert all(torch.equal(by_layer(sources[2])[layer], want[layer]) for layer in (0, 1))
+    assert not all(torch.equal(by_layer(sources[0])[layer], want[layer]) for layer in (0, 1))  # tiny's differ
