@@ -5,6 +5,7 @@ counted a second way, with loops over Python floats or plain torch on hand-made 
 import math
 
 import pytest
+import test_metrics
 import torch
 
 from lensprobe import LensprobeError
@@ -16,13 +17,7 @@ from lensprobe.core.measures.metrics import (
     nonfinite_rows,
 )
 
-# A causal 4x4 pattern with rows that sum to 1 (as in test_metrics.py).
-A4 = torch.tensor([
-    [1.0, 0.0, 0.0, 0.0],
-    [0.6, 0.4, 0.0, 0.0],
-    [0.2, 0.3, 0.5, 0.0],
-    [0.1, 0.2, 0.3, 0.4],
-], dtype=torch.float64)
+A4 = test_metrics.A4.double()  # the causal 4x4 pattern of test_metrics.py, in float64
 
 
 def causal(seed: int, heads: int, pos: int) -> torch.Tensor:

@@ -5,6 +5,7 @@ number; no model is loaded."""
 import json
 
 import pytest
+from test_shards import SHARD_VARS
 
 import lensprobe as lp
 import lensprobe.core.storage.shards as shards
@@ -16,8 +17,6 @@ from lensprobe.core.storage.shards import (
     run_sharded,
     shard_info,
 )
-
-SHARD_VARS = ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE")
 
 
 @pytest.fixture(autouse=True)
