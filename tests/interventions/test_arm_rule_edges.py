@@ -165,6 +165,10 @@ def test_every_refusal_says_exactly_what_was_wrong():
 
     ok = dict(c=0.1, percentile=95)
     assert message(lambda: arm_redistribute(torch.zeros(0), **ok)) == "activations is empty: ARM needs at least one entry."
+    assert message(lambda: arm_redistribute([0.5, 1.0], **ok)) == (
+        "activations must be a floating-point tensor, got list.")  # not a tensor: no dtype to name
+    assert message(lambda: arm_redistribute(torch.zeros(3, dtype=torch.int64), **ok)) == (
+        "activations must be a floating-point tensor, got Tensor of dtype torch.int64.")
     assert message(lambda: arm_redistribute(torch.zeros(3, device="meta"), generator=gen(0), **ok)) == (
         "the generator is on cpu but the activations are on meta: create it with "
         "torch.Generator(device=activations.device).")
