@@ -11,6 +11,7 @@ from test_ablation import hf_logits, zero_slice
 import lensprobe as lp
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.heads import Positions, resolve_positions
+from lensprobe.core.hooks.hookpoint import StepContext
 from lensprobe.interventions.ablation import (
     HeadAblation,
     RowHeadAblation,
@@ -43,8 +44,9 @@ def test_the_hook_zeroes_each_rows_own_heads_and_names_a_batch_mismatch():
     want[0, :, 0] = 0
     want[1, :, 2:] = 0
     assert torch.equal(got, want)
-    one = ZAblationHook(0, mask[1:])(z[:1], None)  # a one-row mask on a one-row batch
-    assert torch.equal(one[0, :, 2:], torch.zeros(3, 2, 5)) and torch.equal(one[0, :, :2], z[0, :, :2])
+    one = z[:1].clone()  # a one-row mask on a one-row batch: one row back
+    one[:, :, 2:] = 0
+    assert torch.equal(ZAblationHook(0, mask[1:])(z[:1], None), one)
     with pytest.raises(LensprobeError, match=r"^this ablation was built for 2 batch rows but the input has 3\.$"):
         ZAblationHook(0, mask)(torch.zeros(3, 3, 4, 5), None)
 
@@ -54,6 +56,29 @@ def test_a_position_dependent_hook_without_a_step_names_its_layer():
     hook = ZAblationHook(1, torch.ones(1, 4, dtype=torch.bool), Positions(frozenset({0})), by_position=True)
     with pytest.raises(LensprobeError, match=r"^head ablation at layer 1: no token positions were published"):
         hook(torch.zeros(1, 3, 4, 5), None)
+
+
+def test_a_zero_ablation_of_every_position_needs_no_step(tiny):
+    """Zero ablation at every position looks up no positions: its hook runs outside lp.intervene and keeps a
+    one-row batch one row."""
+    ((name, hook),) = ablate_heads("L1H2").hooks(tiny)
+    assert name == "blocks.1.attn.hook_z"
+    z = torch.randn(1, 3, tiny.cfg.n_heads, tiny.cfg.d_head, generator=torch.Generator().manual_seed(1))
+    want = z.clone()
+    want[:, :, 2] = 0
+    assert torch.equal(hook(z, None), want)
+
+
+def test_left_padded_rows_place_positions_row_by_row():
+    """A step describing each row's positions (row 1 left-padded by one) is used row by row: position 0 is
+    index 0 in row 0 and index 1 in row 1."""
+    z = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(2))
+    site = type("Site", (), {"step": StepContext(0, torch.tensor([[0, 1, 2], [-1, 0, 1]]))})()
+    hook = ZAblationHook(0, torch.tensor([[False, True, False, False]]), Positions(frozenset({0})), by_position=True)
+    want = z.clone()
+    want[0, 0, 1] = 0
+    want[1, 1, 1] = 0
+    assert torch.equal(hook(z, site), want)
 
 
 # ------------------------------------------------------------------ positions in a batch, in a generation
@@ -100,6 +125,23 @@ def test_row_head_ablation_ablates_per_row_and_checks_positions_with_what_the_ru
         row.check_positions(5)
 
 
+def test_row_head_ablation_passes_on_its_positions_and_its_source(tiny, tiny_hf, prompt):
+    """Positions: row 0 zeroes L0H1 at positions 1 and 3 only (the plain model zeroes that slice). A source
+    after an unablated row: row 1's L0H1 becomes the head mean, at every position; row 0 is untouched."""
+    a = prompt.tokens
+    d = tiny.cfg.d_head
+    got = lp.forward(tiny, torch.cat([a, a]), RowHeadAblation(((0, 1), None), positions=resolve_positions([1, 3])))
+    assert (got[0] - hf_logits(tiny_hf, a, {0: zero_slice([1], d, [1, 3])})[0]).abs().max() <= 1e-5
+    assert (got[1] - hf_logits(tiny_hf, a, {})[0]).abs().max() <= 1e-5
+    v = torch.arange(4.0 * d).reshape(4, d)  # [head, d_head]
+    row = RowHeadAblation((None, (0, 1)), "mean", source=HeadMeans({0: v}, per_position=False, n_prompts=1))
+    ((name, hook),) = row.hooks(tiny)
+    z = torch.randn(2, 3, 4, d, generator=torch.Generator().manual_seed(3))
+    want = z.clone()
+    want[1, :, 1] = v[1]
+    assert name == "blocks.0.attn.hook_z" and torch.equal(hook(z, None), want)
+
+
 # ------------------------------------------------------------------ bind, ablate_kv_group
 
 
@@ -128,6 +170,21 @@ def test_ablate_kv_group_keeps_its_arguments(prompt):
     assert mean.method == "mean" and mean.reference is ref
     with pytest.raises(LensprobeError, match=r"^KV group L1KV0 is given twice; name each group once\.$"):
         ablate_kv_group("L0KV1,L1KV0,L1KV0")
+
+
+def test_a_head_named_alone_and_in_its_kv_group_is_refused_by_name(tiny):
+    """The tiny model's 4 query heads share 2 KV heads: group 0 of layer 0 holds L0H0 and L0H1."""
+    with pytest.raises(LensprobeError, match=r"^head L0H1 is given twice; name each head once\.$"):
+        HeadAblation(((0, 1),), kv_groups=((0, 0),)).resolve(tiny)
+
+
+def test_an_empty_selection_is_refused_with_the_first_word_of_what_is_due():
+    """'head' and 'KV group': the words before the example, whole."""
+    tail = r": pass at least one {}, e\.g\. '{}'; to run without ablation pass no intervention\.$"
+    with pytest.raises(LensprobeError, match=r"^no head to ablate in ' , '" + tail.format("head", "L0H1")):
+        ablate_heads(" , ")
+    with pytest.raises(LensprobeError, match=r"^no KV group to ablate in \[\]" + tail.format("KV group", "L0KV1")):
+        ablate_kv_group([])
 
 
 # ------------------------------------------------------------------ repr
