@@ -3,8 +3,11 @@ empty near-zero band), entries exactly at the band's edge ``|a| == eps`` (outsid
 ``|a| < eps``), exact ties at the last moved magnitude, and the batched rule (every row's statistics at
 once) equal to one call per row, bit for bit, on rows made of these edges."""
 
+from contextlib import contextmanager
+
 import pytest
 import torch
+from test_arm_gemma_quantile import authors_gemma_rule
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.interventions import arm_redistribute
@@ -19,6 +22,17 @@ C_EDGE = 0.5
 
 def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype):
+    """torch's default dtype set to ``dtype`` inside the block (as a program may set it), restored after."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def moved(out: torch.Tensor, a: torch.Tensor) -> list[int]:
@@ -120,15 +134,50 @@ def test_draws_are_float32_whatever_the_default_dtype():
     rule = dict(c=0.2, percentile=95)
     want = (arm_redistribute(a, generator=gen(0), **rule), arm_redistribute_rows(a, [gen(0), gen(1)], **rule),
             arm_redistribute(a, variant="gemma", c=0.2, percentile=0.9, generator=gen(0)))
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
+    with default_dtype(torch.float64):
         got = (arm_redistribute(a, generator=gen(0), **rule), arm_redistribute_rows(a, [gen(0), gen(1)], **rule),
                arm_redistribute(a, variant="gemma", c=0.2, percentile=0.9, generator=gen(0)))
-    finally:
-        torch.set_default_dtype(before)
     for x, y in zip(want, got, strict=True):
         assert torch.equal(x, y)
+
+
+def test_add_mode_sums_in_float32_whatever_the_default_dtype_and_the_inputs_dtype():
+    """In mode='add' the signs, shifts and sums are float32: under a float64 default dtype a float32 input
+    gets the result it gets under float32 (the sum rounded once, in float32), and a float64 input gets, at
+    the entries moved, the float32 rule's result on its values cast to float32, and its own values elsewhere."""
+    a = torch.randn(3, 200, generator=gen(9))
+    rule = dict(c=0.3, percentile=95, mode="add")
+    want = [arm_redistribute(a[b], generator=gen(b), **rule) for b in range(3)]
+    wide = a.double() + 1e-9 * torch.rand(3, 200, generator=gen(10), dtype=torch.float64)  # not float32 values
+    want_wide = []
+    for b in range(3):
+        ruled = arm_redistribute(wide[b].float(), generator=gen(b), **rule)
+        where = moved(ruled, wide[b].float())
+        assert len(where) > 10  # the rule moves entries here
+        row = wide[b].clone()
+        row[where] = ruled[where].double()
+        want_wide.append(row)
+    with default_dtype(torch.float64):
+        for x, expected in ((a, torch.stack(want)), (wide, torch.stack(want_wide))):
+            assert torch.equal(torch.stack([arm_redistribute(x[b], generator=gen(b), **rule) for b in range(3)]),
+                               expected)
+            assert torch.equal(arm_redistribute_rows(x, [gen(b) for b in range(3)], **rule), expected)
+
+
+@pytest.mark.parametrize("make", ["float64", "bfloat16 without negatives"])
+def test_gemma_rule_equals_the_authors_on_float64_and_on_nonnegative_input(make):
+    """The authors' function (test_arm_gemma_quantile) takes the thresholds in float32 whatever the input's
+    dtype: a float64 input's thresholds and targets are its float32 quantiles, cast back; and an input with
+    no negative entry has a negative target of 0."""
+    x = torch.randn(4, 65, generator=gen(11), dtype=torch.float64)
+    act = x if make == "float64" else torch.nn.functional.softplus(x).to(torch.bfloat16)
+    for c, pct in ((0.25, 90.0), (0.5, 0.965)):
+        torch.manual_seed(7)
+        expected = authors_gemma_rule(act, c, pct)
+        torch.manual_seed(7)
+        got = arm_redistribute(act, c=c, percentile=pct, variant="gemma")
+        assert got.dtype == act.dtype and torch.equal(got, expected)
+        assert int((got != act).sum()) >= 4 * 65 * c - 4  # the entries at or below the c-quantile moved
 
 
 def test_the_batched_rule_has_the_row_rules_defaults_and_takes_one_entry_rows():
