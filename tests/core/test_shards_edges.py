@@ -3,12 +3,15 @@ local GPU on a CPU-only machine, run_sharded's orders and refusals, and the rank
 number; no model is loaded."""
 
 import json
+import re
 
 import pytest
 from test_shards import SHARD_VARS
+from test_store_edges import Clock
 
 import lensprobe as lp
 import lensprobe.core.storage.shards as shards
+from lensprobe.core.storage import store as storage
 from lensprobe.core.storage.shards import (
     ShardStore,
     bind_local_gpu,
@@ -166,3 +169,38 @@ def test_the_local_rank_picks_a_gpu_modulo_the_gpus_there_are(monkeypatch):
     assert bind_local_gpu() == 1 and bound == [1]
     monkeypatch.setenv("LOCAL_RANK", "-1")  # not a number of digits: left alone
     assert bind_local_gpu() is None and bound == [1]
+
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_the_progress_bar_is_off_by_default_and_labelled_units_or_as_asked(tmp_path, capsys, sharded):
+    """tqdm writes its bar to stderr: nothing without progress=..., 'units' for progress=True, the text given
+    otherwise; in memory over the 4 units, or as rank 1 of 2 in a new folder (u1 and u3, the rank named)."""
+    units = ["u0", "u1", "u2", "u3"]
+
+    def bar(folder, **progress):
+        shard = dict(out=tmp_path / folder, rank=1, world_size=2) if sharded else dict(out=None)
+        run_sharded(units, len, kind="demo", settings={}, **shard, **progress)
+        return capsys.readouterr().err
+
+    suffix, count = (" (rank 1/2)", "2/2") if sharded else ("", "4/4")
+    assert bar("a") == ""
+    for folder, progress, label in (("b", True, "units"), ("c", "sizes", "sizes")):
+        err = bar(folder, progress=progress)
+        assert re.search(rf"(^|\r){re.escape(label + suffix)}: 100%\|.*\| {count} ", err), err
+
+
+def test_a_store_waits_in_its_folder_with_the_limit_and_the_poll_it_is_given(tmp_path, monkeypatch):
+    """ShardStore.wait passes its folder, stall limit and poll on: looks every 0.25 s, gives up after more than
+    0.75 s without news (the look at 1 s), naming its folder and that limit, not the environment's 5 s."""
+    clock = Clock()  # test_store_edges' clock: sleep moves it on, nothing sleeps
+    monkeypatch.setattr(storage, "time", clock)
+    monkeypatch.setenv(storage.STALL_TIMEOUT_VAR, "5")
+    expected = (f"gave up waiting in {tmp_path}: rank 1 of 2 did not finish 1 unit(s) (e.g. 'u1') and nothing "
+                "finished for 0.75 s. Check that process's output, then rerun the same command: it resumes where "
+                "the ranks stopped (every finished unit is saved).")
+    with ShardStore(tmp_path, "demo", {}, rank=0) as store:
+        store.record("u0", 0)
+        with pytest.raises(lp.LensprobeError, match=f"^{re.escape(expected)}$"):
+            store.wait(["u0", "u1"], 2, stall_timeout=0.75, poll=0.25)
+    assert clock.sleeps == [0.25] * 4 and clock.now == 1.0
