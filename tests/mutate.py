@@ -4,14 +4,17 @@ For each module, mutmut (3.x) runs in a scratch copy of the tree (``build/mutate
 tree is never touched) with a ``[tool.mutmut]`` naming that module and the fast tests that exercise it:
 it makes every mutant of the module, learns which of those tests reach each function, runs them against
 each mutant (in forked processes, ``--jobs`` at a time) and counts the mutants they kill. A module's run
-stops after ``--minutes``; the mutants it did not reach are counted as not checked.
+stops after ``--minutes``; the mutants it did not reach are counted as not checked. mutmut's own output is
+kept in ``build/mutate/<module>/mutmut.log``.
 
     python tests/mutate.py                      # every module below
     python tests/mutate.py arm_rule stats       # the modules whose path holds these words
     python tests/mutate.py --list               # the modules and their tests
 
 Runtime type checks are off in these runs (``--jaxtyping-packages=``): mutmut runs pytest several times in
-one process, and jaxtyping's import hook must be installed before lensprobe is first imported.
+one process, and jaxtyping's import hook must be installed before lensprobe is first imported. For the same
+reason a test id must not change when its module is collected again in the same process: pytest escapes an
+``ids=`` list again then (a backslash doubles), so ids holding one are given with ``pytest.param(..., id=)``.
 """
 
 import argparse
@@ -82,12 +85,13 @@ def run_module(module: str, tests: list[str], minutes: float, jobs: int) -> dict
     work = scratch_copy(module, tests)
     pattern = module.removesuffix(".py").replace("/", ".") + "*"
     start = time.monotonic()
-    try:
-        subprocess.run([str(MUTMUT), "run", "--max-children", str(jobs), pattern], cwd=work, timeout=minutes * 60,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        capped = False
-    except subprocess.TimeoutExpired:
-        capped = True
+    with open(work / "mutmut.log", "w", encoding="utf-8") as log:  # mutmut's own output, for a run that fails
+        try:
+            subprocess.run([str(MUTMUT), "run", "--max-children", str(jobs), pattern], cwd=work,
+                           timeout=minutes * 60, stdout=log, stderr=subprocess.STDOUT, check=False)
+            capped = False
+        except subprocess.TimeoutExpired:
+            capped = True
     seconds = time.monotonic() - start
     listing = subprocess.run([str(MUTMUT), "results", "--all", "true"], cwd=work, capture_output=True, text=True,
                              check=False).stdout
