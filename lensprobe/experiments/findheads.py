@@ -8,25 +8,32 @@ outside its linear regime. :func:`find_heads` combines them:
 2. **Flag** the heads outside the linear regime and ablate them exactly whatever their estimate:
    a head whose ablation moves the residual stream by more than ``flag`` of its norm
    (``||dz_h W_O^h|| / ||resid_pre||`` over the ablated positions, the largest over prompts).
-   On SmolLM2-135M the heads of layers 0 and 1 write 0.14-0.21 of the residual stream, the
-   others at most 0.08, and AtP's slope underestimates exactly those (e.g. L1H5: slope +0.04,
-   exact +1.51).
-3. **Verify in estimate order**: the other heads are ablated exactly in AtP's order (its score,
-   mean over prompts), ``step`` at a time. **Stopping rule**: the search stops after the first
-   step that adds no head to the exact top ``top`` (ranked by ``|exact|``, mean over prompts),
-   or when ``budget`` single-head ablations are spent.
+   On SmolLM2-135M (zero ablation, 16 MATH-500 prompts) the heads of layers 0 and 1 write up to
+   0.37 of the residual stream, about 20 heads of layers 2-11 0.07-0.12, the median head of
+   layers 2-29 0.01; AtP's slope underestimates the large writers (L1H5: slope +0.04, exact
+   +1.51; L11H1, writing 0.08: +0.06 against +0.23).
+3. **Verify in estimate order**: the other heads are ablated exactly on every prompt in AtP's
+   order (its score, mean over prompts), ``step`` at a time. **Stopping rule**: the search stops
+   after the first step that adds no head to the exact top ``top`` (ranked by ``|exact|``, mean
+   over prompts), or when ``budget`` single-head ablations are spent.
 4. **Check the rest**: ``sample`` heads drawn at random from those not ablated are ablated too;
    how many of them beat the weakest head of the exact top gives an estimated lower bound of
-   the recall with its 95% interval, as :class:`~lensprobe.experiments.verify.Verification`
+   the over-prompts recall with its 95% interval, as :class:`~lensprobe.experiments.verify.Verification`
    states it (exact when every head was ablated).
+5. **Per prompt**: a head can matter on one prompt and not on average, so each prompt then goes on
+   alone, in its own AtP order, ``refine`` heads at a time, with the same stopping rule on its own
+   exact top (``refine=0`` skips this). Those heads are ablated on that prompt only.
 
 Every exact ablation runs through the batched sweep (:func:`~lensprobe.experiments.sweep.sweep_prompt`):
 rows are sorted by layer and cut into batches where it costs least
 (:func:`~lensprobe.experiments.sweep.layer_chunks`), so heads of nearby layers share a batch and
 a batch runs the layers below its lowest ablated head once. The cost is counted in forward-equivalents per prompt: AtP 3 (a forward and a backward), the flag
 pass 1, a batch of ``r`` rows whose lowest ablated layer is ``s`` of ``L`` layers
-``s / L + r (L - s) / L``. The thresholds (``flag=0.10``) were set on one set of prompts; the
-benchmark ``benchmarks/find_heads.py`` measures the pipeline against the full sweep.
+``s / L + r (L - s) / L``. The defaults (``flag=0.07``, ``step=5``, ``refine=3``, ``sample=10``)
+were chosen by replaying the pipeline on the exact sweeps of 16 MATH-500 problems (zero ablation,
+entropy and the answer's log-probability) as the setting with the least cost whose top-20 recall
+was at least 0.95 over prompts and per prompt there; the benchmark ``benchmarks/find_heads.py``
+measures it against the full sweep on other problems.
 
 Example:
     >>> found = lp.find_heads(model, prompts, "entropy", top=20)
@@ -63,20 +70,25 @@ class HeadSearch:
 
     Attributes:
         table: one row per head ablated exactly: ``layer``, ``head``, ``head_label``, ``estimate``
-            and ``score`` (AtP, mean over prompts), ``write`` (the flag signal), ``exact`` (mean over
-            prompts of the exact change), ``why`` (``"flagged"``, ``"verified"`` or ``"sampled"``),
-            ``atp_rank`` (1 = AtP's first), ``exact_rank`` (1 = largest ``|exact|``).
-        exact: ``[prompt, head]`` exact changes of the heads of ``table``, in its order.
+            (AtP, mean over the prompts it was ablated on) and ``score`` (AtP's, mean over prompts),
+            ``write`` (the flag signal), ``exact`` (mean of the exact change over the ``prompts`` it was
+            ablated on), ``prompts``, ``why`` (``"flagged"``, ``"verified"``, ``"sampled"``, or
+            ``"per prompt"``: ablated on some prompts only, in step 5), ``atp_rank`` (1 = AtP's first),
+            ``exact_rank`` (1 = largest ``|exact|`` among the heads ablated on every prompt; empty for
+            the others). Heads ablated on every prompt come first.
+        exact: ``[prompt, head]`` exact changes of the heads of ``table``, in its order (NaN where a
+            head was not ablated on a prompt).
         top: how many heads were asked for.
         per_prompt: per prompt, the labels of the ``top`` heads with the largest ``|exact|`` there
-            (among the heads ablated exactly).
+            (among the heads ablated exactly on it), largest first.
         recall, recall_kind, recall_low, recall_high, outside, sampled, beat: what is known of the
             over-prompts top's recall, as :class:`~lensprobe.experiments.verify.Verification` says it
             (``outside``: heads not ablated before the random check).
-        cost: forward-equivalents per prompt: ``"attribution"``, ``"flag"``, ``"exact"``, ``"total"``,
-            and for comparison ``"sweep"`` (every head, batched like the sweep) and
-            ``"one_at_a_time"`` (the same exact heads, one forward each, plus the clean run).
-        steps: verification steps run (after the flagged heads).
+        cost: forward-equivalents per prompt (mean over prompts): ``"attribution"``, ``"flag"``,
+            ``"exact"`` (of which ``"per_prompt"`` in step 5), ``"total"``, and for comparison
+            ``"sweep"`` (every head, batched like the sweep) and ``"one_at_a_time"`` (the same exact
+            heads, one forward each, plus the clean run).
+        steps: verification steps run on every prompt (step 3).
         attribution: the AtP estimates.
         metric: the metric's name.
     """
@@ -99,8 +111,10 @@ class HeadSearch:
 
     @property
     def found(self):
-        """The ``top`` heads with the largest ``|exact|`` (mean over prompts), largest first."""
-        return self.table.sort_values("exact_rank", kind="stable").head(self.top).reset_index(drop=True)
+        """The ``top`` heads with the largest ``|exact|`` (mean over prompts, among the heads ablated on
+        every prompt), largest first."""
+        ranked = self.table[self.table["exact_rank"].notna()]
+        return ranked.sort_values("exact_rank", kind="stable").head(self.top).reset_index(drop=True)
 
     def recall_text(self) -> str:
         """What is known of the top-k recall (see :meth:`Verification.recall_text
@@ -120,7 +134,8 @@ class HeadSearch:
         c = self.cost
         return (f"find_heads on {self.metric}: {len(self.table)} of {len(self.attribution.units)} heads ablated exactly "
                 f"({why.get('flagged', 0)} flagged, {why.get('verified', 0)} verified in {self.steps} steps, "
-                f"{why.get('sampled', 0)} sampled); {c['total']:.1f} forward-equivalents per prompt, "
+                f"{why.get('sampled', 0)} sampled, {why.get('per prompt', 0)} more on single prompts); "
+                f"{c['total']:.1f} forward-equivalents per prompt, "
                 f"{c['total'] / c['sweep']:.2f} of the sweep's {c['sweep']:.1f}; {self.recall_text()}")
 
 
@@ -150,30 +165,73 @@ def _write_ratios(model, items, measures, settings: dict, n_layers: int) -> Tens
     return out
 
 
-def _ablate(model, items, measures, att: Attribution, pairs: list[tuple[int, int]], batch_size: int, share: bool,
+def _ablate(model, items, measures, att: Attribution, pairs: list[tuple[int, int]], batch_size: int, which: list[int],
             clean: bool) -> tuple[Tensor, Tensor | None, float]:
-    """``([prompt, pair] exact values, [prompt] clean values or None, forward-equivalents per prompt)``."""
+    """``([prompt of which, pair] exact values, [prompt of which] clean values or None, forward-equivalents per
+    prompt)``."""
     s = att.settings
     n_layers = int(model.cfg.n_layers)
     chunks = layer_chunks(([None] if clean else []) + list(pairs), n_layers, batch_size)
     order = [pairs.index(row) for chunk in chunks for row in chunk if row is not None]
-    values = torch.empty(len(items), len(pairs), device="cpu")
-    base = torch.empty(len(items), device="cpu") if clean else None
-    share = share and type(measures[0]) in _PREFIX_SAFE
-    for p, (prompt, measure, source) in enumerate(zip(items, measures, s["sources"], strict=True)):
-        pos = prompt_positions(s, p, prompt)
-        flat, share = sweep_prompt(model, prompt, measure, chunks, s["method"], pos, source, share)
+    values = torch.empty(len(which), len(pairs), device="cpu")
+    base = torch.empty(len(which), device="cpu") if clean else None
+    share = type(measures[0]) in _PREFIX_SAFE
+    for k, p in enumerate(which):
+        pos = prompt_positions(s, p, items[p])
+        flat, share = sweep_prompt(model, items[p], measures[p], chunks, s["method"], pos, s["sources"][p], share)
         if clean:
-            base[p] = flat[0]  # type: ignore[index]
+            base[k] = flat[0]  # type: ignore[index]
             flat = flat[1:]
-        values[p, order] = flat
+        values[k, order] = flat
     cost = sum(chunk_cost(c, n_layers, share) for c in chunks)
     return values, base, cost
 
 
-def _check_settings(top: Any, sample: Any, batch_size: Any, step: Any, budget: Any, flag: Any) -> None:
+class _Search:
+    """The exact values found so far: ``values[prompt, unit]`` (NaN: not ablated on that prompt), the
+    clean values, why each unit was first ablated, and the forward-equivalents spent per prompt."""
+
+    def __init__(self, model, items, measures, att: Attribution, pairs: list, top: int, batch_size: int):
+        self.model, self.items, self.measures, self.att, self.pairs = model, items, measures, att, pairs
+        self.top, self.batch_size = top, batch_size
+        self.values = torch.full((len(items), len(pairs)), float("nan"), device="cpu")
+        self.clean: Tensor | None = None
+        self.why: dict[int, str] = {}
+        self.spent = torch.zeros(len(items), dtype=torch.float64)
+
+    def run(self, units: list[int], reason: str, prompt: int | None = None) -> None:
+        """Ablate ``units`` exactly on every prompt (or on ``prompt`` alone); the clean row goes with the first run."""
+        which = list(range(len(self.items))) if prompt is None else [prompt]
+        values, base, cost = _ablate(self.model, self.items, self.measures, self.att, [self.pairs[i] for i in units],
+                                     self.batch_size, which, self.clean is None)
+        if base is not None:
+            self.clean = base
+        for j, i in enumerate(units):
+            self.values[which, i] = values[:, j] - self.clean[which]  # type: ignore[index]
+            self.why.setdefault(i, reason)
+        self.spent[which] += cost
+
+    def everywhere(self) -> list[int]:
+        """Units ablated on every prompt."""
+        return (~self.values.isnan()).all(0).nonzero().flatten().tolist()
+
+    def ranked(self, prompt: int | None = None) -> list[int]:
+        """The ``top`` units with the largest ``|exact|``, largest first: mean over prompts (among units ablated on
+        every prompt), or on ``prompt``."""
+        if prompt is None:
+            units, value = self.everywhere(), self.values.mean(0)
+        else:
+            units, value = (~self.values[prompt].isnan()).nonzero().flatten().tolist(), self.values[prompt]
+        return sorted(units, key=lambda i: -abs(float(value[i])))[: self.top]
+
+    def top_units(self, prompt: int | None = None) -> set[int]:
+        return set(self.ranked(prompt))
+
+
+def _check_settings(top: Any, sample: Any, batch_size: Any, step: Any, budget: Any, flag: Any, refine: Any) -> None:
     for name, value, low in (("top", top, 1), ("sample", sample, 0), ("batch_size", batch_size, 1),
-                             ("step", 1 if step is None else step, 1), ("budget", 0 if budget is None else budget, 0)):
+                             ("step", 1 if step is None else step, 1), ("budget", 0 if budget is None else budget, 0),
+                             ("refine", refine, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise LensprobeError(f"{name} must be a whole number >= {low}, got {value!r}.")
     if not isinstance(flag, (int, float)) or isinstance(flag, bool) or flag < 0:
@@ -182,14 +240,17 @@ def _check_settings(top: Any, sample: Any, batch_size: Any, step: Any, budget: A
 
 def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablation: Any = "zero",
                reference: Any = None, positions: Any = None, answers: Any = None, tokens: Any = None,
-               continuation: Any = None, align: Any = None, flag: float = 0.10, step: int | None = None, budget: int | None = None,
-               sample: int = 20, seed: int = 0, batch_size: int = 32) -> HeadSearch:
-    """The exact top-``top`` heads by the effect of ablating each, at a fraction of the sweep's cost.
+               continuation: Any = None, align: Any = None, flag: float = 0.07, step: int = 5,
+               refine: int = 3, budget: int | None = None, sample: int = 10, seed: int = 0,
+               batch_size: int = 32) -> HeadSearch:
+    """The exact top-``top`` heads by the effect of ablating each, over prompts and per prompt, at a
+    fraction of the sweep's cost.
 
     See the module documentation for the pipeline: AtP estimates, exact ablation of the heads
     ``flag`` marks as outside the linear regime, exact verification in AtP order ``step`` heads
-    at a time until a step adds nothing to the exact top (or ``budget`` is spent), and a random
-    sample of the rest to estimate what was missed.
+    at a time until a step adds nothing to the exact top, a random sample of the rest to
+    estimate what was missed, and per prompt the same verification in that prompt's AtP order,
+    ``refine`` heads at a time.
 
     Args:
         model: a TransformerLens model.
@@ -200,9 +261,11 @@ def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablati
         top: how many heads to find.
         flag: ablate exactly every head whose ablation moves the residual stream by more than this
             share of its norm (``0`` ablates every head: the sweep; ``float("inf")`` none).
-        step: heads verified per step (default: ``top``).
-        budget: at most this many single-head ablations in steps 2-3 (``None``: until the stopping rule).
-        sample: heads drawn at random from the rest and ablated exactly (the recall check).
+        step: heads verified per step on every prompt.
+        refine: heads verified per step on one prompt in the per-prompt phase (``0``: no such phase).
+        budget: at most this many single-head ablations per prompt in the verification and per-prompt
+            phases together (``None``: until the stopping rules).
+        sample: heads drawn at random from the rest and ablated exactly on every prompt (the recall check).
         seed: the random draw's seed.
         batch_size: single-head ablations per forward.
 
@@ -217,7 +280,7 @@ def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablati
         >>> found = lp.find_heads(model, prompts, "entropy", top=20)
         >>> print(found.summary())
     """
-    _check_settings(top, sample, batch_size, step, budget, flag)
+    _check_settings(top, sample, batch_size, step, budget, flag, refine)
     att = attribute_heads(model, prompts, metric, method="atp", ablation=ablation, reference=reference,
                           positions=positions, answers=answers, tokens=tokens, continuation=continuation, align=align)
     if att.unit != "head":
@@ -226,75 +289,72 @@ def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablati
     measures = resolve_measures(model, metric, len(items), answers=answers, tokens=tokens, continuation=continuation)
     n_layers, n_units = int(model.cfg.n_layers), len(att.units)
     top = min(top, n_units)
-    step = top if step is None else step
     pairs = [(layer, heads[0]) for layer, heads in att.units]
-    score = att.scores.mean(0)
-    atp_order = torch.argsort(score, descending=True, stable=True).tolist()
     ratios = _write_ratios(model, items, measures, att.settings, n_layers)
     write = torch.tensor([float(ratios[layer, head]) for layer, head in pairs])
-    why: dict[int, str] = {i: "flagged" for i in range(n_units) if float(write[i]) > flag}
-    exact: dict[int, Tensor] = {}
-    cost = {"attribution": ATP_COST, "flag": 1.0, "exact": 0.0}
+    search = _Search(model, items, measures, att, pairs, top, batch_size)
+    search.run([i for i in range(n_units) if float(write[i]) > flag], "flagged")  # with the clean row
+    order = torch.argsort(att.scores.mean(0), descending=True, stable=True).tolist()
+    steps, spent = _verify(search, order, step, budget, None)
+    rest = [i for i in range(n_units) if i not in search.why]
+    pick = sorted(rest[k] for k in torch.randperm(len(rest), generator=torch.Generator().manual_seed(seed))[:sample].tolist())
+    if pick:
+        search.run(pick, "sampled")
+    mean = search.values.mean(0)
+    weakest = min(abs(float(mean[i])) for i in search.top_units())
+    beat = sum(abs(float(mean[i])) > weakest for i in pick)
+    known = recall_bound(1.0, top, len(rest), len(pick), beat)  # every head ablated: exact
+    shared = float(search.spent[0])
+    if refine:
+        for p in range(len(items)):
+            left = None if budget is None else budget - spent
+            own = torch.argsort(att.scores[p], descending=True, stable=True).tolist()
+            _verify(search, own, refine, left, p)
+    cost = {"attribution": ATP_COST, "flag": 1.0, "exact": float(search.spent.mean()),
+            "per_prompt": float(search.spent.mean()) - shared}
+    return _result(search, write, order, known, len(rest), len(pick), beat, cost, steps, n_layers)
 
-    clean: list[Tensor] = []  # the unablated values, computed once (with the first exact batch)
 
-    def run(units: list[int], reason: str) -> None:
-        values, base, spent = _ablate(model, items, measures, att, [pairs[i] for i in units], batch_size, True,
-                                      not clean)
-        if base is not None:
-            clean.append(base)
-        for j, i in enumerate(units):
-            exact[i] = values[:, j] - clean[0]
-            why.setdefault(i, reason)
-        cost["exact"] += spent
-
-    def exact_top() -> set[int]:
-        ranked = sorted(exact, key=lambda i: -float(exact[i].mean().abs()))
-        return set(ranked[:top])
-
-    run(sorted(why), "flagged")  # with the clean row, also when nothing is flagged
+def _verify(search: _Search, order: list[int], step: int, budget: int | None, prompt: int | None) -> tuple[int, int]:
+    """Ablate the units in ``order`` not yet ablated (on ``prompt``, or on every prompt), ``step`` at a time,
+    until a step leaves the exact top as it was or ``budget`` units are spent; the steps run and units spent."""
+    done = (~search.values.isnan()).all(0) if prompt is None else ~search.values[prompt].isnan()
+    queue = [i for i in order if not bool(done[i])]
     steps, spent = 0, 0
-    queue = [i for i in atp_order if i not in exact]
     while queue and (budget is None or spent < budget):
         take = queue[: step if budget is None else min(step, budget - spent)]
         queue = queue[len(take):]
-        before = exact_top()
-        run(take, "verified")
+        before = search.top_units(prompt)
+        search.run(take, "verified" if prompt is None else "per prompt", prompt)
         steps, spent = steps + 1, spent + len(take)
-        if len(before) >= top and exact_top() == before:
+        if len(before) >= search.top and search.top_units(prompt) == before:
             break
-    rest = [i for i in range(n_units) if i not in exact]
-    outside = len(rest)
-    pick = sorted(rest[k] for k in torch.randperm(len(rest), generator=torch.Generator().manual_seed(seed))[:sample].tolist())
-    if pick:
-        run(pick, "sampled")
-    found = exact_top()
-    weakest = min(float(exact[i].mean().abs()) for i in found)
-    beat = sum(float(exact[i].mean().abs()) > weakest for i in pick)
-    # every head ablated: the found top is the true top (recall 1, exact)
-    known = recall_bound(1.0, top, outside, len(pick), beat)
-    return _search(att, pairs, exact, why, write, score, atp_order, top, known, outside, len(pick), beat, cost, steps,
-                   n_layers, batch_size)
+    return steps, spent
 
 
-def _search(att: Attribution, pairs, exact: dict[int, Tensor], why: dict[int, str], write: Tensor, score: Tensor,
-            atp_order: list[int], top: int, recall: tuple, outside: int, sampled: int, beat: int, cost: dict,
-            steps: int, n_layers: int, batch_size: int) -> HeadSearch:
-    units = sorted(exact, key=lambda i: -float(exact[i].mean().abs()))
-    atp_rank = {i: r + 1 for r, i in enumerate(atp_order)}
-    est = att.estimates.mean(0)
+def _result(search: _Search, write: Tensor, order: list[int], recall: tuple, outside: int, sampled: int, beat: int,
+            cost: dict, steps: int, n_layers: int) -> HeadSearch:
+    att, pairs, values, top = search.att, search.pairs, search.values, search.top
+    seen = ~values.isnan()
+    everywhere = sorted(search.everywhere(), key=lambda i: -abs(float(values[:, i].mean())))
+    partial = sorted((i for i in search.why if i not in set(everywhere)),
+                     key=lambda i: -abs(float(values[:, i].nanmean())))
+    units = everywhere + partial
+    atp_rank = {i: r + 1 for r, i in enumerate(order)}
+    est = att.estimates
     table = pandas().DataFrame([
-        {"layer": pairs[i][0], "head": pairs[i][1], "head_label": head_label(*pairs[i]), "estimate": float(est[i]),
-         "score": float(score[i]), "write": float(write[i]), "exact": float(exact[i].mean()), "why": why[i],
-         "atp_rank": atp_rank[i], "exact_rank": r + 1} for r, i in enumerate(units)])
-    values = torch.stack([exact[i] for i in units], dim=1)
-    per_prompt = [[head_label(*pairs[units[j]]) for j in torch.argsort(values[p].abs(), descending=True,
-                                                                         stable=True)[:top].tolist()]
-                  for p in range(values.shape[0])]
+        {"layer": pairs[i][0], "head": pairs[i][1], "head_label": head_label(*pairs[i]),
+         "estimate": float(est[seen[:, i], i].mean()), "score": float(att.scores[:, i].mean()), "write": float(write[i]),
+         "exact": float(values[:, i].nanmean()), "prompts": int(seen[:, i].sum()), "why": search.why[i],
+         "atp_rank": atp_rank[i]} for i in units])
+    table["exact_rank"] = pandas().array([r + 1 for r in range(len(everywhere))] + [None] * len(partial),
+                                         dtype="Int64")
+    per_prompt = [[head_label(*pairs[i]) for i in search.ranked(p)] for p in range(values.shape[0])]
     rows = [None, *pairs]
-    sweep = sum(chunk_cost(rows[i: i + batch_size], n_layers) for i in range(0, len(rows), batch_size))
+    batch = search.batch_size
+    sweep = sum(chunk_cost(rows[i: i + batch], n_layers) for i in range(0, len(rows), batch))
     cost = {**cost, "total": cost["attribution"] + cost["flag"] + cost["exact"], "sweep": sweep,
-            "one_at_a_time": float(len(units) + 1)}
+            "one_at_a_time": float(seen.sum(1).double().mean()) + 1.0}
     value, low, high, kind = recall
-    return HeadSearch(table, values, top, per_prompt, value, kind, low, high, outside, sampled, beat, cost, steps, att,
-                      att.metric)
+    return HeadSearch(table, values[:, units], top, per_prompt, value, kind, low, high, outside, sampled, beat, cost,
+                      steps, att, att.metric)

@@ -12,9 +12,9 @@ from lensprobe.viz.style import ABLATED_COLOR, CLEAN_COLOR, INDEX_NOTE, grid_lay
 
 __all__ = ["attribution_heatmap", "attribution_scatter", "find_heads_heatmap", "find_heads_scatter"]
 
-WHY_COLORS = {"flagged": ABLATED_COLOR, "verified": "#2a9d8f", "sampled": CLEAN_COLOR}
-WHY_TEXT = {"flagged": "flagged (write > 10% of the residual)", "verified": "verified in AtP order",
-            "sampled": "random check"}
+WHY_COLORS = {"flagged": ABLATED_COLOR, "verified": "#2a9d8f", "sampled": CLEAN_COLOR, "per prompt": "#e9c46a"}
+WHY_TEXT = {"flagged": "flagged (large write to the residual)", "verified": "verified in AtP order",
+            "sampled": "random check", "per prompt": "on single prompts, in their AtP order"}
 
 
 def attribution_heatmap(attribution, *, title: str | None = None, zmax: float | None = None):
@@ -100,7 +100,8 @@ def attribution_scatter(verification, *, title: str | None = None):
 def find_heads_scatter(search, *, title: str | None = None):
     """AtP's estimate vs the exact change of every head :func:`~lensprobe.experiments.findheads.find_heads`
     ablated exactly, coloured by why it was ablated (flagged outside the linear regime, verified in AtP
-    order, or drawn for the random check), with the line estimate = exact.
+    order, drawn for the random check, or verified on single prompts: those points are means over the
+    prompts each head was ablated on), with the line estimate = exact.
 
     Example:
         >>> fig = find_heads_scatter(lp.find_heads(model, prompts, "entropy"))
@@ -112,8 +113,10 @@ def find_heads_scatter(search, *, title: str | None = None):
         if len(rows):
             fig.add_trace(go.Scatter(
                 x=rows["exact"].tolist(), y=rows["estimate"].tolist(), mode="markers", name=WHY_TEXT[why],
-                text=rows["head_label"].tolist(), customdata=rows["write"].tolist(), marker=dict(color=color, size=8),
-                hovertemplate="%{text}<br>exact %{x:.4g}<br>AtP %{y:.4g}<br>write %{customdata:.2f}<extra></extra>"))
+                text=rows["head_label"].tolist(), customdata=rows[["write", "prompts"]].values.tolist(),
+                marker=dict(color=color, size=8),
+                hovertemplate="%{text}<br>exact %{x:.4g}<br>AtP %{y:.4g}<br>write %{customdata[0]:.2f}"
+                              "<br>on %{customdata[1]} prompts<extra></extra>"))
     both = table["exact"].tolist() + table["estimate"].tolist()
     lo, hi = (min(both), max(both)) if both else (0.0, 1.0)
     fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="estimate = exact",
@@ -121,14 +124,15 @@ def find_heads_scatter(search, *, title: str | None = None):
     fig.update_layout(
         title=dict(text=f"{title or 'AtP estimate vs exact ablation, by why each head was ablated'}<br><sup>"
                         f"{search.recall_text()}; {INDEX_NOTE}</sup>"),
-        xaxis_title=f"exact Δ {search.metric} (ablated - clean, mean over prompts)", yaxis_title="AtP estimate",
+        xaxis_title=f"exact Δ {search.metric} (ablated - clean, mean over the prompts ablated on)",
+        yaxis_title="AtP estimate",
         template="plotly_white", height=480, width=680, margin=dict(t=100, l=80, r=30, b=60))
     return fig
 
 
 def find_heads_heatmap(search, *, title: str | None = None):
     """Layer x head heatmap of the exact effects :func:`~lensprobe.experiments.findheads.find_heads`
-    measured (blank: not ablated exactly).
+    measured (blank: not ablated exactly; a head ablated on some prompts only shows their mean).
 
     Example:
         >>> fig = find_heads_heatmap(lp.find_heads(model, prompts, "entropy"))
@@ -145,7 +149,8 @@ def find_heads_heatmap(search, *, title: str | None = None):
         hovertemplate="%{text}<br>exact Δ = %{z:.4g}<extra></extra>"))
     fig.update_layout(
         **grid_layout(title or f"Exact change in {search.metric} of the heads find_heads ablated",
-                      f"{INDEX_NOTE}; blank: not ablated exactly; mean over prompts", att.n_layers, att.n_heads),
+                      f"{INDEX_NOTE}; blank: not ablated exactly; mean over the prompts each head was ablated on",
+                      att.n_layers, att.n_heads),
         xaxis=dict(title_text="head (0-based)", dtick=1), yaxis=dict(title_text="layer (0-based)", autorange="reversed"),
         template="plotly_white")
     return fig

@@ -145,3 +145,69 @@ def test_figures_mark_why_each_head_was_ablated(tiny, prompts):
             got = z[layer][head]
             assert got == pytest.approx(ablated[(layer, head)]) if (layer, head) in ablated else got is None
     assert found.recall_text() in scatter.layout.title.text
+
+
+def by_hand_refinement(found, sweep, top, shared, budget=None):
+    """Step 5 by hand: per prompt, AtP's order on that prompt, one head at a time, until a head leaves the
+    prompt's exact top as it was (or ``budget`` heads of steps 3 and 5 are spent); the heads seen per prompt."""
+    att = found.attribution
+    labels = [f"L{layer}H{head}" for layer, head in sweep.heads]
+    seen_per_prompt = []
+    for p in range(sweep.changes.shape[0]):
+        effect = {lbl: abs(float(sweep.changes[p, labels.index(lbl)])) for lbl in labels}
+
+        def best(heads, effect=effect):
+            return sorted(heads, key=lambda h: -effect[h])[:top]
+
+        seen = list(shared)
+        for i in torch.argsort(att.scores[p], descending=True, stable=True).tolist():
+            if att.labels[i] in seen or (budget is not None and len(seen) >= budget):
+                continue
+            before = set(best(seen))
+            seen.append(att.labels[i])
+            if len(before) >= top and set(best(seen)) == before:
+                break
+        seen_per_prompt.append((seen, best(seen)))
+    return seen_per_prompt
+
+
+def test_each_prompt_goes_on_alone_in_its_own_atp_order(tiny, prompts, sweep):
+    found = find_heads(tiny, prompts, "entropy", top=2, flag=float("inf"), step=2, refine=1, sample=0)
+    table = found.table
+    shared = list(table[table["why"] == "verified"]["head_label"])
+    assert (table[table["why"] == "verified"]["prompts"] == 2).all()
+    labels = [f"L{layer}H{head}" for layer, head in sweep.heads]
+    for p, (seen, best) in enumerate(by_hand_refinement(found, sweep, 2, shared)):
+        assert found.per_prompt[p] == best
+        on_p = {row.head_label for row, ok in zip(table.itertuples(), ~found.exact[p].isnan(), strict=True) if ok}
+        assert on_p == set(seen)
+        for column, row in enumerate(table.itertuples()):
+            if row.head_label in on_p:
+                want = sweep.changes[p, labels.index(row.head_label)]
+                # one-row batches here, the sweep's larger ones: float32 rounding of ~10-nat entropies
+                torch.testing.assert_close(found.exact[p, column], want, rtol=1e-4, atol=1e-5)
+    # the heads of step 5 alone are ablated on some prompts only: not ranked over prompts
+    partial = table[table["prompts"] < 2]
+    assert set(partial["why"]) <= {"per prompt"} and partial["exact_rank"].isna().all()
+    assert not set(found.found["head_label"]) & set(partial["head_label"])
+    for row in partial.itertuples():
+        column = list(table["head_label"]).index(row.head_label)
+        assert row.exact == pytest.approx(float(found.exact[:, column].nanmean()), rel=1e-6)
+    # every single-head batch of a 2-layer model costs one forward-equivalent (s/2 + (2-s)/2)
+    extra = [len(seen) - len(shared) for seen, _ in by_hand_refinement(found, sweep, 2, shared)]
+    assert found.cost["per_prompt"] == pytest.approx(sum(extra) / 2)
+    assert f"{(table['why'] == 'per prompt').sum()} more on single prompts" in found.summary()
+
+
+def test_budget_bounds_both_verification_phases_per_prompt(tiny, prompts, sweep):
+    found = find_heads(tiny, prompts, "entropy", top=2, flag=float("inf"), step=2, refine=1, sample=0, budget=3)
+    table = found.table
+    shared = list(table[table["why"] == "verified"]["head_label"])
+    assert len(shared) <= 3
+    for p, (seen, best) in enumerate(by_hand_refinement(found, sweep, 2, shared, budget=3)):
+        assert int((~found.exact[p].isnan()).sum()) == len(seen) <= 3
+        assert found.per_prompt[p] == best
+    off = find_heads(tiny, prompts, "entropy", top=2, flag=float("inf"), step=2, refine=0, sample=0)
+    assert "per prompt" not in set(off.table["why"]) and off.cost["per_prompt"] == 0
+    with pytest.raises(lp.LensprobeError, match="refine must be a whole number >= 0"):
+        find_heads(tiny, prompts, "entropy", refine=-1)
