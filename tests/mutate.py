@@ -52,11 +52,13 @@ MODULES: dict[str, list[str]] = {
                                             "tests/interventions/test_ablation_positions.py",
                                             "tests/interventions/test_ablation_edges.py"],
     # continuous batching's row handling
-    "lensprobe/generation/cacherows.py": ["tests/generation/test_cacherows.py", "tests/generation/test_refill.py"],
+    "lensprobe/generation/cacherows.py": ["tests/generation/test_cacherows.py", "tests/generation/test_refill.py",
+                                          "tests/generation/test_cacherows_edges.py"],
     "lensprobe/generation/live.py": ["tests/generation/test_refill.py", "tests/generation/test_batch_proof.py"],
     # metrics, prompt segments
     "lensprobe/core/measures/metrics.py": ["tests/core/test_metrics.py", "tests/core/test_metrics_edges.py"],
-    "lensprobe/core/prompts/prompt.py": ["tests/core/test_prompts.py", "tests/core/test_prompts_raw.py"],
+    "lensprobe/core/prompts/prompt.py": ["tests/core/test_prompts.py", "tests/core/test_prompts_raw.py",
+                                         "tests/core/test_prompt_edges.py"],
 }
 PYTEST_ARGS = ["--jaxtyping-packages=", "-m", "not slow", "-p", "no:cacheprovider", "-q"]
 
