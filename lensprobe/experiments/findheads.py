@@ -41,7 +41,9 @@ Example:
     >>> print(found.summary())
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -189,21 +191,22 @@ def _ablate(model, items, measures, att: Attribution, pairs: list[tuple[int, int
 
 class _Search:
     """The exact values found so far: ``values[prompt, unit]`` (NaN: not ablated on that prompt), the
-    clean values, why each unit was first ablated, and the forward-equivalents spent per prompt."""
+    clean values, why each unit was first ablated, and the forward-equivalents spent per prompt.
+    ``ablate(pairs, which, clean)`` runs the exact ablations, as :func:`_ablate` after its first four
+    arguments."""
 
-    def __init__(self, model, items, measures, att: Attribution, pairs: list, top: int, batch_size: int):
-        self.model, self.items, self.measures, self.att, self.pairs = model, items, measures, att, pairs
-        self.top, self.batch_size = top, batch_size
-        self.values = torch.full((len(items), len(pairs)), float("nan"), device="cpu")
+    def __init__(self, att: Attribution, pairs: list, n_prompts: int, top: int, batch_size: int,
+                 ablate: Callable[..., tuple[Tensor, Tensor | None, float]]):
+        self.att, self.pairs, self.top, self.batch_size, self.ablate = att, pairs, top, batch_size, ablate
+        self.values = torch.full((n_prompts, len(pairs)), float("nan"), device="cpu")
         self.clean: Tensor | None = None
         self.why: dict[int, str] = {}
-        self.spent = torch.zeros(len(items), dtype=torch.float64)
+        self.spent = torch.zeros(n_prompts, dtype=torch.float64)
 
     def run(self, units: list[int], reason: str, prompt: int | None = None) -> None:
         """Ablate ``units`` exactly on every prompt (or on ``prompt`` alone); the clean row goes with the first run."""
-        which = list(range(len(self.items))) if prompt is None else [prompt]
-        values, base, cost = _ablate(self.model, self.items, self.measures, self.att, [self.pairs[i] for i in units],
-                                     self.batch_size, which, self.clean is None)
+        which = list(range(self.values.shape[0])) if prompt is None else [prompt]
+        values, base, cost = self.ablate([self.pairs[i] for i in units], self.batch_size, which, self.clean is None)
         if base is not None:
             self.clean = base
         for j, i in enumerate(units):
@@ -292,7 +295,14 @@ def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablati
     pairs = [(layer, heads[0]) for layer, heads in att.units]
     ratios = _write_ratios(model, items, measures, att.settings, n_layers)
     write = torch.tensor([float(ratios[layer, head]) for layer, head in pairs])
-    search = _Search(model, items, measures, att, pairs, top, batch_size)
+    search = _Search(att, pairs, len(items), top, batch_size, partial(_ablate, model, items, measures, att))
+    return _pipeline(search, write, flag, step, refine, budget, sample, seed, n_layers)
+
+
+def _pipeline(search: _Search, write: Tensor, flag: float, step: int, refine: int, budget: int | None, sample: int,
+              seed: int, n_layers: int) -> HeadSearch:
+    """Steps 2-5 of the module documentation, on AtP's estimates and the flag signal ``write`` per unit."""
+    att, top, n_units = search.att, search.top, len(search.pairs)
     search.run([i for i in range(n_units) if float(write[i]) > flag], "flagged")  # with the clean row
     order = torch.argsort(att.scores.mean(0), descending=True, stable=True).tolist()
     steps, spent = _verify(search, order, step, budget, None)
@@ -306,7 +316,7 @@ def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablati
     known = recall_bound(1.0, top, len(rest), len(pick), beat)  # every head ablated: exact
     shared = float(search.spent[0])
     if refine:
-        for p in range(len(items)):
+        for p in range(search.values.shape[0]):
             left = None if budget is None else budget - spent
             own = torch.argsort(att.scores[p], descending=True, stable=True).tolist()
             _verify(search, own, refine, left, p)
