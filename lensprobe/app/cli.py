@@ -29,7 +29,7 @@ from pathlib import Path
 
 from lensprobe.app.checks import check_common
 from lensprobe.app.commands.attention import add_attention
-from lensprobe.app.commands.attribution import add_attribute
+from lensprobe.app.commands.attribution import add_attribute, add_find_heads
 from lensprobe.app.commands.demo import add_demo
 from lensprobe.app.commands.evals import add_eval, add_eval_report
 from lensprobe.app.commands.heads import add_ablate, add_sweep
@@ -43,7 +43,7 @@ from lensprobe.core.models.loading import cache_dir
 from lensprobe.core.version import __version__
 
 SUBCOMMANDS: list[Callable] = [add_attention, add_demo, add_eval, add_eval_report, add_trace, add_ablate, add_sweep,
-                               add_attribute, add_mechanism, add_reproduce]
+                               add_attribute, add_find_heads, add_mechanism, add_reproduce]
 """Functions that register one subcommand each; add yours here."""
 
 

@@ -70,6 +70,7 @@ OUTPUT_KINDS: dict[str, tuple[str, ...]] = {
     "ablate": ("ablation.json",),
     "sweep": ("sweep.json",),
     "attribution": ("attribution.json",),
+    "find_heads": ("find_heads.json",),
     "trace": ("summary.csv", "texts.csv"),
     "mechanism": ("mechanism.json",),
     "eval": ("config.json",),

@@ -18,6 +18,7 @@ EXAMPLES: dict[str, str] = {
     "ablate": "lensprobe ablate --heads L0H3,L1H2 --question 'What is 12+7?' --ablation zero --out abl",
     "sweep": "lensprobe sweep --question 'What is 12+7?' --heads L0H0,L0H1,L1H2 --ablation zero --out sweep",
     "attribute": "lensprobe attribute --question 'What is 12+7?' --attribution atp --verify 5 --out attr",
+    "find-heads": "lensprobe find-heads --question 'What is 12+7?' --question 'What is 3*4?' --top 5 --out heads",
     "trace": "lensprobe trace --question 'What is 12+7?' --think fusion,pause --max-new-tokens 24 --out trace",
     "demo": "lensprobe demo --quick --out lensprobe-report",
 }
@@ -25,7 +26,7 @@ EXAMPLES: dict[str, str] = {
 
 STUDIES: dict[str, tuple[str, ...]] = {
     "meaningless tokens (arXiv 2510.01032)": ("attention", "mechanism", "eval", "eval-report", "reproduce"),
-    "attention heads": ("ablate", "sweep", "attribute"),
+    "attention heads": ("ablate", "sweep", "attribute", "find-heads"),
     "latent thinking tokens (arXiv 2602.10229)": ("trace",),
     "all of them": ("demo",),
 }

@@ -118,6 +118,14 @@ class HeadSearch:
         ranked = self.table[self.table["exact_rank"].notna()]
         return ranked.sort_values("exact_rank", kind="stable").head(self.top).reset_index(drop=True)
 
+    def per_prompt_table(self):
+        """One row per prompt and rank: ``prompt``, ``rank`` (1 = largest ``|exact|`` there), ``head_label``,
+        ``exact`` (the change on that prompt)."""
+        labels = list(self.table["head_label"])
+        return pandas().DataFrame([
+            {"prompt": p, "rank": r + 1, "head_label": lbl, "exact": float(self.exact[p, labels.index(lbl)])}
+            for p, heads in enumerate(self.per_prompt) for r, lbl in enumerate(heads)])
+
     def recall_text(self) -> str:
         """What is known of the top-k recall (see :meth:`Verification.recall_text
         <lensprobe.experiments.verify.Verification.recall_text>`)."""

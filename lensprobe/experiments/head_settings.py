@@ -1,9 +1,10 @@
 """The settings of the head studies, one frozen dataclass each: :class:`AblateConfig`
 (:func:`~lensprobe.interventions.ablation.ablate_heads` on one question), :class:`SweepConfig`
-(:func:`~lensprobe.experiments.sweep.ablation_sweep`) and :class:`AttributionConfig`
+(:func:`~lensprobe.experiments.sweep.ablation_sweep`), :class:`AttributionConfig`
 (:func:`~lensprobe.experiments.attribution.attribute_heads`, then
-:func:`~lensprobe.experiments.verify.verify_attribution`). Their defaults are the functions';
-``lensprobe ablate``, ``sweep`` and ``attribute`` read their options from these fields.
+:func:`~lensprobe.experiments.verify.verify_attribution`) and :class:`FindHeadsConfig`
+(:func:`~lensprobe.experiments.findheads.find_heads`). Their defaults are the functions';
+``lensprobe ablate``, ``sweep``, ``attribute`` and ``find-heads`` read their options from these fields.
 
 Example:
     >>> cfg = SweepConfig(heads="L0H0,L0H1", ablation="mean")
@@ -17,7 +18,7 @@ from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.core.hooks.heads import parse_heads
 
 __all__ = ["ABLATION_METHODS", "ATTRIBUTION_METHODS", "AblateConfig", "AblationMethod", "AttributionConfig",
-           "AttributionMethod", "HEADS", "SweepConfig", "check_heads_setting", "head_spec"]
+           "AttributionMethod", "FindHeadsConfig", "HEADS", "SweepConfig", "check_heads_setting", "head_spec"]
 
 AblationMethod = Literal["zero", "mean", "resample"]
 """How a head is ablated: its output at ``hook_z`` set to 0, to its mean over reference prompts, or to its
@@ -216,3 +217,48 @@ class AttributionConfig:
         """The keywords of :func:`~lensprobe.experiments.attribution.attribute_heads` these settings give."""
         return {"method": self.attribution, "ablation": self.ablation, "heads": self.heads, "unit": self.unit,
                 "batch_size": self.batch_size, "tokens": token_pair(self.tokens)}
+
+
+@dataclass(frozen=True)
+class FindHeadsConfig:
+    """How ``lensprobe find-heads`` finds the exact top heads (:func:`~lensprobe.experiments.findheads.find_heads`).
+
+    Example:
+        >>> FindHeadsConfig().refine  # lp.find_heads' default
+        3
+    """
+
+    metric: Literal["entropy", "logprob", "logit_diff"] = "entropy"
+    """entropy (next token, last position) | logprob (needs --answer) | logit_diff (needs --tokens)"""
+    ablation: AblationMethod = "zero"
+    """ablation method: zero, mean or resample (mean and resample need --reference)"""
+    top: int = 20
+    """how many heads to find"""
+    flag: float = 0.07
+    """ablate exactly every head whose ablation moves the residual stream by more than this share of its norm"""
+    step: int = 5
+    """heads verified per step on every prompt, in AtP's order"""
+    refine: int = 3
+    """heads verified per step on each prompt alone, in its own AtP order (0: none)"""
+    sample: int = 10
+    """heads drawn at random from the rest and ablated exactly (the recall check)"""
+    batch_size: int = 32
+    """rows per batched forward"""
+    tokens: str | None = field(default=None, metadata={"custom_args": {"metavar": "A,B"}})
+    """the two tokens of --metric logit_diff, ids or text (e.g. 7,8)"""
+
+    def __post_init__(self) -> None:
+        _choice("metric", self.metric, ("entropy", "logprob", "logit_diff"))
+        _check_tokens(self.metric, self.tokens)
+        _choice("ablation", self.ablation, ABLATION_METHODS)
+        _count("top", self.top, 1)
+        if isinstance(self.flag, bool) or not isinstance(self.flag, (int, float)) or not self.flag >= 0:
+            raise SettingError("flag", f"expected a share >= 0 of the residual stream's norm (e.g. 0.07), got {self.flag!r}")
+        for name in ("step", "refine", "sample", "batch_size"):
+            _count(name, getattr(self, name), 0 if name in ("refine", "sample") else 1)
+
+    def find_kwargs(self) -> dict:
+        """The keywords of :func:`~lensprobe.experiments.findheads.find_heads` these settings give."""
+        return {"ablation": self.ablation, "top": self.top, "flag": self.flag, "step": self.step,
+                "refine": self.refine, "sample": self.sample, "batch_size": self.batch_size,
+                "tokens": token_pair(self.tokens)}

@@ -48,3 +48,41 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     assert rc == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_find_heads_writes_what_the_library_finds(tmp_path, capsys, tiny):
+    out = tmp_path / "heads"
+    rc = main(["find-heads", "--model", "tiny", "--question", QUESTION, "--question", "What is 3*4?", "--top", "3",
+               "--flag", "0.5", "--step", "2", "--refine", "1", "--sample", "1", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    for name in ("find_heads.csv", "per_prompt.csv", "find_heads_scatter.html", "find_heads_heatmap.html",
+                 "find_heads.json"):
+        assert (out / name).is_file(), name
+    args = build_parser().parse_args(["find-heads", "--question", QUESTION, "--out", str(out)])
+    prompts = [prompt_of(tiny, args, q) for q in (QUESTION, "What is 3*4?")]
+    want = lp.find_heads(tiny, prompts, "entropy", top=3, flag=0.5, step=2, refine=1, sample=1)
+    got = pd.read_csv(out / "find_heads.csv")
+    assert list(got["head_label"]) == list(want.table["head_label"]) and list(got["why"]) == list(want.table["why"])
+    torch.testing.assert_close(torch.tensor(got["exact"].values, dtype=torch.float32),
+                               torch.tensor(want.table["exact"].values, dtype=torch.float32), rtol=1e-5, atol=1e-7)
+    per = pd.read_csv(out / "per_prompt.csv")
+    assert [list(per[per["prompt"] == p]["head_label"]) for p in range(2)] == want.per_prompt
+    summary = json.loads((out / "find_heads.json").read_text())
+    assert [r["head_label"] for r in summary["found"]] == list(want.found["head_label"])
+    assert summary["settings"] == {"metric": "entropy", "ablation": "zero", "top": 3, "flag": 0.5, "step": 2,
+                                   "refine": 1, "sample": 1, "batch_size": 32, "tokens": None}
+    assert summary["cost"]["total"] == pytest.approx(want.cost["total"]) and want.summary() in printed
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--flag", "-1"], "argument --flag: expected a share >= 0"),
+    (["--top", "0"], "argument --top: expected a whole number >= 1"),
+    (["--ablation", "mean"], "--reference"),
+    (["--metric", "logprob"], "--answer"),
+])
+def test_find_heads_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    rc = main(["find-heads", "--model", "tiny", "--question", QUESTION, "--out", str(tmp_path / "o"), *argv])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1

@@ -20,6 +20,7 @@ MINIMAL_ARGS = {
     "ablate": ["--heads", "L0H1", "--question", "x"],
     "sweep": [],
     "attribute": [],
+    "find-heads": [],
     "mechanism": ["--question", "x"],
     "reproduce": ["arm-table1"],
 }
