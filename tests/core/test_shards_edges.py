@@ -175,7 +175,7 @@ def test_the_local_rank_picks_a_gpu_modulo_the_gpus_there_are(monkeypatch):
 @pytest.mark.parametrize("sharded", [False, True])
 def test_the_progress_bar_is_off_by_default_and_labelled_units_or_as_asked(tmp_path, capsys, sharded):
     """tqdm writes its bar to stderr: nothing without progress=..., 'units' for progress=True, the text given
-    otherwise; in memory over the 4 units, or as rank 1 of 2 in a new folder (u1 and u3, the rank named)."""
+    otherwise, counting in units; in memory over the 4 units, or as rank 1 of 2 in a new folder (u1 and u3, the rank named)."""
     units = ["u0", "u1", "u2", "u3"]
 
     def bar(folder, **progress):
@@ -187,7 +187,8 @@ def test_the_progress_bar_is_off_by_default_and_labelled_units_or_as_asked(tmp_p
     assert bar("a") == ""
     for folder, progress, label in (("b", True, "units"), ("c", "sizes", "sizes")):
         err = bar(folder, progress=progress)
-        assert re.search(rf"(^|\r){re.escape(label + suffix)}: 100%\|.*\| {count} ", err), err
+        # and the rate in units: "[00:00<00:00, 2.1e+03unit/s]" ("?unit/s" before a rate, "s/unit" when slow)
+        assert re.search(rf"(^|\r){re.escape(label + suffix)}: 100%\|.*\| {count} \[[^]]*(unit/s|s/unit)\]", err), err
 
 
 def test_a_store_waits_in_its_folder_with_the_limit_and_the_poll_it_is_given(tmp_path, monkeypatch):
