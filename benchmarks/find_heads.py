@@ -14,9 +14,9 @@ and forward-equivalents per prompt against the sweep's, what the same exact head
 ablated one at a time, and which true heads it missed and why (their AtP rank and write ratio).
 
 **Chosen before measuring.** The prompts are MATH-500's problems drawn with ``seed=3``. The
-pipeline's settings were fixed on other problems: ``flag=0.10`` on problems drawn with seed 0,
-and ``step``, ``refine`` and ``sample`` by replaying the pipeline on the exact sweeps of 8
-problems drawn with seed 0 and 8 with seed 1 (zero ablation, both metrics); an earlier version
+pipeline's settings were fixed on other problems: ``flag``, ``step``, ``refine`` and ``sample`` by
+replaying the pipeline (``benchmarks/find_heads_replay.py``) on the exact sweeps of 8 problems
+drawn with seed 0 and 8 with seed 1 (zero ablation, both metrics); an earlier version
 of the pipeline was measured on problems drawn with seed 2, so those are not used here either.
 Every setting of find_heads is its default; nothing is tuned on this set. Targets (benchmark, not test):
 top-20 recall >= 0.90 both ways in every setting, at <= 1/3 of the sweep's forward-equivalents
