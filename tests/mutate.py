@@ -64,9 +64,8 @@ MODULES: dict[str, list[str]] = {
 PYTEST_ARGS = ["--jaxtyping-packages=", "-m", "not slow", "-p", "no:cacheprovider", "-q"]
 
 
-def scratch_copy(module: str, tests: list[str], timeout_multiplier: float | None = None) -> Path:
-    """A fresh copy of the package, the tests and the settings, configured to mutate ``module`` only
-    (``timeout_multiplier``: mutmut's, when given; its own default is 15)."""
+def scratch_copy(module: str, tests: list[str]) -> Path:
+    """A fresh copy of the package, the tests and the settings, configured to mutate ``module`` only."""
     work = ROOT / "build" / "mutate" / Path(module).stem
     shutil.rmtree(work, ignore_errors=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
@@ -80,16 +79,14 @@ def scratch_copy(module: str, tests: list[str], timeout_multiplier: float | None
     settings += ("\n[tool.mutmut]\n" f'source_paths = ["lensprobe"]\nonly_mutate = ["{module}"]\n'
                  f"pytest_add_cli_args = {json.dumps(PYTEST_ARGS)}\n"
                  f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n")
-    if timeout_multiplier is not None:
-        settings += f"timeout_multiplier = {float(timeout_multiplier)}\n"
     (work / "pyproject.toml").write_text(settings, encoding="utf-8")
     return work
 
 
-def run_module(module: str, tests: list[str], minutes: float, jobs: int, timeout_multiplier: float | None = None) -> dict:
+def run_module(module: str, tests: list[str], minutes: float, jobs: int) -> dict:
     """Run mutmut on one module; its counts (killed, survived, not checked), the survivors, the time-outs and
     the time."""
-    work = scratch_copy(module, tests, timeout_multiplier)
+    work = scratch_copy(module, tests)
     pattern = module.removesuffix(".py").replace("/", ".") + "*"
     start = time.monotonic()
     with open(work / "mutmut.log", "w", encoding="utf-8") as log:  # mutmut's own output, for a run that fails
@@ -111,6 +108,7 @@ def run_module(module: str, tests: list[str], minutes: float, jobs: int, timeout
     return {"module": module, "mutants": len(status), "checked": checked, "killed": killed,
             "score": killed / checked if checked else None, "counts": counts, "minutes": seconds / 60,
             "capped": capped, "survivors": sorted(k for k, v in status.items() if v == "survived"),
+            "timeouts": sorted(k for k, v in status.items() if v == "timeout"),
             "folder": str(work.relative_to(ROOT))}
 
 
@@ -119,9 +117,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("words", nargs="*", help="run only the modules whose path holds one of these")
     parser.add_argument("--minutes", type=float, default=30, help="time cap per module (default 30)")
     parser.add_argument("--jobs", type=int, default=2, help="mutants tested at a time (default 2)")
-    parser.add_argument("--timeout-multiplier", type=float, help=(
-        "mutmut's CPU-time limit per mutant is 2 x this x (the tests' time + 1 s); default mutmut's 15. A lower "
-        "one ends a mutant that makes a wait spin sooner (it counts as killed: list them with their time-outs)"))
     parser.add_argument("--list", action="store_true", help="list the modules and their tests, run nothing")
     args = parser.parse_args(argv)
     chosen = {m: t for m, t in MODULES.items() if not args.words or any(w in m for w in args.words)}
@@ -130,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{module}: {' '.join(tests)}")
         return 0 if chosen else 2
     for module, tests in chosen.items():
-        result = run_module(module, tests, args.minutes, args.jobs, args.timeout_multiplier)
+        result = run_module(module, tests, args.minutes, args.jobs)
         score = "-" if result["score"] is None else f"{100 * result['score']:.1f} %"
         print(f"{module}: {result['killed']}/{result['checked']} killed ({score}) of {result['mutants']} mutants "
               f"in {result['minutes']:.1f} min{' (time cap reached)' if result['capped'] else ''}", flush=True)
