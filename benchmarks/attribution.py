@@ -22,8 +22,8 @@ time (the attribution's plus the verification's) and top-20 recall.
 ``--ablation mean`` replaces every head's output by its mean over the same prompts' positions
 (in the sweep, the attribution and the verification) instead of zero. ``--ablation resample``
 gives each head, at every position, its output on another MATH-500 problem's prompt (drawn
-from problems outside the benchmark's set: the shortest unused one at least as long, so the
-shared template positions hold the same tokens): the counterfactual patching the AtP* paper
+from problems outside the benchmark's set: the shortest unused one at least as long as the inputs the
+metric runs, the answer's tokens included, so the shared template positions hold the same tokens): the counterfactual patching the AtP* paper
 evaluates, a smaller step from the clean run than zeroing.
 
 ``--metric logprob`` measures the log-probability of each problem's reference answer (its
@@ -54,6 +54,7 @@ import torch  # noqa: E402
 from procmem import reset_peak, rss_kib  # noqa: E402
 
 import lensprobe as lp  # noqa: E402
+from lensprobe.core.measures.forced import resolve_measures  # noqa: E402
 from lensprobe.experiments.verify import agreement  # noqa: E402
 
 
@@ -151,27 +152,32 @@ def verified(model, prompts, name: str, att, seconds: float, exact, t_exact: flo
           f"({t_exact / total:.2f}x faster than the sweep), top-20 recall {recall:.2f}", flush=True)
 
 
-def corrupted_prompts(model, prompts, seed: int = 1, pool: int = 200) -> list:
-    """For each prompt, the shortest unused MATH-500 prompt outside ``prompts`` at least as long."""
+def corrupted_prompts(model, prompts, needed: list[int] | None = None, seed: int = 1, pool: int = 200) -> list:
+    """For each prompt, the shortest unused MATH-500 prompt outside ``prompts`` at least as long as it, or
+    as ``needed`` tokens (the metric's inputs: the log-prob runs the prompt and the answer's tokens)."""
     taken = {p.text for p in prompts}
     others = [lp.build_prompt(model, q.problem, system=lp.MATH_SYSTEM_PROMPT)
               for q in lp.load_math500(limit=pool, seed=seed)]
     others = sorted((o for o in others if o.text not in taken), key=len)
     chosen = []
-    for p in prompts:
-        pick = next((i for i, o in enumerate(others) if len(o) >= len(p)), None)
+    for n in needed or [len(p) for p in prompts]:
+        pick = next((i for i, o in enumerate(others) if len(o) >= n), None)
         if pick is None:
-            raise SystemExit(f"no unused MATH-500 prompt of at least {len(p)} tokens among {pool}")
+            raise SystemExit(f"no unused MATH-500 prompt of at least {n} tokens among {pool}")
         chosen.append(others.pop(pick))
     return chosen
 
 
-def ablation_settings(kind: str, model, prompts) -> dict:
+def ablation_settings(kind: str, model, prompts, metric: dict) -> dict:
+    """Zero, mean over ``prompts``, or resample from another problem's prompt as long as the inputs
+    ``metric`` (``metric_settings``) runs."""
     if kind == "zero":
         return {"ablation": "zero"}
     if kind == "mean":
         return {"ablation": "mean", "reference": prompts}
-    return {"ablation": corrupted_prompts(model, prompts)}
+    measures = resolve_measures(model, metric["metric"], len(prompts), answers=metric.get("answers"))
+    needed = [int(m.inputs(model, p).shape[-1]) for m, p in zip(measures, prompts, strict=True)]
+    return {"ablation": corrupted_prompts(model, prompts, needed)}
 
 
 def metric_settings(kind: str, problems) -> dict:
@@ -211,8 +217,8 @@ def main() -> None:
     lengths = [len(p) for p in prompts]
     print(f"{len(prompts)} MATH-500 prompts, {min(lengths)}-{max(lengths)} tokens; {args.threads} threads; "
           f"{args.ablation} ablation; metric {args.metric}")
-    abl = ablation_settings(args.ablation, model, prompts)
     metric = metric_settings(args.metric, problems)
+    abl = ablation_settings(args.ablation, model, prompts, metric)
     atp, t_atp, m_atp = timed(lambda: lp.attribute_heads(model, prompts, method="atp", **metric, **abl))
     print(f"AtP: {t_atp:.1f} s", flush=True)
     (changes, heads), t_exact, m_exact = timed(lambda: exact_sweep(model, prompts, metric, abl, args.batch_size))

@@ -53,8 +53,8 @@ def truth_of(values, labels: list[str], k: int = TOP) -> list[str]:
 
 
 def one_setting(model, prompts, problems, ablation: str, metric: str, batch_size: int, out) -> dict:
-    abl = ablation_settings(ablation, model, prompts)
     met = metric_settings(metric, problems)
+    abl = ablation_settings(ablation, model, prompts, met)
     t = time.perf_counter()
     changes, heads = exact_sweep(model, prompts, met, abl, batch_size)
     t_sweep = time.perf_counter() - t

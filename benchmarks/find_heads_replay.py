@@ -41,9 +41,9 @@ def collect(args) -> None:
     prompts = [lp.build_prompt(model, p.problem, system=lp.MATH_SYSTEM_PROMPT) for p in problems]
     args.out.mkdir(parents=True, exist_ok=True)
     for ablation in args.ablation or ["zero"]:
-        abl = ablation_settings(ablation, model, prompts)
         for metric in args.metric or ["entropy", "logprob"]:
             met = metric_settings(metric, problems)
+            abl = ablation_settings(ablation, model, prompts, met)
             changes, heads = exact_sweep(model, prompts, dict(met), abl, 32)
             name = met.pop("metric")
             att = lp.attribute_heads(model, prompts, name, method="atp", **abl, **met)

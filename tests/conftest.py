@@ -22,6 +22,26 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _tqdm_lock_of_this_session():
+    """tqdm guards its bars with a lock every process forked after its first bar shares (a
+    multiprocessing semaphore, beside a thread lock). Mutation runs (``tests/mutate.py``) fork a process per
+    mutant, two at a time, after running the tests once; there ``tqdm(...)`` was seen waiting for ever on
+    that lock, so that every later mutant of ``run_sharded`` timed out. Each session's bars take a thread
+    lock of its own."""
+    import threading
+
+    from tqdm import tqdm
+
+    before = tqdm.__dict__.get("_lock")
+    tqdm.set_lock(threading.RLock())
+    yield
+    if before is None:
+        del tqdm._lock
+    else:
+        tqdm.set_lock(before)
+
+
 @pytest.fixture(autouse=True)
 def _lensprobe_warnings_are_errors():
     """Every warning lensprobe issues (a ``LensprobeWarning``, whichever frame its ``stacklevel`` names)
