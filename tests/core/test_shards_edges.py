@@ -3,7 +3,9 @@ local GPU on a CPU-only machine, run_sharded's orders and refusals, and the rank
 number; no model is loaded."""
 
 import json
+import os
 import re
+import socket
 
 import pytest
 from test_shards import SHARD_VARS
@@ -205,3 +207,74 @@ def test_a_store_waits_in_its_folder_with_the_limit_and_the_poll_it_is_given(tmp
         with pytest.raises(lp.LensprobeError, match=f"^{re.escape(expected)}$"):
             store.wait(["u0", "u1"], 2, stall_timeout=0.75, poll=0.25)
     assert clock.sleeps == [0.25] * 4 and clock.now == 1.0
+
+
+def test_a_store_names_every_old_file_and_says_how_to_start_over(tmp_path):
+    """Shard files of the older format are listed, all of them, in the whole message with its fix."""
+    with ShardStore(tmp_path, "demo", {}, rank=0) as store:
+        store.record("a", 1)
+    for rank in (2, 1):
+        (tmp_path / f"shard-rank{rank}.json").write_text("{}")
+    expected = (f"{tmp_path} holds shard files of an older format (shard-rank1.json, shard-rank2.json; finished units "
+                "are now rows of shard-rank{R}.jsonl), which lensprobe no longer reads. Rerun into a new output "
+                "folder (or delete this one to start over).")
+    with pytest.raises(lp.LensprobeError, match=f"^{re.escape(expected)}$"):
+        ShardStore(tmp_path, "demo", {}, rank=0)
+
+
+def test_rank_files_without_the_runs_settings_are_refused_not_resumed(tmp_path):
+    """A folder holding a rank's rows but no config.json: whose rows they are cannot be checked, so the store
+    refuses it (the rows are not counted as done), naming the file and both ways out."""
+    (tmp_path / "shard-rank3.jsonl").write_text('{"unit": "u", "result": 1}\n')
+    expected = (f"{tmp_path} holds result rows (shard-rank3.jsonl line 1, ...) but no config.json: the run they "
+                "belong to cannot be checked, so they are neither counted nor resumed. Restore config.json (a copy "
+                "of the run's), or move the shard-rank*.jsonl files away (or use a new output folder) to start over.")
+    with pytest.raises(lp.LensprobeError, match=f"^{re.escape(expected)}$"):
+        ShardStore(tmp_path, "demo", {}, rank=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shard-rank3.jsonl"]
+
+
+def test_two_results_for_a_unit_name_their_lines_and_the_whole_fix(tmp_path):
+    with ShardStore(tmp_path, "demo", {}, rank=0) as r0, ShardStore(tmp_path, "demo", {}, rank=1) as r1:
+        r0.record("u0", 1.0)
+        r1.record("u0", 1.5)
+        expected = (f"two results for 'u0' disagree: {tmp_path}/shard-rank0.jsonl unit 'u0' (line 1) and "
+                    f"{tmp_path}/shard-rank1.jsonl unit 'u0' (line 1). Which one is right cannot be told from the "
+                    "files: delete that unit's line from one of the files (or delete the file), then rerun (it "
+                    "computes the key again if needed).")
+        with pytest.raises(lp.LensprobeError, match=f"^{re.escape(expected)}$"):
+            r0.done()
+
+
+def test_a_store_is_rank_0_by_default_and_records_under_its_rank_lock_alone(tmp_path):
+    """Without rank=..., the store is rank 0 (its lock, its file); recording opens no second lock beside the
+    rank's (the row writer is told the rank lock covers its file), and a second rank-0 store is refused with
+    the whole message."""
+    with ShardStore(tmp_path, "demo", {}) as store:
+        store.record("a", 1)
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".shard-rank0.lock", "config.json", "shard-rank0.jsonl"]
+        expected = (f"rank 0 of {tmp_path} is being run by another process (pid {os.getpid()} on host "
+                    f"{socket.gethostname()}): wait for it, or give each process its own rank (start them with a "
+                    "launcher such as torchrun).")
+        with pytest.raises(lp.LensprobeError, match=f"^{re.escape(expected)}$"):
+            ShardStore(tmp_path, "demo", {}, rank=0)
+
+
+def test_rank_0_waits_with_the_stall_limit_run_sharded_is_given(tmp_path, monkeypatch):
+    """run_sharded passes its stall_timeout on to rank 0's wait: with rank 1 silent, it gives up after 0.75 s
+    without news (the environment says 5 s), on a clock where nothing sleeps."""
+    clock = Clock()
+    monkeypatch.setattr(storage, "time", clock)
+    monkeypatch.setenv(storage.STALL_TIMEOUT_VAR, "5")
+    with pytest.raises(lp.LensprobeError, match=r"rank 1 of 2 did not finish 1 unit\(s\) \(e\.g\. 'u1'\) and nothing "
+                                                r"finished for 0\.75 s\."):
+        run_sharded(["u0", "u1"], len, out=tmp_path, kind="demo", settings={}, rank=0, world_size=2,
+                    stall_timeout=0.75)
+    assert clock.now <= 2.0
+
+
+def test_a_run_of_one_process_in_a_folder_shows_no_rank_on_its_bar(tmp_path, capsys):
+    """world_size 1 with a folder: the bar is labelled as asked, without "(rank 0/1)"."""
+    assert run_sharded(["u0", "u1"], len, out=tmp_path, kind="demo", settings={}, rank=0, world_size=1,
+                       progress="sizes") == {"u0": 2, "u1": 2}
+    assert re.search(r"(^|\r)sizes: 100%\|.*\| 2/2 ", capsys.readouterr().err)
