@@ -280,3 +280,37 @@ def test_reference_activations_are_computed_once_per_model(tiny, prompt, method,
     want = by_layer(real(other, method, prompt, [0, 1], False))  # computed again, without the cache
     assert all(torch.equal(by_layer(sources[2])[layer], want[layer]) for layer in (0, 1))
     assert not all(torch.equal(by_layer(sources[0])[layer], want[layer]) for layer in (0, 1))  # tiny's differ
+
+
+@pytest.mark.parametrize("method", ["mean", "resample"])
+def test_a_model_that_cannot_be_weakly_referenced_gets_its_reference_activations_each_time(tiny, prompt, method,
+                                                                                           monkeypatch):
+    """The cache is keyed by weak references; for a model that cannot be weakly referenced (its lookups raise
+    TypeError, as ``weakref`` does for such an object) the reference activations are computed at each use, the
+    same values as a cached model gets, and nothing is kept."""
+    from lensprobe.interventions import ablation as module
+
+    class NoWeakReferences(dict):
+        def get(self, key, default=None):
+            raise TypeError(f"cannot create weak reference to {type(key).__name__!r} object")
+
+        def __setitem__(self, key, value):
+            raise TypeError(f"cannot create weak reference to {type(key).__name__!r} object")
+
+    calls = []
+    real = module.replacement_source
+
+    def counted(model, *args):
+        calls.append(model)
+        return real(model, *args)
+
+    cached = ablate_heads("L0H1,L1H2", method=method, reference=prompt)
+    with lp.intervene(tiny, cached):
+        want = tiny(prompt.tokens)
+    monkeypatch.setattr(module, "replacement_source", counted)
+    abl = ablate_heads("L0H1,L1H2", method=method, reference=prompt)
+    vars(abl)["_cache"] = NoWeakReferences()
+    for _ in range(2):
+        with lp.intervene(tiny, abl):
+            torch.testing.assert_close(tiny(prompt.tokens), want, rtol=0, atol=0)
+    assert calls == [tiny, tiny] and not dict(vars(abl)["_cache"])
