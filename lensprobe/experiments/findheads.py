@@ -121,9 +121,9 @@ class HeadSearch:
     def per_prompt_table(self):
         """One row per prompt and rank: ``prompt``, ``rank`` (1 = largest ``|exact|`` there), ``head_label``,
         ``exact`` (the change on that prompt)."""
-        labels = list(self.table["head_label"])
+        column = {lbl: i for i, lbl in enumerate(self.table["head_label"])}
         return pandas().DataFrame([
-            {"prompt": p, "rank": r + 1, "head_label": lbl, "exact": float(self.exact[p, labels.index(lbl)])}
+            {"prompt": p, "rank": r + 1, "head_label": lbl, "exact": float(self.exact[p, column[lbl]])}
             for p, heads in enumerate(self.per_prompt) for r, lbl in enumerate(heads)])
 
     def recall_text(self) -> str:

@@ -62,9 +62,9 @@ def add_find_heads(subparsers) -> None:
     p.set_defaults(func=run_find_heads_command)
 
 
-def _check(args, command: str = "attribute") -> None:
-    """Argument errors before the model loads."""
-    args.out = check_out_dir(out_of(args, command), "attribution" if command == "attribute" else "find_heads")
+def _check(args, command: str, kind: str) -> None:
+    """Argument errors before the model loads (``kind``: what the output folder holds)."""
+    args.out = check_out_dir(out_of(args, command), kind)
     if args.metric == "logprob" and not args.answer:
         raise LensprobeError("--metric logprob needs --answer TEXT.")
     if args.metric != "logprob" and args.answer:
@@ -76,7 +76,7 @@ def _check(args, command: str = "attribute") -> None:
 
 
 def run_attribute_command(args) -> int:
-    _check(args)
+    _check(args, "attribute", "attribution")
     with writing_out_dir(args.out, "attribute") as files:
         return _attribute(args, files)
 
@@ -128,7 +128,7 @@ def _attribute(args, files: list) -> int:
 
 
 def run_find_heads_command(args) -> int:
-    _check(args, "find-heads")
+    _check(args, "find-heads", "find_heads")
     with writing_out_dir(args.out, "find-heads") as files:
         return _find(args, files)
 
