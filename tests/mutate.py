@@ -60,6 +60,8 @@ MODULES: dict[str, list[str]] = {
     "lensprobe/core/measures/metrics.py": ["tests/core/test_metrics.py", "tests/core/test_metrics_edges.py"],
     "lensprobe/core/prompts/prompt.py": ["tests/core/test_prompts.py", "tests/core/test_prompts_raw.py",
                                          "tests/core/test_prompt_edges.py"],
+    "lensprobe/core/prompts/assembly.py": ["tests/core/test_prompts.py", "tests/core/test_prompts_raw.py",
+                                           "tests/core/test_prompt_edges.py"],
 }
 PYTEST_ARGS = ["--jaxtyping-packages=", "-m", "not slow", "-p", "no:cacheprovider", "-q"]
 

@@ -50,8 +50,8 @@ from typing import Any
 
 from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.core.given import Given
+from lensprobe.core.prompts.assembly import PLACEMENTS
 from lensprobe.core.prompts.conditions import paper_conditions
-from lensprobe.core.prompts.prompt import PLACEMENTS
 from lensprobe.core.storage.files import read_text
 from lensprobe.evals.protocols import PROTOCOLS
 from lensprobe.interventions.arm_presets import benchmark_key

@@ -37,6 +37,7 @@ from lensprobe.core.measures.metrics import (
 )
 from lensprobe.core.models.loading import check_heads, check_layers, model_label
 from lensprobe.core.progress import tqdm
+from lensprobe.core.prompts.assembly import PLACEMENTS, Placement
 from lensprobe.core.prompts.conditions import (
     BUILTIN_CONDITIONS,
     Condition,
@@ -44,7 +45,7 @@ from lensprobe.core.prompts.conditions import (
     paper_conditions,
     resolve_conditions,
 )
-from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT, PLACEMENTS, Placement, Prompt, prompt_json
+from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT, Prompt, prompt_json
 from lensprobe.studies.token_classes import ascii_grid as ascii_grid  # its old home: studies.filler
 from lensprobe.studies.token_classes import class_layers as class_layers
 from lensprobe.studies.token_classes import compare_token_class_attention as compare_token_class_attention

@@ -16,7 +16,8 @@ from test_prompts import check_spans
 
 from lensprobe import Filler, LensprobeError, build_prompt
 from lensprobe.core.models.testing import tiny_tokenizer
-from lensprobe.core.prompts.prompt import prompt_json, raw_pieces
+from lensprobe.core.prompts.assembly import raw_pieces
+from lensprobe.core.prompts.prompt import prompt_json
 
 END = "<|im_end|>"  # a special token of the tiny tokenizer (its EOS)
 

@@ -5,8 +5,8 @@ format equals ``tokenizer.apply_chat_template`` with the family's published temp
 import pytest
 
 import lensprobe as lp
+from lensprobe.core.prompts.assembly import FILLER_SEP
 from lensprobe.core.prompts.conditions import paper_conditions
-from lensprobe.core.prompts.prompt import FILLER_SEP
 
 PROBLEM = "What is 12+7? Find x if 2x+3=11."
 # the authors' Python source: a plain (not formatted) string, so the model sees the doubled braces
