@@ -10,13 +10,11 @@ May import: :mod:`lensprobe.core`, :mod:`lensprobe.interventions`, :mod:`lenspro
 
 from lensprobe.studies.filler import (
     FillerSetup,
-    ascii_grid,
     attention_received_by_condition,
-    compare_token_class_attention,
     condition_changes,
-    filler_vs_random,
     heads_by_change,
 )
+from lensprobe.studies.filler_random import filler_vs_random
 from lensprobe.studies.heads import AblationEffect, ablation_effect, head_attention_over_generation
 from lensprobe.studies.mechanism import (
     ActivationStats,
@@ -32,6 +30,7 @@ from lensprobe.studies.thinking import (
     thinking_setting,
     with_thinking_token,
 )
+from lensprobe.studies.token_classes import ascii_grid, compare_token_class_attention
 
 __all__ = ["THINKING_SETTINGS", "AblationEffect", "ActivationStats", "FillerSetup", "ablation_effect",
            "activation_stats", "affine_fit_summary", "ascii_grid", "attention_received_by_condition",

@@ -7,9 +7,9 @@ Reproduces the attention analyses of "Meaningless Tokens, Meaningful Gains" (arX
   (layer, head), under the conditions w/o / w/ Mless / w/ Mful / random sentence (or
   conditions of your own, :class:`~lensprobe.core.prompts.conditions.Condition`), both aligned
   across conditions (the filler span dropped) and over the full with-filler prompt;
-- :func:`filler_vs_random`: the filler against a random sentence of the same token count,
-  one model after another, at one (layer, head);
-- :func:`compare_token_class_attention`: attention mass per token class (``#``, ``*``,
+- :func:`~lensprobe.studies.filler_random.filler_vs_random`: the filler against a random sentence of the
+  same token count, one model after another, at one (layer, head);
+- :func:`~lensprobe.studies.token_classes.compare_token_class_attention`: attention mass per token class (``#``, ``*``,
   whitespace) at chosen layers, for two conditions or two models (arXiv 2512.24532).
 
 Every function returns tidy pandas DataFrames (one row per number), so the figures in
@@ -46,9 +46,6 @@ from lensprobe.core.prompts.conditions import (
     resolve_conditions,
 )
 from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT, Prompt, prompt_json
-from lensprobe.studies.token_classes import ascii_grid as ascii_grid  # its old home: studies.filler
-from lensprobe.studies.token_classes import class_layers as class_layers
-from lensprobe.studies.token_classes import compare_token_class_attention as compare_token_class_attention
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -359,72 +356,6 @@ def heads_by_change(result: AttentionReceived, *, condition: str = "w/ Mless", b
     if k is not None:
         out = out.groupby("layer", sort=False).head(k)
     return out.reset_index(drop=True)
-
-
-@dataclass(frozen=True)
-class FillerVsRandom:
-    """Filler vs a random sentence of the same token count, per model, at one (layer, head).
-
-    Attributes:
-        table: rows ``model``, ``condition`` (``w/ Mless``/``random sentence``), ``layer``,
-            ``head``, ``head_label``, ``position``, ``token``, ``segment``, ``attention``
-            (average attention received, over the full prompt: both prompts have the same
-            length, and the filler span sits at the same positions).
-        spans: model -> filler span ``(start, end)``.
-        prompts: model -> {condition -> Prompt}.
-        layer, head: the head that was read.
-    """
-
-    table: "pd.DataFrame"
-    spans: dict[str, tuple[int, int]]
-    prompts: dict[str, dict[str, Prompt]]
-    layer: int
-    head: int
-
-
-def filler_vs_random(models, question: str, *, layer: int = 0, head: int = 0,
-                     setup: FillerSetup | None = None) -> FillerVsRandom:
-    """The meaningless filler vs a random sentence of the same token count, one model after another.
-
-    Args:
-        models: a model, a list of models, or a ``{label: model}`` mapping.
-        question: the question text.
-        layer, head: the (0-based) head to read, in every model.
-        setup: prompt settings (its ``conditions`` are ignored).
-
-    Example:
-        >>> fr = filler_vs_random([model], "What is 12+7?", layer=0, head=3)
-        >>> fr.table.groupby(["model", "condition"])["attention"].mean()
-    """
-    setup = replace(setup or FillerSetup(), conditions=("w/ Mless", "random sentence"))
-    named = _named_models(models)
-    frames, spans, prompts = [], {}, {}
-    for label, model in named.items():
-        res = attention_received_by_condition(model, question, layers=[layer], heads=[head], setup=setup)
-        t = res.table.drop(columns=["aligned_pos"])
-        t.insert(0, "model", label)
-        frames.append(t)
-        spans[label] = res.filled_span("w/ Mless")
-        prompts[label] = res.prompts
-    return FillerVsRandom(table=pandas().concat(frames, ignore_index=True), spans=spans, prompts=prompts,
-                          layer=layer, head=head)
-
-
-def _named_models(models) -> dict[str, Any]:
-    """``{label: model}`` from a model, a list of models (labels made unique) or a mapping."""
-    if isinstance(models, Mapping):
-        return dict(models)
-    if not isinstance(models, (list, tuple)):
-        models = [models]
-    named: dict[str, Any] = {}
-    for m in models:
-        label = model_label(m)
-        while label in named:
-            label += "'"
-        named[label] = m
-    if not named:
-        raise LensprobeError("no model given: pass a model or a list of models.")
-    return named
 
 
 def attention_view_pattern(model, prompt: Prompt, layer: int, decimals: int = 4):

@@ -246,7 +246,7 @@ def token_class_figure(table, *, title: str | None = None):
     """Stacked bars of attention per token class at each layer, groups (conditions or models) side by side.
 
     Args:
-        table: the DataFrame of :func:`~lensprobe.studies.filler.compare_token_class_attention`
+        table: the DataFrame of :func:`~lensprobe.studies.token_classes.compare_token_class_attention`
             (columns ``group``, ``layer``, ``layer_label``, ``token_class``, ``attention``,
             ``n_tokens``).
         title: figure title.

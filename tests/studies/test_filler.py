@@ -9,6 +9,7 @@ import torch
 import lensprobe as lp
 from lensprobe.core.models.testing import tiny_model
 from lensprobe.studies import filler as fs
+from lensprobe.studies.token_classes import class_layers
 
 QUESTION = "What is 12+7?"
 
@@ -134,7 +135,7 @@ def test_bad_input_errors(tiny):
 
 def test_filler_vs_random_two_models(tiny, tiny_hf, twin_of):
     other = tiny_model(seed=1)
-    fr = fs.filler_vs_random([tiny, other], QUESTION, layer=1, head=3, setup=small_setup(count=6))
+    fr = lp.studies.filler_vs_random([tiny, other], QUESTION, layer=1, head=3, setup=small_setup(count=6))
     models = list(dict.fromkeys(fr.table["model"]))
     assert len(models) == 2 and models[0] != models[1]
     for m, hf in zip(models, (tiny_hf, twin_of(other)), strict=True):
@@ -153,10 +154,10 @@ def test_filler_vs_random_two_models(tiny, tiny_hf, twin_of):
 
 
 def test_token_class_attention_by_hand(tiny, tiny_hf):
-    grid = fs.ascii_grid(3, 6, seed=2)
+    grid = lp.studies.ascii_grid(3, 6, seed=2)
     q = "Count:\n" + grid
     prompts = {"w/o": lp.build_prompt(tiny, q), "Mless": lp.build_prompt(tiny, q, filler=lp.Filler.meaningless(count=4))}
-    df = fs.compare_token_class_attention({g: (tiny, p) for g, p in prompts.items()}, layers=[1, 0])
+    df = lp.studies.compare_token_class_attention({g: (tiny, p) for g, p in prompts.items()}, layers=[1, 0])
     assert list(df.columns) == ["group", "layer", "layer_label", "token_class", "attention", "n_tokens"]
     names = ["# (hash)", "* (star)", "whitespace"]
     for g, p in prompts.items():
@@ -184,13 +185,13 @@ def test_token_class_attention_by_hand(tiny, tiny_hf):
 
 
 def test_ascii_grid_shape_and_alphabet():
-    g = fs.ascii_grid(5, 7, seed=3)
+    g = lp.studies.ascii_grid(5, 7, seed=3)
     rows = g.split("\n")
     assert len(rows) == 5 and all(len(r) == 7 for r in rows)
     assert set(g) <= set("#* \n")
-    assert g == fs.ascii_grid(5, 7, seed=3) and g != fs.ascii_grid(5, 7, seed=4)
+    assert g == lp.studies.ascii_grid(5, 7, seed=3) and g != lp.studies.ascii_grid(5, 7, seed=4)
     with pytest.raises(lp.LensprobeError, match="grid needs rows > 0 and cols > 0, got 0x3"):
-        fs.ascii_grid(0, 3)
+        lp.studies.ascii_grid(0, 3)
 
 
 def test_labels(tiny):
@@ -204,4 +205,4 @@ def test_labels(tiny):
         cfg = Cfg()
 
     assert lp.model_label(M()) == "SmolLM2-135M-Instruct.Q4_1"
-    assert fs.class_layers(tiny) == [0, 1]
+    assert class_layers(tiny) == [0, 1]

@@ -74,7 +74,7 @@ def test_user_defined_condition_with_an_intervention(tiny, tiny_hf):
 
 
 def test_filler_vs_random_and_generation_use_canonical_names(tiny):
-    fr = fs.filler_vs_random([tiny], QUESTION, layer=0, head=1, setup=fs.FillerSetup(count=4))
+    fr = lp.studies.filler_vs_random([tiny], QUESTION, layer=0, head=1, setup=fs.FillerSetup(count=4))
     assert set(fr.table["condition"]) == {"w/ Mless", "random sentence"}
     generated = {"none": [40, 41], "w/ Mless": [50]}  # keys in any spelling
     table = hs.head_attention_over_generation(tiny, QUESTION, "L0H1", conditions=("none", "meaningless"),

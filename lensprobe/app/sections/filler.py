@@ -11,15 +11,13 @@ from lensprobe.evals.problem_files import jsonl_rows
 from lensprobe.studies.filler import (
     AttentionReceived,
     FillerSetup,
-    ascii_grid,
     attention_received_by_condition,
     attention_view_pattern,
-    class_layers,
-    compare_token_class_attention,
     condition_changes,
-    filler_vs_random,
     heads_by_change,
 )
+from lensprobe.studies.filler_random import filler_vs_random
+from lensprobe.studies.token_classes import ascii_grid, class_layers, compare_token_class_attention
 from lensprobe.viz import (
     attention_received_figure,
     attention_view_html,
