@@ -64,12 +64,14 @@ def as_tokens(model, prompt_or_tokens, *, one_row: bool = False, vocabulary: boo
 def outside_vocabulary(model, ids) -> str | None:
     """Why token ``ids`` (a tensor or a list of ints) cannot run on ``model``: the first id outside its
     vocabulary (an embedding lookup would fail with an ``IndexError``), or ``None`` when every id is in it.
+    ``model`` may be the vocabulary's size (an int, e.g. :class:`~lensprobe.core.models.facts.ModelFacts`'
+    ``d_vocab``) for a caller that has read it already.
 
     Example:
         >>> outside_vocabulary(model, [1, 2, 10**6])
         'token id 1000000 is outside the vocabulary (0-49151).'
     """
-    vocab = int(model.cfg.d_vocab)
+    vocab = model if isinstance(model, int) else int(model.cfg.d_vocab)
     ids = (ids if isinstance(ids, Tensor) else torch.as_tensor(ids, dtype=torch.long, device="cpu")).reshape(-1)
     outside = (ids < 0) | (ids >= vocab)
     if not bool(outside.any()):
