@@ -125,7 +125,8 @@ def plan_rows(model, mine: list[Problem], conds: list[Condition], done: dict, co
     condition's rows run with continuous batching. ``facts``: the model's facts, read once by the
     run (:func:`~lensprobe.core.models.facts.model_facts`; ``None``: read here).
     """
-    builders = {c.name: c.prompt_builder(model) for c in conds}
+    facts = facts if facts is not None else model_facts(model)
+    builders = {c.name: c.prompt_builder(model, facts) for c in conds}
     plan: list[tuple[Condition, list[Item]]] = []
     chunk = plan_chunk(config)
     for start in range(0, len(mine), chunk):
@@ -141,7 +142,7 @@ def plan_rows(model, mine: list[Problem], conds: list[Condition], done: dict, co
                     items += [Item(p, s, prompt, error) for s in samples]
             if items:
                 plan.append((cond, items))
-    _check_interventions(model, plan, config, (facts or model_facts(model)).n_ctx)
+    _check_interventions(model, plan, config, facts.n_ctx)
     return plan
 
 

@@ -168,7 +168,7 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
                              f"got {batch_size!r}.")
     interventions = _as_interventions(interventions)
     facts = facts if facts is not None else model_facts(model)
-    items = _as_prompt_list(model, prompts)
+    items = _as_prompt_list(facts, prompts)
     prompt_caps = _caps(caps, len(items), cfg.max_new_tokens)
     rows = [(pi, j) for pi in range(len(items)) for j in range(cfg.n_samples)]
     bad = _row_problems(facts, items, prompt_caps)
@@ -237,10 +237,10 @@ def _as_interventions(interventions) -> list:
     return list(interventions)
 
 
-def _as_prompt_list(model, prompts) -> list[tuple[list[int], Prompt | None]]:
+def _as_prompt_list(facts: ModelFacts, prompts) -> list[tuple[list[int], Prompt | None]]:
     """``(token ids, Prompt or None)`` per prompt (see :func:`lensprobe.core.hooks.forward.as_prompts`)."""
-    return [(as_tokens(model, p, vocabulary=False)[0].tolist(), p if isinstance(p, Prompt) else None)  # ids: per row
-            for p in as_prompts(model, prompts, vocabulary=False)]
+    return [(as_tokens(facts, p, vocabulary=False)[0].tolist(), p if isinstance(p, Prompt) else None)  # ids: per row
+            for p in as_prompts(facts, prompts, vocabulary=False)]
 
 
 def _caps(caps, n_prompts: int, max_new_tokens: int) -> list[int]:
@@ -261,7 +261,7 @@ def _row_problems(facts: ModelFacts, items, caps: list[int]) -> dict[int, str]:
     n_ctx = facts.n_ctx
     bad = {}
     for pi, ((ids, _), cap) in enumerate(zip(items, caps, strict=True)):
-        outside = outside_vocabulary(facts.d_vocab, ids)
+        outside = outside_vocabulary(facts, ids)
         if outside is not None:
             bad[pi] = outside
         elif len(ids) + cap > n_ctx:

@@ -70,6 +70,8 @@ class ModelFacts:
         end_ids: the ids that end a generation: the tokenizer's EOS and the generation config's, sorted.
         pad_id: the id fed at padded positions (masked): the tokenizer's pad token, else its EOS, else 0.
         device, dtype: where the weights are and their floating dtype.
+        prepend_bos: whether the model puts its BOS token in front of a plain prompt
+            (``cfg.default_prepend_bos``).
         architecture: what the model is by configuration (:class:`Architecture`).
         weights_digest: the digest of the weights, when the run's identity has computed it (else ``None``).
         engine: the engine that runs the forwards, when chosen (else ``None``).
@@ -85,6 +87,7 @@ class ModelFacts:
     pad_id: int
     device: torch.device
     dtype: torch.dtype
+    prepend_bos: bool
     architecture: Architecture
     weights_digest: str | None = None
     engine: str | None = None
@@ -106,7 +109,8 @@ def model_facts(model) -> ModelFacts:
         name=model_label(model), tokenizer=tokenizer, n_ctx=int(cfg.n_ctx), d_vocab=int(cfg.d_vocab),
         n_layers=int(cfg.n_layers), n_heads=int(cfg.n_heads),
         end_ids=end_ids(tokenizer, getattr(hf, "generation_config", None)), pad_id=pad_id(tokenizer),
-        device=model_device(model), dtype=model_dtype(model), architecture=architecture(model),
+        device=model_device(model), dtype=model_dtype(model),
+        prepend_bos=bool(getattr(cfg, "default_prepend_bos", True)), architecture=architecture(model),
     )
 
 

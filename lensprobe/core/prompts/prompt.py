@@ -31,6 +31,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.models.facts import ModelFacts
 from lensprobe.core.prompts.fillers import Filler as Filler  # lensprobe.core.prompts.prompt.Filler, as before
 from lensprobe.core.prompts.special import SpecialTokens, check_special_tokens, encode_options
 from lensprobe.core.prompts.text import check_text
@@ -173,7 +174,8 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
     """Build a prompt with named segments, optionally with filler tokens inserted.
 
     Args:
-        model: a TransformerLens model (its ``tokenizer`` is used) or a tokenizer.
+        model: a TransformerLens model (its ``tokenizer`` is used), its
+            :class:`~lensprobe.core.models.facts.ModelFacts` (read once by a run), or a tokenizer.
         question: the user's question (non-empty).
         system: system prompt, e.g. :data:`MATH_SYSTEM_PROMPT` (chat) or
             :data:`PAPER_SYSTEM_PROMPT` (raw). With the chat template and no system prompt
@@ -255,7 +257,7 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
         raise LensprobeError(
             f"filler must be a lensprobe Filler (e.g. Filler.meaningless()), got {type(filler).__name__}."
         )
-    n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
+    n_ctx = _context(model)
     if filler is not None and filler.kind == "random_sentence" and n_ctx is not None and filler.n_tokens > n_ctx:
         raise LensprobeError(f"a random sentence of {filler.n_tokens} tokens is longer than the model's context of "
                              f"{n_ctx}: use a smaller filler count.")  # before drawing it
@@ -356,8 +358,16 @@ def _piece_start(bounds: list[tuple[str, int, int]], name: str) -> int:
     return next(a for n, a, _ in bounds if n == name)
 
 
+def _context(model) -> int | None:
+    """The context length of a model or its :class:`~lensprobe.core.models.facts.ModelFacts`; ``None`` for a
+    tokenizer (no limit known)."""
+    if isinstance(model, ModelFacts):
+        return model.n_ctx
+    return getattr(getattr(model, "cfg", None), "n_ctx", None)
+
+
 def _check_context(n_tokens: int, model) -> None:
-    n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
+    n_ctx = _context(model)
     if n_ctx is not None and n_tokens > n_ctx:
         raise LensprobeError(
             f"prompt is {n_tokens} tokens but the model's context is {n_ctx}: shorten the "
@@ -398,7 +408,8 @@ def plain_pieces(model, tokenizer, sys_pieces: Pieces, user_pieces: Pieces) -> P
     blank line, then the user message."""
     pieces: Pieces = []
     bos = getattr(tokenizer, "bos_token", None)
-    prepend = getattr(getattr(model, "cfg", None), "default_prepend_bos", True)
+    prepend = model.prepend_bos if isinstance(model, ModelFacts) else getattr(
+        getattr(model, "cfg", None), "default_prepend_bos", True)
     if bos and prepend:
         pieces.append(("bos", bos))
     if sys_pieces:
