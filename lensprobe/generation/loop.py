@@ -178,8 +178,8 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
     reach = [len(ids) + prompt_caps[pi] for pi, (ids, _) in enumerate(items) if pi not in bad]
     if reach:
         check_positions(interventions, max(reach), "prompt + max_new_tokens" if caps is None else "prompt + cap")
-    think_id = _thinking_id(model, cfg.thinking, track)
-    sets = resolve_track(model, track, items, think_id, cfg.thinking is not None)
+    think_id = _thinking_id(facts, cfg.thinking, track)
+    sets = resolve_track(facts, track, items, think_id, cfg.thinking is not None)
     if sets and batch_size is not None and batch_size < len(rows) - len(failed):
         raise LensprobeError(
             f"attention recording (track=...) runs every row in one batch, but batch_size={batch_size} is smaller "
@@ -271,13 +271,13 @@ def _row_problems(facts: ModelFacts, items, caps: list[int]) -> dict[int, str]:
     return bad
 
 
-def _thinking_id(model, thinking, track) -> int | None:
+def _thinking_id(facts: ModelFacts, thinking, track) -> int | None:
     """The thinking token's id: of ``thinking``, else ``<thinking>`` if tracked sets may name it."""
     if thinking is not None:
-        return thinking_token_id(model, thinking.token)
+        return thinking_token_id(facts, thinking.token)
     if track is not None:
         with contextlib.suppress(LensprobeError):
-            return thinking_token_id(model, "<thinking>")
+            return thinking_token_id(facts, "<thinking>")
     return None
 
 

@@ -119,3 +119,44 @@ def test_the_evaluation_and_the_generation_loop_do_not_ask_the_model_for_its_fac
     assert reads["lensprobe.core.models.facts"] > 0  # read there, once
     asked = {m: n for m, n in reads.items() if m.startswith("lensprobe.evals.") or m == "lensprobe.generation.run"}
     assert asked == {}
+
+
+@pytest.mark.parametrize("template", ["chat", "plain", "raw"])
+def test_prompts_built_from_the_facts_equal_those_built_from_the_model(template):
+    model = tiny_model(seed=0)
+    facts = model_facts(model)
+    kwargs = {"system": "Be brief.", "filler": lp.Filler.meaningless(), "template": template}
+    a, b = lp.build_prompt(model, "What is 1+1?", **kwargs), lp.build_prompt(facts, "What is 1+1?", **kwargs)
+    assert (a.tokens.tolist(), a.segments, a.text) == (b.tokens.tolist(), b.segments, b.text)
+    from lensprobe.core.prompts.conditions import resolve_conditions
+
+    for cond in resolve_conditions("w/o,w/ Mless,random sentence"):
+        assert cond.prompt_builder(model)("2+2?").tokens.tolist() == cond.prompt_builder(model, facts)("2+2?").tokens.tolist()
+    long = "word " * (facts.n_ctx + 10)
+    with pytest.raises(lp.LensprobeError, match=f"the model's context is {facts.n_ctx}"):
+        lp.build_prompt(facts, long, template=template)
+
+
+def test_token_checks_read_the_facts():
+    from lensprobe.core.hooks.forward import as_tokens, outside_vocabulary
+
+    model = tiny_model(seed=0)
+    facts = model_facts(model)
+    assert as_tokens(facts, [1, 2, 3]).device == facts.device
+    assert outside_vocabulary(facts, [1, facts.d_vocab]) == outside_vocabulary(model, [1, facts.d_vocab]) == (
+        f"token id {facts.d_vocab} is outside the vocabulary (0-{facts.d_vocab - 1}).")
+    with pytest.raises(lp.LensprobeError, match=f"the model's context is {facts.n_ctx}"):
+        as_tokens(facts, list(range(facts.n_ctx + 1)))
+
+
+def test_a_given_facts_is_what_generate_reads(tiny):
+    """lp.generate takes the tokenizer, end ids and context from the facts it is given, not from the model."""
+    import dataclasses
+
+    facts = model_facts(tiny)
+    free = lp.generate(tiny, [[5, 6, 7]], max_new_tokens=6, stop_at_eos=True, facts=facts)
+    first = int(free.generated_ids[0][0])
+    stopped = lp.generate(tiny, [[5, 6, 7]], max_new_tokens=6, facts=dataclasses.replace(facts, end_ids=(first,)))
+    assert stopped.generated_ids[0] == [first] and stopped.finish_reasons[0] == "eos"
+    with pytest.raises(lp.LensprobeError, match="context of 4 tokens"):
+        lp.generate(tiny, [[5, 6, 7]], max_new_tokens=2, facts=dataclasses.replace(facts, n_ctx=4))
