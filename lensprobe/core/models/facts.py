@@ -8,7 +8,7 @@ what architecture it is (the ARM presets are chosen by it). :func:`model_facts` 
 :func:`lensprobe.generate`, to the ARM preset), so no level below reads them through the model again.
 
 The weights' digest and the engine are the run identity's concern; :class:`ModelFacts` has a field for each
-(``None`` until the caller that computes them fills them in with :func:`dataclasses.replace`).
+(``None`` until the caller that computes them fills them in with ``dataclasses.replace``).
 
 Example:
     >>> from lensprobe.core.models.facts import model_facts
