@@ -58,6 +58,10 @@ written before that column existed read back with ``None`` in it.
 ``None`` in every verdict column: it is an error, neither right nor wrong, and the progress
 bar's running accuracy leaves it out.
 
+**The model's facts.** Its tokenizer, context length, vocabulary, end ids, device, name and configuration
+are read once at the start (:func:`~lensprobe.core.models.facts.model_facts`) and passed down to the planning
+of rows, the generation and the ARM preset, which do not ask the model again.
+
 **Checks before the first batch.** Every condition's interventions are built once on the
 model (unknown heads such as ``L0H99``, unknown hook points, ablation positions beyond
 prompt + ``max_new_tokens``) before any generation runs.
@@ -72,7 +76,7 @@ from typing import Any, Literal
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.attach import with_default_seed
-from lensprobe.core.models.loading import model_label
+from lensprobe.core.models.facts import model_facts
 from lensprobe.core.prompts.conditions import (
     paper_conditions,
     resolve_conditions,
@@ -160,7 +164,8 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
             return the merged table (an error names the ranks when they stall; see above).
         arm: the ARM that ``"ARM"`` and ``"<name>+ARM"`` conditions attach (e.g.
             ``lp.ARM(c=0.1, percentile=95)``); default: the authors' preset for the model on
-            ``benchmark`` from ``arm_source`` (under a protocol whose ``arm`` is ``"layer-defaults"``,
+            ``benchmark`` from ``arm_source``, the model recognised by its configuration
+            (:func:`~lensprobe.interventions.arm_presets.model_key`) (under a protocol whose ``arm`` is ``"layer-defaults"``,
             such as ``"arm-aime-pass3"``, the authors' decoder-layer defaults).
         arm_source: where that preset comes from: ``"code"`` (the authors' released code, default) or
             ``"paper"`` (Table 9 and the paper's text); see
@@ -201,10 +206,11 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
         config = EvalConfig(**with_format_defaults(model, settings))
     problems = _check_problems(problems)
     bench = resolve_benchmark(benchmark, problems)
-    if config.max_new_tokens >= int(model.cfg.n_ctx):
+    facts = model_facts(model)  # once per run: every level below takes these, not the model's cfg and tokenizer
+    if config.max_new_tokens >= facts.n_ctx:
         raise LensprobeError(
             f"max_new_tokens={config.max_new_tokens} leaves no room for a prompt in the model's context of "
-            f"{int(model.cfg.n_ctx)} tokens: lower max_new_tokens."
+            f"{facts.n_ctx} tokens: lower max_new_tokens."
         )
     system: dict[str, Any] = {"system": get_protocol(config.protocol).system} if config.protocol else {}
     builtins = paper_conditions(prompt_format=config.prompt_format, **system) if config.prompt_format != "chat" else None
@@ -212,10 +218,10 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
         raise LensprobeError(f"arm_source must be 'code' (the released code) or 'paper' (Table 9), got {arm_source!r}.")
     layer_defaults = arm_layer_defaults(config.protocol)
     conds = resolve_conditions(conditions, builtins=builtins, arm=arm if arm is not None else (
-        lambda: ARM.preset(model, bench, source=arm_source, layer_defaults=layer_defaults)))
+        lambda: ARM.preset(facts, bench, source=arm_source, layer_defaults=layer_defaults)))
     conds = [dataclasses.replace(c, interventions=with_default_seed(c.interventions, config.seed)) for c in conds]
     rank, world_size = check_shard(rank, world_size, out)
-    name = str(model_name) if model_name is not None else model_label(model)
+    name = str(model_name) if model_name is not None else facts.name
     run, cond_desc = _identities(model, conds, config, out)
     info = RunInfo(name, run_hash(EVAL_KIND, run) if "identity" in run else None,
                    {n: d["hash"] for n, d in cond_desc.items()}, rank)
@@ -226,9 +232,10 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
             out = Path(out).expanduser()
             done = finished_rows(out, problems)
         mine = my_units(problems, rank, world_size)
-        plan = plan_rows(model, mine, conds, done, config)
+        plan = plan_rows(model, mine, conds, done, config, facts)
         tally = tally_rows(done, mine, conds)
-        new_rows = run_plan(model, plan, config, info, tally, out=out, progress=progress, world_size=world_size)
+        new_rows = run_plan(model, plan, config, info, tally, out=out, progress=progress, world_size=world_size,
+                            facts=facts)
     grader = default_grader({"settings": run})
     if out is None:
         return mark_extract(mark_default_grader(result_table(new_rows, conds, problems), grader), config.extract)

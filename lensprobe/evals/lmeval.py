@@ -52,6 +52,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.attach import intervene
 from lensprobe.core.lazy import pandas
+from lensprobe.core.models.facts import ModelFacts, model_facts
 from lensprobe.core.models.kinds import require_bridge
 from lensprobe.core.models.loading import load_model
 from lensprobe.core.prompts.conditions import Condition, arm_base, resolve_conditions, with_arm
@@ -91,6 +92,9 @@ class LensprobeLM(TemplateLM):
         device, dtype: where and in what dtype the model's weights are (:func:`lensprobe.load_model`).
         add_bos_token: put the tokenizer's special tokens (its BOS) in front of every request (lm-eval's
             ``hf`` model does when the tokenizer adds one by default, e.g. Llama; not SmolLM2 or Qwen2.5).
+        facts: ``pretrained``'s facts (:func:`~lensprobe.core.models.facts.model_facts`) when the caller has loaded
+            the model and read them: the model is used as it is, not loaded again (:func:`lm_eval_accuracy` loads
+            once for all its conditions). ``None``: ``pretrained`` goes through :func:`lensprobe.load_model`.
 
     Raises:
         LensprobeError: an unknown condition, a condition with its own prompt builder or generation
@@ -105,15 +109,19 @@ class LensprobeLM(TemplateLM):
                  arm_benchmark: str | None = "math500", arm_source: str = "code", c: float | None = None,
                  percentile: float | None = None, seed: int | None = None, ablate: Any = None,
                  batch_size: int | str = 8, max_batch_size: int | None = None, device: Any = None,
-                 dtype: Any = None, add_bos_token: bool = False) -> None:
+                 dtype: Any = None, add_bos_token: bool = False, facts: ModelFacts | None = None) -> None:
         super().__init__()
-        model = load_model(pretrained, device=device, dtype=dtype)
+        if facts is not None and (device is not None or dtype is not None):
+            raise LensprobeError("facts= is for a model already loaded: give device= and dtype= to lp.load_model, "
+                                 "or drop facts=.")
+        model = pretrained if facts is not None else load_model(pretrained, device=device, dtype=dtype)
         require_bridge(model, "the lm-eval adapter", "load the model with lp.load_model(name)")
         self.model = model
-        self.tokenizer = model.tokenizer
+        self.facts = facts if facts is not None else model_facts(model)
+        self.tokenizer = self.facts.tokenizer
         self.batch_size = _batch_size(batch_size)
         self.add_bos_token = bool(add_bos_token)
-        made = _arm(model, arm, arm_benchmark, arm_source, c=c, percentile=percentile, seed=seed)
+        made = _arm(self.facts, arm, arm_benchmark, arm_source, c=c, percentile=percentile, seed=seed)
         cond = _condition(condition, made)
         if ablate is not None:
             heads = ablate.split() if isinstance(ablate, str) else ablate
@@ -134,7 +142,7 @@ class LensprobeLM(TemplateLM):
 
     @property
     def max_length(self) -> int:
-        return int(self.model.cfg.n_ctx)
+        return self.facts.n_ctx
 
     @property
     def tokenizer_name(self) -> str:
@@ -157,7 +165,8 @@ class LensprobeLM(TemplateLM):
         rows = [(list(ctx) + list(cont))[:-1] for _, ctx, cont in requests]
         conts = [list(cont) for _, _, cont in requests]
         # no partial cache entries: these requests hold the filler, lm-eval's cache keys the requests as asked
-        return continuation_scores(self.model, rows, conts, self.condition.interventions, self.batch_size)
+        return continuation_scores(self.model, rows, conts, self.condition.interventions, self.batch_size,
+                                   facts=self.facts)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Log-probability of each whole text, in lm-eval's rolling windows of the model's context."""
@@ -206,7 +215,7 @@ class LensprobeLM(TemplateLM):
             raise LensprobeError(f"a prompt of {max(map(len, prompts))} tokens leaves no room to generate in the "
                                  f"model's context of {self.max_length}: use a shorter task prompt or filler.")
         trace = generate(self.model, prompts, max_new_tokens=max(caps), caps=caps, batch_size=self.batch_size,
-                         interventions=self.condition.interventions, **kwargs)
+                         interventions=self.condition.interventions, facts=self.facts, **kwargs)
         texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in trace.generated_ids]
         return [_cut(text, until) for text in texts]
 
@@ -240,7 +249,7 @@ class _Request:
 
 
 def continuation_scores(model, rows: list[list[int]], conts: list[list[int]], interventions: Sequence = (),
-                        batch_size: int = 8) -> list[tuple[float, bool]]:
+                        batch_size: int = 8, *, facts: ModelFacts | None = None) -> list[tuple[float, bool]]:
     """Summed log-probability of each continuation and whether greedy decoding gives it, batched.
 
     Args:
@@ -249,6 +258,7 @@ def continuation_scores(model, rows: list[list[int]], conts: list[list[int]], in
         conts: per request, the continuation's token ids (the last ``len(cont)`` inputs predict them).
         interventions: attached with :func:`lensprobe.intervene`, once per batch.
         batch_size: requests per forward (longest first, left-padded, with an attention mask).
+        facts: the model's facts, read once by the caller (``None``: read here).
 
     Raises:
         LensprobeError: a request longer than the model's context.
@@ -256,7 +266,8 @@ def continuation_scores(model, rows: list[list[int]], conts: list[list[int]], in
     Example:
         >>> continuation_scores(model, [[5, 6, 7]], [[7, 8]])   # log P(7, 8 | 5, 6)
     """
-    n_ctx = int(model.cfg.n_ctx)
+    facts = facts if facts is not None else model_facts(model)
+    n_ctx = facts.n_ctx
     longest = max((len(r) for r in rows), default=0)
     if longest > n_ctx:
         raise LensprobeError(f"a request is {longest} tokens but the model's context is {n_ctx}: lensprobe does "
@@ -267,7 +278,7 @@ def continuation_scores(model, rows: list[list[int]], conts: list[list[int]], in
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         keep = max(len(conts[i]) for i in chunk)
-        logp = _last_log_probs(model, [rows[i] for i in chunk], keep, interventions)
+        logp = _last_log_probs(model, facts, [rows[i] for i in chunk], keep, interventions)
         for b, i in enumerate(chunk):
             target = torch.tensor(conts[i], device=logp.device)
             read = logp[b, keep - len(target):]
@@ -275,17 +286,16 @@ def continuation_scores(model, rows: list[list[int]], conts: list[list[int]], in
     return out
 
 
-def _last_log_probs(model, rows: list[list[int]], keep: int, interventions: Sequence) -> torch.Tensor:
+def _last_log_probs(model, facts: ModelFacts, rows: list[list[int]], keep: int, interventions: Sequence
+                    ) -> torch.Tensor:
     """``[batch, keep, d_vocab]`` float32 log-softmax at the last ``keep`` positions of left-padded ``rows``."""
     width = max(len(r) for r in rows)
-    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else model.tokenizer.eos_token_id
-    ids = torch.full((len(rows), width), int(pad), dtype=torch.long)
+    ids = torch.full((len(rows), width), facts.pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for b, r in enumerate(rows):
         ids[b, width - len(r):] = torch.tensor(r, dtype=torch.long)
         mask[b, width - len(r):] = 1
-    device = model.cfg.device
-    ids, mask = ids.to(device), mask.to(device)
+    ids, mask = ids.to(facts.device), mask.to(facts.device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.inference_mode(), intervene(model, *interventions):
         logits = model(ids, attention_mask=mask, position_ids=positions, return_type="logits")
@@ -308,13 +318,14 @@ def _batch_size(value: Any) -> int:
     return value
 
 
-def _arm(model, arm: Any, benchmark: str | None, source: str, **given: Any) -> Any:
-    """The ARM the settings ask for (an intervention given as ``arm`` is taken as it is), or ``None``."""
+def _arm(facts: ModelFacts, arm: Any, benchmark: str | None, source: str, **given: Any) -> Any:
+    """The ARM the settings ask for (an intervention given as ``arm`` is taken as it is), or ``None``; the preset
+    is the model's by its configuration (:func:`~lensprobe.interventions.arm_presets.model_key`)."""
     fields = {k: v for k, v in given.items() if v is not None}
     if arm is None:
         return ARM(**fields) if "c" in fields or "percentile" in fields else None
     if arm == "preset":
-        return ARM.preset(model, benchmark, source=source, **fields)  # type: ignore[arg-type]
+        return ARM.preset(facts, benchmark, source=source, **fields)  # type: ignore[arg-type]
     if isinstance(arm, str) or not hasattr(arm, "hooks"):
         raise LensprobeError(f"arm must be 'preset', an lp.ARM or None, got {arm!r}.")
     return arm
@@ -386,12 +397,13 @@ def lm_eval_accuracy(model: Any, tasks: Sequence[str] | str, conditions: Any = "
     from lm_eval.tasks import TaskManager
 
     loaded = load_model(model, device=model_args.pop("device", None), dtype=model_args.pop("dtype", None))
+    facts = model_facts(loaded)  # loaded and read once, for every condition
     names = [tasks] if isinstance(tasks, str) else list(tasks)
     items = [s for s in conditions.split(",") if s.strip()] if isinstance(conditions, str) else list(conditions)
     manager = TaskManager(include_path=include_path, include_defaults=include_defaults)
     rows = []
     for item in items:
-        lm = LensprobeLM(loaded, item, batch_size=batch_size, **model_args)
+        lm = LensprobeLM(loaded, item, batch_size=batch_size, facts=facts, **model_args)
         result = lm_eval.simple_evaluate(model=lm, tasks=names, limit=limit, task_manager=manager,
                                          log_samples=False)
         if result is None:

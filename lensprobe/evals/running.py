@@ -22,6 +22,7 @@ from lensprobe.core.errors import LensprobeError, LensprobeWarning
 from lensprobe.core.hooks.attach import batch_dependent, check_positions, resolve_hooks
 from lensprobe.core.hooks.capabilities import bind_interventions
 from lensprobe.core.lazy import pandas
+from lensprobe.core.models.facts import ModelFacts, model_facts
 from lensprobe.core.progress import tqdm
 from lensprobe.core.prompts.conditions import Condition
 from lensprobe.core.storage.jsonable import json_digest
@@ -115,15 +116,17 @@ def finished_rows(out: Path, problems: list[Problem]) -> dict[tuple, dict]:
     return done
 
 
-def plan_rows(model, mine: list[Problem], conds: list[Condition], done: dict, config: EvalConfig
-              ) -> list[tuple[Condition, list[Item]]]:
+def plan_rows(model, mine: list[Problem], conds: list[Condition], done: dict, config: EvalConfig,
+              facts: ModelFacts | None = None) -> list[tuple[Condition, list[Item]]]:
     """The rows still to generate, chunk by chunk of problems, condition by condition.
 
     Every prompt is built before anything runs. A chunk holds :func:`plan_chunk` problems, so
     a stopped run has results for every condition on its first problems; within a chunk, a
-    condition's rows run with continuous batching.
+    condition's rows run with continuous batching. ``facts``: the model's facts, read once by the
+    run (:func:`~lensprobe.core.models.facts.model_facts`; ``None``: read here).
     """
-    builders = {c.name: c.prompt_builder(model) for c in conds}
+    facts = facts if facts is not None else model_facts(model)
+    builders = {c.name: c.prompt_builder(model, facts) for c in conds}
     plan: list[tuple[Condition, list[Item]]] = []
     chunk = plan_chunk(config)
     for start in range(0, len(mine), chunk):
@@ -139,7 +142,7 @@ def plan_rows(model, mine: list[Problem], conds: list[Condition], done: dict, co
                     items += [Item(p, s, prompt, error) for s in samples]
             if items:
                 plan.append((cond, items))
-    _check_interventions(model, plan, config)
+    _check_interventions(model, plan, config, facts.n_ctx)
     return plan
 
 
@@ -149,7 +152,7 @@ def plan_chunk(config: EvalConfig) -> int:
     return max(32, 8 * config.batch_size // (config.n_samples if config.do_sample else 1))
 
 
-def _check_interventions(model, plan: list[tuple[Condition, list[Item]]], config: EvalConfig) -> None:
+def _check_interventions(model, plan: list[tuple[Condition, list[Item]]], config: EvalConfig, n_ctx: int) -> None:
     """Build each condition's hooks once (bound to its first prompt) and check its positions
     against its longest prompt + ``max_new_tokens``, so bad heads fail before any batch runs."""
     longest: dict[str, tuple[Condition, Any, int]] = {}
@@ -158,7 +161,7 @@ def _check_interventions(model, plan: list[tuple[Condition, list[Item]]], config
         if not items:
             continue
         _, first, n = longest.get(cond.name, (cond, items[0].prompt, 0))
-        fits = [len(it.prompt) for it in items if len(it.prompt) + config.max_new_tokens <= int(model.cfg.n_ctx)]
+        fits = [len(it.prompt) for it in items if len(it.prompt) + config.max_new_tokens <= n_ctx]
         longest[cond.name] = (cond, first, max(n, *fits, 0))
     for cond, first, n in longest.values():
         bound = bind_interventions(cond.interventions, first)[0]
@@ -181,8 +184,9 @@ def tally_rows(done: dict, mine: list[Problem], conds: list[Condition]) -> dict[
 
 
 def run_plan(model, plan, config: EvalConfig, info: RunInfo, tally: dict, *, out: Path | None,
-              progress: bool, world_size: int) -> list[dict]:
+              progress: bool, world_size: int, facts: ModelFacts | None = None) -> list[dict]:
     """Generate and grade every planned row; each is written (and synced) as soon as it is graded.
+    ``facts``: the model's facts, read once by the run (``None``: read here), given to every generation.
 
     A row that cannot run (a prompt too long for the context, a failing forward) becomes an
     error row and the others go on; a ``KeyboardInterrupt`` stops the run with every row
@@ -194,6 +198,7 @@ def run_plan(model, plan, config: EvalConfig, info: RunInfo, tally: dict, *, out
     # with nothing left to write, a lock left by a killed process is still taken over (and said so)
     writer = RowWriter(path) if path is not None and (total or RowWriter.lock_file(path).exists()) else None
     new_rows: list[dict] = []
+    facts = facts if facts is not None else model_facts(model)
 
     def emit(it: Item, cond: Condition, ids: list[int], text: str, finish: str, error: str | None,
              seconds: float) -> None:
@@ -219,7 +224,7 @@ def run_plan(model, plan, config: EvalConfig, info: RunInfo, tally: dict, *, out
                     emit(it, cond, [], "", "error", it.error, 0.0)
             items = [it for it in items if it.error is None]
             for batch, interventions, batch_size in generation_calls(items, cond, config):
-                _generate(model, batch, interventions, cond, config, batch_size, emit)
+                _generate(model, facts, batch, interventions, cond, config, batch_size, emit)
     finally:
         if writer is not None:
             writer.close()
@@ -296,8 +301,8 @@ def _progress(total: int, enabled: bool, rank: int, world_size: int):
     return tqdm(total=total, desc=desc, unit="problem", dynamic_ncols=True, position=rank if world_size > 1 else None)
 
 
-def _generate(model, batch: list[Item], interventions: tuple, cond: Condition, config: EvalConfig,
-              batch_size: int | None, emit) -> None:
+def _generate(model, facts: ModelFacts, batch: list[Item], interventions: tuple, cond: Condition,
+              config: EvalConfig, batch_size: int | None, emit) -> None:
     """Generate the batch's answers with :func:`lensprobe.generate`, handing each to ``emit``
     as soon as its row has finished (continuous batching with ``batch_size`` rows live).
 
@@ -324,4 +329,4 @@ def _generate(model, batch: list[Item], interventions: tuple, cond: Condition, c
         clock[0] = now
 
     generate(model, prompts, config.generation(), interventions=list(interventions), n_samples=n,
-             batch_size=batch_size, on_row=on_row, on_error="row", **cond.generate_kwargs)
+             batch_size=batch_size, on_row=on_row, on_error="row", facts=facts, **cond.generate_kwargs)

@@ -59,6 +59,7 @@ from torch import Tensor
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.attach import HookSite, StepContext, check_positions
 from lensprobe.core.hooks.forward import as_prompts, as_tokens, outside_vocabulary
+from lensprobe.core.models.facts import ModelFacts, model_facts
 from lensprobe.core.models.loading import check_layers
 from lensprobe.core.prompts.prompt import Prompt
 from lensprobe.core.storage.jsonable import describe_setting
@@ -81,7 +82,8 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
              engine: EngineName = "auto", batch_size: int | None = None, refill: bool = True,
              longest_first: bool = True, caps: Iterable[SupportsIndex] | None = None,
              on_row: Callable[[FinishedRow], Any] | None = None,
-             on_error: Literal["raise", "row"] = "raise", **settings) -> GenerationTrace:
+             on_error: Literal["raise", "row"] = "raise", facts: ModelFacts | None = None,
+             **settings) -> GenerationTrace:
     """Generate from one or several prompts with a KV cache; record entropy (and attention if asked).
 
     Args:
@@ -131,6 +133,9 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
             its message in ``trace.errors``, and the others go on. Any other exception (a bug
             in an intervention, say) and a ``KeyboardInterrupt`` stop the generation (rows
             already reported to ``on_row`` stay reported; hooks are removed).
+        facts: the model's facts (:func:`~lensprobe.core.models.facts.model_facts`: tokenizer, context
+            length, vocabulary, end ids, device), when the caller has read them once for a run, as
+            :func:`lensprobe.evaluate` does for all its generations; ``None`` (default): read here.
         **settings: :class:`~lensprobe.GenerationConfig` fields as keywords
             (``max_new_tokens=64, do_sample=True, seed=0, n_samples=4, thinking=...,
             think_when=...``); they override ``config``'s. ``max_new_tokens`` is required
@@ -162,18 +167,19 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
         raise LensprobeError(f"batch_size must be an integer >= 1 (rows live at once) or None (all rows), "
                              f"got {batch_size!r}.")
     interventions = _as_interventions(interventions)
-    items = _as_prompt_list(model, prompts)
+    facts = facts if facts is not None else model_facts(model)
+    items = _as_prompt_list(facts, prompts)
     prompt_caps = _caps(caps, len(items), cfg.max_new_tokens)
     rows = [(pi, j) for pi in range(len(items)) for j in range(cfg.n_samples)]
-    bad = _row_problems(model, items, prompt_caps)
+    bad = _row_problems(facts, items, prompt_caps)
     if bad and on_error == "raise":
         raise LensprobeError(next(iter(bad.values())))
     failed = {r: bad[pi] for r, (pi, _) in enumerate(rows) if pi in bad}
     reach = [len(ids) + prompt_caps[pi] for pi, (ids, _) in enumerate(items) if pi not in bad]
     if reach:
         check_positions(interventions, max(reach), "prompt + max_new_tokens" if caps is None else "prompt + cap")
-    think_id = _thinking_id(model, cfg.thinking, track)
-    sets = resolve_track(model, track, items, think_id, cfg.thinking is not None)
+    think_id = _thinking_id(facts, cfg.thinking, track)
+    sets = resolve_track(facts, track, items, think_id, cfg.thinking is not None)
     if sets and batch_size is not None and batch_size < len(rows) - len(failed):
         raise LensprobeError(
             f"attention recording (track=...) runs every row in one batch, but batch_size={batch_size} is smaller "
@@ -182,7 +188,7 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
         )
     rec_layers = check_layers(model, layers) if sets else []
     run = Run(model, cfg, items, rows, prompt_caps, failed, interventions, sets, rec_layers,
-              think_id, batch_size, refill, longest_first, on_row, keep_going=on_error == "row")
+              think_id, batch_size, refill, longest_first, on_row, keep_going=on_error == "row", facts=facts)
     with torch.inference_mode():
         ran = run.execute(engine, progress)
     return _trace(model, cfg, run, ran.describe(), think_id, track, interventions, caps is not None)
@@ -231,10 +237,10 @@ def _as_interventions(interventions) -> list:
     return list(interventions)
 
 
-def _as_prompt_list(model, prompts) -> list[tuple[list[int], Prompt | None]]:
+def _as_prompt_list(facts: ModelFacts, prompts) -> list[tuple[list[int], Prompt | None]]:
     """``(token ids, Prompt or None)`` per prompt (see :func:`lensprobe.core.hooks.forward.as_prompts`)."""
-    return [(as_tokens(model, p, vocabulary=False)[0].tolist(), p if isinstance(p, Prompt) else None)  # ids: per row
-            for p in as_prompts(model, prompts, vocabulary=False)]
+    return [(as_tokens(facts, p, vocabulary=False)[0].tolist(), p if isinstance(p, Prompt) else None)  # ids: per row
+            for p in as_prompts(facts, prompts, vocabulary=False)]
 
 
 def _caps(caps, n_prompts: int, max_new_tokens: int) -> list[int]:
@@ -250,12 +256,12 @@ def _caps(caps, n_prompts: int, max_new_tokens: int) -> list[int]:
     return [int(c) for c in caps]
 
 
-def _row_problems(model, items, caps: list[int]) -> dict[int, str]:
+def _row_problems(facts: ModelFacts, items, caps: list[int]) -> dict[int, str]:
     """Prompt index -> why it cannot run (a token outside the vocabulary, or too long for the context)."""
-    n_ctx = int(model.cfg.n_ctx)
+    n_ctx = facts.n_ctx
     bad = {}
     for pi, ((ids, _), cap) in enumerate(zip(items, caps, strict=True)):
-        outside = outside_vocabulary(model, ids)
+        outside = outside_vocabulary(facts, ids)
         if outside is not None:
             bad[pi] = outside
         elif len(ids) + cap > n_ctx:
@@ -265,13 +271,13 @@ def _row_problems(model, items, caps: list[int]) -> dict[int, str]:
     return bad
 
 
-def _thinking_id(model, thinking, track) -> int | None:
+def _thinking_id(facts: ModelFacts, thinking, track) -> int | None:
     """The thinking token's id: of ``thinking``, else ``<thinking>`` if tracked sets may name it."""
     if thinking is not None:
-        return thinking_token_id(model, thinking.token)
+        return thinking_token_id(facts, thinking.token)
     if track is not None:
         with contextlib.suppress(LensprobeError):
-            return thinking_token_id(model, "<thinking>")
+            return thinking_token_id(facts, "<thinking>")
     return None
 
 
@@ -310,10 +316,10 @@ def _trace(model, cfg: GenerationConfig, run: Run, engine_meta: dict, think_id, 
     lengths = [len(run.items[pi][0]) for pi, _ in run.rows]
     return GenerationTrace(
         token_ids_rows=token_ids, entropy_rows=entropy, chosen_prob_rows=chosen_prob, thinking_rows=thinking,
-        attention_rows=run.attention(token_ids.shape[1]), **_texts(model.tokenizer, token_ids, out.finish),
+        attention_rows=run.attention(token_ids.shape[1]), **_texts(run.facts.tokenizer, token_ids, out.finish),
         prompt_index=[pi for pi, _ in run.rows], sample_index=[j for _, j in run.rows],
         prompt_lengths=lengths, finish_reasons=list(out.finish), layers=list(run.layers),
-        n_heads=int(model.cfg.n_heads), meta=meta,
+        n_heads=run.facts.n_heads, meta=meta,
     )
 
 

@@ -40,7 +40,7 @@ from torch import Tensor
 from lensprobe.core.errors import LensprobeError, NonFiniteWarning
 from lensprobe.core.hooks.attach import Steps, batch_dependent
 from lensprobe.core.measures.metrics import nonfinite_rows
-from lensprobe.core.models.devices import model_device
+from lensprobe.core.models.facts import ModelFacts, model_facts
 from lensprobe.core.progress import tqdm
 from lensprobe.generation import cacherows
 from lensprobe.generation.batch import pad_batch
@@ -70,19 +70,22 @@ class Run:
         keep_going: a row whose prefill fails with a row fault (:func:`row_fault`) becomes an error
             row instead of stopping the run (under continuous batching, so do the live rows of a
             decode step that fails so).
+        facts: the model's facts (tokenizer, pad and end ids, device, heads), read once by the caller
+            (``None``: read here).
     """
 
     def __init__(self, model, cfg: GenerationConfig, items, rows: list[tuple[int, int]], caps: list[int],
                  failed: dict[int, str], interventions: list, sets: list[TrackedSet], layers: list[int],
                  think_id: int | None, batch_size: int | None, refill: bool, longest_first: bool,
-                 on_row: Callable[[FinishedRow], Any] | None, keep_going: bool) -> None:
+                 on_row: Callable[[FinishedRow], Any] | None, keep_going: bool, facts: ModelFacts | None = None) -> None:
         self.model, self.cfg, self.items, self.rows = model, cfg, items, rows
+        self.facts = facts if facts is not None else model_facts(model)
         self.prompt_caps = list(caps)
         self.caps = [self.prompt_caps[pi] for pi, _ in rows]  # per row
         self.interventions, self.sets, self.layers, self.think_id = interventions, sets, layers, think_id
         self.on_row, self.keep_going = on_row, keep_going
-        self.pad_id = _pad_id(model.tokenizer)
-        self.device = model_device(model)
+        self.pad_id = self.facts.pad_id
+        self.device = self.facts.device
         self.out = RowOutputs.start(len(rows), cfg.max_new_tokens)
         for r, message in failed.items():
             self.out.fail(r, message)
@@ -99,10 +102,10 @@ class Run:
         n_rec = len(runnable) if sets else 0
         self.masks = (set_masks(items, sets, [rows[r][0] for r in runnable], self._width(runnable),
                                 self._width(runnable) + cfg.max_new_tokens, self.device) if sets else None)
-        self.rec = StepRecorder(layers, n_rec, len(sets), int(model.cfg.n_heads), cfg.max_new_tokens, self.masks,
+        self.rec = StepRecorder(layers, n_rec, len(sets), self.facts.n_heads, cfg.max_new_tokens, self.masks,
                                 hidden, self.device)
         self.gens: dict[int, torch.Generator | None] = {}
-        eos = _eos_ids(model) | set(cast(tuple, cfg.eos_token_id) or ()) if cfg.stop_at_eos else set()  # a tuple
+        eos = set(self.facts.end_ids) | set(cast(tuple, cfg.eos_token_id) or ()) if cfg.stop_at_eos else set()
         self.eos = torch.tensor(sorted(eos), dtype=torch.long, device=self.device)
         self.batches: list[int] = []  # rows per static batch, or per refill (for meta)
         self.fallback: str | None = None
@@ -375,13 +378,13 @@ class Run:
             return
         ids, finish = self.out.ids(r), self.out.finish[r]
         pi, j = self.rows[r]
-        self.on_row(FinishedRow(r, pi, j, ids, row_text(self.model.tokenizer, ids, finish), finish,
+        self.on_row(FinishedRow(r, pi, j, ids, row_text(self.facts.tokenizer, ids, finish), finish,
                                 self.out.errors.get(r)))
 
     # ----- results -----------------------------------------------------------------------------
     def attention(self, n_steps: int) -> dict[str, Tensor]:
         """Tracked set -> ``[row, step, layer, head]`` (NaN for rows outside the recorded batch)."""
-        n_heads = int(self.model.cfg.n_heads)
+        n_heads = self.facts.n_heads
         shape = (len(self.rows), n_steps, len(self.layers), n_heads)
         out = {ts.name: torch.full(shape, float("nan"), device="cpu") for ts in self.sets}
         if self.rec.attn is None or not self.static_rows:
@@ -409,30 +412,6 @@ def row_fault(err: BaseException) -> bool:
 
 def _cpu(values: list[int]) -> Tensor:
     return torch.tensor(values, dtype=torch.long, device="cpu")
-
-
-def _pad_id(tokenizer) -> int:
-    """The id fed as padding (its positions are masked): the tokenizer's pad or EOS token, else 0."""
-    for name in ("pad_token_id", "eos_token_id"):
-        value = getattr(tokenizer, name, None)
-        if value is not None:
-            return int(value)
-    return 0
-
-
-def _eos_ids(model) -> set[int]:
-    """End-of-sequence ids the model names: its tokenizer's and its generation config's."""
-    ids = set()
-    eos = getattr(model.tokenizer, "eos_token_id", None)
-    if eos is not None:
-        ids.add(int(eos))
-    gen = getattr(getattr(model, "original_model", None), "generation_config", None)
-    extra = getattr(gen, "eos_token_id", None)
-    if isinstance(extra, int):
-        ids.add(extra)
-    elif isinstance(extra, (list, tuple)):
-        ids.update(int(i) for i in extra)
-    return ids
 
 
 def _progress_bar(progress: bool | str, total: int):

@@ -197,7 +197,8 @@ def latent_fusion_vector(hidden: Float[Tensor, "batch d_model"], logits: Float[T
 
 
 def thinking_token_id(model, token: str) -> int:
-    """Id of ``token`` if the vocabulary holds it as one token, else a clear error."""
+    """Id of ``token`` if the vocabulary holds it as one token, else a clear error. ``model``: a model or its
+    :class:`~lensprobe.core.models.facts.ModelFacts` (only its ``tokenizer`` is read)."""
     tok = model.tokenizer
     if tok is None:
         raise LensprobeError(

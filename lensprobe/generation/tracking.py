@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.models.facts import ModelFacts
 from lensprobe.core.prompts.prompt import Prompt
 
 __all__ = ["SPECIAL_SETS", "TrackSpec", "TrackedSet", "add_position", "resolve_track", "set_masks"]
@@ -36,8 +37,10 @@ class TrackedSet:
     fn: Callable | None = None
 
 
-def resolve_track(model, track, prompts: list[tuple[list[int], Prompt | None]],
+def resolve_track(facts: ModelFacts, track, prompts: list[tuple[list[int], Prompt | None]],
                    think_id: int | None, has_thinking: bool) -> list[TrackedSet]:
+    """The tracked sets ``track`` names (see :func:`lensprobe.generate`), checked against the prompts' segments and
+    the model's vocabulary and tokenizer (from its ``facts``, read once by the run)."""
     if track is None:
         return []
     if isinstance(track, (str, int)) or callable(track):
@@ -54,7 +57,7 @@ def resolve_track(model, track, prompts: list[tuple[list[int], Prompt | None]],
         if isinstance(spec, bool):
             raise LensprobeError(f"tracked set {name!r}: {spec!r} is not a segment, token or callable.")
         if isinstance(spec, int):
-            if not 0 <= spec < int(model.cfg.d_vocab):
+            if not 0 <= spec < facts.d_vocab:
                 raise LensprobeError(f"tracked set {name!r}: token id {spec} is outside the vocabulary.")
             ts.token_ids = frozenset([spec])
         elif isinstance(spec, str):
@@ -73,8 +76,8 @@ def resolve_track(model, track, prompts: list[tuple[list[int], Prompt | None]],
             elif spec in common:
                 ts.segment = spec
             else:
-                ids = model.tokenizer.encode(spec, add_special_tokens=False)
-                if len(ids) == 1 and model.tokenizer.decode(ids) == spec:
+                ids = facts.tokenizer.encode(spec, add_special_tokens=False)
+                if len(ids) == 1 and facts.tokenizer.decode(ids) == spec:
                     ts.token_ids = frozenset([int(ids[0])])
                 else:
                     have = sorted(common)

@@ -24,6 +24,14 @@ lensprobe's ARM follows it bit for bit. Where the sources disagree (:data:`DISAG
 Gemma percentiles are quantiles of ``|a|`` in ``[0, 1]`` (the code's 0.85; the table prints 85.0)
 and use ``variant="gemma"``.
 
+**Which model's presets.** A loaded model (or its :class:`~lensprobe.core.models.facts.ModelFacts`) is
+recognised by its configuration (:data:`PRESET_ARCHITECTURES`: family, layers, heads, widths, vocabulary, the
+rotary base and the position limit where they tell the models apart), whatever its name or folder: a copy
+saved to a folder, a converted GGUF or a renamed checkpoint of Qwen2.5-Math-7B gets Qwen2.5-Math-7B's presets.
+Only when the configuration matches none of the authors' models (or, for a ``HookedTransformer``, which has no
+Hugging Face configuration, cannot be compared) does the name decide, as for a name given as text
+(:func:`model_key`).
+
 **Layer defaults.** A run of the authors' code that passes no ARM settings to ``generate`` (their pass@3
 function, ``evaluate_pass_at3``) runs ARM with the defaults of the decoder layers in their modeling files:
 ``c = 0.13``, percentile 99.5 (Gemma: fraction 0.13, quantile 0.995), on the models and benchmarks where
@@ -35,9 +43,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.models.facts import Architecture, ModelFacts, architecture
 
-__all__ = ["ARM_PRESETS", "BENCHMARKS", "DISAGREEMENTS", "LAYER_DEFAULTS", "PAPER_TABLE9", "ArmPreset", "NoPresetError", "arm_preset",
-           "benchmark_key", "model_key"]
+__all__ = ["ARM_PRESETS", "BENCHMARKS", "DISAGREEMENTS", "LAYER_DEFAULTS", "PAPER_TABLE9", "PRESET_ARCHITECTURES", "ArmPreset",
+           "NoPresetError", "arm_preset", "architecture_key", "benchmark_key", "model_key"]
 
 Source = Literal["paper", "code"]
 SOURCES = ("paper", "code")
@@ -139,16 +148,59 @@ def benchmark_key(benchmark: str) -> str:
     return key
 
 
+PRESET_ARCHITECTURES: dict[str, Architecture] = {
+    # family, n_layers, n_heads, n_kv_heads, d_model, d_mlp, d_vocab, rope_theta, max_positions (None: not compared)
+    "qwen2.5-math-1.5b": Architecture("qwen2", 28, 12, 2, 1536, 8960, 151936, 10000.0, 4096),
+    "qwen2.5-math-7b": Architecture("qwen2", 28, 28, 4, 3584, 18944, 152064, 10000.0, 4096),
+    "qwen2.5-7b-instruct": Architecture("qwen2", 28, 28, 4, 3584, 18944, 152064, 1000000.0, 32768),
+    "qwen2.5-32b-instruct": Architecture("qwen2", 64, 40, 8, 5120, 27648, 152064, 1000000.0, 32768),
+    "llama-3.1-8b-instruct": Architecture("llama", 32, 32, 8, 4096, 14336, 128256, 500000.0, 131072),
+    "gemma-3-4b-it": Architecture("gemma3", 34, 8, 4, 2560, None, 262208, None, None),
+    "gemma-3-27b-it": Architecture("gemma3", 62, 32, 16, 5376, None, 262208, None, None),
+}
+"""The configuration of each model with presets (its ``config.json``; Gemma 3: its ``text_config``): the layers,
+heads, width and vocabulary as in ``lensprobe/evals/papers/arm-2510.01032-models.toml``, the Qwen MLP widths,
+rotary bases and position limits as Lightning-AI/litgpt's ``litgpt/config.py`` transcribes them. ``None``: a
+field not compared. Qwen2.5-Math-7B and Qwen2.5-7B-Instruct have the same dimensions and differ in the rotary
+base and the position limit; DeepSeek-R1-Distill-Qwen-7B (Qwen2.5-Math-7B's dimensions and rotary base, 131072
+positions), which has no preset, matches neither."""
+
+
+def architecture_key(arch: Architecture) -> str | None:
+    """The key of the one model with presets whose configuration is ``arch`` (every field
+    :data:`PRESET_ARCHITECTURES` compares), or ``None`` when none (or, which cannot happen with the table as it is,
+    several) match: then the configuration cannot decide.
+
+    Example:
+        >>> architecture_key(PRESET_ARCHITECTURES["qwen2.5-math-7b"])
+        'qwen2.5-math-7b'
+    """
+    found = [key for key, known in PRESET_ARCHITECTURES.items()
+             if all(want is None or getattr(arch, name) == want for name, want in vars(known).items())]
+    return found[0] if len(found) == 1 else None
+
+
+def _configured_key(model: Any) -> str | None:
+    """:func:`architecture_key` of a loaded model; ``None`` for an object without a full ``cfg``."""
+    try:
+        return architecture_key(architecture(model))
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 def model_key(model: Any) -> str:
-    """lensprobe's key for a model: its name without the organisation, lower case; a loaded model
-    gives its ``cfg.model_name``.
+    """lensprobe's key for a model. A loaded model or its :class:`~lensprobe.core.models.facts.ModelFacts`: the
+    key of the model with presets of the same configuration (:func:`architecture_key`); else, and for a name, the
+    name without the organisation, lower case (a loaded model's ``cfg.model_name``; facts' ``name``).
 
     Example:
         >>> model_key("Qwen/Qwen2.5-Math-7B")
         'qwen2.5-math-7b'
     """
-    if not isinstance(model, str):
-        model = getattr(getattr(model, "cfg", None), "model_name", None) or repr(model)
+    if isinstance(model, ModelFacts):
+        model = architecture_key(model.architecture) or model.name
+    elif not isinstance(model, str):
+        model = _configured_key(model) or getattr(getattr(model, "cfg", None), "model_name", None) or repr(model)
     return str(model).strip().rstrip("/").split("/")[-1].lower()
 
 

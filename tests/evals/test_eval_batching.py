@@ -190,7 +190,7 @@ def test_each_generation_call_keeps_its_batch_busy_and_conditions_take_turns(tin
     from lensprobe.evals import running
 
     calls = []
-    monkeypatch.setattr(running, "_generate", lambda model, batch, interventions, cond, config, batch_size, emit:
+    monkeypatch.setattr(running, "_generate", lambda model, facts, batch, interventions, cond, config, batch_size, emit:
                         calls.append((cond.name, len(batch), batch_size)))
     probs = lp.evals.arithmetic_problems(n=150, seed=0)
     lp.evaluate(tiny, probs, "w/o,w/ Mless", max_new_tokens=2, progress=False, **settings)

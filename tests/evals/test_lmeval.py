@@ -240,3 +240,20 @@ def test_loglikelihoods_equal_plain_transformers_on_the_embedded_model(smol, smo
     # float32 sums over 60-80 positions of a 30-layer model: padded batches round differently (measured: 2.3e-4)
     assert_scores(scores(LensprobeLM(smol, "w/ Mless", batch_size=3), requests), want, tol=1e-3)
     assert_scores(scores(LensprobeLM(smol, "w/ Mless", batch_size=1), requests), want, tol=1e-3)
+
+
+def test_lm_eval_accuracy_loads_the_model_and_reads_its_facts_once(tiny, monkeypatch):
+    """Several conditions, one load: each condition's LensprobeLM takes the loaded model and its facts."""
+    import lensprobe.evals.lmeval as lmeval
+    from lensprobe.core.models.facts import ModelFacts
+
+    loads, made = [], []
+    real_load, real_init = lmeval.load_model, ModelFacts.__init__
+    monkeypatch.setattr(lmeval, "load_model", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    monkeypatch.setattr(ModelFacts, "__init__", lambda self, *a, **k: made.append(1) or real_init(self, *a, **k))
+    table = lm_eval_accuracy(tiny, ["lensprobe_mc"], "w/o,w/ Mless,w/ Mful", include_path=str(TASKS),
+                             include_defaults=False, batch_size=3, limit=2)
+    assert list(table["condition"]) == ["w/o", "w/ Mless", "w/ Mful"]
+    assert (len(loads), len(made)) == (1, 1)
+    with pytest.raises(lp.LensprobeError, match="facts= is for a model already loaded"):
+        LensprobeLM(tiny, "w/o", device="cpu", facts=lmeval.model_facts(tiny))

@@ -101,3 +101,64 @@ def test_fallback_applies_only_where_no_preset_does():
         lp.ARM.preset("org/other-model", "gsm8k", fallback=fallback)
     with pytest.raises(LensprobeError, match=r"unknown ARM field\(s\) \['cc'\]"):
         lp.ARM.preset("org/other-model", fallback={"cc": 0.1, "percentile": 95})
+
+
+def loaded(arch, name: str):
+    """A model as ARM.preset reads it (``cfg`` and the wrapped Hugging Face model's configuration), with the
+    configuration ``arch`` and the name ``name``: no weights needed to tell which model it is."""
+    from types import SimpleNamespace as NS
+
+    cfg = NS(model_name=name, n_layers=arch.n_layers, n_heads=arch.n_heads, n_key_value_heads=arch.n_kv_heads,
+             d_model=arch.d_model, d_mlp=arch.d_mlp, d_vocab=arch.d_vocab, positional_embedding_type="rotary",
+             rotary_base=arch.rope_theta, n_ctx=2048)  # TransformerLens caps n_ctx; the position limit is the HF one
+    return NS(cfg=cfg, original_model=NS(config=NS(model_type=arch.family, max_position_embeddings=arch.max_positions)))
+
+
+def test_a_loaded_model_gets_the_preset_of_its_configuration_whatever_its_name():
+    from lensprobe.interventions.arm_presets import PRESET_ARCHITECTURES, model_key
+
+    for key, arch in PRESET_ARCHITECTURES.items():
+        model = loaded(arch, "/data/checkpoints/step-1000")  # a folder: its name says nothing
+        assert model_key(model) == key
+        assert arm_preset(model, "humaneval", source="paper").model == key  # every model has a HumanEval cell
+    # the same dimensions, told apart by the rotary base and the position limit
+    math, instruct = (loaded(PRESET_ARCHITECTURES[k], "Qwen/Qwen2.5-7B-Instruct")
+                      for k in ("qwen2.5-math-7b", "qwen2.5-7b-instruct"))
+    assert (lp.ARM.preset(math).percentile, lp.ARM.preset(instruct).percentile) == (95, 99.5)
+
+
+def test_the_name_decides_only_when_the_configuration_matches_no_model_with_presets():
+    import dataclasses
+
+    from lensprobe.core.models.facts import model_facts
+    from lensprobe.core.models.testing import tiny_model
+    from lensprobe.interventions.arm_presets import PRESET_ARCHITECTURES, model_key
+
+    distill = dataclasses.replace(PRESET_ARCHITECTURES["qwen2.5-math-7b"], max_positions=131072)
+    with pytest.raises(NoPresetError, match="no ARM preset for 'deepseek-r1-distill-qwen-7b'"):
+        lp.ARM.preset(loaded(distill, "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"))
+    assert model_key(loaded(distill, "Qwen/Qwen2.5-Math-7B")) == "qwen2.5-math-7b"  # the fallback: its name
+    tiny = tiny_model(seed=0)
+    tiny.cfg.model_name = "Qwen/Qwen2.5-Math-7B"
+    try:
+        assert lp.ARM.preset(tiny).c == 0.1  # a tiny stand-in named after the model
+        facts = model_facts(tiny)
+    finally:
+        tiny.cfg.model_name = "lensprobe-tiny-llama"
+    assert model_key(facts) == "qwen2.5-math-7b"
+    renamed = dataclasses.replace(facts, name="my-run", architecture=PRESET_ARCHITECTURES["gemma-3-27b-it"])
+    assert lp.ARM.preset(renamed, "aime2024").variant == "gemma"
+    assert model_key(type("Plain", (), {})()).startswith("<")  # no cfg: its repr, as before
+
+
+def test_preset_configurations_agree_with_the_papers_model_table():
+    from lensprobe.evals.published import paper_models
+    from lensprobe.interventions.arm_presets import PRESET_ARCHITECTURES, architecture_key
+
+    table = paper_models()
+    for key, arch in PRESET_ARCHITECTURES.items():
+        row = table[key]
+        assert (arch.n_layers, arch.n_heads, arch.n_kv_heads, arch.d_model, arch.d_vocab) == (
+            row["n_layers"], row["n_heads"], row["n_kv_heads"], row["d_model"], row["d_vocab"]), key
+        assert architecture_key(arch) == key
+    assert set(PRESET_ARCHITECTURES) == set(PAPER_TABLE9)

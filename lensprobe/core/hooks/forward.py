@@ -6,6 +6,7 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.attach import AttentionRecorder, check_positions, intervene, pattern_hook_name
+from lensprobe.core.models.facts import ModelFacts
 from lensprobe.core.models.loading import check_layers
 from lensprobe.core.prompts.prompt import Prompt, build_prompt
 
@@ -17,7 +18,8 @@ def as_tokens(model, prompt_or_tokens, *, one_row: bool = False, vocabulary: boo
     through :func:`as_prompts`).
 
     Args:
-        model: a TransformerLens model (its context length and device are used).
+        model: a TransformerLens model (its context length and device are used), or its
+            :class:`~lensprobe.core.models.facts.ModelFacts` (read once by a run).
         prompt_or_tokens: a :class:`Prompt`, token ids ``[pos]``/``[batch, pos]``, or a list of ints.
         one_row: refuse several rows of tokens (for functions that take one prompt at a time).
         vocabulary: refuse token ids outside the model's vocabulary (``False``: the caller
@@ -50,7 +52,7 @@ def as_tokens(model, prompt_or_tokens, *, one_row: bool = False, vocabulary: boo
         raise LensprobeError(f"token ids must be an integer tensor [batch, pos], got {tuple(tokens.shape)} {tokens.dtype}.")
     if one_row and tokens.shape[0] != 1:
         raise LensprobeError(f"pass one prompt at a time here, got {tokens.shape[0]} rows of tokens.")
-    n_ctx = model.cfg.n_ctx
+    n_ctx = model.n_ctx if isinstance(model, ModelFacts) else model.cfg.n_ctx
     if tokens.shape[-1] > n_ctx:
         raise LensprobeError(
             f"input is {tokens.shape[-1]} tokens but the model's context is {n_ctx}: shorten the prompt."
@@ -58,18 +60,21 @@ def as_tokens(model, prompt_or_tokens, *, one_row: bool = False, vocabulary: boo
     outside = outside_vocabulary(model, tokens) if vocabulary else None
     if outside is not None:
         raise LensprobeError(outside)
+    if isinstance(model, ModelFacts):
+        return tokens.to(model.device)
     return tokens.to(model.cfg.device) if getattr(model.cfg, "device", None) else tokens
 
 
 def outside_vocabulary(model, ids) -> str | None:
     """Why token ``ids`` (a tensor or a list of ints) cannot run on ``model``: the first id outside its
     vocabulary (an embedding lookup would fail with an ``IndexError``), or ``None`` when every id is in it.
+    ``model`` may be its :class:`~lensprobe.core.models.facts.ModelFacts` (read once by a run).
 
     Example:
         >>> outside_vocabulary(model, [1, 2, 10**6])
         'token id 1000000 is outside the vocabulary (0-49151).'
     """
-    vocab = int(model.cfg.d_vocab)
+    vocab = model.d_vocab if isinstance(model, ModelFacts) else int(model.cfg.d_vocab)
     ids = (ids if isinstance(ids, Tensor) else torch.as_tensor(ids, dtype=torch.long, device="cpu")).reshape(-1)
     outside = (ids < 0) | (ids >= vocab)
     if not bool(outside.any()):
@@ -84,7 +89,7 @@ def as_prompts(model, prompts, *, build_strings: bool = False, vocabulary: bool 
     Accepts one prompt (a :class:`Prompt`, token ids as a list or tensor) or a list of them;
     a ``[batch, pos]`` tensor gives one item per row. Question strings are built with
     :func:`lensprobe.build_prompt` when ``build_strings`` is true, else refused. ``vocabulary``: as
-    :func:`as_tokens` takes it.
+    :func:`as_tokens` takes it; ``model`` as :func:`as_tokens` takes it.
 
     Example:
         >>> [len(p) for p in as_prompts(model, [p1, [1, 2, 3]])]

@@ -13,10 +13,11 @@ from typing import Any, Literal
 import torch
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.models.facts import ModelFacts
 from lensprobe.core.prompts.special import encode_options
 
 __all__ = ["FILLER_SEP", "PLACEMENTS", "Pieces", "Placement", "chat_pieces", "chat_scaffold", "check_context",
-           "content_pieces", "piece_start", "plain_pieces", "raw_pieces", "tokenize_pieces", "tokenize_raw"]
+           "content_pieces", "model_context", "piece_start", "plain_pieces", "raw_pieces", "tokenize_pieces", "tokenize_raw"]
 
 Placement = Literal["between", "before_system", "after_question"]
 PLACEMENTS = ("between", "before_system", "after_question")
@@ -140,8 +141,16 @@ def piece_start(bounds: list[tuple[str, int, int]], name: str) -> int:
     return next(a for n, a, _ in bounds if n == name)
 
 
+def model_context(model) -> int | None:
+    """The context length of a model or its :class:`~lensprobe.core.models.facts.ModelFacts`; ``None`` for a
+    tokenizer (no limit known)."""
+    if isinstance(model, ModelFacts):
+        return model.n_ctx
+    return getattr(getattr(model, "cfg", None), "n_ctx", None)
+
+
 def check_context(n_tokens: int, model) -> None:
-    n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
+    n_ctx = model_context(model)
     if n_ctx is not None and n_tokens > n_ctx:
         raise LensprobeError(
             f"prompt is {n_tokens} tokens but the model's context is {n_ctx}: shorten the "
@@ -182,7 +191,8 @@ def plain_pieces(model, tokenizer, sys_pieces: Pieces, user_pieces: Pieces) -> P
     blank line, then the user message."""
     pieces: Pieces = []
     bos = getattr(tokenizer, "bos_token", None)
-    prepend = getattr(getattr(model, "cfg", None), "default_prepend_bos", True)
+    prepend = model.prepend_bos if isinstance(model, ModelFacts) else getattr(
+        getattr(model, "cfg", None), "default_prepend_bos", True)
     if bos and prepend:
         pieces.append(("bos", bos))
     if sys_pieces:

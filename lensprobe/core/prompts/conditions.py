@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.models.facts import ModelFacts
 from lensprobe.core.prompts.prompt import (
     MATH_SYSTEM_PROMPT,
     PAPER_SYSTEM_PROMPT,
@@ -153,8 +154,11 @@ class Condition:
         if not isinstance(self.generate_kwargs, dict):
             raise LensprobeError(f"condition {self.name!r}: generate_kwargs must be a dict.")
 
-    def prompt_builder(self, model) -> Callable[[str], Prompt]:
-        """A function ``question -> Prompt`` for this model (fillers resolved once)."""
+    def prompt_builder(self, model, facts: ModelFacts | None = None) -> Callable[[str], Prompt]:
+        """A function ``question -> Prompt`` for this model (fillers resolved once). ``facts``: the model's
+        facts read once by a run (:func:`~lensprobe.core.models.facts.model_facts`): the built-in builder takes
+        the tokenizer and context from them instead of the model; a ``build`` of the condition's own gets the
+        model."""
         if self.build is not None:
             custom = self.build
 
@@ -168,7 +172,8 @@ class Condition:
                 return prompt
 
             return build_custom
-        tokenizer = getattr(model, "tokenizer", model)
+        source = facts if facts is not None else model
+        tokenizer = getattr(source, "tokenizer", source)
         filler = self.filler
         if filler is not None and not isinstance(filler, Filler):
             filler = filler(tokenizer)
@@ -176,7 +181,7 @@ class Condition:
             filler = Filler.text(filler.resolve(tokenizer))
 
         def build(question: str) -> Prompt:
-            return build_prompt(model, question, system=self.system, filler=filler,
+            return build_prompt(source, question, system=self.system, filler=filler,
                                 placement=self.placement, chat=self.chat, template=self.template,
                                 joiner=self.joiner, special_tokens=self.special_tokens)
 

@@ -35,6 +35,7 @@ from lensprobe.core.prompts.assembly import (
     Placement,
     chat_pieces,
     content_pieces,
+    model_context,
     plain_pieces,
     raw_pieces,
     tokenize_pieces,
@@ -147,7 +148,8 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
     """Build a prompt with named segments, optionally with filler tokens inserted.
 
     Args:
-        model: a TransformerLens model (its ``tokenizer`` is used) or a tokenizer.
+        model: a TransformerLens model (its ``tokenizer`` is used), its
+            :class:`~lensprobe.core.models.facts.ModelFacts` (read once by a run), or a tokenizer.
         question: the user's question (non-empty).
         system: system prompt, e.g. :data:`MATH_SYSTEM_PROMPT` (chat) or
             :data:`PAPER_SYSTEM_PROMPT` (raw). With the chat template and no system prompt
@@ -229,7 +231,7 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
         raise LensprobeError(
             f"filler must be a lensprobe Filler (e.g. Filler.meaningless()), got {type(filler).__name__}."
         )
-    n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
+    n_ctx = model_context(model)
     if filler is not None and filler.kind == "random_sentence" and n_ctx is not None and filler.n_tokens > n_ctx:
         raise LensprobeError(f"a random sentence of {filler.n_tokens} tokens is longer than the model's context of "
                              f"{n_ctx}: use a smaller filler count.")  # before drawing it
