@@ -130,7 +130,7 @@ def test_reproduce_command_passes_the_source(folders, problem_file, tmp_path, so
     recipe.write_text(f'title = "one cell"\nkind = "table"\narxiv = "2510.01032"\ntable = "2"\n'
                       f'protocol = "arm-math500"\nbenchmarks = ["{bench}"]\nconditions = ["ARM"]\n'
                       f'models = ["{NAMES[model]}"]\n')
-    argv = ["reproduce", str(recipe), "--model", str(folders / NAMES[model]), "--data", f"{bench}={problem_file}",
+    argv = ["reproduce", str(recipe), "--model", str(folders / NAMES[model]), "--benchmark-data", f"{bench}={problem_file}",
             "--max-new-tokens", "1", "--no-progress", "--out", str(tmp_path / "out")]
     assert main(argv + (["--arm-source", source] if source else [])) == 0
     _check(_ran(tmp_path / "out" / "runs" / bench), paper if source else code, source or "code")
