@@ -107,8 +107,9 @@ class FillerOptions:
 
 @dataclass(frozen=True)
 class ComparedFillerOptions:
-    """The filler condition compared with no filler (``--compare``; ``--filler`` is the condition a prompt is built
-    with)."""
+    """The filler condition compared with no filler.
+
+    ``--compare``; ``--filler`` is the condition a prompt is built with."""
 
     compare: str = field(default="w/ Mless", metadata={
         "custom_args": {"type": filler_condition(), "metavar": "CONDITION"}})
