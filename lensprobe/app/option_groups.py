@@ -5,7 +5,8 @@ read by simple-parsing (:mod:`lensprobe.app.parsing`): the model (:class:`ModelO
 (:class:`ProblemOptions`, :class:`ConditionOptions`, :class:`EvalRunOptions`), the recipe
 (:class:`RecipeOptions`), the demo (:class:`DemoOptions`), a report (:class:`ReportOptions`) and the output
 (:class:`OutputOptions`). The library's settings are its configuration classes (``EvalSettings``,
-``TraceConfig``, ``SweepConfig``, ...), added by each command beside these.
+``TraceConfig``, ``AttributionConfig``, ...) and the settings several commands share (``HeadSelection``,
+``AblationSettings``, ``MetricSettings``, ...), added by each command beside these.
 """
 
 from dataclasses import dataclass, field

@@ -18,10 +18,10 @@ before parsing and prints a one-line note.
 
 Example:
     >>> parser = new_parser(prog="lensprobe sweep")
-    >>> add_config(parser, SweepConfig, "config")
+    >>> add_config(parser, AblationBatch, "batch")
     >>> add_config(parser, HeadSelection, "selection")
     >>> parser.parse_args(["--heads", "L0H1", "--heads-per-forward", "8"])
-    Namespace(config=SweepConfig(heads_per_forward=8), selection=HeadSelection(heads='L0H1'))
+    Namespace(batch=AblationBatch(heads_per_forward=8), selection=HeadSelection(heads='L0H1'))
 """
 
 import argparse

@@ -1,17 +1,18 @@
 """The settings of the head studies. Those several commands share are declared once, each a small frozen
-dataclass: :class:`HeadSelection` (``--heads``), :class:`AblationSettings` (``--ablation``) and
-:class:`MetricSettings` (``--metric``, ``--tokens``). Each study's own are one frozen dataclass each: :class:`AblateConfig`
-(:func:`~lensprobe.interventions.ablation.ablate_heads` on one question), :class:`SweepConfig`
-(:func:`~lensprobe.experiments.sweep.ablation_sweep`), :class:`AttributionConfig`
+dataclass: :class:`HeadSelection` (``--heads``), :class:`AblationSettings` (``--ablation``),
+:class:`MetricSettings` (``--metric``, ``--tokens``), :class:`AblationBatch` (``--heads-per-forward``) and
+:class:`RecallCheck` (``--random-heads``). Each study's own are one frozen dataclass each: :class:`AblateConfig`
+(:func:`~lensprobe.interventions.ablation.ablate_heads` on one question), :class:`AttributionConfig`
 (:func:`~lensprobe.experiments.attribution.attribute_heads`, then
 :func:`~lensprobe.experiments.verify.verify_attribution`) and :class:`FindHeadsConfig`
 (:func:`~lensprobe.experiments.findheads.find_heads`). Their defaults are the functions';
-``lensprobe ablate``, ``sweep``, ``attribute`` and ``find-heads`` read their options from these fields.
+``lensprobe ablate``, ``sweep`` (the shared ones only), ``attribute`` and ``find-heads`` read their options
+from these fields.
 
 Example:
     >>> heads, ablation, metric = HeadSelection("L0H0,L0H1"), AblationSettings("mean"), MetricSettings()
     >>> lp.ablation_sweep(model, prompts, metric.metric, heads=heads.spec(), method=ablation.ablation,
-    ...                   batch_size=SweepConfig().heads_per_forward, reference=refs)
+    ...                   batch_size=AblationBatch().heads_per_forward, reference=refs)
 """
 
 from dataclasses import dataclass, field
@@ -20,9 +21,9 @@ from typing import Literal
 from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.core.hooks.heads import parse_heads
 
-__all__ = ["ABLATION_METHODS", "ATTRIBUTION_METHODS", "GRADIENT_METRICS", "HEADS", "AblateConfig", "AblationMethod",
-           "AblationSettings", "AttributionConfig", "AttributionMethod", "FindHeadsConfig", "HeadSelection",
-           "MetricSettings", "SweepConfig", "check_heads_setting", "head_spec"]
+__all__ = ["ABLATION_METHODS", "ATTRIBUTION_METHODS", "GRADIENT_METRICS", "HEADS", "AblateConfig", "AblationBatch",
+           "AblationMethod", "AblationSettings", "AttributionConfig", "AttributionMethod", "FindHeadsConfig",
+           "HeadSelection", "MetricSettings", "RecallCheck", "check_heads_setting", "head_spec"]
 
 AblationMethod = Literal["zero", "mean", "resample"]
 """How a head is ablated: its output at ``hook_z`` set to 0, to its mean over reference prompts, or to its
@@ -193,10 +194,6 @@ class MetricSettings:
                                          "sweep)")
 
 
-RANDOM_HEADS = "heads drawn at random from the rest and ablated exactly (the recall check)"
-HEADS_PER_FORWARD = "heads (or KV groups) handled per batched forward: single-head ablations, and AtP*'s QK fix"
-
-
 @dataclass(frozen=True)
 class AblateConfig:
     """Where ``lensprobe ablate`` ablates on one question, and what it lists.
@@ -225,21 +222,45 @@ class AblateConfig:
 
 
 @dataclass(frozen=True)
-class SweepConfig:
-    """How ``lensprobe sweep`` batches its ablations.
+class AblationBatch:
+    """How many heads one forward ablates.
 
-    The heads, the ablation and the metric are :class:`HeadSelection`, :class:`AblationSettings` and
-    :class:`MetricSettings`.
+    ``--heads-per-forward``, declared once for ``sweep``, ``attribute`` and ``find-heads``.
 
     Example:
-        >>> SweepConfig().heads_per_forward
+        >>> AblationBatch().heads_per_forward  # the functions' batch_size
         32
     """
 
-    heads_per_forward: int = field(default=32, metadata={"help": HEADS_PER_FORWARD})
+    heads_per_forward: int = 32
+    """heads (or KV groups) handled per batched forward: single-head ablations, and AtP*'s QK fix"""
 
     def __post_init__(self) -> None:
         _count("heads_per_forward", self.heads_per_forward, 1)
+
+
+@dataclass(frozen=True)
+class RecallCheck:
+    """The heads drawn at random to check what was missed.
+
+    ``--random-heads``, declared once for ``attribute`` and ``find-heads``.
+
+    Example:
+        >>> RecallCheck().count(10)  # not given: the command's default
+        10
+    """
+
+    random_heads: int | None = None
+    """heads drawn at random from the rest and ablated exactly, the recall check (default: attribute 0,
+    find-heads 10)"""
+
+    def __post_init__(self) -> None:
+        if self.random_heads is not None:
+            _count("random_heads", self.random_heads, 0)
+
+    def count(self, default: int) -> int:
+        """The heads to draw: those given, else ``default``."""
+        return self.random_heads if self.random_heads is not None else default
 
 
 @dataclass(frozen=True)
@@ -257,23 +278,16 @@ class AttributionConfig:
     """one row per query head, or per KV group"""
     verify: int = 20
     """ablate the K top heads exactly to check the estimates (0: none)"""
-    random_heads: int = field(default=0, metadata={"help": RANDOM_HEADS})
-    heads_per_forward: int = field(default=32, metadata={"help": HEADS_PER_FORWARD})
 
     def __post_init__(self) -> None:
         _choice("attribution", self.attribution, ATTRIBUTION_METHODS)
         _choice("unit", self.unit, ("head", "kv"))
         _count("verify", self.verify, 0)
-        _count("random_heads", self.random_heads, 0)
-        if self.random_heads and not self.verify:
-            raise SettingError("random_heads", f"{{setting}} {self.random_heads} draws heads to verify beside the top "
-                                               "ones, but verify is 0 (nothing is verified): give verify K too, or "
-                                               "drop {setting}")
-        _count("heads_per_forward", self.heads_per_forward, 1)
 
     def attribution_kwargs(self) -> dict:
-        """The keywords of :func:`~lensprobe.experiments.attribution.attribute_heads` these settings give."""
-        return {"method": self.attribution, "unit": self.unit, "batch_size": self.heads_per_forward}
+        """The keywords of :func:`~lensprobe.experiments.attribution.attribute_heads` these settings give (the
+        heads per forward: an :class:`AblationBatch`)."""
+        return {"method": self.attribution, "unit": self.unit}
 
 
 @dataclass(frozen=True)
@@ -293,17 +307,15 @@ class FindHeadsConfig:
     """heads verified per step on every prompt, in AtP's order"""
     refine: int = 3
     """heads verified per step on each prompt alone, in its own AtP order (0: none)"""
-    random_heads: int = field(default=10, metadata={"help": RANDOM_HEADS})
-    heads_per_forward: int = field(default=32, metadata={"help": HEADS_PER_FORWARD})
 
     def __post_init__(self) -> None:
         _count("top", self.top, 1)
         if isinstance(self.flag, bool) or not isinstance(self.flag, (int, float)) or not self.flag >= 0:
             raise SettingError("flag", f"expected a share >= 0 of the residual stream's norm (e.g. 0.07), got {self.flag!r}")
-        for name in ("step", "refine", "random_heads", "heads_per_forward"):
-            _count(name, getattr(self, name), 0 if name in ("refine", "random_heads") else 1)
+        for name in ("step", "refine"):
+            _count(name, getattr(self, name), 0 if name == "refine" else 1)
 
     def find_kwargs(self) -> dict:
-        """The keywords of :func:`~lensprobe.experiments.findheads.find_heads` these settings give."""
-        return {"top": self.top, "flag": self.flag, "step": self.step, "refine": self.refine,
-                "sample": self.random_heads, "batch_size": self.heads_per_forward}
+        """The keywords of :func:`~lensprobe.experiments.findheads.find_heads` these settings give (the random
+        heads and the heads per forward: a :class:`RecallCheck` and an :class:`AblationBatch`)."""
+        return {"top": self.top, "flag": self.flag, "step": self.step, "refine": self.refine}

@@ -140,7 +140,8 @@ def test_every_flag_of_every_command_reaches_its_field(capsys):
 
 
 def test_settings_shared_by_commands_are_one_class_each():
-    """--heads, --ablation, --metric, --system and --filler are each one dataclass that every command adds."""
+    """--heads, --ablation, --metric, --system, --filler, --heads-per-forward, ... are each one dataclass that every
+    command taking it adds."""
     owners: dict[str, set[str]] = {}
     for command in COMMANDS:
         for action in options(command):
@@ -148,7 +149,8 @@ def test_settings_shared_by_commands_are_one_class_each():
                 owners.setdefault(action.option_strings[0], set()).add(action.dest.rsplit(".", 1)[0])
     for flag, owner in {"--heads": "HeadSelection", "--ablation": "AblationSettings", "--metric": "MetricSettings",
                         "--tokens": "MetricSettings", "--system": "SystemOptions", "--filler": "FillerOptions",
-                        "--reference": "ReferenceOptions", "--model": "ModelOptions", "--out": "OutputOptions"}.items():
+                        "--reference": "ReferenceOptions", "--model": "ModelOptions", "--out": "OutputOptions",
+                        "--heads-per-forward": "AblationBatch", "--random-heads": "RecallCheck"}.items():
         assert owners[flag] == {owner}, (flag, owners[flag])
 
 

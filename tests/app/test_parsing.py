@@ -15,7 +15,12 @@ from lensprobe.app.parsing import RENAMED, add_config, new_parser
 from lensprobe.app.recipe import ReproduceConfig, load_recipe
 from lensprobe.core.errors import SettingError
 from lensprobe.evals.settings import EvalSettings
-from lensprobe.experiments.head_settings import AblationSettings, AttributionConfig, HeadSelection, MetricSettings
+from lensprobe.experiments.head_settings import (
+    AblationSettings,
+    AttributionConfig,
+    HeadSelection,
+    MetricSettings,
+)
 
 
 @dataclass(frozen=True)

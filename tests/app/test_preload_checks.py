@@ -71,7 +71,7 @@ TABLE = [
     ("sweep", "--answer {}", ["7"], "metric 'entropy' reads no answer"),
     ("attribute", "--tokens {}", ["7,8"], "metric entropy reads no tokens, only logit_diff does: drop --tokens"),
     ("attribute", "--answer {}", ["7"], "--metric entropy reads no answer, but --answer was given"),
-    ("attribute", "--random-heads 3 --verify {}", ["0"], "--random-heads 3 draws heads to verify beside the top ones, but verify "
+    ("attribute", "--random-heads 3 --verify {}", ["0"], "--random-heads 3 draws heads to verify beside the top ones, but --verify "
                                                    "is 0"),
     ("mechanism", "--bins {}", ["0"], "--bins"),
     ("mechanism", "--eps {}", ["-1", "0", "nan"], "--eps"),

@@ -27,10 +27,12 @@ from lensprobe.evals.data import load_math500
 from lensprobe.experiments.attribution import attribute_heads
 from lensprobe.experiments.findheads import find_heads
 from lensprobe.experiments.head_settings import (
+    AblationBatch,
     AttributionConfig,
     FindHeadsConfig,
     HeadSelection,
     MetricSettings,
+    RecallCheck,
 )
 from lensprobe.experiments.verify import verify_attribution
 from lensprobe.viz import attribution_heatmap, attribution_scatter, find_heads_heatmap, find_heads_scatter
@@ -46,7 +48,8 @@ def add_attribute(subparsers) -> None:
                     "largest scores are ablated exactly. Writes attribution.csv, attribution_heatmap.html, "
                     "verification.csv, attribution_scatter.html and attribution.json. Heads are 0-based: L0H13 "
                     "is the papers' layer 1, head 14."))
-    add_inputs(p, ModelOptions, QuestionsOptions, Math500Options, HeadSelection, MetricSettings, *PROMPT_INPUTS)
+    add_inputs(p, ModelOptions, QuestionsOptions, Math500Options, HeadSelection, MetricSettings, AblationBatch,
+               RecallCheck, *PROMPT_INPUTS)
     add_config(p, AttributionConfig, "config")
     p.set_defaults(func=run_attribute_command)
 
@@ -62,7 +65,8 @@ def add_find_heads(subparsers) -> None:
                     "checks what was missed. Writes find_heads.csv, per_prompt.csv, find_heads_scatter.html, "
                     "find_heads_heatmap.html and find_heads.json. Heads are 0-based: L0H13 is the papers' layer 1, "
                     "head 14."))
-    add_inputs(p, ModelOptions, QuestionsOptions, Math500Options, MetricSettings, *PROMPT_INPUTS)
+    add_inputs(p, ModelOptions, QuestionsOptions, Math500Options, MetricSettings, AblationBatch, RecallCheck,
+               *PROMPT_INPUTS)
     add_config(p, FindHeadsConfig, "config")
     p.set_defaults(func=run_find_heads_command)
 
@@ -84,6 +88,10 @@ def _check(args, command: str, kind: str) -> None:
 
 def run_attribute_command(args) -> int:
     _check(args, "attribute", "attribution")
+    random_heads = args.RecallCheck.count(0)
+    if random_heads and not args.config.verify:
+        raise LensprobeError(f"--random-heads {random_heads} draws heads to verify beside the top ones, but --verify "
+                             "is 0 (nothing is verified): give --verify K too, or drop --random-heads.")
     with writing_out_dir(args.out, "attribute") as files:
         return _attribute(args, files)
 
@@ -107,7 +115,8 @@ def _attribute(args, files: list) -> int:
     resolve_heads(model, heads)
     prompts, reference, answers = _inputs(model, args)
     att = attribute_heads(model, prompts, metric.metric, reference=reference, answers=answers, heads=heads,
-                          ablation=ablation, tokens=metric.token_pair(), **config.attribution_kwargs())
+                          ablation=ablation, tokens=metric.token_pair(), batch_size=args.AblationBatch.heads_per_forward,
+                          **config.attribution_kwargs())
     out = args.out
     files += [att.to_csv(out / "attribution.csv"), write_figure(attribution_heatmap(att), out / "attribution_heatmap.html")]
     summary = {"model": model_label(model), "metric": att.metric, "method": config.attribution,
@@ -118,7 +127,7 @@ def _attribute(args, files: list) -> int:
     print("top estimates: " + ", ".join(f"{r.head_label} {r.estimate:+.4g}" for r in att.top(5).itertuples()))
     if config.verify:
         ver = verify_attribution(model, prompts, metric.metric, att, top=min(config.verify, len(att.units)),
-                                 sample=config.random_heads, batch_size=config.heads_per_forward)
+                                 sample=args.RecallCheck.count(0), batch_size=args.AblationBatch.heads_per_forward)
         files.append(out / "verification.csv")
         with atomic_file(files[-1]) as tmp:
             ver.table.to_csv(tmp, index=False)
@@ -145,8 +154,10 @@ def _find(args, files: list) -> int:
     config: FindHeadsConfig = args.config
     prompts, reference, answers = _inputs(model, args)
     metric, ablation = args.MetricSettings, args.AblationSettings.ablation
+    kwargs = {**config.find_kwargs(), "sample": args.RecallCheck.count(10),
+              "batch_size": args.AblationBatch.heads_per_forward}
     found = find_heads(model, prompts, metric.metric, reference=reference, answers=answers, ablation=ablation,
-                       tokens=metric.token_pair(), **config.find_kwargs())
+                       tokens=metric.token_pair(), **kwargs)
     out = args.out
     files.append(out / "find_heads.csv")
     with atomic_file(files[-1]) as tmp:
@@ -157,7 +168,7 @@ def _find(args, files: list) -> int:
     files += [write_figure(find_heads_scatter(found), out / "find_heads_scatter.html"),
               write_figure(find_heads_heatmap(found), out / "find_heads_heatmap.html")]
     summary = {"model": model_label(model), "metric": found.metric, "ablation": ablation,
-               "settings": {"metric": metric.metric, "ablation": ablation, **config.find_kwargs(),
+               "settings": {"metric": metric.metric, "ablation": ablation, **kwargs,
                             "tokens": metric.tokens},  # lp.find_heads' keywords
                "found": found.found.to_dict(orient="records"), "cost": found.cost,
                "recall": found.recall, "recall_kind": found.recall_kind,

@@ -32,10 +32,10 @@ from lensprobe.core.storage.shards import bind_local_gpu, shard_info
 from lensprobe.core.storage.store import atomic_file, atomic_write_json
 from lensprobe.experiments.head_settings import (
     AblateConfig,
+    AblationBatch,
     AblationSettings,
     HeadSelection,
     MetricSettings,
-    SweepConfig,
 )
 from lensprobe.experiments.sweep import ablation_sweep
 from lensprobe.interventions.ablation import ablate_heads
@@ -146,8 +146,7 @@ def add_sweep(subparsers) -> None:
                     "are 0-based: L0H13 is the papers' layer 1, head 14. Under `torchrun --nproc-per-node N -m "
                     "lensprobe sweep ...` each process sweeps its share of (question, batch of heads) units; they "
                     "meet in --out/shards, and a rerun resumes."))
-    add_inputs(p, ModelOptions, QuestionsOptions, HeadSelection, MetricSettings, *PROMPT_INPUTS)
-    add_config(p, SweepConfig, "config")
+    add_inputs(p, ModelOptions, QuestionsOptions, HeadSelection, MetricSettings, AblationBatch, *PROMPT_INPUTS)
     p.set_defaults(func=run_sweep_command)
 
 
@@ -175,7 +174,7 @@ def _sweep(args, rank: int, world: int, files: list) -> int:
     given = args.QuestionsOptions.answer
     answers = (given[0] if len(given) == 1 else given) if given else None
     res = ablation_sweep(model, prompts, args.MetricSettings.metric, heads=heads,
-                         method=args.AblationSettings.ablation, batch_size=args.config.heads_per_forward,
+                         method=args.AblationSettings.ablation, batch_size=args.AblationBatch.heads_per_forward,
                          tokens=args.MetricSettings.token_pair(), reference=reference_of(model, args),
                          answers=answers, progress=not args.OutputOptions.no_progress, out=shards)
     if rank != 0:
