@@ -2,7 +2,7 @@
 read by simple-parsing (:mod:`lensprobe.app.parsing`): the model (:class:`ModelOptions`), the prompt
 (:class:`SystemOptions`, :class:`QuestionOptions`, :class:`QuestionsOptions`, :class:`FillerOptions`,
 :class:`ComparedFillerOptions`, :class:`ReferenceOptions`, :class:`Math500Options`), what an evaluation runs
-(:class:`ProblemOptions`, :class:`ConditionOptions`, :class:`EvalRunOptions`), the recipe
+(:class:`ProblemOptions`, :class:`ConditionOptions`, :class:`EvalRunOptions`, :class:`GraderOptions`), the recipe
 (:class:`RecipeOptions`), the demo (:class:`DemoOptions`), a report (:class:`ReportOptions`) and the output
 (:class:`OutputOptions`). The library's settings are its configuration classes (``EvalSettings``,
 ``TraceConfig``, ``AttributionConfig``, ...) and the settings several commands share (``HeadSelection``,
@@ -27,13 +27,11 @@ from lensprobe.evals.verdicts import VERDICT_COLUMNS
 
 QUESTION_HELP = ("the question text (sweep, attribute and find-heads: repeat for several; default: a level-1 MATH-500 "
                  "problem)")
-GRADER_HELP = ("verdict column of the summary and figures (default: paper-exact for the authors' format, i.e. "
-               "--prompt-format paper, a --protocol or their folders, with math-verify beside it; else math-verify)")
 QUICK_HELP = "tiny inputs: a fast smoke run (reproduce: figure recipes)"
 LIMIT_HELP = "at most this many problems (reproduce: per benchmark)"
 """The help of a flag several option classes declare, written once."""
 
-__all__ = ["GRADER_HELP", "LIMIT_HELP", "QUICK_HELP", "QUESTION_HELP", "ComparedFillerOptions", "ConditionOptions", "DemoOptions", "EvalRunOptions", "FillerOptions",
+__all__ = ["LIMIT_HELP", "QUICK_HELP", "QUESTION_HELP", "ComparedFillerOptions", "ConditionOptions", "DemoOptions", "EvalRunOptions", "FillerOptions", "GraderOptions",
            "Math500Options", "ModelOptions", "OutputOptions", "ProblemOptions", "QuestionOptions", "QuestionsOptions",
            "RecipeOptions", "ReferenceOptions", "ReportOptions", "SystemOptions"]
 
@@ -165,11 +163,18 @@ class ConditionOptions:
 
 
 @dataclass(frozen=True)
-class EvalRunOptions:
-    """How the evaluation's results are kept and shown."""
+class GraderOptions:
+    """The verdict column an evaluation's summary and figures show (``eval`` and ``eval-report``)."""
 
-    grader: str | None = field(default=None, metadata={"custom_args": {"choices": VERDICT_COLUMNS},
-                                                       "help": GRADER_HELP})
+    grader: str | None = field(default=None, metadata={"custom_args": {"choices": VERDICT_COLUMNS}})
+    """verdict column of the summary and figures (default: paper-exact for the authors' format, i.e.
+    --prompt-format paper, a --protocol or their folders, with math-verify beside it; else math-verify)"""
+
+
+@dataclass(frozen=True)
+class EvalRunOptions:
+    """How the evaluation's results are kept."""
+
     no_resume: bool = False
     """refuse a folder that already holds results"""
 
@@ -198,7 +203,5 @@ class ReportOptions:
 
     dirs: list[Path] = field(metadata={"positional": True, "custom_args": {"nargs": "+", "metavar": "DIR"}})
     """result folder(s) of lensprobe eval (several: one per model)"""
-    grader: str | None = field(default=None, metadata={"custom_args": {"choices": VERDICT_COLUMNS},
-                                                       "help": GRADER_HELP})
     baseline: str | None = None
     """condition compared with the others (default: the first)"""

@@ -150,7 +150,7 @@ def test_settings_shared_by_commands_are_one_class_each():
     for flag, owner in {"--heads": "HeadSelection", "--ablation": "AblationSettings", "--metric": "MetricSettings",
                         "--tokens": "MetricSettings", "--system": "SystemOptions", "--filler": "FillerOptions",
                         "--reference": "ReferenceOptions", "--model": "ModelOptions", "--out": "OutputOptions",
-                        "--heads-per-forward": "AblationBatch", "--random-heads": "RecallCheck"}.items():
+                        "--heads-per-forward": "AblationBatch", "--random-heads": "RecallCheck", "--grader": "GraderOptions"}.items():
         assert owners[flag] == {owner}, (flag, owners[flag])
 
 

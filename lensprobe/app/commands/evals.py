@@ -23,6 +23,7 @@ from lensprobe.app.examples import describe
 from lensprobe.app.option_groups import (
     ConditionOptions,
     EvalRunOptions,
+    GraderOptions,
     ModelOptions,
     OutputOptions,
     ProblemOptions,
@@ -60,7 +61,8 @@ def add_eval(subparsers) -> None:
                     "the problems. At the end the accuracy table, paired McNemar tests and figures are "
                     "written to --out/report. A generation setting not given comes from --protocol, else the "
                     "paper format and the model's generation config (--prompt-format paper), else lp.EvalConfig."))
-    add_inputs(p, ModelOptions, ProblemOptions, ConditionOptions, SystemOptions, EvalRunOptions, OutputOptions)
+    add_inputs(p, ModelOptions, ProblemOptions, ConditionOptions, SystemOptions, EvalRunOptions, GraderOptions,
+               OutputOptions)
     add_config(p, EvalSettings, "settings")
     add_config(p, ArmSettings, "arm")
     p.set_defaults(func=run_eval, interrupted="every finished row is saved in --out; rerun the same command "
@@ -74,7 +76,7 @@ def add_eval_report(subparsers) -> None:
         description="Read one or more `lensprobe eval` output folders (several: one per model) and write "
                     "the accuracy tables (CSV), paired comparisons and figures as an HTML report "
                     "(default --out: DIR/report)."))
-    add_inputs(p, ReportOptions, OutputOptions)
+    add_inputs(p, ReportOptions, GraderOptions, OutputOptions)
     p.set_defaults(func=run_eval_report)
 
 
@@ -144,7 +146,7 @@ def _eval(args) -> int:
     config = args.settings.resolve(model)  # the settings given; the others from the protocol, format and model
     conds = conditions_from_args(args, model, benchmark)
     name = TEST_MODEL if args.ModelOptions.model == TEST_MODEL else model_label(model)
-    grader = args.EvalRunOptions.grader
+    grader = args.GraderOptions.grader
     rows = evaluate(model, problems, conds, out=args.out, config=config, model_name=name,
                     resume=not args.EvalRunOptions.no_resume, progress=not args.OutputOptions.no_progress)
     rank, world = shard_info()
@@ -204,8 +206,8 @@ def run_eval_report(args) -> int:
     out = given if given is not None else report.dirs[0] / "report"
     check_out_dir(out, "report")
     with writing_out_dir(out, "eval-report", pages=False):  # the report page lists its own files
-        index = write_eval_report(report.dirs, given, grader=report.grader, baseline=report.baseline)
+        index = write_eval_report(report.dirs, given, grader=args.GraderOptions.grader, baseline=report.baseline)
     if len(report.dirs) == 1:
-        print(_summary_text(load_results(report.dirs[0]), report.grader))
+        print(_summary_text(load_results(report.dirs[0]), args.GraderOptions.grader))
     print(f"report written to {index.resolve()}")
     return 0
