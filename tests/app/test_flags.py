@@ -183,6 +183,14 @@ def test_an_old_spelling_is_refused_where_it_was_never_a_flag(capsys):
     assert "unrecognized arguments" in capsys.readouterr().err
 
 
+def test_ablate_needs_its_heads_named(tmp_path, capsys):
+    """--heads is one declaration (every head by default); ablate, which has no sensible default, asks for it."""
+    assert main(["ablate", "--model", "tiny", "--question", "x", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == ("lensprobe: error: ablate needs --heads: the heads to ablate, e.g. --heads "
+                                       "L0H3,L1H2 (or all).\n")
+    assert not (tmp_path / "o").exists()
+
+
 def test_commands_read_their_settings_from_the_objects():
     args = PARSER.parse_args(["sweep", "--heads", "L0H1", "--ablation", "mean", "--reference", "r", "--system", "S"])
     assert not hasattr(args, "heads") and not hasattr(args, "system")  # no flat copy that a group could overwrite

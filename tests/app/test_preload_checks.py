@@ -18,6 +18,7 @@ BASE = {  # eval: --problems math500 (the default) when --data is in the row
     "ablate": "ablate --model tiny --heads L0H1 --question 'What is 2+3?' --out out",
     "sweep": "sweep --model tiny --out out",
     "attribute": "attribute --model tiny --out out",
+    "find-heads": "find-heads --model tiny --out out",
     "mechanism": "mechanism --model tiny --question 'What is 2+3?' --out out",
     "demo": "demo --model tiny --quick --out out",
 }
@@ -71,6 +72,8 @@ TABLE = [
     ("sweep", "--answer {}", ["7"], "metric 'entropy' reads no answer"),
     ("attribute", "--tokens {}", ["7,8"], "metric entropy reads no tokens, only logit_diff does: drop --tokens"),
     ("attribute", "--answer {}", ["7"], "--metric entropy reads no answer, but --answer was given"),
+    ("attribute", "--metric {}", ["attention:system"], "argument --metric: expected one of entropy, logprob, logit_diff"),
+    ("find-heads", "--metric {}", ["attention:system"], "attention metrics carry no gradient"),
     ("attribute", "--random-heads 3 --verify {}", ["0"], "--random-heads 3 draws heads to verify beside the top ones, but --verify "
                                                    "is 0"),
     ("mechanism", "--bins {}", ["0"], "--bins"),

@@ -15,9 +15,9 @@ from lensprobe.app.common import (
 )
 from lensprobe.app.examples import describe
 from lensprobe.app.option_groups import Math500Options, ModelOptions, QuestionsOptions
-from lensprobe.app.parsing import add_config
+from lensprobe.app.parsing import add_config, setting_message
 from lensprobe.app.sections.filler import demo_question
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.core.hooks.heads import resolve_heads
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.prompts.prompt import prompt_json
@@ -75,7 +75,10 @@ def _check(args, command: str, kind: str) -> None:
     """Argument errors before the model loads (``kind``: what the output folder holds)."""
     args.out = check_out_dir(out_of(args, command), kind)
     metric, answer = args.MetricSettings.metric, args.QuestionsOptions.answer
-    args.MetricSettings.check_gradient()
+    try:
+        args.MetricSettings.check_gradient()
+    except SettingError as err:  # named as the option that sets it
+        raise LensprobeError(setting_message(err) + ".") from None
     if metric == "logprob" and not answer:
         raise LensprobeError("--metric logprob needs --answer TEXT.")
     if metric != "logprob" and answer:
