@@ -66,7 +66,7 @@ def test_cli_filler_takes_canonical_names_and_old_spellings(capsys):
     parse = filler_condition()  # the same four conditions in every command
     assert [parse(s) for s in ("none", "meaningless", "Mful", "w/ Mless", "random")] == [
         "w/o", "w/ Mless", "w/ Mful", "w/ Mless", "random sentence"]
-    assert main(["attention", "--question", "x", "--filler", "loud"]) == 2
+    assert main(["attention", "--question", "x", "--compare", "loud"]) == 2
     err = capsys.readouterr().err
     assert "invalid choice: 'loud'" in err and "w/ Mless" in err and "meaningless" in err
     assert main(["ablate", "--heads", "L0H1", "--question", "x", "--filler", "loud", "--out", "o"]) == 2

@@ -8,6 +8,7 @@ beyond its context) is checked right after it loads, before any work.
 """
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from lensprobe.core.errors import LensprobeError
@@ -89,13 +90,25 @@ def out_folder(value: str) -> Path:
     return Path(value)
 
 
+def _values(args: argparse.Namespace) -> list[tuple[str, object]]:
+    """``(name, value)`` of every field of the configuration objects in ``args`` and of the plain values beside
+    them (a field's name, not a flat namespace: two objects may hold fields of one name)."""
+    out: list[tuple[str, object]] = []
+    for dest, value in vars(args).items():
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out += [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+        else:
+            out.append((dest, value))
+    return out
+
+
 def check_text_arguments(args: argparse.Namespace) -> None:
     """Refuse any argument holding bytes that are not UTF-8 (they reach Python as lone surrogates).
 
     Raises:
         LensprobeError: names the argument and where the bad bytes are.
     """
-    for dest, value in vars(args).items():
+    for dest, value in _values(args):
         for item in value if isinstance(value, (list, tuple)) else [value]:
             if not isinstance(item, (str, Path)):
                 continue
@@ -115,9 +128,10 @@ def check_common(args: argparse.Namespace) -> None:
         LensprobeError: the first bad value.
     """
     check_text_arguments(args)
-    if getattr(args, "device", None) is not None:
-        check_device(args.device)
-    if getattr(args, "no_system", False) and getattr(args, "system", None) is not None:
+    model, system = getattr(args, "ModelOptions", None), getattr(args, "SystemOptions", None)
+    if model is not None and model.device is not None:
+        check_device(model.device)
+    if system is not None and system.no_system and system.system is not None:
         raise LensprobeError("--no-system and --system were both given: drop one (--no-system runs without a "
                              "system prompt).")
 

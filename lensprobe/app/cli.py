@@ -14,7 +14,7 @@ line is parsed, and its error names the option. Every subcommand's ``--help`` en
 (:mod:`lensprobe.app.examples`); ``lensprobe --help`` lists the subcommands by study.
 
 Examples:
-    lensprobe attention --question "What is 12+7?" --filler "w/ Mless" --layers 0 --heads L0H1,L0H3 --out attn
+    lensprobe attention --question "What is 12+7?" --compare "w/ Mless" --layers 0 --heads L0H1,L0H3 --out attn
     lensprobe demo --out lensprobe-report
 """
 

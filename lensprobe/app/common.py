@@ -34,28 +34,32 @@ def add_model_argument(parser) -> None:
 
 
 def add_inputs(parser, *groups: type) -> None:
-    """The options of the command-line-only dataclasses ``groups`` (:mod:`lensprobe.app.option_groups`),
-    each under ``args.<class name>``."""
+    """The options of the dataclasses ``groups`` (:mod:`lensprobe.app.option_groups`, and the settings
+    several commands share: :class:`~lensprobe.experiments.head_settings.HeadSelection`, ...), each under
+    ``args.<class name>`` (``args.ModelOptions.model``)."""
     for cls in groups:
         add_config(parser, cls, cls.__name__)
 
 
 def out_of(args, command: str) -> Path:
     """The ``--out`` folder: the one given, else ``lensprobe-<command>``."""
-    return args.out if args.out is not None else Path(f"lensprobe-{command}")
+    out = args.OutputOptions.out
+    return out if out is not None else Path(f"lensprobe-{command}")
 
 
 def system_of(args) -> str | None:
     """The system prompt the ``--system``/``--no-system`` arguments ask for."""
-    if args.no_system:
+    options = args.SystemOptions
+    if options.no_system:
         return None
-    return MATH_SYSTEM_PROMPT if args.system is None else args.system
+    return MATH_SYSTEM_PROMPT if options.system is None else options.system
 
 
 def load_cli_model(args: argparse.Namespace, *, progress: bool = True):
     """The model ``--model`` names (``tiny``: the test model, else anything :func:`lensprobe.load_model`
     takes), on ``--device`` in ``--dtype``."""
-    name, device, dtype = args.model, getattr(args, "device", None), getattr(args, "dtype", None)
+    options: ModelOptions = args.ModelOptions
+    name, device, dtype = options.model, options.device, options.dtype
     with tqdm(total=1, desc="loading model", leave=False, disable=not progress) as bar:
         if name == TEST_MODEL:
             model = load_model(tiny_model(seed=0), device=device, dtype=dtype)

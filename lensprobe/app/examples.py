@@ -8,7 +8,7 @@ example names no model) or, where that is not feasible, parses it.
 __all__ = ["EXAMPLES", "STUDIES", "describe", "studies_text"]
 
 EXAMPLES: dict[str, str] = {
-    "attention": "lensprobe attention --question 'What is 12+7?' --filler 'w/ Mless' --layers 0 --heads L0H1,L0H3 "
+    "attention": "lensprobe attention --question 'What is 12+7?' --compare 'w/ Mless' --layers 0 --heads L0H1,L0H3 "
                  "--out attn",
     "mechanism": "lensprobe mechanism --question 'What is 12+7?' --layer 0 --heads 0,2 --out mech",
     "eval": "lensprobe eval --problems arithmetic --limit 4 --conditions 'w/o,w/ Mless' --max-new-tokens 16 "

@@ -2,10 +2,11 @@
 read by simple-parsing (:mod:`lensprobe.app.parsing`): the model (:class:`ModelOptions`), the prompt
 (:class:`SystemOptions`, :class:`QuestionOptions`, :class:`QuestionsOptions`, :class:`FillerOptions`,
 :class:`ComparedFillerOptions`, :class:`ReferenceOptions`, :class:`Math500Options`), what an evaluation runs
-(:class:`ProblemOptions`, :class:`ConditionOptions`, :class:`EvalRunOptions`), the recipe
+(:class:`ProblemOptions`, :class:`ConditionOptions`, :class:`EvalRunOptions`, :class:`GraderOptions`), the recipe
 (:class:`RecipeOptions`), the demo (:class:`DemoOptions`), a report (:class:`ReportOptions`) and the output
 (:class:`OutputOptions`). The library's settings are its configuration classes (``EvalSettings``,
-``TraceConfig``, ``SweepConfig``, ...), added by each command beside these.
+``TraceConfig``, ``AttributionConfig``, ...) and the settings several commands share (``HeadSelection``,
+``AblationSettings``, ``MetricSettings``, ...), added by each command beside these.
 """
 
 from dataclasses import dataclass, field
@@ -24,7 +25,13 @@ from lensprobe.app.checks import (
 )
 from lensprobe.evals.verdicts import VERDICT_COLUMNS
 
-__all__ = ["ComparedFillerOptions", "ConditionOptions", "DemoOptions", "EvalRunOptions", "FillerOptions",
+QUESTION_HELP = ("the question text (sweep, attribute and find-heads: repeat for several; default: a level-1 MATH-500 "
+                 "problem)")
+QUICK_HELP = "tiny inputs: a fast smoke run (reproduce: figure recipes)"
+LIMIT_HELP = "at most this many problems (reproduce: per benchmark)"
+"""The help of a flag several option classes declare, written once."""
+
+__all__ = ["LIMIT_HELP", "QUICK_HELP", "QUESTION_HELP", "ComparedFillerOptions", "ConditionOptions", "DemoOptions", "EvalRunOptions", "FillerOptions", "GraderOptions",
            "Math500Options", "ModelOptions", "OutputOptions", "ProblemOptions", "QuestionOptions", "QuestionsOptions",
            "RecipeOptions", "ReferenceOptions", "ReportOptions", "SystemOptions"]
 
@@ -45,10 +52,10 @@ class ModelOptions:
 
 @dataclass(frozen=True)
 class SystemOptions:
-    """The system prompt of the commands that build prompts from a question."""
+    """The system prompt of the commands that build prompts from a question (and of every ``eval`` condition)."""
 
     system: str | None = None
-    """system prompt (default: the paper's MATH prompt)"""
+    """the system prompt (default: the paper's MATH prompt; eval: each condition's own, '' for none)"""
     no_system: bool = False
     """no system prompt"""
 
@@ -57,8 +64,7 @@ class SystemOptions:
 class QuestionOptions:
     """The one question a command runs."""
 
-    question: str = field(metadata={"custom_args": {"type": text, "metavar": "TEXT"}})
-    """the question text"""
+    question: str = field(metadata={"custom_args": {"type": text, "metavar": "TEXT"}, "help": QUESTION_HELP})
 
 
 @dataclass(frozen=True)
@@ -66,8 +72,7 @@ class QuestionsOptions:
     """The questions a command runs, and their answers."""
 
     question: list[str] | None = field(default=None, metadata={
-        "custom_args": {"action": "append", "type": text, "metavar": "TEXT", "nargs": None}})
-    """a question (repeat for several; default: a level-1 MATH-500 problem)"""
+        "custom_args": {"action": "append", "type": text, "metavar": "TEXT", "nargs": None}, "help": QUESTION_HELP})
     answer: list[str] | None = field(default=None, metadata={
         "custom_args": {"action": "append", "metavar": "TEXT", "nargs": None}})
     """the answer for --metric logprob (one, or one per question)"""
@@ -101,9 +106,11 @@ class FillerOptions:
 
 @dataclass(frozen=True)
 class ComparedFillerOptions:
-    """The filler condition compared with no filler."""
+    """The filler condition compared with no filler.
 
-    filler: str = field(default="w/ Mless", metadata={
+    ``--compare``; ``--filler`` is the condition a prompt is built with."""
+
+    compare: str = field(default="w/ Mless", metadata={
         "custom_args": {"type": filler_condition(), "metavar": "CONDITION"}})
     """filler condition compared with no filler: 'w/ Mless' ('/' x 55), 'w/ Mful' ('he' x 55), 'random
     sentence', or 'w/o' (no filler only); also meaningless, meaningful, random, none (default w/ Mless)"""
@@ -135,8 +142,7 @@ class ProblemOptions:
     """keep these subjects, e.g. Algebra,Geometry"""
     levels: list[int] | None = field(default=None, metadata={"custom_args": {"type": int_list, "nargs": None}})
     """keep these levels, e.g. 1,2"""
-    limit: int | None = field(default=None, metadata={"custom_args": {"type": positive_int}})
-    """at most this many problems"""
+    limit: int | None = field(default=None, metadata={"custom_args": {"type": positive_int}, "help": LIMIT_HELP})
     shuffle_seed: int | None = None
     """the problem set's own seed: MATH-500 is shuffled with it before --limit; the arithmetic set is drawn from it
     (default 0). --seed is the generation's seed only"""
@@ -149,8 +155,6 @@ class ConditionOptions:
     conditions: str = "w/o,w/ Mless,w/ Mful"
     """comma-separated conditions; also 'random sentence', 'ARM', '<name>+ARM'; the older spellings none,
     meaningless, meaningful, random work too"""
-    system: str | None = None
-    """replace the system prompt of every condition ('' for none)"""
     ablate_heads: str | None = field(default=None, metadata={"custom_args": {"type": head_list, "metavar": "HEADS"}})
     """also run every condition with these heads zero-ablated, e.g. L0H3,L1H2 (0-based)"""
     benchmark: str | None = field(default=None, metadata={"custom_args": {"type": benchmark_arg}})
@@ -159,12 +163,18 @@ class ConditionOptions:
 
 
 @dataclass(frozen=True)
-class EvalRunOptions:
-    """How the evaluation's results are kept and shown."""
+class GraderOptions:
+    """The verdict column an evaluation's summary and figures show (``eval`` and ``eval-report``)."""
 
     grader: str | None = field(default=None, metadata={"custom_args": {"choices": VERDICT_COLUMNS}})
-    """verdict column of the summary and figures (default: paper-exact for --prompt-format paper or a --protocol,
-    with math-verify beside it; else math-verify)"""
+    """verdict column of the summary and figures (default: paper-exact for the authors' format, i.e.
+    --prompt-format paper, a --protocol or their folders, with math-verify beside it; else math-verify)"""
+
+
+@dataclass(frozen=True)
+class EvalRunOptions:
+    """How the evaluation's results are kept."""
+
     no_resume: bool = False
     """refuse a folder that already holds results"""
 
@@ -184,8 +194,7 @@ class RecipeOptions:
 class DemoOptions:
     """What the demo runs."""
 
-    quick: bool = False
-    """tiny inputs: a fast smoke run"""
+    quick: bool = field(default=False, metadata={"help": QUICK_HELP})
 
 
 @dataclass(frozen=True)
@@ -194,7 +203,5 @@ class ReportOptions:
 
     dirs: list[Path] = field(metadata={"positional": True, "custom_args": {"nargs": "+", "metavar": "DIR"}})
     """result folder(s) of lensprobe eval (several: one per model)"""
-    grader: str | None = field(default=None, metadata={"custom_args": {"choices": VERDICT_COLUMNS}})
-    """verdict column of the figures (default: paper-exact for folders in the authors' format)"""
     baseline: str | None = None
     """condition compared with the others (default: the first)"""

@@ -8,32 +8,35 @@ under the field or its entry in the class's ``Attributes:`` section. What a fiel
 is plain ``dataclasses.field`` metadata that simple-parsing reads: ``{"custom_args": {"type": ...,
 "metavar": ..., "action": "append"}}``, ``{"alias": ["--sample"]}``, ``{"cmd": False}`` (not an
 option). The parsed namespace holds one configuration object per dataclass, made (and so checked by
-its ``__post_init__``) while parsing; :func:`flatten` also copies their fields onto the namespace.
+its ``__post_init__``) while parsing, and commands read the fields from those objects (``args.config.heads``),
+never from a flat namespace where two groups could collide. Two fields that would make one flag are
+refused when the parser is built (``ConflictResolution.NONE``): a setting several commands share is
+one dataclass (e.g. :class:`~lensprobe.experiments.head_settings.HeadSelection`) that each adds.
 
 Renamed flags stay accepted as hidden aliases (:data:`RENAMED`): :func:`renamed_flags` rewrites them
 before parsing and prints a one-line note.
 
 Example:
     >>> parser = new_parser(prog="lensprobe sweep")
-    >>> add_config(parser, SweepConfig, "config")
-    >>> parser.parse_args(["--heads", "L0H1", "--ablation", "mean"]).config
-    SweepConfig(metric='entropy', heads='L0H1', ablation='mean', batch_size=32)
+    >>> add_config(parser, AblationBatch, "batch")
+    >>> add_config(parser, HeadSelection, "selection")
+    >>> parser.parse_args(["--heads", "L0H1", "--heads-per-forward", "8"])
+    Namespace(batch=AblationBatch(heads_per_forward=8), selection=HeadSelection(heads='L0H1'))
 """
 
 import argparse
-import dataclasses
 import re
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import simple_parsing
-from simple_parsing import DashVariant
+from simple_parsing import ConflictResolution, DashVariant
 from simple_parsing.wrappers import DataclassWrapper
 
 from lensprobe.core.fielddocs import field_docs
 
-__all__ = ["PARSER_SETTINGS", "RENAMED", "ConfigHelpFormatter", "ConfigParser", "add_config", "first_sentence", "flag_of", "flatten", "new_parser", "plain",
+__all__ = ["PARSER_SETTINGS", "RENAMED", "ConfigHelpFormatter", "ConfigParser", "add_config", "first_sentence", "flag_of", "new_parser", "plain",
            "renamed_flags", "setting_message"]
 
 
@@ -87,21 +90,17 @@ def first_sentence(text: str) -> str:
 
 
 PARSER_SETTINGS: dict[str, Any] = {"add_option_string_dash_variants": DashVariant.DASH, "add_config_path_arg": False,
-                                   "formatter_class": ConfigHelpFormatter}
+                                   "formatter_class": ConfigHelpFormatter,
+                                   "conflict_resolution": ConflictResolution.NONE}
 """The keywords every ``lensprobe`` parser and subparser is made with."""
 
 
 class ConfigParser(simple_parsing.ArgumentParser):
-    """simple-parsing's argument parser with :data:`PARSER_SETTINGS`, whose namespace also holds the
-    configurations' fields (:func:`flatten`)."""
+    """simple-parsing's argument parser with :data:`PARSER_SETTINGS`: two fields that make one flag are an
+    error when the parser is built."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **{**PARSER_SETTINGS, **kwargs})
-
-    def parse_known_args(self, args=None, namespace=None):
-        """Parsed as simple-parsing does, with the configurations' fields also on the namespace."""
-        parsed, rest = super().parse_known_args(args, namespace)
-        return flatten(parsed), rest
 
 
 def new_parser(**kwargs) -> ConfigParser:
@@ -117,26 +116,10 @@ def add_config(parser: Any, cls: type, dest: str, *, prefix: str = "") -> None:
         >>> add_config(parser, AttributionConfig, "config")
     """
     group = parser.add_arguments(cls, dest=dest, prefix=prefix, dataclass_wrapper_class=_Group)
-    if prefix:  # its fields stay on args.<dest> only (flatten): their names are another class's too
-        parser.set_defaults(**{f"_nested_{dest}": True})
     docs = field_docs(cls)  # the first sentence, without reST markup; also docstrings over several lines
     for wrapper in group.fields:
         if docs.get(wrapper.name):
             wrapper.help = first_sentence(plain(docs[wrapper.name]))
-
-
-def flatten(args: argparse.Namespace) -> argparse.Namespace:
-    """Copy the fields of every configuration object in ``args`` onto ``args`` itself
-    (``args.config.heads`` is also ``args.heads``), so that shared helpers read ``args.model``. A field that
-    is no option, and a configuration added with a prefix, stay only on their object."""
-    for dest, value in list(vars(args).items()):
-        if getattr(args, f"_nested_{dest}", False):
-            continue
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            for f in dataclasses.fields(value):
-                if f.metadata.get("cmd", True):  # not a field that is no option
-                    setattr(args, f.name, getattr(value, f.name))
-    return args
 
 
 def flag_of(name: str) -> str:
@@ -160,7 +143,7 @@ def setting_message(err: Exception, options: Sequence[str] = ()) -> str:
         if flag not in options and len(prefixed) == 1:  # a field of a configuration added with a prefix
             flag = prefixed[0]
         reason = getattr(err, "reason", text)
-        if "{setting}" in reason:  # "{setting} takes BENCHMARK=FILE" -> "--data takes BENCHMARK=FILE"
+        if "{setting}" in reason:  # "{setting} takes BENCHMARK=FILE" -> "--benchmark-data takes BENCHMARK=FILE"
             return reason.replace("{setting}", flag)
         return f"argument {flag}: {reason}"
     first = re.match(r"(?:filler )?([a-z][a-z0-9]*(?:_[a-z0-9]+)*) (must|is|should)\b", text)
@@ -182,6 +165,14 @@ RENAMED: dict[tuple[str, str], str] = {
     ("attention", "--seed"): "--filler-seed",
     ("mechanism", "--count"): "--filler-count",
     ("mechanism", "--seed"): "--arm-seed",
+    ("attention", "--filler"): "--compare",
+    ("ablate", "--top-k"): "--show-tokens",
+    ("sweep", "--batch-size"): "--heads-per-forward",
+    ("attribute", "--batch-size"): "--heads-per-forward",
+    ("find-heads", "--batch-size"): "--heads-per-forward",
+    ("attribute", "--sample"): "--random-heads",
+    ("find-heads", "--sample"): "--random-heads",
+    ("reproduce", "--data"): "--benchmark-data",
 }
 """(command, old flag) -> its flag now; the old one still works, with a note."""
 

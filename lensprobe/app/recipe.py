@@ -48,12 +48,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from lensprobe.app.checks import positive_int
+from lensprobe.app.option_groups import LIMIT_HELP, QUICK_HELP
 from lensprobe.core.errors import LensprobeError, SettingError
+from lensprobe.core.fielddocs import field_docs
 from lensprobe.core.given import Given
 from lensprobe.core.prompts.assembly import PLACEMENTS
 from lensprobe.core.prompts.conditions import paper_conditions
 from lensprobe.core.storage.files import read_text
+from lensprobe.evals.config import EvalConfig
 from lensprobe.evals.protocols import PROTOCOLS
+from lensprobe.generation.config import GenerationConfig
 from lensprobe.interventions.arm_presets import benchmark_key
 
 if sys.version_info >= (3, 11):
@@ -81,22 +86,19 @@ class ReproduceConfig(Given):
         {'limit': 5, 'quick': True}
     """
 
-    limit: int | None = None
-    """at most this many problems per benchmark"""
-    max_new_tokens: int | None = None
-    """generated tokens per answer (default: the protocol's, 2048 for arm-math500)"""
-    batch_size: int | None = None
-    """rows generated at once (default 8)"""
+    limit: int | None = field(default=None, metadata={"custom_args": {"type": positive_int}, "help": LIMIT_HELP})
+    max_new_tokens: int | None = field(default=None, metadata={"help": field_docs(GenerationConfig)["max_new_tokens"]})
+    batch_size: int | None = field(default=None, metadata={"help": field_docs(EvalConfig)["batch_size"]})
     runs: int | None = None
     """seeded runs, seeds 0 to N-1, reported as their mean and standard deviation (default: the runs the paper
     averages, the recipe's runs, 5 for Table 1); a cell that cannot vary with the seed (a greedy generation
     config, no random intervention) runs once"""
-    quick: bool | None = field(default=None, metadata={"custom_args": {"const": True}})
-    """figure recipes: short inputs (a smoke run)"""
-    data: list[str] | None = field(default=None, metadata={
+    quick: bool | None = field(default=None, metadata={"custom_args": {"const": True}, "help": QUICK_HELP})
+    benchmark_data: list[str] | None = field(default=None, metadata={
         "custom_args": {"action": "append", "metavar": "BENCHMARK=FILE", "nargs": None}})
-    """problem file of a benchmark lensprobe does not ship, e.g. aime2024=aime_2022_2024.jsonl (repeatable);
-    benchmarks without data are skipped with a note"""
+    """problem file of a benchmark lensprobe does not ship, e.g. aime2024=aime_2022_2024.jsonl (repeatable; an
+    lm-eval recipe: TASK=task.yaml); benchmarks without data are skipped with a note. A recipe's [settings] may
+    still call it data"""
 
     def __post_init__(self) -> None:
         for name in ("limit", "max_new_tokens", "batch_size", "runs"):
@@ -105,9 +107,9 @@ class ReproduceConfig(Given):
                 raise SettingError(name, f"expected a whole number >= 1, got {value!r}")
         if self.quick is not None and not isinstance(self.quick, bool):
             raise SettingError("quick", f"expected true or false, got {self.quick!r}")
-        for value in self.data or []:
+        for value in self.benchmark_data or []:
             if not isinstance(value, str) or not value.partition("=")[1] or not value.partition("=")[2]:
-                raise SettingError("data", f"{{setting}} takes BENCHMARK=FILE (e.g. aime2024=aime_2022_2024.jsonl), got {value!r}")
+                raise SettingError("benchmark_data", f"{{setting}} takes BENCHMARK=FILE (e.g. aime2024=aime_2022_2024.jsonl), got {value!r}")
 
     def over(self, other: "ReproduceConfig") -> "ReproduceConfig":
         """``other`` with the settings given here on top (a command line's over a recipe's)."""
@@ -261,6 +263,8 @@ def _check_extras(data: dict, kind: str, protocol: str | None, benchmarks: tuple
 def _settings(table: Any, where: str) -> ReproduceConfig:
     """A recipe's ``[settings]`` as a :class:`ReproduceConfig` (the class the command line fills too)."""
     fields = {f.name for f in dataclasses.fields(ReproduceConfig)}
+    if isinstance(table, dict) and "data" in table and "benchmark_data" not in table:  # its name until 0.x
+        table = {("benchmark_data" if k == "data" else k): v for k, v in table.items()}
     if not isinstance(table, dict) or set(table) - fields:
         raise LensprobeError(f"{where}: settings must be a table of {sorted(fields)}, got {table!r}.")
     try:

@@ -2,7 +2,7 @@
 task, run under each condition by :func:`~lensprobe.evals.lmeval.lm_eval_accuracy`, used by
 :func:`lensprobe.app.reproduce.reproduce`.
 
-**Data.** lensprobe ships none of these sets. A task given ``data`` (``--data TASK=task.yaml``: an lm-eval task file
+**Data.** lensprobe ships none of these sets. A task given ``data`` (``--benchmark-data TASK=task.yaml``: an lm-eval task file
 of your own that names the task, with its local data) runs from that file's folder (lm-eval's ``include_path``); any
 other task is lm-eval's own, which loads its data from the Hugging Face hub. Offline (``HF_HUB_OFFLINE`` or
 ``HF_DATASETS_OFFLINE`` set) or when the hub cannot serve it, the task is skipped with a note naming where its data
@@ -67,7 +67,7 @@ def _offline() -> bool:
 
 def _no_data(recipe: Recipe, task: str, why: str) -> str:
     source = recipe.sources.get(task, f"lm-eval task {task}")
-    return (f"{task}: no data ({why}); it comes from {source}: run online (lm-eval downloads it) or pass --data "
+    return (f"{task}: no data ({why}); it comes from {source}: run online (lm-eval downloads it) or pass --benchmark-data "
             f"{task}=task.yaml (an lm-eval task file naming {task} with your local copy); the published numbers are "
             "shown alone.")
 
@@ -113,7 +113,7 @@ def lmeval_cells(recipe: Recipe, model, name: str, *, arm: Any, arm_source: str,
     for task in recipe.benchmarks:
         where = files.get(task)
         if where is None and _offline():
-            notes.append(_no_data(recipe, task, "offline, and no --data given"))
+            notes.append(_no_data(recipe, task, "offline, and no --benchmark-data given"))
             continue
         try:
             table = lm_eval_accuracy(model, [task], conditions, limit=limit, batch_size=batch_size,

@@ -36,7 +36,7 @@ BUILT_IN = ("math500",)
 
 
 def data_files(recipe: Recipe, data: dict[str, str | os.PathLike]) -> dict[str, Path]:
-    """``benchmark -> problem file`` of the ``--data`` given, each checked: a benchmark the recipe runs, a file
+    """``benchmark -> problem file`` of the ``--benchmark-data`` given, each checked: a benchmark the recipe runs, a file
     that exists.
 
     Raises:
@@ -74,7 +74,7 @@ def recipe_problems(recipe: Recipe, data: dict[str, str | os.PathLike], limit: i
         elif bench in BUILT_IN:
             problems = load_math500()
         else:
-            notes.append(f"{bench}: no problems (lensprobe ships MATH-500 only): pass --data {bench}=FILE "
+            notes.append(f"{bench}: no problems (lensprobe ships MATH-500 only): pass --benchmark-data {bench}=FILE "
                          "(data={'" + bench + "': FILE}) to run it; the published numbers are shown alone.")
             continue
         sets[bench] = problems[:limit] if limit is not None else problems

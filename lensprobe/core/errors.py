@@ -28,7 +28,7 @@ class SettingError(LensprobeError):
 
     The message is ``"<field>: <reason>"``, or the reason with ``{setting}`` replaced by the field's name
     when it names the field itself; the command line names the option instead (``"argument --batch-size:
-    expected ..."``, ``"--data takes BENCHMARK=FILE ..."``).
+    expected ..."``, ``"--benchmark-data takes BENCHMARK=FILE ..."``).
 
     Example:
         >>> raise SettingError("batch_size", "expected a whole number >= 1, got 0")

@@ -5,7 +5,8 @@ A setting not given comes from the protocol (``protocol=``), the paper format's 
 model's own generation config (``prompt_format="paper"``), else :class:`EvalConfig`'s default:
 :meth:`EvalSettingsBase.resolve` fills them in, with
 :func:`~lensprobe.evals.config.with_format_defaults`, the same rule :func:`lensprobe.evaluate` applies
-to keyword settings. ``lensprobe eval`` reads its options into an :data:`EvalSettings`.
+to keyword settings. ``lensprobe eval`` reads its options into an :data:`EvalSettings`; the generation
+fields keep :class:`~lensprobe.GenerationConfig`'s help, as every command's generation options do.
 
 Example:
     >>> s = EvalSettings(prompt_format="paper", batch_size=4)
@@ -17,10 +18,12 @@ Example:
 
 from typing import Any
 
+from lensprobe.core.fielddocs import field_docs
 from lensprobe.core.given import Given, given_settings
 from lensprobe.evals.config import EvalConfig, with_format_defaults
 from lensprobe.evals.extract import EXTRACT_METHODS
 from lensprobe.evals.protocols import PROTOCOLS
+from lensprobe.generation.config import GenerationConfig
 
 __all__ = ["EvalSettings", "EvalSettingsBase"]
 
@@ -54,7 +57,8 @@ EvalSettings: Any = given_settings(
     metadata={"protocol": {"custom_args": {"choices": tuple(PROTOCOLS)}},
               "extract": {"custom_args": {"choices": EXTRACT_METHODS}},
               "grade_timeout": {"custom_args": {"metavar": "SECONDS"}}},
-    docs={"protocol": "one of the authors' protocols: arm-math500 (raw prompt, 2048 tokens, the model's "
+    docs={**{name: field_docs(GenerationConfig)[name] for name in ("max_new_tokens", "seed", "n_samples")},
+          "protocol": "one of the authors' protocols: arm-math500 (raw prompt, 2048 tokens, the model's "
                       "generation config, paper-exact grading), arm-aime-pass3 (their pass@3 code: single-brace "
                       "prompt, 512 tokens, sampling with top_k 50 where the config sets none, 20 samples, pass@3, "
                       "ARM at the decoder layers' defaults c=0.13, 99.5) or arm-aime-pass3-text (the same with "

@@ -1,14 +1,18 @@
-"""The settings of the head studies, one frozen dataclass each: :class:`AblateConfig`
-(:func:`~lensprobe.interventions.ablation.ablate_heads` on one question), :class:`SweepConfig`
-(:func:`~lensprobe.experiments.sweep.ablation_sweep`), :class:`AttributionConfig`
+"""The settings of the head studies. Those several commands share are declared once, each a small frozen
+dataclass: :class:`HeadSelection` (``--heads``), :class:`AblationSettings` (``--ablation``),
+:class:`MetricSettings` (``--metric``, ``--tokens``), :class:`AblationBatch` (``--heads-per-forward``) and
+:class:`RecallCheck` (``--random-heads``). Each study's own are one frozen dataclass each: :class:`AblateConfig`
+(:func:`~lensprobe.interventions.ablation.ablate_heads` on one question), :class:`AttributionConfig`
 (:func:`~lensprobe.experiments.attribution.attribute_heads`, then
 :func:`~lensprobe.experiments.verify.verify_attribution`) and :class:`FindHeadsConfig`
 (:func:`~lensprobe.experiments.findheads.find_heads`). Their defaults are the functions';
-``lensprobe ablate``, ``sweep``, ``attribute`` and ``find-heads`` read their options from these fields.
+``lensprobe ablate``, ``sweep`` (the shared ones only), ``attribute`` and ``find-heads`` read their options
+from these fields.
 
 Example:
-    >>> cfg = SweepConfig(heads="L0H0,L0H1", ablation="mean")
-    >>> lp.ablation_sweep(model, prompts, cfg.metric, **cfg.sweep_kwargs(), reference=refs)
+    >>> heads, ablation, metric = HeadSelection("L0H0,L0H1"), AblationSettings("mean"), MetricSettings()
+    >>> lp.ablation_sweep(model, prompts, metric.metric, heads=heads.spec(), method=ablation.ablation,
+    ...                   batch_size=AblationBatch().heads_per_forward, reference=refs)
 """
 
 from dataclasses import dataclass, field
@@ -17,8 +21,9 @@ from typing import Literal
 from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.core.hooks.heads import parse_heads
 
-__all__ = ["ABLATION_METHODS", "ATTRIBUTION_METHODS", "AblateConfig", "AblationMethod", "AttributionConfig",
-           "AttributionMethod", "FindHeadsConfig", "HEADS", "SweepConfig", "check_heads_setting", "head_spec"]
+__all__ = ["ABLATION_METHODS", "ATTRIBUTION_METHODS", "GRADIENT_METRICS", "HEADS", "AblateConfig", "AblationBatch",
+           "AblationMethod", "AblationSettings", "AttributionConfig", "AttributionMethod", "FindHeadsConfig",
+           "HeadSelection", "MetricSettings", "RecallCheck", "check_heads_setting", "head_spec"]
 
 AblationMethod = Literal["zero", "mean", "resample"]
 """How a head is ablated: its output at ``hook_z`` set to 0, to its mean over reference prompts, or to its
@@ -106,27 +111,107 @@ def token_pair(tokens: str | None) -> tuple[int | str, ...] | None:
 
 
 @dataclass(frozen=True)
-class AblateConfig:
-    """Which heads ``lensprobe ablate`` ablates on one question, and how.
+class HeadSelection:
+    """The heads a command ablates, sweeps or records.
+
+    ``--heads``, declared once for every command that takes it.
 
     Example:
-        >>> AblateConfig(heads="L0H3,L1H2", ablation="zero").top_k
+        >>> HeadSelection("L0H3,L1H2").spec()
+        'L0H3,L1H2'
+    """
+
+    heads: str | None = field(default=None, metadata=HEADS)
+    """heads, e.g. L0H3,L1H2 (0-based), H13 or 13 (head 13 in every layer recorded), or all (the default; ablate
+    needs them named)"""
+
+    def __post_init__(self) -> None:
+        if self.heads is not None:
+            check_heads_setting(self.heads)
+
+    def spec(self, default: str = "all") -> str:
+        """The heads given, else ``default``."""
+        return self.heads if self.heads is not None else default
+
+
+@dataclass(frozen=True)
+class AblationSettings:
+    """How a head is ablated.
+
+    ``--ablation``, declared once for every command that takes it.
+
+    Example:
+        >>> AblationSettings("mean").ablation
+        'mean'
+    """
+
+    ablation: AblationMethod = "zero"
+    """ablation method: zero, mean (over the --reference questions) or resample (one --reference question)"""
+
+    def __post_init__(self) -> None:
+        _choice("ablation", self.ablation, ABLATION_METHODS)
+
+
+GRADIENT_METRICS: tuple[str, ...] = ("entropy", "logprob", "logit_diff")
+"""The metrics with a gradient (attribution and find-heads estimate with it)."""
+
+
+@dataclass(frozen=True)
+class MetricSettings:
+    """What a head study measures.
+
+    ``--metric`` and ``--tokens``, declared once for every command that takes them.
+
+    Example:
+        >>> MetricSettings("logit_diff", tokens="7,8").token_pair()
+        (7, 8)
+    """
+
+    metric: str = "entropy"
+    """entropy (next token, last position) | logprob (needs --answer) | logit_diff (needs --tokens) |
+    attention:<segment>, e.g. attention:system (sweep only: attention carries no gradient)"""
+    tokens: str | None = field(default=None, metadata={"custom_args": {"metavar": "A,B"}})
+    """the two tokens of --metric logit_diff, ids or text (e.g. 7,8)"""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.metric, str) or not self.metric.strip():
+            raise SettingError("metric", f"expected a metric name such as entropy, got {self.metric!r}")
+        _check_tokens(self.metric, self.tokens)
+
+    def token_pair(self) -> tuple[int | str, ...] | None:
+        """The two tokens as the experiments take them (:func:`token_pair`)."""
+        return token_pair(self.tokens)
+
+    def check_gradient(self) -> None:
+        """Refuse a metric without a gradient (what ``attribute`` and ``find-heads`` estimate with).
+
+        Raises:
+            SettingError: an attention metric, or an unknown one.
+        """
+        if self.metric not in GRADIENT_METRICS:
+            raise SettingError("metric", f"expected one of {', '.join(GRADIENT_METRICS)}, got {self.metric!r} "
+                                         "(attention metrics carry no gradient: measure them exactly with lensprobe "
+                                         "sweep)")
+
+
+@dataclass(frozen=True)
+class AblateConfig:
+    """Where ``lensprobe ablate`` ablates on one question, and what it lists.
+
+    The heads and the ablation are :class:`HeadSelection` and :class:`AblationSettings`.
+
+    Example:
+        >>> AblateConfig().show_tokens
         10
     """
 
-    heads: str = field(metadata=HEADS)
-    """heads, e.g. L0H3,L1H2 (0-based), H13 or 13 (head 13 in every layer), or all"""
-    ablation: AblationMethod = "zero"
-    """ablation method: zero, mean (over the --reference questions) or resample (one --reference question)"""
     positions: str | None = field(default=None, metadata={"custom_args": {"metavar": "POSITIONS"}})
     """restrict the ablation to a prompt segment (e.g. question) or positions (e.g. 3,4,5); default: every one"""
-    top_k: int = 10
+    show_tokens: int = 10
     """next tokens to list (at most 10,000 and the vocabulary)"""
 
     def __post_init__(self) -> None:
-        check_heads_setting(self.heads)
-        _choice("ablation", self.ablation, ABLATION_METHODS)
-        _count("top_k", self.top_k, 1, TOP_K_MAX)
+        _count("show_tokens", self.show_tokens, 1, TOP_K_MAX)
 
     def position_spec(self) -> str | list[int] | None:
         """``positions`` as :func:`~lensprobe.interventions.ablation.ablate_heads` takes it ("3,4" -> [3, 4])."""
@@ -137,37 +222,45 @@ class AblateConfig:
 
 
 @dataclass(frozen=True)
-class SweepConfig:
-    """What ``lensprobe sweep`` ablates one head at a time, and what it measures.
+class AblationBatch:
+    """How many heads one forward ablates.
+
+    ``--heads-per-forward``, declared once for ``sweep``, ``attribute`` and ``find-heads``.
 
     Example:
-        >>> SweepConfig().batch_size
+        >>> AblationBatch().heads_per_forward  # the functions' batch_size
         32
     """
 
-    metric: str = "entropy"
-    """entropy | logprob (needs --answer) | logit_diff (needs --tokens) | attention:<segment>, e.g. attention:system"""
-    heads: str = field(default="all", metadata=HEADS)
-    """heads to sweep, e.g. L0H3,L1H2 (0-based), H13 or 13 (head 13 in every layer), or all"""
-    ablation: AblationMethod = "zero"
-    """ablation method: zero, mean (over the --reference questions) or resample (one --reference question)"""
-    batch_size: int = 32
-    """heads ablated per forward pass"""
-    tokens: str | None = field(default=None, metadata={"custom_args": {"metavar": "A,B"}})
-    """the two tokens of --metric logit_diff, ids or text (e.g. 7,8)"""
+    heads_per_forward: int = 32
+    """heads (or KV groups) handled per batched forward: single-head ablations, and AtP*'s QK fix"""
 
     def __post_init__(self) -> None:
-        check_heads_setting(self.heads)
-        _choice("ablation", self.ablation, ABLATION_METHODS)
-        _count("batch_size", self.batch_size, 1)
-        if not isinstance(self.metric, str) or not self.metric.strip():
-            raise SettingError("metric", f"expected a metric name such as entropy, got {self.metric!r}")
-        _check_tokens(self.metric, self.tokens)
+        _count("heads_per_forward", self.heads_per_forward, 1)
 
-    def sweep_kwargs(self) -> dict:
-        """The keywords of :func:`~lensprobe.experiments.sweep.ablation_sweep` these settings give."""
-        return {"heads": self.heads, "method": self.ablation, "batch_size": self.batch_size,
-                "tokens": token_pair(self.tokens)}
+
+@dataclass(frozen=True)
+class RecallCheck:
+    """The heads drawn at random to check what was missed.
+
+    ``--random-heads``, declared once for ``attribute`` and ``find-heads``.
+
+    Example:
+        >>> RecallCheck().count(10)  # not given: the command's default
+        10
+    """
+
+    random_heads: int | None = None
+    """heads drawn at random from the rest and ablated exactly, the recall check (default: attribute 0,
+    find-heads 10)"""
+
+    def __post_init__(self) -> None:
+        if self.random_heads is not None:
+            _count("random_heads", self.random_heads, 0)
+
+    def count(self, default: int) -> int:
+        """The heads to draw: those given, else ``default``."""
+        return self.random_heads if self.random_heads is not None else default
 
 
 @dataclass(frozen=True)
@@ -179,44 +272,22 @@ class AttributionConfig:
         'atp'
     """
 
-    metric: Literal["entropy", "logprob", "logit_diff"] = "entropy"
-    """entropy (next token, last position) | logprob (needs --answer) | logit_diff (needs --tokens); attention
-    metrics carry no gradient: measure them exactly with lensprobe sweep"""
     attribution: AttributionMethod = "atp"
     """attribution method: atp, or atp* (with the QK fix and GradDrop)"""
-    ablation: AblationMethod = "zero"
-    """ablation method whose effect is estimated: zero, mean or resample (mean and resample need --reference)"""
-    heads: str = field(default="all", metadata=HEADS)
-    """heads to attribute, e.g. L0H3,L1H2 (0-based), H13 or 13 (head 13 in every layer), or all"""
     unit: Literal["head", "kv"] = "head"
     """one row per query head, or per KV group"""
     verify: int = 20
     """ablate the K top heads exactly to check the estimates (0: none)"""
-    sample: int = 0
-    """and M other heads drawn at random"""
-    batch_size: int = 32
-    """rows per batched forward"""
-    tokens: str | None = field(default=None, metadata={"custom_args": {"metavar": "A,B"}})
-    """the two tokens of --metric logit_diff, ids or text (e.g. 7,8)"""
 
     def __post_init__(self) -> None:
-        check_heads_setting(self.heads)
-        _choice("metric", self.metric, ("entropy", "logprob", "logit_diff"))
-        _check_tokens(self.metric, self.tokens)
         _choice("attribution", self.attribution, ATTRIBUTION_METHODS)
-        _choice("ablation", self.ablation, ABLATION_METHODS)
         _choice("unit", self.unit, ("head", "kv"))
         _count("verify", self.verify, 0)
-        _count("sample", self.sample, 0)
-        if self.sample and not self.verify:
-            raise SettingError("sample", f"{{setting}} {self.sample} draws heads to verify beside the top ones, but verify "
-                                         "is 0 (nothing is verified): give verify K too, or drop {setting}")
-        _count("batch_size", self.batch_size, 1)
 
     def attribution_kwargs(self) -> dict:
-        """The keywords of :func:`~lensprobe.experiments.attribution.attribute_heads` these settings give."""
-        return {"method": self.attribution, "ablation": self.ablation, "heads": self.heads, "unit": self.unit,
-                "batch_size": self.batch_size, "tokens": token_pair(self.tokens)}
+        """The keywords of :func:`~lensprobe.experiments.attribution.attribute_heads` these settings give (the
+        heads per forward: an :class:`AblationBatch`)."""
+        return {"method": self.attribution, "unit": self.unit}
 
 
 @dataclass(frozen=True)
@@ -228,10 +299,6 @@ class FindHeadsConfig:
         3
     """
 
-    metric: Literal["entropy", "logprob", "logit_diff"] = "entropy"
-    """entropy (next token, last position) | logprob (needs --answer) | logit_diff (needs --tokens)"""
-    ablation: AblationMethod = "zero"
-    """ablation method: zero, mean or resample (mean and resample need --reference)"""
     top: int = 20
     """how many heads to find"""
     flag: float = 0.07
@@ -240,25 +307,15 @@ class FindHeadsConfig:
     """heads verified per step on every prompt, in AtP's order"""
     refine: int = 3
     """heads verified per step on each prompt alone, in its own AtP order (0: none)"""
-    sample: int = 10
-    """heads drawn at random from the rest and ablated exactly (the recall check)"""
-    batch_size: int = 32
-    """rows per batched forward"""
-    tokens: str | None = field(default=None, metadata={"custom_args": {"metavar": "A,B"}})
-    """the two tokens of --metric logit_diff, ids or text (e.g. 7,8)"""
 
     def __post_init__(self) -> None:
-        _choice("metric", self.metric, ("entropy", "logprob", "logit_diff"))
-        _check_tokens(self.metric, self.tokens)
-        _choice("ablation", self.ablation, ABLATION_METHODS)
         _count("top", self.top, 1)
         if isinstance(self.flag, bool) or not isinstance(self.flag, (int, float)) or not self.flag >= 0:
             raise SettingError("flag", f"expected a share >= 0 of the residual stream's norm (e.g. 0.07), got {self.flag!r}")
-        for name in ("step", "refine", "sample", "batch_size"):
-            _count(name, getattr(self, name), 0 if name in ("refine", "sample") else 1)
+        for name in ("step", "refine"):
+            _count(name, getattr(self, name), 0 if name == "refine" else 1)
 
     def find_kwargs(self) -> dict:
-        """The keywords of :func:`~lensprobe.experiments.findheads.find_heads` these settings give."""
-        return {"ablation": self.ablation, "top": self.top, "flag": self.flag, "step": self.step,
-                "refine": self.refine, "sample": self.sample, "batch_size": self.batch_size,
-                "tokens": token_pair(self.tokens)}
+        """The keywords of :func:`~lensprobe.experiments.findheads.find_heads` these settings give (the random
+        heads and the heads per forward: a :class:`RecallCheck` and an :class:`AblationBatch`)."""
+        return {"top": self.top, "flag": self.flag, "step": self.step, "refine": self.refine}

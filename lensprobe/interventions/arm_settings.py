@@ -18,7 +18,7 @@ from lensprobe.core.given import Given, given_settings
 from lensprobe.interventions.arm import ARM
 from lensprobe.interventions.arm_presets import PAPER_TABLE9, NoPresetError, Source, model_key
 
-__all__ = ["ArmSettings", "ArmSettingsBase"]
+__all__ = ["ARM_C_HELP", "ArmSettings", "ArmSettingsBase"]
 
 ARM_FIELDS = ("c", "percentile", "p_min", "variant")
 """The ARM fields a command line sets (``--arm-c``, ``--arm-percentile``, ``--arm-p-min``, ``--arm-variant``)."""
@@ -76,6 +76,11 @@ class ArmSettingsBase(Given):
             raise LensprobeError(f"{why}: give both --arm-c and --arm-percentile.") from err
 
 
+ARM_C_HELP = ("c of the ARM module of the ARM conditions ('ARM', '<name>+ARM', mechanism's 'w/o + ARM'; Gemma "
+              "variant: the fraction moved); every ARM setting starts from the authors' preset for the model (on the "
+              "benchmark) and overrides only what is given (a model without a preset needs c and percentile)")
+"""The help of ``--arm-c``, for every command that takes it."""
+
 _SOURCE_HELP = ("where the ARM presets come from, also when no other --arm-* option is given: code (the authors' "
                 "released code, the default) or paper (Table 9 and the paper's text)")
 
@@ -85,9 +90,7 @@ ArmSettings: Any = given_settings(
     extra=[("arm_source", Literal["code", "paper"] | None,
             field(default=None, metadata={"custom_args": {"choices": ("code", "paper")}, "help": _SOURCE_HELP}))],
     prefix="arm_",
-    docs={"c": "c of the ARM module attached by 'ARM' / '<name>+ARM' conditions (Gemma variant: the fraction "
-               "moved); every ARM setting starts from the authors' preset for the model on the benchmark and "
-               "overrides only what is given (a model without a preset needs c and percentile)",
+    docs={"c": ARM_C_HELP,
           "percentile": "percentile of the ARM module (0-100; Gemma variant: a quantile in [0, 1])",
           "p_min": "lower bound of the moved fraction (default: the preset's; 0.02, Llama 0.2 in the code)",
           "variant": "ARM rule (default: the preset's)"})

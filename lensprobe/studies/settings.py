@@ -6,8 +6,8 @@ mechanism`` read their options from these fields (the filler's from
 :class:`~lensprobe.studies.filler.FillerSetup`).
 
 Example:
-    >>> cfg = AttentionConfig(layers="0,5", heads="H1,H7")
-    >>> cfg.layer_list(model), cfg.head_list(model, [0, 5])
+    >>> layers = AttentionConfig(layers="0,5").layer_list(model)
+    >>> layers, heads_in_layers(model, "H1,H7", layers)
     ([0, 5], [1, 7])
 """
 
@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from lensprobe.core.errors import LensprobeError, SettingError
+from lensprobe.core.fielddocs import field_docs
 from lensprobe.core.hooks.heads import parse_heads
 from lensprobe.core.models.loading import check_heads, check_layers, n_heads
-from lensprobe.experiments.head_settings import HEADS, check_heads_setting
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.schedule import parse_schedule
+from lensprobe.interventions.arm_settings import ARM_C_HELP
+from lensprobe.studies.filler import FillerSetup
 from lensprobe.studies.thinking import SETTING_LABELS, THINKING_SETTINGS, thinking_setting
 
 __all__ = ["AttentionConfig", "MechanismConfig", "TraceConfig", "heads_in_layers", "parse_layers"]
@@ -73,7 +75,9 @@ def _positive(name: str, value: float | None) -> None:
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """Which layers and heads ``lensprobe attention`` records (0-based, as in TransformerLens).
+    """Which layers ``lensprobe attention`` records (0-based, as in TransformerLens).
+
+    Its heads are a :class:`~lensprobe.experiments.head_settings.HeadSelection`.
 
     Example:
         >>> AttentionConfig().layers
@@ -82,25 +86,21 @@ class AttentionConfig:
 
     layers: str = "0"
     """0-based layers, e.g. 0 or 0,5,29, or all"""
-    heads: str = field(default="all", metadata=HEADS)
-    """heads, e.g. L0H3,L0H7 (0-based), H13 or 13 (head 13 in every layer recorded), or all"""
 
     def __post_init__(self) -> None:
         parse_layers(self.layers)
-        check_heads_setting(self.heads)
 
     def layer_list(self, model) -> list[int]:
         """The layers, checked against ``model``."""
         return check_layers(model, parse_layers(self.layers))
 
-    def head_list(self, model, layers: list[int]) -> list[int]:
-        """The head indices within ``layers``, checked against ``model``."""
-        return heads_in_layers(model, self.heads, layers)
 
 
 @dataclass(frozen=True)
 class MechanismConfig:
     """What ``lensprobe mechanism`` measures on one layer.
+
+    Its heads are a :class:`~lensprobe.experiments.head_settings.HeadSelection`.
 
     Attributes:
         arm_c: the c of the ARM condition (``w/o + ARM``) and the scale of the near-zero band
@@ -114,17 +114,12 @@ class MechanismConfig:
 
     layer: int = 0
     """0-based layer (0, as in the paper)"""
-    heads: str = field(default="all", metadata=HEADS)
-    """heads, e.g. L0H3,L0H7 (0-based), H13 or 13 (head 13 of the layer), or all"""
-    filler_count: int = 55
-    """filler length in repetitions of '/' (55 in the paper)"""
+    filler_count: int = field(default=55, metadata={"help": field_docs(FillerSetup)["count"]})
     where: Literal["act_fn(gate)", "hook_post"] = "act_fn(gate)"
     """activation measured: act_fn(gate_proj(x)) (what ARM edits) or hook_post (act_fn(gate) * up)"""
-    arm_c: float | None = None
-    """c of the ARM module, also the scale of the near-zero band eps = 1.4826 * MAD(|a|) * c (default: the ARM
-    preset's c, else 0.1)"""
+    arm_c: float | None = field(default=None, metadata={"help": ARM_C_HELP})
     eps: float | None = None
-    """half-width of the near-zero band (overrides the band from --arm-c)"""
+    """half-width of the near-zero band (default: 1.4826 * MAD(|a|) * c, c the ARM's c, else 0.1)"""
     bins: int = 60
     """histogram bins (as activation_stats)"""
     no_arm: bool = False
@@ -134,7 +129,6 @@ class MechanismConfig:
 
     def __post_init__(self) -> None:
         _whole("layer", self.layer, 0)
-        check_heads_setting(self.heads)
         _whole("filler_count", self.filler_count, 1, 10_000_000)
         if self.where not in ("act_fn(gate)", "hook_post"):
             raise SettingError("where", f"expected act_fn(gate) or hook_post, got {self.where!r}")

@@ -16,7 +16,7 @@ QUESTION = "What is 12+7?"
 def test_attribute_writes_estimates_verification_and_figures(tmp_path, capsys, tiny):
     out = tmp_path / "att"
     rc = main(["attribute", "--model", "tiny", "--question", QUESTION, "--metric", "entropy", "--method", "atp*",
-               "--verify", "3", "--sample", "2", "--out", str(out)])
+               "--verify", "3", "--random-heads", "2", "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     assert "top estimates:" in printed and "3 top, 2 sampled" in printed
@@ -53,7 +53,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
 def test_find_heads_writes_what_the_library_finds(tmp_path, capsys, tiny):
     out = tmp_path / "heads"
     rc = main(["find-heads", "--model", "tiny", "--question", QUESTION, "--question", "What is 3*4?", "--top", "3",
-               "--flag", "0.5", "--step", "2", "--refine", "1", "--sample", "1", "--out", str(out)])
+               "--flag", "0.5", "--step", "2", "--refine", "1", "--random-heads", "1", "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     for name in ("find_heads.csv", "per_prompt.csv", "find_heads_scatter.html", "find_heads_heatmap.html",

@@ -41,8 +41,8 @@ CASES = [
      "notes holds no config.json: is it an evaluation output folder?"),
     ("half of the ARM settings", "lensprobe eval --model tiny --arm-c 0.1 --out runs/arm",
      "give both --arm-c and --arm-percentile"),
-    ("an unknown option value", "lensprobe attention --question x --filler loud",
-     "argument --filler: invalid choice: 'loud'"),
+    ("an unknown option value", "lensprobe attention --question x --compare loud",
+     "argument --compare: invalid choice: 'loud'"),
 ]
 
 

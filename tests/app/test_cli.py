@@ -71,7 +71,7 @@ def test_attention_on_embedded_model(tmp_path, capsys, smol, smol_hf):
 
 
 def test_bad_filler_is_a_usage_error(capsys):
-    assert main(["attention", "--question", "x", "--filler", "loud"]) == 2
+    assert main(["attention", "--question", "x", "--compare", "loud"]) == 2
     err = capsys.readouterr().err
     assert "invalid choice: 'loud'" in err and "meaningless" in err
 
@@ -138,7 +138,7 @@ def test_cli_ablate(cli_on_tiny, tiny, tmp_path, capsys):
 
 def test_cli_sweep(cli_on_tiny, tiny, tmp_path):
     out = tmp_path / "sw"
-    code = cli_on_tiny(["sweep", "--metric", "entropy", "--question", "What is 12+7?", "--batch-size", "3",
+    code = cli_on_tiny(["sweep", "--metric", "entropy", "--question", "What is 12+7?", "--heads-per-forward", "3",
                         "--out", str(out)])
     assert code == 0
     table = pd.read_csv(out / "sweep.csv", index_col="layer")

@@ -16,7 +16,7 @@ QUESTION = "What is 2+3?"
 def cli_on_tiny(tiny, monkeypatch):
     """``--model tiny`` resolves to the session's tiny model (the same weights, loaded once)."""
     monkeypatch.setattr("lensprobe.app.commands.mechanism.load_cli_model",
-                        lambda args: tiny if args.model == "tiny" else pytest.fail(f"unexpected model {args.model}"))
+                        lambda args: tiny if args.ModelOptions.model == "tiny" else pytest.fail(f"unexpected model {args.ModelOptions.model}"))
     return main
 
 

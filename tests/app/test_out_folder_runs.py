@@ -9,7 +9,7 @@ import pytest
 from lensprobe.app.cli import main
 from lensprobe.core.storage.outfolder import FOLDER_LOCK, PAGES_FILE
 
-SWEEP = ["sweep", "--model", "tiny", "--question", "What is 12+7?", "--batch-size", "4"]
+SWEEP = ["sweep", "--model", "tiny", "--question", "What is 12+7?", "--heads-per-forward", "4"]
 
 
 @pytest.fixture

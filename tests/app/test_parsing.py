@@ -15,7 +15,12 @@ from lensprobe.app.parsing import RENAMED, add_config, new_parser
 from lensprobe.app.recipe import ReproduceConfig, load_recipe
 from lensprobe.core.errors import SettingError
 from lensprobe.evals.settings import EvalSettings
-from lensprobe.experiments.head_settings import AttributionConfig
+from lensprobe.experiments.head_settings import (
+    AblationSettings,
+    AttributionConfig,
+    HeadSelection,
+    MetricSettings,
+)
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,7 @@ def test_a_field_is_an_option_with_its_type_choices_default_and_help():
     assert "how deep to go (default: 3)" in shown and "--mode {fast,slow}" in shown
     args = parser.parse_args(["--depth", "5", "--mode", "slow", "--dry-run"])
     assert args.settings == Settings(depth=5, mode="slow", dry_run=True)
-    assert (args.depth, args.mode) == (5, "slow")  # the fields are on the namespace too
+    assert not hasattr(args, "depth")  # read from the object: no flat namespace where two groups could collide
 
 
 def test_bad_values_are_refused_by_the_type_the_choices_or_post_init(capsys):
@@ -107,10 +112,10 @@ def test_a_recipe_and_the_same_command_line_give_equal_configurations(tmp_path):
     recipe.write_text('kind = "figure"\nfigure = "thinking-traces"\n[settings]\nlimit = 5\nquick = true\n'
                       'max_new_tokens = 64\ndata = ["aime2024=a.jsonl"]\n')
     from_recipe = load_recipe(str(recipe)).settings
-    argv = ["reproduce", str(recipe), "--limit", "5", "--quick", "--max-new-tokens", "64", "--data", "aime2024=a.jsonl"]
+    argv = ["reproduce", str(recipe), "--limit", "5", "--quick", "--max-new-tokens", "64", "--benchmark-data", "aime2024=a.jsonl"]
     from_command_line = build_parser().parse_args(argv).config
     assert from_recipe == from_command_line == ReproduceConfig(limit=5, quick=True, max_new_tokens=64,
-                                                              data=["aime2024=a.jsonl"])
+                                                              benchmark_data=["aime2024=a.jsonl"])
     assert ReproduceConfig(limit=9).over(from_recipe) == dataclasses.replace(from_recipe, limit=9)  # given wins
     recipe.write_text('kind = "figure"\nfigure = "thinking-traces"\n[settings]\nlimit = 0\n')
     with pytest.raises(lp.LensprobeError, match="settings.limit: expected a whole number >= 1, got 0"):
@@ -125,6 +130,7 @@ def test_one_flag_per_concept_across_commands():
     assert {"--ablation"} <= flags["ablate"] & flags["sweep"] & flags["attribute"]
     assert "--attribution" in flags["attribute"]
     assert all("--arm-c" in flags[c] for c in ("eval", "reproduce", "mechanism"))
+    assert all("--sample" not in flags[c] and "--random-heads" in flags[c] for c in ("attribute", "find-heads"))
     heads = {name: p for name, p in sub.choices.items() if "--heads" in flags[name]}
     assert set(heads) == {"ablate", "sweep", "attribute", "attention", "mechanism"}
     for p in heads.values():  # one syntax: the L0H3 labels (and plain numbers: a head in every layer)
@@ -134,7 +140,10 @@ def test_one_flag_per_concept_across_commands():
 def test_cli_defaults_are_the_library_defaults():
     args = build_parser().parse_args(["attribute"])
     assert args.config == AttributionConfig()
-    assert args.attribution == "atp"  # lp.attribute_heads' default
+    assert args.config.attribution == "atp"  # lp.attribute_heads' default
+    assert (args.MetricSettings, args.AblationSettings, args.HeadSelection) == (
+        MetricSettings(), AblationSettings(), HeadSelection())
+    assert args.HeadSelection.spec() == "all"
 
 
 def test_an_old_spelling_works_with_a_one_line_note(tmp_path, capsys):

@@ -76,7 +76,7 @@ def test_table_recipe_on_the_tiny_model(tmp_path, tiny):
         assert got["run: accuracy (math-verify)"].item() == round(
             100 * sum(bool(r["math-verify"]) for r in mine) / len(mine), 1)
     assert table[table["benchmark"] == "aime2024"]["run: n"].isna().all()  # no AIME data given: published only
-    assert any("aime2024: no problems" in n and "--data aime2024=FILE" in n for n in res.notes)
+    assert any("aime2024: no problems" in n and "--benchmark-data aime2024=FILE" in n for n in res.notes)
     config = json.loads((out / "runs" / "math500" / "config.json").read_text())
     assert config["settings"]["generation"]["protocol"] == "arm-math500"
     assert config["settings"]["generation"]["max_new_tokens"] == 3
@@ -114,8 +114,8 @@ def test_bad_recipes_and_arguments_fail_before_the_model_loads(tmp_path, capsys)
     cases = [
         (["reproduce", "arm-table9"], r"unknown recipe 'arm-table9': use one of \[.*arm-table1"),
         (["reproduce", str(bad)], r"unknown field\(s\) \['model'\]"),
-        (["reproduce", "arm-table1", "--data", "aime2025=x.jsonl"], r"x.jsonl does not exist"),
-        (["reproduce", "arm-table1", "--data", "gsm8k"], r"--data takes BENCHMARK=FILE"),
+        (["reproduce", "arm-table1", "--benchmark-data", "aime2025=x.jsonl"], r"x.jsonl does not exist"),
+        (["reproduce", "arm-table1", "--benchmark-data", "gsm8k"], r"--benchmark-data takes BENCHMARK=FILE"),
         (["reproduce", "arm-table1", "--limit", "0"], r"argument --limit: expected a whole number >= 1, got 0"),
         (["reproduce", "arm-table1", "--runs", "0"], r"argument --runs: expected a whole number >= 1, got 0"),
         (["reproduce", "arm-table2", "--arm-c", "0.1"], r"give both --arm-c and --arm-percentile"),

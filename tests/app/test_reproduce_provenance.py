@@ -202,7 +202,7 @@ def test_recipe_names_and_redefined_conditions_are_checked(tmp_path):
 def test_a_data_file_the_recipe_does_not_use_is_refused_before_the_model_loads(tmp_path, capsys):
     data = tmp_path / "aime2025.jsonl"
     data.write_text('{"id": "a", "problem": "1+1?", "answer": "2"}\n')
-    argv = ["reproduce", "arm-table1", "--data", f"aime2025={data}", "--model", str(tmp_path / "no-such-model"),
+    argv = ["reproduce", "arm-table1", "--benchmark-data", f"aime2025={data}", "--model", str(tmp_path / "no-such-model"),
             "--out", str(tmp_path / "o")]
     assert main(argv) == 2
     assert "data for aime2025, which recipe 'arm-table1' does not run" in capsys.readouterr().err

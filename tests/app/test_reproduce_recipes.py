@@ -253,7 +253,7 @@ def test_table3b_through_lm_eval_on_local_task_files(tmp_path, tiny, tiny_hf, mo
     for task in ("arc_challenge", "mmlu", "boolq", "hellaswag", "openbookqa"):
         assert table[table["benchmark"] == task]["run: n"].isna().all()
         note = next(n for n in res.notes if n.startswith(f"{task}: no data"))
-        assert "Hugging Face dataset" in note and f"--data {task}=task.yaml" in note
+        assert "Hugging Face dataset" in note and f"--benchmark-data {task}=task.yaml" in note
     arm_cell = next(c for c in res.cells if c["condition"] == "ARM")
     assert arm_cell["columns"]["run: ARM"].startswith("layer=0, c=0.13, percentile=99.5")
     assert all(not c["comparable"] and c["reasons"] for c in res.cells)
@@ -269,7 +269,7 @@ def test_table3b_data_is_checked_before_the_model_loads(tmp_path, capsys):
              (f"gsm8k={LMEVAL / 'gsm8k.yaml'} --runs 2 --max-new-tokens 8",
               r"runs lm-eval tasks, which set their own generation length and run once: drop runs and max_new_tokens")]
     for value, message in cases:
-        argv = ["reproduce", "arm-table3b", "--data", *value.split(" "), "--model", str(tmp_path / "no-model"),
+        argv = ["reproduce", "arm-table3b", "--benchmark-data", *value.split(" "), "--model", str(tmp_path / "no-model"),
                 "--out", str(tmp_path / "o")]
         assert main(argv) == 2
         assert re.search(message, capsys.readouterr().err), value
@@ -277,7 +277,7 @@ def test_table3b_data_is_checked_before_the_model_loads(tmp_path, capsys):
 
 def test_table3b_on_the_command_line_with_arm_flags(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    argv = ["reproduce", "arm-table3b", "--model", "tiny", "--limit", "2", "--data", f"arc_easy={LMEVAL / 'arc_easy.yaml'}",
+    argv = ["reproduce", "arm-table3b", "--model", "tiny", "--limit", "2", "--benchmark-data", f"arc_easy={LMEVAL / 'arc_easy.yaml'}",
             "--arm-c", "0.2", "--arm-percentile", "90", "--out", str(tmp_path / "o"), "--no-progress"]
     assert main(argv) == 0
     cells = json.loads((tmp_path / "o" / "table.json").read_text())["cells"]

@@ -217,7 +217,7 @@ def test_sweep_and_trace_commands_take_their_share_from_the_environment(tiny, tm
 
     for command in ("heads", "trace"):
         monkeypatch.setattr(f"lensprobe.app.commands.{command}.load_cli_model", lambda name: tiny)
-    sweep = ["sweep", "--question", "What is 12+7?", "--question", "What is 3*4?", "--batch-size", "4"]
+    sweep = ["sweep", "--question", "What is 12+7?", "--question", "What is 3*4?", "--heads-per-forward", "4"]
     # "/" is one token of the tiny vocabulary: the thinking settings use it, the model is not changed
     trace = ["trace", "--question", "What is 2+3?", "--max-new-tokens", "5", "--think", "fusion,pause,none",
              "--token", "/", "--schedule", "every:2"]

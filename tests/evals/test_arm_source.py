@@ -130,7 +130,7 @@ def test_reproduce_command_passes_the_source(folders, problem_file, tmp_path, so
     recipe.write_text(f'title = "one cell"\nkind = "table"\narxiv = "2510.01032"\ntable = "2"\n'
                       f'protocol = "arm-math500"\nbenchmarks = ["{bench}"]\nconditions = ["ARM"]\n'
                       f'models = ["{NAMES[model]}"]\n')
-    argv = ["reproduce", str(recipe), "--model", str(folders / NAMES[model]), "--data", f"{bench}={problem_file}",
+    argv = ["reproduce", str(recipe), "--model", str(folders / NAMES[model]), "--benchmark-data", f"{bench}={problem_file}",
             "--max-new-tokens", "1", "--no-progress", "--out", str(tmp_path / "out")]
     assert main(argv + (["--arm-source", source] if source else [])) == 0
     _check(_ran(tmp_path / "out" / "runs" / bench), paper if source else code, source or "code")
@@ -156,6 +156,6 @@ def test_evaluate_refuses_an_unknown_source(tiny):
 def test_reproduce_help_names_only_its_own_options_and_explains_the_source(capsys):
     assert main(["reproduce", "--help"]) == 0
     text = capsys.readouterr().out
-    assert "--benchmark" not in text  # reproduce takes its benchmarks from the recipe
+    assert not re.search(r"--benchmark(?!-data)\b", text)  # reproduce takes its benchmarks from the recipe
     source_help = text[text.index("  --arm-source {code,paper}"):]
     assert "no other --arm-* option" in " ".join(source_help.split())

@@ -1,7 +1,6 @@
 """The authors' metric everywhere (paper-exact by default for their format, math-verify beside), the
 named protocols recorded in config.json, benchmark inference, and --arm-* options over the presets."""
 
-import argparse
 import json
 import re
 from types import SimpleNamespace
@@ -10,7 +9,7 @@ import pandas as pd
 import pytest
 
 import lensprobe as lp
-from lensprobe.app.cli import main
+from lensprobe.app.cli import build_parser, main
 from lensprobe.app.commands.armargs import arm_from_args
 from lensprobe.evals.grading import grade_paper_exact
 from lensprobe.evals.stats import accuracy, avg_at_k, compare, pass_at_k_table
@@ -99,9 +98,9 @@ def test_benchmark_picks_the_preset():
 
 def test_arm_options_start_from_the_preset():
     def args(**kw):
-        base = {"arm_c": None, "arm_percentile": None, "arm_p_min": None, "arm_variant": None, "arm_source": "code",
-                "model": "meta-llama/Llama-3.1-8B-Instruct", "benchmark": "math500"}
-        return argparse.Namespace(**{**base, **kw})
+        given = {"arm_source": "code", "model": "meta-llama/Llama-3.1-8B-Instruct", "benchmark": "math500", **kw}
+        argv = ["eval"] + [s for k, v in given.items() if v is not None for s in ("--" + k.replace("_", "-"), str(v))]
+        return build_parser().parse_args(argv)  # the namespace lensprobe eval reads
 
     code, paper = arm_from_args(args()), arm_from_args(args(arm_source="paper"))  # nothing else given: the preset
     assert (code.c, code.percentile, code.p_min, code.source) == (0.32, 90, 0.2, "code")

@@ -1,4 +1,4 @@
-"""``lensprobe attention``: average attention received per position, with vs without filler."""
+"""``lensprobe attention``: average attention received per position, with vs without filler (``--compare``)."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -25,9 +25,10 @@ from lensprobe.app.parsing import add_config
 from lensprobe.core.progress import tqdm
 from lensprobe.core.storage.jsonable import to_jsonable
 from lensprobe.core.storage.store import atomic_file, atomic_write_json, atomic_write_text
+from lensprobe.experiments.head_settings import HeadSelection
 from lensprobe.studies import filler as fs
 from lensprobe.studies.filler import FillerSetup
-from lensprobe.studies.settings import AttentionConfig
+from lensprobe.studies.settings import AttentionConfig, heads_in_layers
 from lensprobe.viz import attention_received_figure, attention_view_html
 
 
@@ -39,7 +40,7 @@ def add_attention(subparsers) -> None:
                     "attention each position receives (aligned and with the filler span shaded) as HTML "
                     "figures, a circuitsvis view, and the numbers as CSV/JSON. Layers and heads are "
                     "0-based (TransformerLens); papers count from 1."))
-    add_inputs(p, ModelOptions, QuestionOptions, ComparedFillerOptions, SystemOptions, OutputOptions)
+    add_inputs(p, ModelOptions, QuestionOptions, ComparedFillerOptions, SystemOptions, HeadSelection, OutputOptions)
     add_config(p, FillerSetup, "filler_setup", prefix="filler-")  # --filler-count, --filler-seed, ...
     add_config(p, AttentionConfig, "config")
     p.set_defaults(func=run_attention)
@@ -47,7 +48,8 @@ def add_attention(subparsers) -> None:
 
 def run_attention(args) -> int:
     args.out = check_out_dir(out_of(args, "attention"), "attention")  # before the model loads
-    conditions = ("w/o",) if args.filler == "w/o" else ("w/o", args.filler)
+    compare = args.ComparedFillerOptions.compare
+    conditions = ("w/o",) if compare == "w/o" else ("w/o", compare)
     setup = replace(args.filler_setup, conditions=conditions, system=system_of(args))
     with writing_out_dir(args.out, "attention") as files:
         return _attention(args, setup, files)
@@ -56,10 +58,11 @@ def run_attention(args) -> int:
 def _attention(args, setup: FillerSetup, files: list[Path]) -> int:
     model = load_cli_model(args)
     layers = args.config.layer_list(model)
-    heads = args.config.head_list(model, layers)
-    res = fs.attention_received_by_condition(model, args.question, layers=layers, heads=heads, setup=setup, progress=True)
+    heads = heads_in_layers(model, args.HeadSelection.spec(), layers)
+    question, compare = args.QuestionOptions.question, args.ComparedFillerOptions.compare
+    res = fs.attention_received_by_condition(model, question, layers=layers, heads=heads, setup=setup, progress=True)
     out: Path = args.out
-    shade = args.filler if args.filler != "w/o" else None
+    shade = compare if compare != "w/o" else None
     view_cond = shade or "w/o"
     for layer in tqdm(layers, desc="figures", leave=False):
         fig = attention_received_figure(
@@ -76,7 +79,7 @@ def _attention(args, setup: FillerSetup, files: list[Path]) -> int:
     with atomic_file(csv) as tmp:
         res.table.to_csv(tmp, index=False)
     summary = {
-        "model": res.model_name, "question": args.question, "conditions": list(res.conditions),
+        "model": res.model_name, "question": question, "conditions": list(res.conditions),
         "layers": layers, "heads": heads, "indexing": "0-based layers and heads (L0H13 = papers' layer 1, head 14)",
         "filler_spans": {c: res.filler_span(c) for c in res.conditions}, "prompts": res.prompts_json(),
     }

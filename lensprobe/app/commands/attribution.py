@@ -4,7 +4,7 @@
 
 from typing import Any
 
-from lensprobe.app.commands.heads import PROMPT_INPUTS, check_reference, prompt_of
+from lensprobe.app.commands.heads import PROMPT_INPUTS, check_reference, prompt_of, reference_of
 from lensprobe.app.common import (
     add_inputs,
     check_out_dir,
@@ -15,9 +15,9 @@ from lensprobe.app.common import (
 )
 from lensprobe.app.examples import describe
 from lensprobe.app.option_groups import Math500Options, ModelOptions, QuestionsOptions
-from lensprobe.app.parsing import add_config
+from lensprobe.app.parsing import add_config, setting_message
 from lensprobe.app.sections.filler import demo_question
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.core.hooks.heads import resolve_heads
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.prompts.prompt import prompt_json
@@ -26,7 +26,14 @@ from lensprobe.core.storage.store import atomic_file, atomic_write_json
 from lensprobe.evals.data import load_math500
 from lensprobe.experiments.attribution import attribute_heads
 from lensprobe.experiments.findheads import find_heads
-from lensprobe.experiments.head_settings import AttributionConfig, FindHeadsConfig
+from lensprobe.experiments.head_settings import (
+    AblationBatch,
+    AttributionConfig,
+    FindHeadsConfig,
+    HeadSelection,
+    MetricSettings,
+    RecallCheck,
+)
 from lensprobe.experiments.verify import verify_attribution
 from lensprobe.viz import attribution_heatmap, attribution_scatter, find_heads_heatmap, find_heads_scatter
 
@@ -41,7 +48,8 @@ def add_attribute(subparsers) -> None:
                     "largest scores are ablated exactly. Writes attribution.csv, attribution_heatmap.html, "
                     "verification.csv, attribution_scatter.html and attribution.json. Heads are 0-based: L0H13 "
                     "is the papers' layer 1, head 14."))
-    add_inputs(p, ModelOptions, QuestionsOptions, Math500Options, *PROMPT_INPUTS)
+    add_inputs(p, ModelOptions, QuestionsOptions, Math500Options, HeadSelection, MetricSettings, AblationBatch,
+               RecallCheck, *PROMPT_INPUTS)
     add_config(p, AttributionConfig, "config")
     p.set_defaults(func=run_attribute_command)
 
@@ -57,7 +65,8 @@ def add_find_heads(subparsers) -> None:
                     "checks what was missed. Writes find_heads.csv, per_prompt.csv, find_heads_scatter.html, "
                     "find_heads_heatmap.html and find_heads.json. Heads are 0-based: L0H13 is the papers' layer 1, "
                     "head 14."))
-    add_inputs(p, ModelOptions, QuestionsOptions, Math500Options, *PROMPT_INPUTS)
+    add_inputs(p, ModelOptions, QuestionsOptions, Math500Options, MetricSettings, AblationBatch, RecallCheck,
+               *PROMPT_INPUTS)
     add_config(p, FindHeadsConfig, "config")
     p.set_defaults(func=run_find_heads_command)
 
@@ -65,53 +74,63 @@ def add_find_heads(subparsers) -> None:
 def _check(args, command: str, kind: str) -> None:
     """Argument errors before the model loads (``kind``: what the output folder holds)."""
     args.out = check_out_dir(out_of(args, command), kind)
-    if args.metric == "logprob" and not args.answer:
+    metric, answer = args.MetricSettings.metric, args.QuestionsOptions.answer
+    try:
+        args.MetricSettings.check_gradient()
+    except SettingError as err:  # named as the option that sets it
+        raise LensprobeError(setting_message(err) + ".") from None
+    if metric == "logprob" and not answer:
         raise LensprobeError("--metric logprob needs --answer TEXT.")
-    if args.metric != "logprob" and args.answer:
-        raise LensprobeError(f"--metric {args.metric} reads no answer, but --answer was given: drop it, or use "
+    if metric != "logprob" and answer:
+        raise LensprobeError(f"--metric {metric} reads no answer, but --answer was given: drop it, or use "
                              "--metric logprob to measure the answer.")
     check_reference(args)
-    if args.math500 and args.question:
+    if args.Math500Options.math500 and args.QuestionsOptions.question:
         raise LensprobeError("pass --question or --math500, not both.")
 
 
 def run_attribute_command(args) -> int:
     _check(args, "attribute", "attribution")
+    random_heads = args.RecallCheck.count(0)
+    if random_heads and not args.config.verify:
+        raise LensprobeError(f"--random-heads {random_heads} draws heads to verify beside the top ones, but --verify "
+                             "is 0 (nothing is verified): give --verify K too, or drop --random-heads.")
     with writing_out_dir(args.out, "attribute") as files:
         return _attribute(args, files)
 
 
 def _inputs(model, args) -> tuple[list, Any, Any]:
     """The prompts, the ablation's reference and the answers the options name."""
-    if args.math500:
-        questions = [p.problem for p in load_math500(limit=args.math500, seed=0)]
+    if args.Math500Options.math500:
+        questions = [p.problem for p in load_math500(limit=args.Math500Options.math500, seed=0)]
     else:
-        questions = args.question or [demo_question()[0]]
+        questions = args.QuestionsOptions.question or [demo_question()[0]]
     prompts = [prompt_of(model, args, q) for q in questions]
-    refs = [prompt_of(model, args, q) for q in args.reference or []]
-    reference = (refs[0] if args.ablation == "resample" and len(refs) == 1 else refs) or None
-    answers = None if not args.answer else (args.answer[0] if len(args.answer) == 1 else args.answer)
-    return prompts, reference, answers
+    given = args.QuestionsOptions.answer
+    answers = None if not given else (given[0] if len(given) == 1 else given)
+    return prompts, reference_of(model, args), answers
 
 
 def _attribute(args, files: list) -> int:
     model = load_cli_model(args)
     config: AttributionConfig = args.config
-    resolve_heads(model, config.heads)
+    heads, metric, ablation = args.HeadSelection.spec(), args.MetricSettings, args.AblationSettings.ablation
+    resolve_heads(model, heads)
     prompts, reference, answers = _inputs(model, args)
-    att = attribute_heads(model, prompts, config.metric, reference=reference, answers=answers,
+    att = attribute_heads(model, prompts, metric.metric, reference=reference, answers=answers, heads=heads,
+                          ablation=ablation, tokens=metric.token_pair(), batch_size=args.AblationBatch.heads_per_forward,
                           **config.attribution_kwargs())
     out = args.out
     files += [att.to_csv(out / "attribution.csv"), write_figure(attribution_heatmap(att), out / "attribution_heatmap.html")]
     summary = {"model": model_label(model), "metric": att.metric, "method": config.attribution,
-               "ablation": config.ablation, "unit": config.unit, "filler": args.filler,
+               "ablation": ablation, "unit": config.unit, "filler": args.FillerOptions.filler,
                "metric_values": att.values.tolist(), "top": att.top(10).to_dict(orient="records"),
                "prompts": [prompt_json(p) for p in prompts],
                "indexing": "0-based layers and heads (L0H13 = papers' layer 1, head 14)"}
     print("top estimates: " + ", ".join(f"{r.head_label} {r.estimate:+.4g}" for r in att.top(5).itertuples()))
     if config.verify:
-        ver = verify_attribution(model, prompts, config.metric, att, top=min(config.verify, len(att.units)),
-                                 sample=config.sample, batch_size=config.batch_size)
+        ver = verify_attribution(model, prompts, metric.metric, att, top=min(config.verify, len(att.units)),
+                                 sample=args.RecallCheck.count(0), batch_size=args.AblationBatch.heads_per_forward)
         files.append(out / "verification.csv")
         with atomic_file(files[-1]) as tmp:
             ver.table.to_csv(tmp, index=False)
@@ -137,7 +156,11 @@ def _find(args, files: list) -> int:
     model = load_cli_model(args)
     config: FindHeadsConfig = args.config
     prompts, reference, answers = _inputs(model, args)
-    found = find_heads(model, prompts, config.metric, reference=reference, answers=answers, **config.find_kwargs())
+    metric, ablation = args.MetricSettings, args.AblationSettings.ablation
+    kwargs = {**config.find_kwargs(), "sample": args.RecallCheck.count(10),
+              "batch_size": args.AblationBatch.heads_per_forward}
+    found = find_heads(model, prompts, metric.metric, reference=reference, answers=answers, ablation=ablation,
+                       tokens=metric.token_pair(), **kwargs)
     out = args.out
     files.append(out / "find_heads.csv")
     with atomic_file(files[-1]) as tmp:
@@ -147,8 +170,10 @@ def _find(args, files: list) -> int:
         found.per_prompt_table().to_csv(tmp, index=False)
     files += [write_figure(find_heads_scatter(found), out / "find_heads_scatter.html"),
               write_figure(find_heads_heatmap(found), out / "find_heads_heatmap.html")]
-    summary = {"model": model_label(model), "metric": found.metric, "ablation": config.ablation,
-               "settings": vars(config), "found": found.found.to_dict(orient="records"), "cost": found.cost,
+    summary = {"model": model_label(model), "metric": found.metric, "ablation": ablation,
+               "settings": {"metric": metric.metric, "ablation": ablation, **kwargs,
+                            "tokens": metric.tokens},  # lp.find_heads' keywords
+               "found": found.found.to_dict(orient="records"), "cost": found.cost,
                "recall": found.recall, "recall_kind": found.recall_kind,
                "recall_interval": [found.recall_low, found.recall_high], "recall_note": found.recall_text(),
                "prompts": [prompt_json(p) for p in prompts],

@@ -20,8 +20,9 @@ def add_demo(subparsers) -> None:
 
 def run_demo_command(args) -> int:
     """Load ``--model`` (``tiny``: the tiny test model) on ``--device`` in ``--dtype``, then write the report."""
-    out = check_out_dir(args.out if args.out is not None else Path("lensprobe-report"), "report")  # before the model
+    given = args.OutputOptions.out
+    out = check_out_dir(given if given is not None else Path("lensprobe-report"), "report")  # before the model
     with writing_out_dir(out, "demo", pages=False):  # the report page lists its own files
-        index = run_demo(out, load_cli_model(args), quick=args.quick)
+        index = run_demo(out, load_cli_model(args), quick=args.DemoOptions.quick)
     print(report_contents(index))
     return 0

@@ -10,23 +10,25 @@ Examples:
 """
 
 from dataclasses import replace
-from pathlib import Path
 
 from lensprobe.app.common import (
     TEST_MODEL,
     add_inputs,
     check_out_dir,
     load_cli_model,
+    out_of,
     writing_out_dir,
 )
 from lensprobe.app.examples import describe
 from lensprobe.app.option_groups import (
     ConditionOptions,
     EvalRunOptions,
+    GraderOptions,
     ModelOptions,
     OutputOptions,
     ProblemOptions,
     ReportOptions,
+    SystemOptions,
 )
 from lensprobe.app.parsing import add_config
 from lensprobe.core.errors import LensprobeError
@@ -59,7 +61,8 @@ def add_eval(subparsers) -> None:
                     "the problems. At the end the accuracy table, paired McNemar tests and figures are "
                     "written to --out/report. A generation setting not given comes from --protocol, else the "
                     "paper format and the model's generation config (--prompt-format paper), else lp.EvalConfig."))
-    add_inputs(p, ModelOptions, ProblemOptions, ConditionOptions, EvalRunOptions, OutputOptions)
+    add_inputs(p, ModelOptions, ProblemOptions, ConditionOptions, SystemOptions, EvalRunOptions, GraderOptions,
+               OutputOptions)
     add_config(p, EvalSettings, "settings")
     add_config(p, ArmSettings, "arm")
     p.set_defaults(func=run_eval, interrupted="every finished row is saved in --out; rerun the same command "
@@ -73,36 +76,39 @@ def add_eval_report(subparsers) -> None:
         description="Read one or more `lensprobe eval` output folders (several: one per model) and write "
                     "the accuracy tables (CSV), paired comparisons and figures as an HTML report "
                     "(default --out: DIR/report)."))
-    add_inputs(p, ReportOptions, OutputOptions)
+    add_inputs(p, ReportOptions, GraderOptions, OutputOptions)
     p.set_defaults(func=run_eval_report)
 
 
 def _builtins(args):
     """The built-in conditions in ``--prompt-format`` (a ``--protocol``: the paper format with its prompt)."""
-    if args.protocol is not None:
-        return paper_conditions(prompt_format="paper", system=get_protocol(args.protocol).system)
-    return paper_conditions(prompt_format="paper") if args.prompt_format == "paper" else None
+    settings = args.settings
+    if settings.protocol is not None:
+        return paper_conditions(prompt_format="paper", system=get_protocol(settings.protocol).system)
+    return paper_conditions(prompt_format="paper") if settings.prompt_format == "paper" else None
 
 
 def conditions_from_args(args, model=None, benchmark: str | None = None) -> list:
     """The conditions of ``--conditions`` in ``--prompt-format`` (or ``--protocol``), with ``--arm-*``,
     ``--system`` and ``--ablate-heads`` applied (ARM conditions start from the preset of ``model``
     on ``benchmark`` from ``--arm-source``; before the model loads any ARM stands in for the preset)."""
-    layer_defaults = arm_layer_defaults(args.protocol)
+    layer_defaults = arm_layer_defaults(args.settings.protocol)
+    options: ConditionOptions = args.ConditionOptions
 
     def preset_arm():  # the preset from --arm-source (or the protocol's layer defaults), the --arm-* given on top
         return args.arm.arm(model, benchmark, layer_defaults=layer_defaults)
 
     if model is None and args.arm.settings():  # before the model loads: the settings given are checked
-        args.arm.arm(args.model, benchmark, layer_defaults=layer_defaults)
+        args.arm.arm(args.ModelOptions.model, benchmark, layer_defaults=layer_defaults)
     arm = preset_arm if model is not None else ARM(c=0.1, percentile=90)  # before loading: a stand-in
-    conds = resolve_conditions(args.conditions, builtins=_builtins(args), arm=arm)
-    if args.system is not None:
-        conds = [replace(c, system=args.system or None) for c in conds]
-    if args.ablate_heads:
-        parse_heads(args.ablate_heads)
-        ablation = ablate_heads(args.ablate_heads)
-        conds = conds + [replace(c, name=f"{c.name} [ablate {args.ablate_heads}]",
+    conds = resolve_conditions(options.conditions, builtins=_builtins(args), arm=arm)
+    system: SystemOptions = args.SystemOptions
+    if system.no_system or system.system is not None:
+        conds = [replace(c, system=None if system.no_system else system.system or None) for c in conds]
+    if options.ablate_heads:
+        parse_heads(options.ablate_heads)
+        ablation = ablate_heads(options.ablate_heads)
+        conds = conds + [replace(c, name=f"{c.name} [ablate {options.ablate_heads}]",
                                  interventions=c.interventions + (ablation,)) for c in conds]
     return conds
 
@@ -114,39 +120,40 @@ def problems_from_args(args) -> list:
         LensprobeError: ``--problems arithmetic`` with ``--data`` or ``--subjects``, which only
             apply to problem files.
     """
-    if args.problems != "arithmetic":
-        return load_math500(args.data, subjects=args.subjects, levels=args.levels, limit=args.limit,
-                            seed=args.shuffle_seed)
-    if args.data is not None or args.subjects is not None:
+    p: ProblemOptions = args.ProblemOptions
+    if p.problems != "arithmetic":
+        return load_math500(p.data, subjects=p.subjects, levels=p.levels, limit=p.limit, seed=p.shuffle_seed)
+    if p.data is not None or p.subjects is not None:
         raise LensprobeError("--problems arithmetic generates its problems: drop --data and --subjects "
                              "(--limit, --levels and --shuffle-seed choose the set).")
-    return arithmetic_problems(n=args.limit if args.limit is not None else 300,
-                               seed=args.shuffle_seed if args.shuffle_seed is not None else 0, levels=args.levels)
+    return arithmetic_problems(n=p.limit if p.limit is not None else 300,
+                               seed=p.shuffle_seed if p.shuffle_seed is not None else 0, levels=p.levels)
 
 
 def run_eval(args) -> int:
-    args.out = check_out_dir(args.out if args.out is not None else Path("lensprobe-eval"), "eval")  # before the data and the model load
+    args.out = check_out_dir(out_of(args, "eval"), "eval")  # before the data and the model load
     with writing_out_dir(args.out, "eval", rank=shard_info()[0], pages=False):  # rows and report: kept by the store
         return _eval(args)
 
 
 def _eval(args) -> int:
     problems = problems_from_args(args)
-    benchmark = resolve_benchmark(args.benchmark, problems)  # picks the ARM preset
+    benchmark = resolve_benchmark(args.ConditionOptions.benchmark, problems)  # picks the ARM preset
     conditions_from_args(args, None, benchmark)  # conditions, ARM settings and heads fail before the model loads
     if shard_info()[1] > 1:
         bind_local_gpu()  # one GPU per process under torchrun / accelerate launch
     model = load_cli_model(args)
     config = args.settings.resolve(model)  # the settings given; the others from the protocol, format and model
     conds = conditions_from_args(args, model, benchmark)
-    name = TEST_MODEL if args.model == TEST_MODEL else model_label(model)
+    name = TEST_MODEL if args.ModelOptions.model == TEST_MODEL else model_label(model)
+    grader = args.GraderOptions.grader
     rows = evaluate(model, problems, conds, out=args.out, config=config, model_name=name,
-                    resume=not args.no_resume, progress=not args.no_progress)
+                    resume=not args.EvalRunOptions.no_resume, progress=not args.OutputOptions.no_progress)
     rank, world = shard_info()
     if rank != 0:
         return 0
-    index = write_eval_report([args.out], args.out / "report", grader=args.grader)
-    print(_summary_text(rows, args.grader))
+    index = write_eval_report([args.out], args.out / "report", grader=grader)
+    print(_summary_text(rows, grader))
     print(f"rows: {args.out.resolve()}/results-rank*.jsonl; report: {index.resolve()}")
     return 0
 
@@ -194,11 +201,13 @@ def _samples_lines(rows, grader: str) -> list[str]:
 
 
 def run_eval_report(args) -> int:
-    out = args.out if args.out is not None else args.dirs[0] / "report"
+    report: ReportOptions = args.ReportOptions
+    given = args.OutputOptions.out
+    out = given if given is not None else report.dirs[0] / "report"
     check_out_dir(out, "report")
     with writing_out_dir(out, "eval-report", pages=False):  # the report page lists its own files
-        index = write_eval_report(args.dirs, args.out, grader=args.grader, baseline=args.baseline)
-    if len(args.dirs) == 1:
-        print(_summary_text(load_results(args.dirs[0]), args.grader))
+        index = write_eval_report(report.dirs, given, grader=args.GraderOptions.grader, baseline=report.baseline)
+    if len(report.dirs) == 1:
+        print(_summary_text(load_results(report.dirs[0]), args.GraderOptions.grader))
     print(f"report written to {index.resolve()}")
     return 0

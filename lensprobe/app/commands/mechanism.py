@@ -21,6 +21,7 @@ from lensprobe.core.models.loading import check_layers, model_label
 from lensprobe.core.prompts.prompt import prompt_json
 from lensprobe.core.storage.jsonable import stable_repr, to_jsonable
 from lensprobe.core.storage.store import atomic_file, atomic_write_json
+from lensprobe.experiments.head_settings import HeadSelection
 from lensprobe.interventions.arm import ARM
 from lensprobe.studies.mechanism import (
     activation_stats,
@@ -43,7 +44,7 @@ def add_mechanism(subparsers) -> None:
                     "out_with = lambda * out_without + bias; and the MLP activation histograms over the question "
                     "(w/o, w/ Mless, and w/o + ARM) with the share near zero. Tables as CSV, figures as HTML. "
                     "Layers and heads are 0-based (TransformerLens); papers count from 1."))
-    add_inputs(p, ModelOptions, QuestionOptions, SystemOptions, OutputOptions)
+    add_inputs(p, ModelOptions, QuestionOptions, SystemOptions, HeadSelection, OutputOptions)
     add_config(p, MechanismConfig, "config")
     p.set_defaults(func=run_mechanism)
 
@@ -58,8 +59,9 @@ def _mechanism(args, files: list[Path]) -> int:
     model = load_cli_model(args)
     config: MechanismConfig = args.config
     layer = check_layers(model, [config.layer])[0]
-    heads = heads_in_layers(model, config.heads, [layer])
-    prompts = mechanism_prompts(model, args.question, system=system_of(args), count=config.filler_count)
+    heads = heads_in_layers(model, args.HeadSelection.spec(), [layer])
+    question = args.QuestionOptions.question
+    prompts = mechanism_prompts(model, question, system=system_of(args), count=config.filler_count)
     fit = filler_affine_fit(model, prompts["w/ Mless"], prompts["w/o"], layer=layer, heads=heads)
     summary = affine_fit_summary(fit)
     given: dict[str, Any] = {"c": config.arm_c} if config.arm_c is not None else {}
@@ -70,8 +72,8 @@ def _mechanism(args, files: list[Path]) -> int:
     if arm is not None:
         runs[ARM_CONDITION] = prompts["w/o"]
         ivs[ARM_CONDITION] = [arm]
-    stats = activation_stats(model, runs, layer=layer, where=args.where, interventions=ivs, eps=args.eps, c=c,
-                             bins=args.bins)
+    stats = activation_stats(model, runs, layer=layer, where=config.where, interventions=ivs, eps=config.eps, c=c,
+                             bins=config.bins)
     out: Path = args.out
     name = model_label(model)
     tables = {"affine_fit.csv": fit, "affine_fit_summary.csv": summary,
@@ -83,9 +85,9 @@ def _mechanism(args, files: list[Path]) -> int:
     files.append(write_figure(affine_fit_figure(fit, title=f"{name}: filler tokens rescale layer-{layer} attention"),
                               out / f"affine_fit_L{layer}.html"))
     files.append(write_figure(
-        activation_histogram_figure(stats, title=f"{name}: layer-{layer} MLP activations {args.where}, per condition"),
+        activation_histogram_figure(stats, title=f"{name}: layer-{layer} MLP activations {config.where}, per condition"),
         out / f"activation_histogram_L{layer}.html"))
-    meta = {"model": name, "question": args.question, "layer": layer, "heads": heads, "where": args.where,
+    meta = {"model": name, "question": question, "layer": layer, "heads": heads, "where": config.where,
             "eps": stats.eps, "eps_reference": stats.reference, "c": c,
             "arm": stable_repr(arm) if arm is not None else None,
             "indexing": "0-based layers and heads (L0H13 = papers' layer 1, head 14)",

@@ -3,7 +3,7 @@
 Examples:
     lensprobe reproduce --list
     lensprobe reproduce arm-table1 --limit 5 --out repro/table1
-    lensprobe reproduce arm-table2 --model Qwen/Qwen2.5-Math-1.5B --dtype bf16 --data aime2024=aime_2022_2024.jsonl --out repro/t2
+    lensprobe reproduce arm-table2 --model Qwen/Qwen2.5-Math-1.5B --dtype bf16 --benchmark-data aime2024=aime_2022_2024.jsonl --out repro/t2
     lensprobe reproduce my-recipe.toml --model tiny --out repro/mine
 """
 
@@ -30,7 +30,7 @@ def add_reproduce(subparsers) -> None:
         description="Run a study recipe (lensprobe reproduce --list; or your own .toml file) and write its table "
                     "(CSV + Markdown + report page) with the paper's published numbers in columns beside the run's. "
                     "Evaluation rows are kept under OUT/runs, so a rerun resumes. The options of the run "
-                    "(--limit, --max-new-tokens, --batch-size, --quick, --data) can also be a recipe's [settings] "
+                    "(--limit, --max-new-tokens, --batch-size, --quick, --benchmark-data) can also be a recipe's [settings] "
                     "table; the options given win."))
     add_inputs(p, RecipeOptions, ModelOptions, OutputOptions)
     add_config(p, ReproduceConfig, "config")
@@ -46,9 +46,10 @@ def data_from_args(values: list[str] | None, *, tasks: bool = False) -> dict[str
     for value in values or []:
         name, sep, path = value.partition("=")
         if not sep or not path:
-            raise LensprobeError(f"--data takes BENCHMARK=FILE (e.g. aime2024=aime_2022_2024.jsonl), got {value!r}.")
+            raise LensprobeError(f"--benchmark-data takes BENCHMARK=FILE (e.g. aime2024=aime_2022_2024.jsonl), got "
+                                 f"{value!r}.")
         if not Path(path).expanduser().is_file():
-            raise LensprobeError(f"--data {value}: {path} does not exist.")
+            raise LensprobeError(f"--benchmark-data {value}: {path} does not exist.")
         data[name.strip() if tasks else benchmark_key(name)] = Path(path).expanduser()
     return data
 
@@ -61,16 +62,17 @@ def _list_text() -> str:
 
 
 def run_reproduce(args) -> int:
-    if args.list:
+    if args.RecipeOptions.list:
         print(_list_text())
         return 0
-    if args.recipe is None:
+    if args.RecipeOptions.recipe is None:
         raise LensprobeError("name a recipe (lensprobe reproduce --list shows them) or give a .toml file.")
     check_common(args)  # every argument is checked before the model loads
-    recipe = load_recipe(args.recipe)
+    recipe = load_recipe(args.RecipeOptions.recipe)
     args.config = args.config.over(recipe.settings)  # the recipe's settings, the options given on top
-    data = data_from_args(args.config.data, tasks=recipe.kind == "lm-eval")
-    out = args.out if args.out is not None else Path(f"reproduce-{recipe.name}")
+    data = data_from_args(args.config.benchmark_data, tasks=recipe.kind == "lm-eval")
+    given = args.OutputOptions.out
+    out = given if given is not None else Path(f"reproduce-{recipe.name}")
     check_reproduce(recipe, data=data, out=out, limit=args.config.limit, runs=args.config.runs,  # before the model
                     max_new_tokens=args.config.max_new_tokens, quick=bool(args.config.quick))
     check_out_dir(out, "reproduce")
@@ -84,7 +86,7 @@ def _reproduce(args, recipe, data: dict[str, Path], out: Path, files: list[Path]
     layer_defaults = arm_layer_defaults(recipe.protocol)
     given = bool(args.arm.settings())
     for bench in benches if given else ():  # a partial --arm-* setting without a preset fails here
-        args.arm.arm(args.model, bench, layer_defaults=layer_defaults)
+        args.arm.arm(args.ModelOptions.model, bench, layer_defaults=layer_defaults)
     model = load_cli_model(args)
     # --arm-* given: their ARM per benchmark; else reproduce takes each preset from --arm-source
     arms = {b: args.arm.arm(model, b, layer_defaults=layer_defaults) for b in benches if b is not None} if given \
@@ -92,7 +94,7 @@ def _reproduce(args, recipe, data: dict[str, Path], out: Path, files: list[Path]
     config: ReproduceConfig = args.config
     res = reproduce(recipe, model, out=out, limit=config.limit, max_new_tokens=config.max_new_tokens, data=data,
                     arm=arms or None, arm_source=args.arm.source, quick=bool(config.quick),
-                    runs=config.runs, batch_size=config.batch_size or 8, progress=not args.no_progress)
+                    runs=config.runs, batch_size=config.batch_size or 8, progress=not args.OutputOptions.no_progress)
     if res.table is not None:
         print(markdown_table(res.table))
     for note in res.notes:

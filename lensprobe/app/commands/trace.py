@@ -52,6 +52,13 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "trace"
 
 
+def _identity_part(value):
+    """A configuration object as its fields (``format`` and ``smooth`` change no trace), else the value."""
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        return value
+    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.name not in ("format", "smooth")}
+
+
 def _trace_setting(model, prompt, label: str, thinking, generation: dict):
     """The trace of one thinking setting, as :func:`compare_thinking` makes it among several."""
     return compare_thinking(model, prompt, {label: thinking}, **generation)[label]
@@ -76,7 +83,8 @@ def _trace(args, settings: dict, shard: tuple[int, int], files: list) -> int:
         ids = model.tokenizer.encode(token, add_special_tokens=False)
         if not (len(ids) == 1 and model.tokenizer.decode(ids) == token):
             add_thinking_token(model, token)  # this process owns the model
-    prompt = build_prompt(model, args.question, system=system_of(args))
+    question = args.QuestionOptions.question
+    prompt = build_prompt(model, question, system=system_of(args))
     config: TraceConfig = args.config
     generation = config.generation()
     track = generation["track"]
@@ -84,8 +92,7 @@ def _trace(args, settings: dict, shard: tuple[int, int], files: list) -> int:
         traces = compare_thinking(model, prompt, settings, **generation, progress=True)
     else:  # one unit per setting: the same traces as compare_thinking's, whatever the number of processes
         jobs = {label: partial(_trace_setting, model, prompt, label, t, generation) for label, t in settings.items()}
-        given = {k: v for k, v in vars(args).items()
-                 if k not in ("func", "out", "format", "smooth") and not dataclasses.is_dataclass(v)}
+        given = {k: _identity_part(v) for k, v in vars(args).items() if k not in ("func", "out", "OutputOptions")}
         described = run_identity(model, prompt=prompt, arguments=given)
         traces = trace_jobs(jobs, out=args.out / "shards", settings=described, progress="trace")
         if rank != 0:
@@ -94,16 +101,16 @@ def _trace(args, settings: dict, shard: tuple[int, int], files: list) -> int:
             return 0
     out: Path = args.out
     for label, tr in traces.items():
-        files.append(tr.save(out / f"trace-{_slug(label)}.{args.format}"))
+        files.append(tr.save(out / f"trace-{_slug(label)}.{config.format}"))
     summary = trace_summary(traces, track="thinking" if any(t is not None for t in settings.values()) else
-                            next(iter(track), None), band="std", smooth=args.smooth)
+                            next(iter(track), None), band="std", smooth=config.smooth)
     texts = texts_table(traces, max_chars=100_000)
     for table, name in ((summary, "summary.csv"), (texts, "texts.csv")):
         files.append(out / name)
         with atomic_file(files[-1]) as tmp:
             table.to_csv(tmp, index=False)
     band = f"band: ± 1 std across {config.n_samples} samples" if config.n_samples > 1 else None
-    fig = generation_trace_figure(summary, title=f"{model_label(model)}: {args.question[:60]}", band_label=band)
+    fig = generation_trace_figure(summary, title=f"{model_label(model)}: {question[:60]}", band_label=band)
     fig_path = out / "trace.html"
     write_figure(fig, fig_path)
     files.append(fig_path)
