@@ -160,3 +160,11 @@ def test_a_given_facts_is_what_generate_reads(tiny):
     assert stopped.generated_ids[0] == [first] and stopped.finish_reasons[0] == "eos"
     with pytest.raises(lp.LensprobeError, match="context of 4 tokens"):
         lp.generate(tiny, [[5, 6, 7]], max_new_tokens=2, facts=dataclasses.replace(facts, n_ctx=4))
+
+
+def test_trace_prompts_reads_the_facts_once_for_all_its_prompts(tiny, counted):
+    traces = lp.generation.trace_prompts(tiny, {"a": [5, 6, 7], "b": [8, 9], "c": [4]}, max_new_tokens=2,
+                                         progress=False)
+    assert sorted(traces) == ["a", "b", "c"] and len(counted) == 1
+    alone = lp.trace_generation(tiny, [8, 9], max_new_tokens=2)
+    assert traces["b"].generated_ids == alone.generated_ids
