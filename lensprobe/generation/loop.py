@@ -197,7 +197,8 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
 def trace_generation(model, prompt, config: GenerationConfig | None = None, *,
                      track: Mapping[str, TrackSpec] | Sequence[TrackSpec] | None = None,
                      interventions: Sequence = (), layers: Sequence[int] | int | None = None,
-                     progress: bool | str = False, engine: EngineName = "auto", **settings) -> GenerationTrace:
+                     progress: bool | str = False, engine: EngineName = "auto", facts: ModelFacts | None = None,
+                     **settings) -> GenerationTrace:
     """Trace a KV-cached generation: per step, entropy and attention onto tracked token sets.
 
     Same loop and arguments as :func:`generate`, with attention recording on: with
@@ -208,7 +209,8 @@ def trace_generation(model, prompt, config: GenerationConfig | None = None, *,
 
     A trace runs every row (prompt x sample) in one static batch (no continuous batching:
     the recorder keeps one block per row and step); for many prompts use
-    :func:`lensprobe.generation.trace_prompts`, which traces them one by one.
+    :func:`lensprobe.generation.trace_prompts`, which traces them one by one (reading the model's
+    ``facts`` once for all of them: see :func:`generate`).
 
     Example:
         >>> trace = lp.trace_generation(model, prompt, max_new_tokens=400,
@@ -225,7 +227,7 @@ def trace_generation(model, prompt, config: GenerationConfig | None = None, *,
     if not track:
         track["prompt"] = "prompt"
     return generate(model, prompt, cfg, interventions=interventions, track=track, layers=layers,
-                    progress=progress, engine=engine)
+                    progress=progress, engine=engine, facts=facts)
 
 # ----- checks and normalisation, before any forward -------------------------------------
 def _as_interventions(interventions) -> list:

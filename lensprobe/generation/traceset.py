@@ -24,6 +24,7 @@ from typing import Any
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.forward import as_prompts
+from lensprobe.core.models.facts import ModelFacts, model_facts
 from lensprobe.core.storage.identity import run_identity
 from lensprobe.core.storage.shards import run_sharded
 from lensprobe.core.storage.store import atomic_file
@@ -128,18 +129,19 @@ def trace_prompts(model, prompts, config: GenerationConfig | None = None, *, out
         >>> traces["hard"].attention["system"].shape      # [step, layer, head]
     """
     cfg = generation_config(config, settings)
+    facts = model_facts(model)  # once for every prompt's trace
     if isinstance(prompts, Mapping):
         keys = list(prompts)
         if any(not isinstance(k, str) for k in keys):
             raise LensprobeError("prompt names must be strings: pass {'name': prompt, ...} or a list of prompts.")
-        items = [_one_prompt(model, prompts[k], k) for k in keys]
+        items = [_one_prompt(facts, prompts[k], k) for k in keys]
     else:
-        items = as_prompts(model, prompts, build_strings=True)
+        items = as_prompts(facts, prompts, build_strings=True)
         keys = list(range(len(items)))
     by_name = dict(zip(map(str, keys), items, strict=True))
 
     def job(name: str) -> Callable[[], GenerationTrace]:
-        return lambda: _trace_one(model, by_name[name], cfg, track, interventions, layers, engine)
+        return lambda: _trace_one(model, facts, by_name[name], cfg, track, interventions, layers, engine)
 
     described = None if out is None else run_identity(
         model, prompts=items, generation=cfg, track=track, interventions=list(interventions), layers=layers,
@@ -149,13 +151,14 @@ def trace_prompts(model, prompts, config: GenerationConfig | None = None, *, out
     return {key: traces[str(key)] for key in keys if str(key) in traces}
 
 
-def _trace_one(model, prompt, cfg: GenerationConfig, track, interventions, layers, engine) -> GenerationTrace:
+def _trace_one(model, facts: ModelFacts, prompt, cfg: GenerationConfig, track, interventions, layers, engine
+               ) -> GenerationTrace:
     return trace_generation(model, prompt, cfg, track=track, interventions=interventions, layers=layers,
-                            engine=engine)
+                            engine=engine, facts=facts)
 
 
-def _one_prompt(model, prompt, name: str):
-    items = as_prompts(model, prompt, build_strings=True)
+def _one_prompt(facts: ModelFacts, prompt, name: str):
+    items = as_prompts(facts, prompt, build_strings=True)
     if len(items) != 1:
         raise LensprobeError(f"prompt {name!r} holds {len(items)} prompts: give one prompt per name.")
     return items[0]

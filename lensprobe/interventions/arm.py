@@ -268,7 +268,10 @@ class ARM:
 
         Args:
             model_name: a model name, with or without organisation (``"Qwen/Qwen2.5-Math-7B"``,
-                ``"qwen2.5-math-7b"``), or a loaded model (its ``cfg.model_name``).
+                ``"qwen2.5-math-7b"``), or a loaded model or its
+                :class:`~lensprobe.core.models.facts.ModelFacts`: recognised by its configuration, its
+                ``cfg.model_name`` only when the configuration matches none of the authors' models
+                (:func:`~lensprobe.interventions.arm_presets.model_key`).
             benchmark: ``"math500"``, ``"aime2024"``, ``"aime2025"``, ``"gpqa"``, ``"humaneval"``
                 or ``"livecodebench"`` (case and ``-``/``_`` ignored); ``None``: the benchmark is
                 not known (e.g. problems of your own), so no preset applies.

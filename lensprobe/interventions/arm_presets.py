@@ -215,7 +215,8 @@ def arm_preset(model: Any, benchmark: str | None = "math500", source: Source = "
     """The authors' ARM settings for ``model`` on ``benchmark``, from ``source``, with each value's origin.
 
     Args:
-        model: a model name with or without organisation, or a loaded model.
+        model: a model name with or without organisation, or a loaded model or its ModelFacts (recognised by its
+            configuration first: :func:`model_key`).
         benchmark: one of :data:`BENCHMARKS` (case, ``-``, ``_`` ignored; ``aime24``, ``gpqa-diamond`` ...);
             ``None``: the benchmark is not known, so no preset applies.
         source: ``"code"`` (default: the released code's value where it has one, else Table 9)

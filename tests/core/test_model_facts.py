@@ -117,8 +117,13 @@ def test_the_evaluation_and_the_generation_loop_do_not_ask_the_model_for_its_fac
     probs = [Problem(id=str(i), problem=f"What is {i} + {i}?", answer=str(2 * i)) for i in range(2)]
     reads = reads_during(lambda: lp.evaluate(model, probs, "w/o,w/ Mless", max_new_tokens=3, progress=False), model)
     assert reads["lensprobe.core.models.facts"] > 0  # read there, once
-    asked = {m: n for m, n in reads.items() if m.startswith("lensprobe.evals.") or m == "lensprobe.generation.run"}
+    # what is left besides these: the run identity (its conditions' descriptions build a prompt from the model),
+    # the plain engine's one check of its view, the trace's model name (one read per generation call)
+    pipeline = ("lensprobe.evals.", "lensprobe.generation.", "lensprobe.core.hooks.")
+    asked = {m: n for m, n in reads.items() if m.startswith(pipeline)
+             and m not in ("lensprobe.generation.engines.view", "lensprobe.generation.loop")}
     assert asked == {}
+    assert reads["lensprobe.generation.loop"] <= 2  # two conditions: two generation calls
 
 
 @pytest.mark.parametrize("template", ["chat", "plain", "raw"])
@@ -160,3 +165,11 @@ def test_a_given_facts_is_what_generate_reads(tiny):
     assert stopped.generated_ids[0] == [first] and stopped.finish_reasons[0] == "eos"
     with pytest.raises(lp.LensprobeError, match="context of 4 tokens"):
         lp.generate(tiny, [[5, 6, 7]], max_new_tokens=2, facts=dataclasses.replace(facts, n_ctx=4))
+
+
+def test_trace_prompts_reads_the_facts_once_for_all_its_prompts(tiny, counted):
+    traces = lp.generation.trace_prompts(tiny, {"a": [5, 6, 7], "b": [8, 9], "c": [4]}, max_new_tokens=2,
+                                         progress=False)
+    assert sorted(traces) == ["a", "b", "c"] and len(counted) == 1
+    alone = lp.trace_generation(tiny, [8, 9], max_new_tokens=2)
+    assert traces["b"].generated_ids == alone.generated_ids
