@@ -33,7 +33,6 @@ each row as soon as it has ended.
 """
 
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -157,32 +156,29 @@ class Run:
 
     def _refill(self, engine: Engine, publish, bar) -> None:
         """Continuous batching (see the module docstring)."""
-        queue = deque(self.scheduler.order)
         running: Running | None = None
         while True:
-            running = self._admit(engine, publish, bar, queue, running)
+            running = self._admit(engine, publish, bar, running)
             if running is None:
                 break
             running = self._decode(engine, publish, bar, running)
-        if queue:  # a cache that cannot take rows in and out: the rest as static batches, once no row is live
+        if self.scheduler.waiting:  # a cache that cannot take rows in and out: the rest as static batches
             self.scheduler.mode = "static"
-            for batch_rows in self.scheduler.batches_of(list(queue)):
+            for batch_rows in self.scheduler.batches_of(list(self.scheduler.waiting)):
                 self._static(engine, publish, bar, batch_rows)
 
-    def _admit(self, engine: Engine, publish, bar, queue: deque, running: "Running | None") -> "Running | None":
-        """Fill free slots from ``queue``: each row prefilled alone, its first token chosen, its
+    def _admit(self, engine: Engine, publish, bar, running: "Running | None") -> "Running | None":
+        """Fill free slots from the scheduler's queue: each row prefilled alone, its first token chosen, its
         cache joined, so the next decode forward runs full. A row whose cache cannot join stops
         the admitting (it goes back to the queue; the live rows run to their end first)."""
         joined = 0
-        while queue and self.scheduler.admits(running):
-            r = queue.popleft()
+        while (r := self.scheduler.next_row(running)) is not None:
             solo = self._prefill(engine, publish, r)
             if solo is None:
                 continue
             row_live, logits, cache, hidden = solo
             if not cacherows.can_join(cache):
-                self.scheduler.refuse(f"a {type(cache).__name__} cannot take rows in and out")
-                queue.appendleft(r)
+                self.scheduler.put_back(r, f"a {type(cache).__name__} cannot take rows in and out")
                 self.step.gens.pop(r, None)
                 self.step.status[r] = "waiting"
                 break

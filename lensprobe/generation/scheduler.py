@@ -8,7 +8,8 @@ live at once. The scheduler decides the mode:
 
 - **continuous batching** (``"refill"``): ``batch_size`` smaller than the rows, ``refill=True``, no
   attention recorded and no intervention whose rows depend on each other: a finished row's place is
-  taken by the next waiting row (:meth:`Scheduler.admits` says whether there is room);
+  taken by the next waiting row (:meth:`Scheduler.next_row`, while :meth:`Scheduler.admits` says there
+  is room);
 - **static batches** (``"static"``): the rows cut into batches of ``batch_size``
   (:meth:`Scheduler.batches_of`), each stepped until its last row ends. A run falls back to them,
   with the reason recorded (:meth:`Scheduler.refuse`), when an intervention depends on the batch or a
@@ -24,6 +25,7 @@ Example:
     >>> s.mode, s.batches_of(s.order)
 """
 
+from collections import deque
 from typing import Any
 
 from lensprobe.core.hooks.attach import batch_dependent
@@ -55,6 +57,7 @@ class Scheduler:
         self.order = runnable
         dependent = batch_dependent(interventions)
         self.mode = "refill" if refill and self.batch_size < len(runnable) and not records and not dependent else "static"
+        self.waiting: deque[int] = deque(runnable)  # continuous batching takes rows from the left
         self.batches: list[int] = []  # rows per static batch, or per refill (for meta)
         self.fallback: str | None = None
         if dependent and refill and self.batch_size < len(runnable):
@@ -68,6 +71,15 @@ class Scheduler:
     def admits(self, running: Running | None) -> bool:
         """Whether a waiting row may join the running batch: continuous batching still on, and a free place."""
         return self.fallback is None and (running is None or len(running.live) < self.batch_size)
+
+    def next_row(self, running: Running | None) -> int | None:
+        """The next waiting row, taken from the queue, when one may join ``running`` now; else ``None``."""
+        return self.waiting.popleft() if self.waiting and self.admits(running) else None
+
+    def put_back(self, row: int, reason: str) -> None:
+        """``row`` waits again, first in the queue, and no more rows join a running batch (:meth:`refuse`)."""
+        self.waiting.appendleft(row)
+        self.refuse(reason)
 
     def refuse(self, reason: str) -> None:
         """No more rows join a running batch: the rest run as static batches, ``reason`` in the meta."""

@@ -68,6 +68,18 @@ def test_admits_while_a_place_is_free_and_not_after_a_refusal():
     assert s.describe()["batching"] == "static batches (a QuantizedCache cannot take rows in and out)"
 
 
+def test_the_queue_gives_rows_in_order_while_there_is_room_and_takes_one_back_first():
+    z = torch.zeros(2, dtype=torch.long)
+    full = Running(Live(z, z, z, torch.ones(2, dtype=torch.bool), z, z, torch.ones((2, 3), dtype=torch.long)),
+                   None, z, z.bool(), torch.zeros((2, 8)), None)
+    s = schedule(2)
+    assert s.next_row(full) is None and list(s.waiting) == [1, 2, 0, 3]  # no room: nothing taken
+    assert [s.next_row(None), s.next_row(None)] == [1, 2] and list(s.waiting) == [0, 3]
+    s.put_back(2, "a QuantizedCache cannot take rows in and out")
+    assert list(s.waiting) == [2, 0, 3] and s.next_row(None) is None  # refused: no row joins any more
+    assert s.describe()["batching"] == "static batches (a QuantizedCache cannot take rows in and out)"
+
+
 def statuses_at_each_report(monkeypatch) -> list:
     """``(row reported, every row's status then)`` as each row is reported; every row that starts its
     prompt forward must be waiting then (checked as it starts)."""
