@@ -54,8 +54,8 @@ MODULES: dict[str, list[str]] = {
     # continuous batching's row handling
     "lensprobe/generation/cacherows.py": ["tests/generation/test_cacherows.py", "tests/generation/test_refill.py",
                                           "tests/generation/test_cacherows_edges.py"],
-    "lensprobe/generation/live.py": ["tests/generation/test_refill.py", "tests/generation/test_batch_proof.py",
-                                     "tests/generation/test_live_edges.py"],
+    "lensprobe/generation/rowstate.py": ["tests/generation/test_refill.py", "tests/generation/test_batch_proof.py",
+                                         "tests/generation/test_rowstate_edges.py", "tests/generation/test_scheduler.py"],
     # metrics, prompt segments
     "lensprobe/core/measures/metrics.py": ["tests/core/test_metrics.py", "tests/core/test_metrics_edges.py"],
     "lensprobe/core/prompts/prompt.py": ["tests/core/test_prompts.py", "tests/core/test_prompts_raw.py",

@@ -1,8 +1,9 @@
-"""The codebase's shape, checked so it stays changeable: modules of at most 450 lines, functions of at
-most 60 lines of code, imports that flow one way by role in exactly the order CONTRIBUTING.md writes (its
-first code block: the core's concerns, then interventions -> generation -> experiments -> studies, evals
--> viz -> app) with no import circle, and no type check on a concrete intervention outside its own module
-(the loop and harness read capabilities instead)."""
+"""The codebase's shape, checked so it stays changeable: modules of at most 450 lines (those of folders
+already split by concern at most 420), functions of at most 60 lines of code, imports that flow one way
+by role in exactly the order CONTRIBUTING.md writes (its first code block: the core's concerns, then
+interventions -> generation -> experiments -> studies, evals -> viz -> app) with no import circle, and no
+type check on a concrete intervention outside its own module (the loop and harness read capabilities
+instead)."""
 
 import ast
 import re
@@ -71,6 +72,19 @@ def imports_of(path: Path) -> set[str]:
 def test_modules_are_at_most_450_lines():
     long = {module_name(p): n for p in MODULES if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
     assert long == {}, f"split these modules by concern: {long}"
+
+
+# Folders whose modules were split by concern keep room under the cap: a module is split when it needs
+# to, not trimmed to fit it (the cap is never raised). Add a folder once its modules leave this room.
+HEADROOM = 30
+ROOMY_FOLDERS = ("generation",)
+
+
+def test_split_folders_keep_room_under_the_module_cap():
+    packed = {module_name(p): n for p in MODULES if p.relative_to(PACKAGE).parts[0] in ROOMY_FOLDERS
+              and (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES - HEADROOM}
+    assert packed == {}, (f"these modules are within {HEADROOM} lines of the {MAX_MODULE_LINES}-line cap: "
+                          f"split them by concern (one module per thing they hold): {packed}")
 
 
 def test_functions_are_at_most_60_lines_of_code():

@@ -1,6 +1,6 @@
-"""KV-cached generation: the loop, tracked sets, thinking schedules, latent thinking inputs,
-traces, and the engines that run each forward (the TransformerBridge, or a plain
-Hugging Face view of the same weights for speed).
+"""KV-cached generation: the public loop, each row's state, the scheduler, the step, the KV cache's
+rows, tracked sets, thinking schedules, latent thinking inputs, traces, and the engines that run each
+forward (the TransformerBridge, or a plain Hugging Face view of the same weights for speed).
 
 May import: :mod:`lensprobe.core` (interventions are passed in as objects, never imported).
 """
@@ -11,8 +11,9 @@ from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.loop import generate, trace_generation
 from lensprobe.generation.rows import FinishedRow
 from lensprobe.generation.thinking import LatentFusion, Pause, add_thinking_token
-from lensprobe.generation.trace import GenerationTrace, load_trace, trace_summary
+from lensprobe.generation.trace import GenerationTrace, load_trace
 from lensprobe.generation.traceset import trace_jobs, trace_prompts
+from lensprobe.generation.tracesummary import trace_summary
 from lensprobe.generation.tracking import SPECIAL_SETS
 
 __all__ = ["SPECIAL_SETS", "FinishedRow", "GenerationConfig", "GenerationTrace", "HookSite", "LatentFusion", "Pause",

@@ -1,6 +1,6 @@
 """Rows of a KV cache: keep some, drop leading padding columns, join another cache's rows.
 
-Continuous batching (:mod:`lensprobe.generation.loop`) takes finished rows out of the running
+Continuous batching (:mod:`lensprobe.generation.run`) takes finished rows out of the running
 batch and puts newly prefilled jobs in. Every row of a cache is left-padded to the cache's
 width (its columns), and the loop's attention mask marks the padding, so rows of different
 lengths share one cache; position ids are passed per row, so padding never shifts a row's

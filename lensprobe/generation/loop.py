@@ -2,7 +2,9 @@
 
 :func:`generate` is lensprobe's one generation loop (evaluations, traces and the CLI all
 use it); :func:`trace_generation` is the same loop with attention recording switched on
-for the tracked sets. The loop:
+for the tracked sets. This module checks their inputs before any forward and builds the trace; a
+:class:`~lensprobe.generation.run.Run` runs the rows (its parts: :mod:`~lensprobe.generation.scheduler`,
+:mod:`~lensprobe.generation.step`, :mod:`~lensprobe.generation.rowstate`). The loop:
 
 - left-pads several prompts (or ``n_samples`` copies of each) into one batch with an
   attention mask and per-row position ids, so each row computes what it would alone; or,

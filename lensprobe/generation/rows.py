@@ -1,9 +1,10 @@
 """Per-row outputs of a generation, the random numbers each row draws from, and finished rows.
 
 A generation has one row per (prompt, sample), in prompt order: the rows of the returned
-:class:`~lensprobe.generation.GenerationTrace`. The loop may run them in another order and in several
-batches (:mod:`lensprobe.generation.loop`); what it records lands here by row index, so the
-trace never depends on the schedule.
+:class:`~lensprobe.generation.GenerationTrace`. The scheduler may run them in another order and in
+several batches (:mod:`lensprobe.generation.scheduler`); what each step records lands here by row
+index, so the trace never depends on the schedule. Where a row is in its life (waiting, decoding,
+...) is its state, not an output: :mod:`lensprobe.generation.rowstate`.
 """
 
 import hashlib

@@ -28,12 +28,10 @@ Example:
     >>> trace.save("trace.parquet"); lp.generation.load_trace("trace.parquet")
 """
 
-import json
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -41,17 +39,14 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.lazy import heavy, pandas
-from lensprobe.core.storage.files import DATA_LIMIT, check_file, read_text
-from lensprobe.core.storage.store import atomic_file
+from lensprobe.core.lazy import pandas
+from lensprobe.generation.tracefiles import read_trace, write_trace
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["GenerationTrace", "load_trace", "trace_summary"]
+__all__ = ["GenerationTrace", "load_trace"]
 
-FORMAT = "lensprobe.generation.GenerationTrace"
-VERSION = 1
 DIMS = ("row", "step", "layer", "head")
 
 
@@ -248,106 +243,20 @@ class GenerationTrace:
         return out
 
     # ----- files ---------------------------------------------------------------------
-    def _header(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, "layers": list(self.layers), "n_heads": self.n_heads,
-                "tracked": self.tracked, "texts": list(self.texts), "prompt_index": list(self.prompt_index),
-                "sample_index": list(self.sample_index), "prompt_lengths": list(self.prompt_lengths),
-                "finish_reasons": list(self.finish_reasons), "meta": self.meta,
-                "n_rows": self.n_rows, "n_steps": self.n_steps}
-
     def save(self, path: str | Path) -> Path:
         """Write the trace to ``.parquet`` (needs pyarrow) or ``.json``, atomically
         (:func:`~lensprobe.core.storage.store.atomic_file`: a failed write leaves an earlier file as it was);
-        returns the path.
+        returns the path (the format: :mod:`lensprobe.generation.tracefiles`).
 
         Example:
             >>> trace.save("out/trace.parquet")
         """
-        path = Path(path)
-        suffix = path.suffix.lower()
-        if suffix not in (".parquet", ".json"):
-            raise LensprobeError(f"cannot save a trace as {path.name!r}: use a .parquet or .json file name.")
-        with atomic_file(path) as tmp:
-            if suffix == ".json":
-                tmp.write_text(json.dumps(self._json_body(), allow_nan=False))
-            else:
-                _pyarrow()[1].write_table(self._arrow_table(), tmp)
-        return path
-
-    def _json_body(self) -> dict[str, Any]:
-        body = self._header()
-        body["token_ids"] = self.token_ids_rows.tolist()
-        body["entropy"] = _nan_to_none(self.entropy_rows.tolist())
-        body["chosen_prob"] = _nan_to_none(self.chosen_prob_rows.tolist())
-        body["thinking"] = self.thinking_rows.tolist()
-        body["str_tokens"] = self.str_tokens_rows
-        body["attention"] = {s: _nan_to_none(v.tolist()) for s, v in self.attention_rows.items()}
-        return body
-
-    def _arrow_table(self):
-        pa, _ = _pyarrow()
-        R, T = self.n_rows, self.n_steps
-        LH = len(self.layers) * self.n_heads
-        cols = {
-            "row": pa.array([r for r in range(R) for _ in range(T)], pa.int32()),
-            "step": pa.array([t for _ in range(R) for t in range(T)], pa.int32()),
-            "token_id": pa.array(self.token_ids_rows.reshape(-1).tolist(), pa.int64()),
-            "token": pa.array([self.str_tokens_rows[r][t] if t < len(self.str_tokens_rows[r]) else None
-                               for r in range(R) for t in range(T)], pa.string()),
-            "thinking": pa.array(self.thinking_rows.reshape(-1).tolist(), pa.bool_()),
-            "entropy": pa.array(self.entropy_rows.reshape(-1).numpy(), pa.float32()),
-            "chosen_prob": pa.array(self.chosen_prob_rows.reshape(-1).numpy(), pa.float32()),
-        }
-        for s, v in self.attention_rows.items():
-            flat = pa.array(v.reshape(-1).numpy(), pa.float32())
-            cols[f"attention:{s}"] = pa.FixedSizeListArray.from_arrays(flat, LH) if LH else pa.nulls(R * T)
-        return pa.table(cols).replace_schema_metadata({"lensprobe": json.dumps(self._header())})
+        return write_trace(self, path)
 
     @classmethod
     def load(cls, path: str | Path) -> "GenerationTrace":
         """Read a trace written by :meth:`save` (``.parquet`` or ``.json``)."""
-        path = Path(path)
-        if not path.exists():
-            raise LensprobeError(f"trace file not found: {path}.")
-        if path.suffix.lower() == ".json":
-            body = json.loads(read_text(path, "trace file", DATA_LIMIT))
-            _check_header(body, path)
-            head = body
-            R, T = body["n_rows"], body["n_steps"]
-            L, H = len(body["layers"]), body["n_heads"]
-            token_ids = torch.tensor(body["token_ids"], dtype=torch.long, device="cpu").reshape(R, T)
-            entropy = _tensor(body["entropy"]).reshape(R, T)
-            chosen = _tensor(body["chosen_prob"]).reshape(R, T)
-            thinking = torch.tensor(body["thinking"], dtype=torch.bool, device="cpu").reshape(R, T)
-            attention = {s: _tensor(body["attention"][s]).reshape(R, T, L, H) for s in body["tracked"]}
-            str_tokens = body["str_tokens"]
-        elif path.suffix.lower() == ".parquet":
-            pa, pq = _pyarrow()
-            check_file(path, "trace file", DATA_LIMIT)
-            table = pq.read_table(path)
-            raw = (table.schema.metadata or {}).get(b"lensprobe")
-            head = json.loads(raw) if raw else {}
-            _check_header(head, path)
-            R, T = head["n_rows"], head["n_steps"]
-            L, H = len(head["layers"]), head["n_heads"]
-            token_ids = torch.tensor(table["token_id"].to_pylist(), dtype=torch.long, device="cpu").reshape(R, T)
-            entropy = torch.tensor(table["entropy"].to_numpy(zero_copy_only=False), device="cpu").float().reshape(R, T)
-            chosen = torch.tensor(table["chosen_prob"].to_numpy(zero_copy_only=False), device="cpu").float().reshape(R, T)
-            thinking = torch.tensor(table["thinking"].to_pylist(), dtype=torch.bool, device="cpu").reshape(R, T)
-            attention = {}
-            for s in head["tracked"]:
-                col = table[f"attention:{s}"].combine_chunks()
-                flat = col.flatten().to_numpy(zero_copy_only=False) if L * H else []
-                attention[s] = torch.tensor(flat, dtype=torch.float32, device="cpu").reshape(R, T, L, H)
-            tok_col = table["token"].to_pylist()
-            str_tokens = [[tok_col[r * T + t] for t in range(T) if token_ids[r, t] >= 0] for r in range(R)]
-        else:
-            raise LensprobeError(f"cannot read a trace from {path.name!r}: expected a .parquet or .json file.")
-        return cls(token_ids_rows=token_ids, entropy_rows=entropy, chosen_prob_rows=chosen, thinking_rows=thinking,
-                   attention_rows=attention, str_tokens_rows=str_tokens, texts=head["texts"],
-                   prompt_index=head["prompt_index"], sample_index=head["sample_index"],
-                   prompt_lengths=head["prompt_lengths"], finish_reasons=head["finish_reasons"],
-                   layers=head["layers"], n_heads=head["n_heads"], meta=head["meta"])
+        return cls(**read_trace(path))
 
 
 def load_trace(path: str | Path) -> GenerationTrace:
@@ -357,94 +266,3 @@ def load_trace(path: str | Path) -> GenerationTrace:
         >>> trace = lp.generation.load_trace("out/trace.parquet")
     """
     return GenerationTrace.load(path)
-
-
-def _check_header(head: Mapping, path: Path) -> None:
-    if head.get("format") != FORMAT:
-        raise LensprobeError(f"{path} is not a lensprobe generation trace (written by GenerationTrace.save).")
-    if head.get("version", 0) > VERSION:
-        raise LensprobeError(f"{path} was written by a newer lensprobe (trace format {head['version']}); upgrade.")
-
-
-def _pyarrow():
-    try:
-        pa, pq = heavy("pyarrow"), heavy("pyarrow.parquet")
-    except ImportError as err:  # pragma: no cover - pyarrow is a dependency
-        raise LensprobeError("Parquet needs pyarrow: `pip install pyarrow`, or save as .json.") from err
-    return pa, pq
-
-
-def _nan_to_none(x):
-    if isinstance(x, list):
-        return [_nan_to_none(v) for v in x]
-    return None if isinstance(x, float) and math.isnan(x) else x
-
-
-def _tensor(nested) -> Tensor:
-    def fix(x):
-        if isinstance(x, list):
-            return [fix(v) for v in x]
-        return float("nan") if x is None else x
-    return torch.tensor(fix(nested), dtype=torch.float32, device="cpu")
-
-
-Band = Literal["std", "ci95", "none"]
-
-
-def trace_summary(traces: Mapping[str, GenerationTrace] | GenerationTrace, *, track: str | None = "thinking",
-                  band: Band = "std", smooth: int = 1) -> "pd.DataFrame":
-    """Mean and band across rows (samples or prompts) per step, per condition: the figure's data.
-
-    For each condition and step: the entropy, and the attention proportion onto ``track``
-    (mean over layers and heads), averaged over the rows that are still generating at that
-    step. ``smooth > 1`` first applies a centred moving average of that many steps to each
-    row's series.
-
-    Args:
-        traces: condition name -> trace (or one trace, named ``"trace"``).
-        track: tracked set for the attention panel (``None``: entropy only). A condition
-            whose trace lacks the set gets no attention rows.
-        band: ``"std"`` (mean +- one standard deviation), ``"ci95"`` (mean +- 1.96 standard
-            errors), or ``"none"``.
-        smooth: moving-average window in steps (1 = none).
-
-    Returns:
-        Columns ``condition``, ``metric`` (``"entropy"`` or ``"attention"``), ``step``,
-        ``mean``, ``lower``, ``upper``, ``n`` (rows averaged), plus ``set``.
-
-    Example:
-        >>> df = lp.generation.trace_summary({"LatentFusion": t1, "Pause": t2}, band="std", smooth=5)
-        >>> fig = lp.viz.generation_trace_figure(df)
-    """
-    pd = pandas()
-    if isinstance(traces, GenerationTrace):
-        traces = {"trace": traces}
-    if band not in ("std", "ci95", "none"):
-        raise LensprobeError(f"band must be 'std', 'ci95' or 'none', got {band!r}.")
-    if not isinstance(smooth, int) or smooth < 1:
-        raise LensprobeError(f"smooth must be an integer window >= 1 (steps), got {smooth!r}.")
-    frames = []
-    for name, trace in traces.items():
-        series = {"entropy": trace.entropy_rows.numpy()}
-        if track is not None and track in trace.attention_rows:
-            series["attention"] = torch.nanmean(trace.attention_rows[track], dim=(2, 3)).numpy()
-        for metric, x in series.items():
-            x = x.astype(float)
-            if smooth > 1:
-                x = pd.DataFrame(x.T).rolling(smooth, center=True, min_periods=1).mean().to_numpy().T.copy()
-                x[np.isnan(trace.entropy_rows.numpy())] = np.nan  # keep stopped steps empty
-            n = (~np.isnan(x)).sum(0)
-            keep = n > 0
-            with np.errstate(invalid="ignore", divide="ignore"):
-                mean = np.nanmean(np.where(keep, x, 0.0), 0) if x.size else np.zeros(0)
-                std = np.nanstd(x, 0, ddof=1) if x.shape[0] > 1 else np.zeros(x.shape[1])
-            std = np.nan_to_num(std)
-            half = {"std": std, "ci95": 1.96 * std / np.sqrt(np.maximum(n, 1)), "none": np.zeros_like(std)}[band]
-            steps = np.arange(x.shape[1])
-            frames.append(pd.DataFrame({
-                "condition": name, "metric": metric, "set": track if metric == "attention" else "",
-                "step": steps[keep], "mean": mean[keep], "lower": (mean - half)[keep],
-                "upper": (mean + half)[keep], "n": n[keep],
-            }))
-    cols = ["condition", "metric", "set", "step", "mean", "lower", "upper", "n"]
-    return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)

@@ -1,8 +1,17 @@
-"""The running batch of a generation: its rows' state and, under continuous batching, its KV cache
-and each row's pending input (:class:`~lensprobe.generation.run.Run` steps them)."""
+"""The state of a generation's rows: each row's status, and the running batch's rows, KV cache and
+pending inputs.
+
+A row (one prompt x sample, :mod:`lensprobe.generation.rows`) goes through one life, as a request does
+in ``transformers``' continuous batching (its ``RequestStatus``): :data:`RowStatus` ``"waiting"`` (in the
+scheduler's queue, :mod:`lensprobe.generation.scheduler`), ``"prefilling"`` (its prompt forward
+running), ``"decoding"`` (a token chosen for it at every step, :mod:`lensprobe.generation.step`) and
+``"finished"`` (its ``finish_reason`` says why). While it runs, its place in the batch is one entry of
+:class:`Live` (its step, cap, prompt length, attention mask), and under continuous batching one row of
+:class:`Running`'s KV cache (:mod:`lensprobe.generation.cacherows`).
+"""
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
@@ -10,7 +19,10 @@ from torch import Tensor
 from lensprobe.core.hooks.attach import StepContext
 from lensprobe.generation import cacherows
 
-__all__ = ["Live", "Running"]
+__all__ = ["Live", "RowStatus", "Running"]
+
+RowStatus = Literal["waiting", "prefilling", "decoding", "finished"]
+"""Where a row is: queued, its prompt forward running, generating step by step, or ended."""
 
 
 @dataclass
