@@ -7,6 +7,13 @@ traces), ``lp.experiments`` (sweeps, patching, attribution), ``lp.studies`` (the
 ``lp.evals`` (graded evaluations and statistics) and ``lp.viz`` (figures, imported on first use so that
 ``import lensprobe`` loads no plotting library).
 
+One public path per object: everything public lives in exactly one namespace (``Condition`` in
+``lp.prompts``, ``HookSite`` and ``StepContext`` in ``lp.interventions``). The top level adds a curated
+set of shortcuts, each the very object of its namespace path (``lp.Condition is lp.prompts.Condition``),
+and a few names that live only there (``lp.forward``, ``lp.attention_patterns``, the errors).
+``dir(lensprobe)`` lists exactly these public names; the packages behind them (``lensprobe.core``,
+``lensprobe.app``) are implementation, importable by their full names.
+
 Example:
     >>> import lensprobe as lp
     >>> model = lp.load_model()
@@ -15,8 +22,6 @@ Example:
     >>> pats = lp.attention_patterns(model, p, layers=[0])
     >>> recv = lp.metrics.average_attention_received(pats[0])  # [head, key_pos]
 """
-
-import importlib
 
 from lensprobe import evals, experiments, generation, interventions, metrics, models, prompts, studies
 from lensprobe.core.errors import LensprobeError, LensprobeWarning
@@ -103,8 +108,16 @@ _LAZY_FUNCTIONS = {"reproduce": "lensprobe.app.reproduce", "list_recipes": "lens
 def __getattr__(name: str):
     """``lp.viz`` and ``lp.reproduce`` (with ``lp.list_recipes``, ``lp.load_recipe``): imported on
     first use (plotting stays out of ``import lensprobe``)."""
+    from importlib import import_module  # imported here: no helper module is a public name of lensprobe
+
     if name in _LAZY_SUBMODULES:
-        return importlib.import_module(f"lensprobe.{name}")
+        return import_module(f"lensprobe.{name}")
     if name in _LAZY_FUNCTIONS:
-        return getattr(importlib.import_module(_LAZY_FUNCTIONS[name]), name)
+        return getattr(import_module(_LAZY_FUNCTIONS[name]), name)
     raise AttributeError(f"module 'lensprobe' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public names (``__all__`` and ``__version__``); the internal packages (``lensprobe.core``,
+    ``lensprobe.app``) stay importable by their full names but are not listed."""
+    return sorted([*__all__, "__version__"])

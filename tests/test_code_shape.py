@@ -151,3 +151,49 @@ def test_no_type_check_on_a_concrete_intervention_outside_its_module():
                     if module_name(path) != concrete[cls]:
                         found.append((module_name(path), cls))
     assert found == []
+
+
+def private_names_crossing(path: Path, modules: set[str], own: str) -> list[str]:
+    """``from lensprobe.x import _name`` and ``lensprobe.x._name`` (through any import of the module) in
+    ``path`` (module ``own``): a private name of another file."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    private = re.compile(r"_(?!_)")  # one leading underscore; dunders such as __version__ are public
+    modules_by_alias: dict[str, str] = {}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "lensprobe":
+            for alias in node.names:
+                if private.match(alias.name):
+                    found.append(f"from {node.module} import {alias.name}")
+                if f"{node.module}.{alias.name}" in modules:
+                    modules_by_alias[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "lensprobe":
+                    modules_by_alias[alias.asname or alias.name.split(".")[0]] = alias.asname and alias.name or "lensprobe"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private.match(node.attr):
+            dotted = ast.unparse(node.value)
+            head, _, rest = dotted.partition(".")
+            module = modules_by_alias.get(head, head) + (f".{rest}" if rest else "")
+            if module in modules and module != own:
+                found.append(f"{module}.{node.attr}")
+    return found
+
+
+def test_no_private_name_crosses_a_file():
+    modules = {module_name(p) for p in MODULES}
+    crossing = {str(p.relative_to(ROOT)): found for p in MODULES 
+                if (found := private_names_crossing(p, modules, module_name(p)))}
+    assert crossing == {}, f"private names used from another file (make them public where they live): {crossing}"
+
+
+def test_the_private_name_check_sees_both_spellings(tmp_path):
+    modules = {"lensprobe.experiments.sweep", "lensprobe.experiments"}
+    source = tmp_path / "user.py"
+    source.write_text("from lensprobe.experiments.sweep import _CHUNK, sweep_prompt\n"
+                      "from lensprobe.experiments import sweep\nimport lensprobe.experiments.sweep as sw\n"
+                      "sweep._cost(1)\nsw._cost(2)\nsweep.__doc__\nsweep_prompt._cache\n", encoding="utf-8")
+    assert private_names_crossing(source, modules, "lensprobe.user") == [
+        "from lensprobe.experiments.sweep import _CHUNK", "lensprobe.experiments.sweep._cost",
+        "lensprobe.experiments.sweep._cost"]

@@ -56,13 +56,68 @@ def test_a_name_in_two_places_is_the_same_object():
     assert {n: ids for n, ids in by_short.items() if len(ids) > 1} == {}
 
 
-def test_the_reference_opens_on_the_curated_list():
+def _namespace_paths() -> dict[int, list[str]]:
+    """Each object public in a namespace (scalars aside: equal small values may be one object), to its paths."""
+    paths: dict[int, list[str]] = {}
+    for ns in NAMESPACES:
+        module = importlib.import_module(f"lensprobe.{ns}")
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if not isinstance(obj, (str, int, float, bool)):
+                paths.setdefault(id(obj), []).append(f"lp.{ns}.{name}")
+    return paths
+
+
+def test_every_object_has_one_namespace_path_and_a_shortcut_is_that_object():
+    paths = _namespace_paths()
+    twice = sorted(tuple(p) for p in paths.values() if len(p) > 1)
+    assert twice == [], f"objects public in two namespaces (keep one path, see lensprobe's docstring): {twice}"
+    for name in lp.__all__:
+        obj = getattr(lp, name)
+        if name in NAMESPACES or isinstance(obj, (str, int, float, bool)):
+            continue
+        home = paths.get(id(obj), [])
+        assert len(home) <= 1, (name, home)
+        assert not home or home[0].rsplit(".", 1)[1] == name, f"lp.{name} is {home[0]}: a shortcut keeps its name"
+    assert lp.Condition is lp.prompts.Condition and "Condition" not in lp.evals.__all__
+    assert lp.interventions.HookSite and not {"HookSite", "StepContext"} & set(lp.generation.__all__)
+
+
+def test_the_walk_catches_an_object_made_public_twice(monkeypatch):
+    monkeypatch.setattr(lp.evals, "__all__", [*lp.evals.__all__, "Condition"])
+    monkeypatch.setattr(lp.evals, "Condition", lp.prompts.Condition, raising=False)
+    assert ["lp.prompts.Condition", "lp.evals.Condition"] in _namespace_paths().values()
+
+
+def test_dir_lists_only_the_public_names():
+    import lensprobe.app  # noqa: F401  (imported packages become attributes of lensprobe, yet stay unlisted)
+
+    assert dir(lp) == sorted([*lp.__all__, "__version__"])
+    assert not {"importlib", "app", "core"} & set(dir(lp))
+    assert lp.viz is importlib.import_module("lensprobe.viz")
+
+
+def _reference_index() -> str:
     sys.path.insert(0, str(ROOT / "docs" / "_hooks"))
     try:
         import api_pages
     finally:
         sys.path.pop(0)
-    index = api_pages._index(api_pages.public_modules())
-    listed = set(re.findall(r"\[`(lp(?:\.\w+)+)`\]", index))
-    assert listed == set(public()), sorted(listed ^ set(public()))
+    return api_pages._index(api_pages.public_modules())
+
+
+def test_the_reference_opens_on_the_curated_list_each_object_once():
+    index = _reference_index()
+    entries = re.findall(r"^- \[`(lp(?:\.\w+)+)`\]", index, re.M)
+    assert len(entries) == len(set(entries)), [e for e in entries if entries.count(e) > 1]
+    shortcuts = re.findall(r"\(top level: `(lp\.\w+)`\)$", index, re.M)
+    assert set(entries) | set(shortcuts) == set(public()), sorted((set(entries) | set(shortcuts)) ^ set(public()))
+    names = public()
+    assert not set(entries) & set(shortcuts)
+    by_object: dict[int, list[str]] = {}
+    for entry in entries:
+        if not isinstance(names[entry], (str, int, float, bool)):
+            by_object.setdefault(id(names[entry]), []).append(entry)
+    assert [e for e in by_object.values() if len(e) > 1] == []
+    assert "- [`lp.prompts.Condition`]" in index and "(top level: `lp.Condition`)" in index
     assert "lensprobe.core.storage.store" not in index  # internals are in the navigation, not listed as public

@@ -79,24 +79,37 @@ def _summary(module: str, name: str, depth: int = 0) -> tuple[str, str]:
     return module, ""
 
 
-def _group(title: str, module: str, prefix: str) -> list[str]:
+def _entries(module: str) -> list[tuple[str, str, str]]:
+    """``(name, defining module, first docstring line)`` of each name in ``module``'s ``__all__``."""
     names, _ = _all_and_sources(module)
+    return [(name, *_summary(module, name)) for name in names]
+
+
+def _group(title: str, entries: list[tuple[str, str, str]], prefix: str, shortcuts: dict[tuple[str, str], str]) -> list[str]:
     lines = [f"## {title}", ""]
-    for name in names:
-        where, line = _summary(module, name)
-        lines.append(f"- [`{prefix}{name}`]({where}.md): {line}" if line else f"- [`{prefix}{name}`]({where}.md)")
+    for name, where, line in entries:
+        also = shortcuts.get((where, name))
+        text = f"- [`{prefix}{name}`]({where}.md)" + (f": {line}" if line else "")
+        lines.append(text + (f" (top level: `{also}`)" if also else ""))
     return [*lines, ""]
 
 
 def _index(modules: list[str]) -> str:
+    """The overview: each public object once, under its one namespace path; a top-level shortcut is named on
+    its namespace entry, and the top level's own group lists only what lives there alone."""
     lines = ["# API reference", "",
              "`import lensprobe as lp` gives what the README's examples use at the top level; everything else "
-             "public is in a namespace by role. One line per public name (its docstring's first line), linked to "
+             "public is in a namespace by role. Each public object is listed once, under its one namespace path "
+             "(with its top-level shortcut, if it has one), in one line (its docstring's first line), linked to "
              "the page of the module that defines it. The modules listed in the navigation are the "
              "implementation behind these names.", ""]
-    lines += _group("Top level (`lp`)", PACKAGE, "lp.")
+    spaces = {ns: _entries(f"{PACKAGE}.{ns}") for ns in NAMESPACES}
+    homes = {(where, name) for entries in spaces.values() for name, where, _ in entries}
+    top = _entries(PACKAGE)
+    shortcuts = {(where, name): f"lp.{name}" for name, where, _ in top if (where, name) in homes}
+    lines += _group("Top level (`lp`)", [e for e in top if (e[1], e[0]) not in homes], "lp.", {})
     for ns in NAMESPACES:
-        lines += _group(f"`lp.{ns}`", f"{PACKAGE}.{ns}", f"lp.{ns}.")
+        lines += _group(f"`lp.{ns}`", spaces[ns], f"lp.{ns}.", shortcuts)
     return "\n".join(lines) + "\n"
 
 

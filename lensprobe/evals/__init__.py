@@ -35,7 +35,6 @@ May import: :mod:`lensprobe.core`, :mod:`lensprobe.interventions`, :mod:`lenspro
 
 from lensprobe.core.prompts.conditions import (
     BUILTIN_CONDITIONS,
-    Condition,
     MatchedRandomSentence,
     builtin_condition,
     resolve_conditions,
@@ -77,7 +76,6 @@ __all__ = [
     "infer_benchmark",
     "published_numbers",
     "published_table",
-    "Condition",
     "ErrorRowsWarning",
     "EvalConfig",
     "MatchedRandomSentence",

@@ -43,7 +43,7 @@ from lensprobe.core.hooks.attach import Hook, intervene
 from lensprobe.core.hooks.heads import Positions, hook_z_name
 from lensprobe.interventions.replacement import replacement_values
 
-__all__ = ["PromptAttribution", "Unit", "attribute_prompt", "combine", "frozen_parameters"]
+__all__ = ["PromptAttribution", "Unit", "attribute_prompt", "combine", "delta_z", "frozen_parameters"]
 
 Unit = tuple[int, tuple[int, ...]]
 """``(layer, query heads)`` ablated together."""
@@ -156,7 +156,7 @@ def _first_row(x: Tensor, hook) -> Tensor:
 # --------------------------------------------------------------------------- AtP and GradDrop
 
 
-def _delta_z(z: Tensor, layer: int, positions: Positions | None, source) -> Tensor:
+def delta_z(z: Tensor, layer: int, positions: Positions | None, source) -> Tensor:
     """``[pos, head, d_head]`` change of ``z`` when every head is ablated as ``ZAblationHook`` does."""
     n = z.shape[0]
     pos = torch.arange(n, device=z.device)[None]
@@ -262,7 +262,7 @@ def _gradients(model, tokens: Tensor, measure, prompt, units: Sequence[Unit], po
         grads = torch.autograd.grad(value, leaves + outs, retain_graph=grad_drop, allow_unused=True)
         g = dict(enumerate(grads[:n_layers]))
         _refuse_cut_gradient(g, units, measure)
-        dz = {layer: _delta_z(zs[layer][0][0], layer, positions, source) for layer in {u[0] for u in units}}
+        dz = {layer: delta_z(zs[layer][0][0], layer, positions, source) for layer in {u[0] for u in units}}
         linear = torch.tensor([_dot(dz[layer], g[layer], heads) for layer, heads in units], device="cpu")
         drops = _drop_gradients(pre, leaves, grads[n_layers:], min(u[0] for u in units)) if grad_drop else {}
     dropped = None

@@ -55,9 +55,9 @@ from lensprobe.core.hooks.forward import as_prompts
 from lensprobe.core.hooks.heads import head_label, hook_z_name
 from lensprobe.core.lazy import pandas
 from lensprobe.core.measures.forced import resolve_measures
-from lensprobe.experiments.atp import _delta_z
+from lensprobe.experiments.atp import delta_z
 from lensprobe.experiments.attribution import Attribution, attribute_heads, prompt_positions
-from lensprobe.experiments.sweep import _PREFIX_SAFE, chunk_cost, layer_chunks, sweep_prompt
+from lensprobe.experiments.sweep import PREFIX_SAFE, chunk_cost, layer_chunks, sweep_prompt
 from lensprobe.experiments.verify import recall_bound
 
 __all__ = ["HeadSearch", "find_heads"]
@@ -167,7 +167,7 @@ def _write_ratios(model, items, measures, settings: dict, n_layers: int) -> Tens
         selected = (torch.ones_like(index, dtype=torch.bool) if pos is None else pos.select(index))[0]
         for layer in range(n_layers):
             z = store[("z", layer)][0]
-            dz = _delta_z(z, layer, pos, source)  # [pos, head, d_head]
+            dz = delta_z(z, layer, pos, source)  # [pos, head, d_head]
             write = torch.einsum("pnd,ndm->pnm", dz.to(w_o[layer].device), w_o[layer])
             resid = store[("resid", layer)][0].float()[selected.to(z.device)]
             denom = float(resid.norm()) or 1.0
@@ -185,7 +185,7 @@ def _ablate(model, items, measures, att: Attribution, pairs: list[tuple[int, int
     order = [pairs.index(row) for chunk in chunks for row in chunk if row is not None]
     values = torch.empty(len(which), len(pairs), device="cpu")
     base = torch.empty(len(which), device="cpu") if clean else None
-    share = type(measures[0]) in _PREFIX_SAFE
+    share = type(measures[0]) in PREFIX_SAFE
     for k, p in enumerate(which):
         pos = prompt_positions(s, p, items[p])
         flat, share = sweep_prompt(model, items[p], measures[p], chunks, s["method"], pos, s["sources"][p], share)

@@ -35,8 +35,8 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.forward import as_prompts
 from lensprobe.core.hooks.heads import Positions, resolve_heads
 from lensprobe.core.measures.forced import resolve_measures
-from lensprobe.experiments.patching import _aligned
-from lensprobe.experiments.sweep import _PREFIX_SAFE, SweepResult, layer_chunks, sweep_prompt
+from lensprobe.experiments.patching import segment_alignment
+from lensprobe.experiments.sweep import PREFIX_SAFE, SweepResult, layer_chunks, sweep_prompt
 from lensprobe.interventions.replacement import record_z
 
 __all__ = ["HeadPatch", "aligned_positions", "aligned_source", "patch_heads"]
@@ -96,7 +96,7 @@ def aligned_positions(clean, corrupted, segments: str | Sequence[str] | None = N
     src: list[int] = []
     tgt: list[int] = []
     for name in names:
-        a, b = _aligned(corrupted, clean, len(corrupted), len(clean), name)
+        a, b = segment_alignment(corrupted, clean, len(corrupted), len(clean), name)
         src += a
         tgt += b
     if not tgt:
@@ -155,7 +155,7 @@ def patch_heads(model, clean, corrupted, metric: Any = "entropy", *, heads: Any 
                              sorted({layer for layer, _ in pairs}))
     chunks = layer_chunks([None, *pairs], int(model.cfg.n_layers), batch_size)  # pairs are sorted: order kept
     flat, _ = sweep_prompt(model, clean_p, measure, chunks, "resample", Positions(fixed=frozenset(clean_pos)),
-                           source, type(measure) in _PREFIX_SAFE)
+                           source, type(measure) in PREFIX_SAFE)
     return HeadPatch(pairs, flat[:1], flat[None, 1:], getattr(measure, "name", str(metric)), "patch",
                      int(model.cfg.n_layers), int(model.cfg.n_heads), tuple(clean_pos), tuple(corrupted_pos),
                      tuple(unmatched))

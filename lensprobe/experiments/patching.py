@@ -36,7 +36,7 @@ from lensprobe.core.measures.measure import logits_needed, run_logits, run_measu
 from lensprobe.core.storage.identity import run_identity
 from lensprobe.core.storage.shards import check_shard, run_sharded
 
-__all__ = ["PatchHook", "PatchResult", "check_hook_names", "patch", "patch_hooks", "site_rows"]
+__all__ = ["PatchHook", "PatchResult", "check_hook_names", "patch", "patch_hooks", "segment_alignment", "site_rows"]
 
 _UNPATCHABLE = ("hook_pattern", "hook_attn_scores")
 
@@ -91,7 +91,7 @@ def _positions_of(prompt, segment: str) -> list[int]:
     return prompt.positions(segment)
 
 
-def _aligned(source, target, src_len: int, tgt_len: int, segment: str | None) -> tuple[list[int], list[int]]:
+def segment_alignment(source, target, src_len: int, tgt_len: int, segment: str | None) -> tuple[list[int], list[int]]:
     """``(source positions, target positions)`` of a segment (``None``: every position), token by token."""
     if segment is None:
         if src_len != tgt_len:
@@ -165,7 +165,7 @@ def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], 
     src_tokens = measure.inputs(model, source_prompt)
     tgt_tokens = measure.inputs(model, target_prompt)
     S, T = src_tokens.shape[1], tgt_tokens.shape[1]
-    alignment = {seg: _aligned(source_prompt, target_prompt, S, T, seg) for seg in segs}
+    alignment = {seg: segment_alignment(source_prompt, target_prompt, S, T, seg) for seg in segs}
 
     rec = ActivationRecorder(names)
     source_value = float(run_measure(model, measure, source_prompt, src_tokens, rec)[0][0])

@@ -43,9 +43,9 @@ from lensprobe.core.storage.store import atomic_file
 from lensprobe.interventions.ablation import RowHeadAblation
 from lensprobe.interventions.replacement import Method, ablation_source, check_method
 
-__all__ = ["SweepResult", "ablation_sweep", "sweep_prompt"]
+__all__ = ["PREFIX_SAFE", "SweepResult", "ablation_sweep", "sweep_prompt"]
 
-_PREFIX_SAFE = (NextTokenEntropy, AnswerLogProb, AttentionTo, CallableMeasure, LogitDiff)
+PREFIX_SAFE = (NextTokenEntropy, AnswerLogProb, AttentionTo, CallableMeasure, LogitDiff)
 """Measures that cope with batch-1 activations below the shared prefix's end."""
 
 
@@ -285,7 +285,7 @@ def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all
     rows: list[tuple[int, int] | None] = [None, *(pairs[i] for i in order)]
     chunks = [rows[i: i + batch_size] for i in range(0, len(rows), batch_size)]
     units = {f"prompt {p} batch {c}": (p, c) for p in range(len(items)) for c in range(len(chunks))}
-    state = {"share": share_prefix and type(measures[0]) in _PREFIX_SAFE}
+    state = {"share": share_prefix and type(measures[0]) in PREFIX_SAFE}
 
     def compute(unit: str) -> list[float]:
         p_idx, c_idx = units[unit]

@@ -5,7 +5,6 @@ forward (the TransformerBridge, or a plain Hugging Face view of the same weights
 May import: :mod:`lensprobe.core` (interventions are passed in as objects, never imported).
 """
 
-from lensprobe.core.hooks.attach import HookSite, StepContext
 from lensprobe.generation import schedule
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.loop import generate, trace_generation
@@ -16,6 +15,6 @@ from lensprobe.generation.traceset import trace_jobs, trace_prompts
 from lensprobe.generation.tracesummary import trace_summary
 from lensprobe.generation.tracking import SPECIAL_SETS
 
-__all__ = ["SPECIAL_SETS", "FinishedRow", "GenerationConfig", "GenerationTrace", "HookSite", "LatentFusion", "Pause",
-           "StepContext", "add_thinking_token", "generate", "load_trace", "schedule", "trace_generation", "trace_jobs",
+__all__ = ["SPECIAL_SETS", "FinishedRow", "GenerationConfig", "GenerationTrace", "LatentFusion", "Pause",
+           "add_thinking_token", "generate", "load_trace", "schedule", "trace_generation", "trace_jobs",
            "trace_prompts", "trace_summary"]

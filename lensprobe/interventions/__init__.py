@@ -9,7 +9,13 @@ mutated.
 May import: :mod:`lensprobe.core`.
 """
 
-from lensprobe.core.hooks.attach import ActivationRecorder, AttentionRecorder, Intervention, intervene
+from lensprobe.core.hooks.attach import (
+    ActivationRecorder,
+    AttentionRecorder,
+    Intervention,
+    intervene,
+    matching_hook_names,
+)
 from lensprobe.core.hooks.capabilities import Capabilities
 from lensprobe.core.hooks.hookpoint import HookSite, StepContext
 from lensprobe.interventions.ablation import HeadAblation, ablate_heads, ablate_kv_group
@@ -18,4 +24,4 @@ from lensprobe.interventions.replacement import HeadMeans, head_means
 
 __all__ = ["ARM", "ActivationRecorder", "AttentionRecorder", "Capabilities", "HeadAblation", "HeadMeans", "HookSite",
            "Intervention", "StepContext", "ablate_heads", "ablate_kv_group", "arm_redistribute", "head_means",
-           "intervene"]
+           "intervene", "matching_hook_names"]

@@ -30,8 +30,9 @@ def test_the_hook_sees_a_hook_point_and_its_step_in_a_prompt_forward(model, prom
     tokens = prompts[0].tokens
     logits = lp.forward(model, tokens, *tl_style_pairs(log))
     n = tokens.shape[-1]
+    # the name TransformerLens gives the hook point attached as blocks.{layer}.mlp.hook_post
     assert [(name, layer, step, prefill, pos) for name, layer, step, prefill, pos, _ in log] == [
-        (f"blocks.{layer}.mlp.hook_post", layer, 0, True, [list(range(n))]) for layer in EDITED_LAYERS]
+        (f"blocks.{layer}.mlp.out.hook_in", layer, 0, True, [list(range(n))]) for layer in EDITED_LAYERS]
     expected = edited_twin_logits(twin_of(model), tokens)
     torch.testing.assert_close(logits.float(), expected.float(), rtol=1e-4, atol=1e-4)
 
@@ -87,3 +88,63 @@ def test_a_padded_manual_forward_places_positions_per_row(model, prompts):
     for b, r in enumerate(rows):
         alone = lp.forward(model, r[None], abl)
         torch.testing.assert_close(padded[b, -1].float(), alone[0, -1].float(), rtol=1e-4, atol=1e-4)
+
+
+def _names_seen(model, attach, spec) -> list[tuple[str, object]]:
+    """``(hook.name, hook point)`` of every call of one hook at ``spec`` (a name or a name filter), attached
+    with ``attach`` (``"tl"``: ``model.hooks()``; ``"lp"``: ``lp.intervene``), over one forward."""
+    seen: list = []
+
+    def note(act, hook):
+        seen.append((hook.name, hook if attach == "tl" else hook.hook_point))
+
+    context = model.hooks(fwd_hooks=[(spec, note)]) if attach == "tl" else lp.intervene(model, (spec, note))
+    with torch.inference_mode(), context:
+        model(torch.tensor([[3, 5, 7, 11]]))
+    return seen
+
+
+@pytest.mark.parametrize("spec", ["blocks.1.mlp.hook_post", "blocks.0.attn.hook_z", "blocks.1.mlp.out.hook_in",
+                                  "hook_embed", "blocks.0.hook_resid_pre", "blocks.1.attn.hook_pattern"])
+def test_a_hook_sees_the_same_name_and_hook_point_however_it_was_attached(model, spec):
+    through_tl = _names_seen(model, "tl", spec)
+    through_lp = _names_seen(model, "lp", spec)
+    assert len(through_tl) == 1 and through_lp == through_tl
+    name, point = through_lp[0]
+    assert point is model.hook_dict[spec] and name == point.name
+    assert name == {"blocks.1.mlp.hook_post": "blocks.1.mlp.out.hook_in", "blocks.0.attn.hook_z": "blocks.0.attn.o.hook_in",
+                    "hook_embed": "embed.hook_out", "blocks.0.hook_resid_pre": "blocks.0.hook_in"}.get(spec, spec)
+
+
+@pytest.mark.parametrize("name_filter", [lambda n: n.endswith("hook_z"), lambda n: n.endswith("mlp.hook_post"),
+                                         lambda n: n.startswith("blocks.1.attn.") and n.endswith(("hook_q", "hook_pattern", "hook_out")),
+                                         lambda n: "hook_resid" in n])
+def test_a_name_filter_selects_the_hook_points_transformerlens_selects(model, name_filter):
+    through_tl = _names_seen(model, "tl", name_filter)
+    assert len(through_tl) >= 2
+    assert _names_seen(model, "lp", name_filter) == through_tl
+
+
+def test_a_name_filter_skips_points_that_never_fire_and_says_so(model):
+    with pytest.warns(lp.LensprobeWarning, match="never fire"):
+        seen = _names_seen(model, "lp", lambda n: n.endswith("mlp_in") or n.endswith("mlp.hook_post"))
+    assert [name for name, _ in seen] == ["blocks.0.mlp.out.hook_in", "blocks.1.mlp.out.hook_in"]
+
+
+def test_the_plain_engine_gives_the_bridges_names_and_no_hook_point(model, prompts):
+    """A filter on the plain view's hook points: the same calls, names and steps as on the bridge; no
+    TransformerLens hook point fires on the plain view, so ``hook_point`` is ``None`` there."""
+    runs = {}
+    for engine in ("hf", "bridge"):
+        seen: list = []
+
+        def note(act, hook, seen=seen):
+            seen.append((hook.name, hook.layer(), hook.step.step, hook.hook_point is None))
+
+        out = lp.generate(model, prompts[:1], max_new_tokens=2, engine=engine, stop_at_eos=False,
+                          interventions=[(lambda n: n.endswith("mlp.hook_post"), note)])
+        assert out.meta["engine"] == engine
+        runs[engine] = seen
+    assert [entry[:3] for entry in runs["hf"]] == [entry[:3] for entry in runs["bridge"]]
+    assert {entry[0] for entry in runs["hf"]} == {"blocks.0.mlp.out.hook_in", "blocks.1.mlp.out.hook_in"}
+    assert all(entry[3] for entry in runs["hf"]) and not any(entry[3] for entry in runs["bridge"])

@@ -12,7 +12,6 @@ import lensprobe as lp
 from lensprobe.core.storage.identity import IDENTITY_VERSION
 from lensprobe.evals import (
     BUILTIN_CONDITIONS,
-    Condition,
     accuracy,
     builtin_condition,
     compare,
@@ -22,6 +21,7 @@ from lensprobe.evals import (
     wilson_interval,
 )
 from lensprobe.evals.results import RowWriter, load_results, prepare_folder, read_rows
+from lensprobe.prompts import Condition
 
 
 def _write_jsonl(path, rows):

@@ -5,7 +5,8 @@ one-problem-at-a-time special case); a batch-dependent intervention still runs e
 import pytest
 
 import lensprobe as lp
-from lensprobe.evals import Condition, Problem
+from lensprobe.evals import Problem
+from lensprobe.prompts import Condition
 
 QUESTIONS = ["What is 1+1?", "Compute 12 * 3 and give the answer, showing every step of the work.",
              "Hi?", "Solve for x: 2x + 3 = 7, then check the solution by substituting it back.",

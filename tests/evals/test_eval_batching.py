@@ -10,9 +10,10 @@ import pytest
 import torch
 
 import lensprobe as lp
-from lensprobe.evals import Condition, Problem, load_results
+from lensprobe.evals import Problem, load_results
 from lensprobe.evals.harness import ErrorRowsWarning
 from lensprobe.evals.results import read_rows, results_file
+from lensprobe.prompts import Condition
 
 QUESTIONS = ["What is 1+1?", "Compute 12 * 3 and give the answer, showing every step of the work.",
              "Hi?", "Solve for x: 2x + 3 = 7, then check the solution by substituting it back.",

@@ -15,8 +15,9 @@ import torch
 
 import lensprobe as lp
 from lensprobe.core.models.testing import tiny_model
-from lensprobe.evals import Condition, Problem, builtin_condition, load_results
+from lensprobe.evals import Problem, builtin_condition, load_results
 from lensprobe.evals.results import read_rows
+from lensprobe.prompts import Condition
 
 VENV_BIN = Path(sys.executable).parent
 QUESTIONS = [

@@ -34,3 +34,22 @@ def test_the_same_hook_in_cached_generation_equals_the_twin(hooked, hooked_hf, h
         (f"blocks.{layer}.mlp.hook_post", layer) for layer in EDITED_LAYERS}
     assert sorted({step for _, _, step, *_ in log}) == [0, 1, 2, 3]
     assert_greedy_with_the_edit(hooked_hf, prompts, out.token_ids_rows.tolist())
+
+
+@pytest.mark.parametrize("spec", ["blocks.1.mlp.hook_post", lambda name: name.endswith("attn.hook_z")])
+def test_a_hook_sees_what_model_hooks_gives_it(hooked, hooked_prompts, spec):
+    """The same function through ``model.hooks()`` and ``lp.intervene``: the same ``hook.name`` at the same hook
+    points (a name or a name filter), and ``hook.hook_point`` is the ``HookPoint`` that fired."""
+    runs = {}
+    for attach in ("tl", "lp"):
+        seen: list = []
+
+        def note(act, hook, seen=seen, attach=attach):
+            seen.append((hook.name, hook if attach == "tl" else hook.hook_point))
+
+        context = hooked.hooks(fwd_hooks=[(spec, note)]) if attach == "tl" else lp.intervene(hooked, (spec, note))
+        with torch.inference_mode(), context:
+            hooked(hooked_prompts[0].tokens)
+        runs[attach] = seen
+    assert runs["lp"] == runs["tl"] and runs["tl"]
+    assert all(point is hooked.hook_dict[name] for name, point in runs["lp"])

@@ -8,7 +8,8 @@ import torch
 from hooked_oracles import entropy_by_hand, greedy_without_cache, hf_run, set_heads
 
 import lensprobe as lp
-from lensprobe.evals import Condition, Problem
+from lensprobe.evals import Problem
+from lensprobe.prompts import Condition
 
 pytestmark = pytest.mark.hooked
 

@@ -72,11 +72,12 @@ def test_flagged_heads_are_those_that_move_the_residual_stream(tiny, prompts):
     att = lp.attribute_heads(tiny, prompts, "entropy")
     ratios = _write_ratios(tiny, prompts, measures, att.settings, 2)
     store = {}
-    with lp.intervene(tiny, *[(f"blocks.{layer}.{hook}", lambda act, hook: store.__setitem__(hook.name, act.detach()))
-                              for layer in (0, 1) for hook in ("attn.hook_z", "hook_resid_pre")]):
+    with lp.intervene(tiny, *[(lambda n: n.endswith(("attn.hook_z", "hook_resid_pre")),  # TransformerLens's aliases
+                               lambda act, hook: store.__setitem__(hook.name, act.detach()))]):
         tiny(prompts[1].tokens)
     w_o = tiny.blocks[1].attn.W_O.detach()
-    by_hand = (store["blocks.1.attn.hook_z"][0, :, 2] @ w_o[2]).norm() / store["blocks.1.hook_resid_pre"][0].norm()
+    z, resid = (store[tiny.hook_dict[name].name] for name in ("blocks.1.attn.hook_z", "blocks.1.hook_resid_pre"))
+    by_hand = (z[0, :, 2] @ w_o[2]).norm() / resid[0].norm()
     assert float(ratios[1, 2]) >= float(by_hand) - 1e-5  # the largest over prompts (zero ablation: dz = -z)
     cut = float(ratios.flatten().sort().values[4])
     found = find_heads(tiny, prompts, "entropy", top=1, flag=cut, budget=0, sample=0)

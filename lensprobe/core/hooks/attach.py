@@ -2,13 +2,15 @@
 
 An intervention is anything with a ``hooks(model)`` method returning TransformerLens
 forward hooks ``[(hook_name, fn), ...]`` where ``fn(activation, hook) -> activation | None``,
-or a plain ``(hook_name, fn)`` pair. :func:`intervene` attaches a list of them through
+or a plain ``(hook_name, fn)`` pair. As in TransformerLens's ``hooks()``, ``hook_name`` may be a
+name filter, a callable ``name -> bool``: the hook goes on every hook point it accepts, once each. :func:`intervene` attaches a list of them through
 ``model.hooks()`` and removes exactly those hooks on exit, also when an exception (or a
 KeyboardInterrupt) is raised; hooks the user attached before are left alone.
 Interventions never mutate weights; a hook that edits an activation clones it first.
 """
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -16,13 +18,13 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.errors import LensprobeError, LensprobeWarning
 from lensprobe.core.hooks.capabilities import Capabilities, capabilities
 from lensprobe.core.hooks.hookpoint import HookSite, StepContext, Steps, bind, positions_of
 
 __all__ = ["ActivationRecorder", "AttentionRecorder", "Capabilities", "Hook", "HookFn", "HookSite", "Intervention",
            "StepContext", "Steps", "batch_dependent", "bound_hooks", "capabilities",
-           "check_positions", "intervene", "pattern_hook_name", "positions_of", "recording_hook", "resolve_hooks",
+           "check_positions", "intervene", "matching_hook_names", "pattern_hook_name", "positions_of", "recording_hook", "resolve_hooks",
            "rounding_sensitive_layer", "with_default_seed"]
 
 HookFn = Callable[[torch.Tensor, Any], torch.Tensor | None]
@@ -69,17 +71,54 @@ def with_default_seed(interventions, seed: int | None) -> tuple:
 
 def _hooks_of(model, item) -> list[Hook]:
     if isinstance(item, Intervention):
-        return list(item.hooks(model))
-    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and callable(item[1]):
-        return [item]
-    raise LensprobeError(
-        f"cannot attach {item!r}: pass an intervention (an object with a hooks(model) method) "
-        "or a (hook_name, fn) pair."
-    )
+        pairs = list(item.hooks(model))
+    elif isinstance(item, tuple) and len(item) == 2 and (isinstance(item[0], str) or callable(item[0])) \
+            and callable(item[1]):
+        pairs = [item]
+    else:
+        raise LensprobeError(
+            f"cannot attach {item!r}: pass an intervention (an object with a hooks(model) method) "
+            "or a (hook_name, fn) pair (hook_name a name or a name filter, a callable name -> bool)."
+        )
+    return [(name, fn) for where, fn in pairs
+            for name in ([where] if isinstance(where, str) else matching_hook_names(model, where))]
+
+
+def matching_hook_names(model, name_filter: Callable[[str], bool]) -> list[str]:
+    """The hook points a name filter selects, as TransformerLens's ``hooks()`` attaches them.
+
+    Every name of ``model.hook_dict`` (a bridge's aliases included) is offered to the filter; each
+    hook point it accepts is named once, by its own name (``hook_point.name``). On a bridge, hook
+    points switched off in the config (``hook_result`` without ``use_attn_result``, ...) are left
+    out with a warning, as ``model.hooks()`` does, since a hook there would never fire.
+
+    Example:
+        >>> matching_hook_names(model, lambda name: name.endswith("hook_z"))
+        ['blocks.0.attn.o.hook_in', 'blocks.1.attn.o.hook_in']
+    """
+    gated = getattr(model, "_gated_hook_reason", None)  # TransformerBridge: why a point never fires, or None
+    names: list[str] = []
+    seen: set[int] = set()
+    skipped: list[str] = []
+    for key, point in model.hook_dict.items():
+        if not name_filter(key) or id(point) in seen:
+            continue
+        seen.add(id(point))
+        name = getattr(point, "name", None) or key
+        if callable(gated) and gated(name) is not None:
+            skipped.append(key)
+            continue
+        names.append(name)
+    if skipped:
+        warnings.warn(f"a name filter selected hook points that never fire with this config, left out: {skipped}; "
+                      "turn them on first with the model's setter (e.g. model.set_use_hook_mlp_in(True)).", LensprobeWarning,
+                      stacklevel=3)
+    return names
 
 
 def resolve_hooks(model, interventions) -> list[Hook]:
-    """Flatten interventions into hooks and check every hook name exists on the model."""
+    """Flatten interventions into hooks (name filters into the names they select) and check every
+    hook name exists on the model."""
     hooks: list[Hook] = []
     for item in interventions:
         hooks.extend(_hooks_of(model, item))
@@ -101,13 +140,17 @@ def intervene(model, *interventions, steps: Steps | None = None) -> Iterator[Any
 
     Every hook is called as ``fn(activation, hook)`` with ``hook`` a
     :class:`~lensprobe.core.hooks.hookpoint.HookSite` (``hook.name``, ``hook.layer()``, ``hook.ctx``,
-    and ``hook.step``: the :class:`~lensprobe.core.hooks.hookpoint.StepContext` of the forward that
-    runs). Each forward of ``model`` inside the block is described from its own inputs (KV
+    ``hook.hook_point`` and ``hook.step``: the :class:`~lensprobe.core.hooks.hookpoint.StepContext` of
+    the forward that runs). ``hook.name`` is what TransformerLens names the hook point that fires, as
+    with ``model.hooks()`` (an alias such as ``blocks.0.attn.hook_z`` gives the bridge's own name,
+    ``blocks.0.attn.o.hook_in``). A ``(name_filter, fn)`` pair, ``name_filter`` a callable
+    ``name -> bool``, attaches ``fn`` at every hook point the filter selects, as ``model.hooks()`` does. Each forward of ``model`` inside the block is described from its own inputs (KV
     cache length, ``attention_mask``) unless a runner publishes the steps through ``steps``.
 
     Args:
         model: a TransformerLens model.
-        *interventions: interventions, recorders, or ``(hook_name, fn)`` pairs.
+        *interventions: interventions, recorders, or ``(hook_name, fn)`` pairs (``hook_name`` a name
+            or a name filter).
         steps: the steps a runner publishes (the generation loop); ``None`` describes each
             forward from its inputs.
 
@@ -118,7 +161,7 @@ def intervene(model, *interventions, steps: Steps | None = None) -> Iterator[Any
         >>> rec.patterns[0].shape  # [batch, head, query_pos, key_pos]
     """
     steps = Steps() if steps is None else steps
-    hooks = bound_hooks(resolve_hooks(model, interventions), steps)
+    hooks = bound_hooks(model, resolve_hooks(model, interventions), steps)
     handle = model.register_forward_pre_hook(
         lambda module, args, kwargs: steps.describe_inputs(module, args, kwargs), with_kwargs=True)
     try:
@@ -128,11 +171,20 @@ def intervene(model, *interventions, steps: Steps | None = None) -> Iterator[Any
         handle.remove()
 
 
-def bound_hooks(hooks: list[Hook], steps: Steps) -> list[Hook]:
+def bound_hooks(model, hooks: list[Hook], steps: Steps, *, fired: bool = True) -> list[Hook]:
     """``hooks`` whose functions receive a :class:`~lensprobe.core.hooks.hookpoint.HookSite` reading ``steps``,
-    whatever object the engine passes (one ``ctx`` dict per hook point name where it passes none)."""
+    whatever object the engine passes, each named and attached by the name TransformerLens gives its hook
+    point (``model.hook_dict[name].name``: the same ``hook.name`` as through ``model.hooks()``), with one
+    ``ctx`` dict per hook point. ``fired``: the model's own hook points fire (the site's ``hook_point``);
+    ``False`` when another engine runs the hooks (the plain view: ``hook_point`` is ``None``)."""
     contexts: dict[str, dict] = {}
-    return [(name, bind(fn, name, steps, contexts)) for name, fn in hooks]
+    points = model.hook_dict
+    bound: list[Hook] = []
+    for name, fn in hooks:
+        point = points.get(name)
+        own = getattr(point, "name", None) or name
+        bound.append((own, bind(fn, own, steps, contexts, point if fired else None)))
+    return bound
 
 
 def check_positions(interventions, length: int, what: str = "prompt") -> None:

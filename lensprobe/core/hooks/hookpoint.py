@@ -5,7 +5,11 @@ interventions and lensprobe's own recorders), on every engine (the TransformerBr
 plain Hugging Face view, the rows-alone decode path and a TransformerLens 3.x
 ``HookedTransformer``), is called as ``fn(activation, hook)`` with ``hook`` a
 :class:`HookSite`: TransformerLens's ``HookPoint`` surface (``hook.name``, ``hook.layer()``,
-``hook.ctx``) plus ``hook.step``, the :class:`StepContext` of the forward that is running.
+``hook.ctx``) plus ``hook.step``, the :class:`StepContext` of the forward that is running, and
+``hook.hook_point``, the TransformerLens ``HookPoint`` itself where one fires. ``hook.name`` is the
+name TransformerLens itself passes for that hook point (with ``model.hooks()``), however the hook
+was attached: by an alias (``blocks.0.mlp.hook_post``), by the bridge's own name
+(``blocks.0.mlp.out.hook_in``) or by a name filter.
 
 The step is published by whoever runs the forward, never guessed by a hook:
 
@@ -171,18 +175,25 @@ class HookSite:
     """What a hook receives: TransformerLens's ``HookPoint`` surface and the forward's step.
 
     Attributes:
-        name: the hook point's name, e.g. ``"blocks.3.attn.hook_z"``.
-        ctx: a dict a hook may keep state in, one per hook point name for the attachment
-            (one :func:`lensprobe.intervene` block or one generation), on every engine; it
-            starts empty in each attachment.
+        name: the name TransformerLens gives the hook point that fires, the ``hook.name`` the same
+            function gets when attached with ``model.hooks()``: on a TransformerBridge its own name
+            for the point (``"blocks.3.mlp.out.hook_in"`` for the alias ``"blocks.3.mlp.hook_post"``,
+            ``"blocks.3.attn.o.hook_in"`` for ``"blocks.3.attn.hook_z"``), on a ``HookedTransformer``
+            the name you attached at; the plain engine reports the bridge's name for the same point.
+        hook_point: the TransformerLens ``HookPoint`` that fires (``None`` on the plain engine, whose
+            hooks are torch hooks on Hugging Face modules).
+        ctx: a dict a hook may keep state in, one per hook point for the attachment (one
+            :func:`lensprobe.intervene` block or one generation), on every engine; it starts empty
+            in each attachment.
     """
 
-    __slots__ = ("_steps", "ctx", "name")
+    __slots__ = ("_steps", "ctx", "hook_point", "name")
 
-    def __init__(self, name: str, steps: Steps, ctx: dict) -> None:
+    def __init__(self, name: str, steps: Steps, ctx: dict, hook_point: Any = None) -> None:
         self.name = name
         self._steps = steps
         self.ctx = ctx
+        self.hook_point = hook_point
 
     def layer(self) -> int:
         """The block index in the name (``blocks.3.attn.hook_z`` -> 3), as ``HookPoint.layer()``."""
@@ -227,10 +238,11 @@ def positions_of(hook: Any, batch: int, count: int, who: str) -> tuple[Tensor, T
     return info.positions, info.prompt_lengths
 
 
-def bind(fn, name: str, steps: Steps, contexts: dict[str, dict]):
+def bind(fn, name: str, steps: Steps, contexts: dict[str, dict], hook_point: Any = None):
     """``fn(activation, hook)`` called with a :class:`HookSite` for ``name`` whatever the engine passes
-    (``contexts``: the attachment's ``ctx`` dict per hook point name)."""
-    site = HookSite(name, steps, contexts.setdefault(name, {}))
+    (``contexts``: the attachment's ``ctx`` dict per hook point name; ``hook_point``: the
+    TransformerLens ``HookPoint`` that fires, or ``None``)."""
+    site = HookSite(name, steps, contexts.setdefault(name, {}), hook_point)
 
     def call(act, hook=None):
         return fn(act, site)

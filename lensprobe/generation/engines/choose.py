@@ -7,7 +7,7 @@ from lensprobe.core.hooks.attach import resolve_hooks
 from lensprobe.core.models.kinds import is_hooked_transformer, require_bridge
 from lensprobe.generation.engines.bridge import BridgeEngine
 from lensprobe.generation.engines.hooked import HookedEngine
-from lensprobe.generation.engines.hooknames import editable, servable, supports
+from lensprobe.generation.engines.hooknames import editable, plain_names, servable, supports
 from lensprobe.generation.engines.plain import PlainEngine
 from lensprobe.generation.engines.protocol import ENGINE_NAMES, Engine
 from lensprobe.generation.engines.view import has_user_hooks, plain_model
@@ -43,7 +43,8 @@ def choose_engine(model, engine: str, *, interventions: Sequence, hook_names: Se
         return HookedEngine(model)
     if engine == "bridge":
         return BridgeEngine(model)
-    edits = [name for name, _ in resolve_hooks(model, interventions)]
+    edits = plain_names(model, [name for name, _ in resolve_hooks(model, interventions)])
+    hook_names = plain_names(model, hook_names)
     why = None
     if not editable(edits):
         why = "interventions run on TransformerLens hook points the plain model does not serve"

@@ -16,7 +16,10 @@ use only those run on a plain view (:func:`lensprobe.generation.engines.choose.c
 :func:`attached` attaches hooks and removes them on exit. Torch hooks carry no hook point, so
 :class:`~lensprobe.generation.engines.plain.PlainEngine` passes functions bound by
 :func:`lensprobe.core.hooks.attach.bound_hooks`: each receives the same
-:class:`~lensprobe.core.hooks.hookpoint.HookSite` (name, layer, ctx, step) it receives on the bridge.
+:class:`~lensprobe.core.hooks.hookpoint.HookSite` (name, layer, ctx, step) it receives on the bridge
+(``hook_point`` is ``None``: no TransformerLens hook point fires). A bridge names a hook point by its own name
+and by aliases (``blocks.0.mlp.out.hook_in`` is ``blocks.0.mlp.hook_post``): :func:`plain_names` spells
+each name as the view serves it.
 """
 
 import contextlib
@@ -30,7 +33,7 @@ from torch import nn
 from lensprobe.core.errors import LensprobeError
 from lensprobe.generation.engines.view import attention_modules, mlp_modules
 
-__all__ = ["PLAIN_HOOKS", "attached", "editable", "servable", "supports"]
+__all__ = ["PLAIN_HOOKS", "attached", "editable", "plain_names", "servable", "supports"]
 
 
 PLAIN_HOOKS = ("hook_embed", "blocks.{layer}.attn.hook_pattern", "blocks.{layer}.mlp.hook_pre",
@@ -43,6 +46,23 @@ _FINAL = ("ln_final.hook_out", "ln_final.hook_normalized")
 _PATTERN = re.compile(r"blocks\.(\d+)\.attn\.hook_pattern")
 _MLP = re.compile(r"blocks\.(\d+)\.mlp\.(hook_pre|hook_pre_linear|hook_post)")
 _MLP_PARTS = {"hook_pre": "gate_proj", "hook_pre_linear": "up_proj", "hook_post": "down_proj"}
+
+
+def plain_names(model, hook_names: Sequence[str]) -> list[str]:
+    """Each name as the plain view serves it: a bridge's own name of a served hook point becomes the
+    TransformerLens name above (``blocks.0.mlp.out.hook_in`` -> ``blocks.0.mlp.hook_post``); others unchanged.
+
+    Example:
+        >>> plain_names(model, ["blocks.0.mlp.out.hook_in", "blocks.0.attn.o.hook_in"])
+        ['blocks.0.mlp.hook_post', 'blocks.0.attn.o.hook_in']
+    """
+    points = getattr(model, "hook_dict", {})
+    served: dict[int, str] = {}
+    for key, point in points.items():
+        if supports([key]):
+            served.setdefault(id(point), key)
+    return [name if supports([name]) or name not in points else served.get(id(points[name]), name)
+            for name in hook_names]
 
 
 def supports(hook_names: Sequence[str]) -> bool:
@@ -73,13 +93,15 @@ def servable(model, view: nn.Module, hook_names: Sequence[str]) -> bool:
 
 @contextlib.contextmanager
 def attached(model, view: nn.Module, hooks: Sequence[tuple[str, Callable[[torch.Tensor, Any], Any]]]) -> Iterator[nn.Module]:
-    """Attach hooks (TransformerLens names, ``fn(activation, hook)``) to a plain view, in order.
+    """Attach hooks (TransformerLens names, a bridge's own names included, ``fn(activation, hook)``) to a plain
+    view, in order.
 
     ``fn`` is called with ``hook=None``: pass functions bound by :func:`lensprobe.core.hooks.attach.bound_hooks`
     so that they receive a hook point and its step.
 
     Every hook is removed on exit, also after an exception or a KeyboardInterrupt.
     """
+    hooks = list(zip(plain_names(model, [name for name, _ in hooks]), [fn for _, fn in hooks], strict=True))
     handles = []
     attention = attention_modules(model, view) if any(_PATTERN.fullmatch(n) for n, _ in hooks) else {}
     mlps = mlp_modules(model, view) if any(_MLP.fullmatch(n) for n, _ in hooks) else {}

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.attach import Hook, Steps, bound_hooks, resolve_hooks, rounding_sensitive_layer
 from lensprobe.generation.engines.attention import ATTENTIONS
-from lensprobe.generation.engines.hooknames import attached, editable
+from lensprobe.generation.engines.hooknames import attached, editable, plain_names
 from lensprobe.generation.engines.rowwise import rows_alone
 from lensprobe.generation.engines.threads import decode_threads, layer_threads
 
@@ -48,14 +48,14 @@ class PlainEngine:
     @contextlib.contextmanager
     def attach(self, hooks: Sequence[Hook], interventions: Sequence, steps: Steps) -> Iterator[None]:
         edits = resolve_hooks(self.model, interventions)
-        if not editable([name for name, _ in edits]):
+        if not editable(plain_names(self.model, [name for name, _ in edits])):
             raise LensprobeError(
                 "the plain engine applies interventions only at hook_embed and a gated MLP's hook_pre, "
                 "hook_pre_linear and hook_post; run with engine='bridge'."
             )
         self.rows_alone = rounding_sensitive_layer(interventions)
         # recorders first: a recorder reads an activation before an intervention edits it
-        with (attached(self.model, self.view, bound_hooks([*hooks, *edits], steps)), layer_threads(self.view, self.threads),
+        with (attached(self.model, self.view, bound_hooks(self.model, [*hooks, *edits], steps, fired=False)), layer_threads(self.view, self.threads),
               rows_alone(self.model, self.view, self.rows_alone)):
             yield
 
