@@ -149,8 +149,8 @@ def _remove_previous(out: OutputFolder) -> None:
         out.remove_empty_dir(slug)
 
 
-def _write_csv(df, path: Path) -> None:
-    df.to_csv(path, index=False)
+def _write_csv(df, tmp: Path) -> None:
+    df.to_csv(tmp, index=False)
 
 
 def _unique_slugs(sections: Sequence[Section]) -> list[str]:

@@ -36,7 +36,7 @@ from typing import Any
 
 from lensprobe.core.errors import LensprobeError
 
-__all__ = ["OutputFolder", "atomic_file", "remove_file", "remove_tree", "rename_into_place"]
+__all__ = ["OutputFolder", "atomic_file", "remove_empty_folder", "remove_file", "remove_tree", "rename_into_place"]
 
 
 @contextlib.contextmanager
@@ -87,6 +87,15 @@ def remove_tree(folder: str | os.PathLike, path: str | os.PathLike) -> None:
     path = Path(path)
     if _inside(Path(folder), path) and path.resolve() != Path(folder).resolve() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_empty_folder(path: str | os.PathLike) -> bool:
+    """Delete the folder ``path`` when it is empty and not a link; returns whether it was removed."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir() or any(path.iterdir()):
+        return False
+    path.rmdir()
+    return True
 
 
 def rename_into_place(folder: str | os.PathLike, src: str | os.PathLike, dst: str | os.PathLike) -> None:
