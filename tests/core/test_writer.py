@@ -113,3 +113,19 @@ def test_removing_a_link_removes_the_link_not_its_target(tmp_path):
     (out.root / "link.txt").symlink_to(target)
     assert out.remove("link.txt")
     assert target.read_text() == "mine" and not (out.root / "link.txt").is_symlink()
+
+
+def test_a_run_that_wrote_two_outputs_on_one_name_is_refused_at_its_end(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "a.csv").write_text("x")
+    with pytest.raises(LensprobeError, match="written twice by one run"):
+        replace_pages(out, "lensprobe sweep", [out / "a.csv", out / "sub" / ".." / "a.csv"])
+    assert not (out / PAGES_FILE).exists()
+
+
+def test_a_run_that_wrote_outside_its_folder_is_refused_at_its_end(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    with pytest.raises(LensprobeError, match="written outside the output folder"):
+        replace_pages(out, "lensprobe sweep", [tmp_path / "elsewhere.csv"])

@@ -75,6 +75,15 @@ def _listed(folder: OutputFolder, listing: Path, keep: list[str]) -> list[str]:
     return names
 
 
+def _relative(folder: OutputFolder, file: str | os.PathLike) -> str:
+    """``file`` (a path this run wrote) relative to ``folder``; one outside it is refused."""
+    path, root = Path(file).resolve(), folder.root.resolve()
+    if not path.is_relative_to(root):
+        raise LensprobeError(f"{file} was written outside the output folder {folder.root}: lensprobe writes only "
+                             "inside it; this is a bug in the command that wrote it.")
+    return path.relative_to(root).as_posix()
+
+
 def replace_pages(out: str | os.PathLike, what: str, files: Iterable[str | os.PathLike]) -> list[Path]:
     """List ``files`` as the pages of the folder's latest run and delete the pages the earlier
     run listed that are not among them.
@@ -87,13 +96,17 @@ def replace_pages(out: str | os.PathLike, what: str, files: Iterable[str | os.Pa
     Returns:
         The files of the earlier run that were deleted.
 
+    Raises:
+        LensprobeError: two of ``files`` are one file (two outputs of one run on one name: the second
+            overwrote the first), one is outside ``out``, or the earlier listing names a path outside it.
+
     Example:
         >>> replace_pages("runs/attn", "lensprobe attention", ["runs/attn/attention_received_L1.html"])
         [PosixPath('runs/attn/attention_received_L0.html')]
     """
     folder = OutputFolder(out)
     listing = folder.root / PAGES_FILE
-    new = sorted({Path(f).resolve().relative_to(folder.root.resolve()).as_posix() for f in files})
+    new = sorted(folder.claim(_relative(folder, f)).relative_to(folder.root).as_posix() for f in files)
     removed = [folder.root / rel for rel in _listed(folder, listing, new) if folder.remove(rel)]
     atomic_write_json(listing, {"written_by": what, "files": new})
     return removed
