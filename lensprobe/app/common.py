@@ -24,6 +24,7 @@ from lensprobe.core.storage.outfolder import lock_folder, replace_pages
 from lensprobe.core.storage.store import atomic_file
 from lensprobe.core.storage.writer import remove_empty_folder, remove_file
 from lensprobe.studies.settings import parse_layers as layer_list  # noqa: F401  (its old home)
+from lensprobe.viz.report import check_report_listing
 
 TEST_MODEL = "tiny"
 """``--model tiny``: lensprobe's tiny random test model (seeded; answers are gibberish)."""
@@ -121,6 +122,8 @@ def check_out_dir(out: str | os.PathLike, kind: str) -> Path:
     except OSError as err:
         raise LensprobeError(f"--out {out}: cannot write in {base} ({err.strerror}): choose a folder you can "
                              "write to.") from None
+    if base == out and kind == "report":
+        check_report_listing(out)  # before the work: a listing it would refuse costs nothing
     if base == out:
         for other, markers in OUTPUT_KINDS.items():
             found = [m for m in markers if (out / m).is_file()]

@@ -36,7 +36,7 @@ from lensprobe.viz.embed import figure_div
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Section", "inert_scripts", "slugify", "write_report"]
+__all__ = ["Section", "check_report_listing", "inert_scripts", "slugify", "write_report"]
 
 
 @dataclass
@@ -128,12 +128,20 @@ def _listed_files(out: OutputFolder) -> list[tuple[str, list[str]]]:
         return []
 
 
-def _remove_previous(out: OutputFolder) -> None:
-    """Delete the files an earlier report listed in ``report.json`` (and nothing else).
+def check_report_listing(out_dir: str | Path) -> list[tuple[str, list[str]]]:
+    """The sections and files the report in ``out_dir`` lists in its ``report.json``, every path checked to
+    be inside the folder (:meth:`~lensprobe.core.storage.writer.OutputFolder.path`; a command calls it before
+    its work, so a listing it would refuse costs nothing).
 
-    Every listed path is checked first (:meth:`~lensprobe.core.storage.writer.OutputFolder.path`): a listing
-    that names a path outside the folder (``..``, an absolute path, a section folder that is a link
-    leading out) is refused before anything is deleted."""
+    Raises:
+        LensprobeError: the listing names a path outside the folder (``..``, an absolute path, a section
+            folder that is a link leading out); nothing is deleted.
+
+    Example:
+        >>> check_report_listing("lensprobe-report")[0][0]
+        'attention-to-filler-tokens'
+    """
+    out = OutputFolder(out_dir, what="report folder")
     entries = _listed_files(out)
     try:
         for slug, files in entries:
@@ -142,7 +150,13 @@ def _remove_previous(out: OutputFolder) -> None:
         raise LensprobeError(f"{out.root / 'report.json'} lists a file outside the report folder ({err}) "
                              "Nothing was deleted: delete report.json (or write the report to a new folder) "
                              "and rerun.") from None
-    for slug, files in entries:
+    return entries
+
+
+def _remove_previous(out: OutputFolder) -> None:
+    """Delete the files an earlier report listed in ``report.json`` (and nothing else), every listed path
+    checked first (:func:`check_report_listing`)."""
+    for slug, files in check_report_listing(out.root):
         for rel in files:
             if PurePosixPath(rel).parent.as_posix() == slug:
                 out.remove(rel)

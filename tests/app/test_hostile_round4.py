@@ -1,12 +1,14 @@
 """Hostile input, round four: a model whose weights hold a NaN is refused before any forward, naming the
 weight, in every command (each loads through lensprobe.load_model) and in the library."""
 
+import json
 import shlex
 
 import pytest
 import torch
 
 import lensprobe as lp
+from lensprobe.app import common
 from lensprobe.app.cli import main
 from lensprobe.core.errors import ModelLoadError
 from lensprobe.core.models.testing import tiny_hf_model, tiny_model
@@ -48,3 +50,21 @@ def test_load_model_names_the_weight_of_a_model_given_loaded():
         param.view(-1)[3] = float("inf")
     with pytest.raises(ModelLoadError, match=rf"the weight {name} holds 1 NaN or infinite"):
         lp.load_model(model)
+
+
+def test_demo_into_a_folder_whose_listing_leaves_it_deletes_nothing_and_fails(tmp_path, capsys, monkeypatch):
+    """``lensprobe demo --out X`` deleted what X/report.json listed outside X, with exit code 0."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the demo loaded a model before refusing the listing")
+
+    monkeypatch.setattr(common, "tiny_model", refuse)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.csv").write_text("mine")
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "report.json").write_text(json.dumps({"sections": [{"slug": "victim", "files": ["../victim/keep.csv"]}]}))
+    rc = main(["demo", "--model", "tiny", "--quick", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "lists a file outside the report folder" in err and err.count("\n") == 1, err
+    assert (victim / "keep.csv").read_text() == "mine"
