@@ -147,7 +147,7 @@ def _bridge_from_folder(folder: Path, device, dtype: torch.dtype):
         return _boot(TransformerBridge, str(folder), hf, tok, device, dtype)
 
 
-def check_finite_weights(model: torch.nn.Module, name: str) -> None:
+def check_finite_weights(model: Any, name: str) -> None:
     """Refuse a model with a NaN or infinite weight, naming the first such parameter (before any forward:
     such a weight makes every later number NaN without an error).
 
@@ -157,8 +157,9 @@ def check_finite_weights(model: torch.nn.Module, name: str) -> None:
     Example:
         >>> check_finite_weights(torch.nn.Linear(2, 2), "tiny")
     """
-    for pname, param in model.named_parameters():
-        if param.is_floating_point() and not bool(torch.isfinite(param).all()):
+    named = getattr(model, "named_parameters", None)  # a look-alike without torch parameters has none
+    for pname, param in named() if callable(named) else ():
+        if param.is_floating_point() and not param.is_meta and not bool(torch.isfinite(param).all()):
             bad = int((~torch.isfinite(param)).sum())
             raise ModelLoadError(
                 f"{name}: the weight {pname} holds {bad} NaN or infinite value(s) of {param.numel()}, so every "
