@@ -162,7 +162,7 @@ def check_finite_weights(model: Any, name: str) -> None:
         if param.is_floating_point() and not param.is_meta and not bool(torch.isfinite(param).all()):
             bad = int((~torch.isfinite(param)).sum())
             raise ModelLoadError(
-                f"{name}: the weight {pname} holds {bad} NaN or infinite value(s) of {param.numel()}, so every "
+                f"{name}: the weight {pname.replace('._original_component', '')} holds {bad} NaN or infinite value(s) of {param.numel()}, so every "
                 "number computed with it would be NaN: the weights' file is damaged or was saved from a run "
                 "that diverged; download or convert the model again (a GGUF file: delete its folder in the "
                 "model cache), or load another checkpoint.")
