@@ -197,3 +197,61 @@ def test_the_private_name_check_sees_both_spellings(tmp_path):
     assert private_names_crossing(source, modules, "lensprobe.user") == [
         "from lensprobe.experiments.sweep import _CHUNK", "lensprobe.experiments.sweep._cost",
         "lensprobe.experiments.sweep._cost"]
+WRITER = "lensprobe.core.storage.writer"
+WRITES = {"write_text", "write_bytes", "write_json", "write_html", "to_csv", "to_parquet", "write_image",
+          "write_images", "savefig", "write_table"}
+OS_CALLS = {"remove", "unlink", "replace", "rename", "rmdir", "removedirs"}
+# (module, call) pairs that write or delete outside the writer on purpose, and why
+RAW_ALLOWED = {
+    ("lensprobe.core.storage.locks", "os.unlink"): "the lock's own file, removed while it is still held",
+    ("lensprobe.app.commands.attribution", ".to_csv"): "lensprobe's own to_csv, which writes through atomic_file",
+    ("lensprobe.app.commands.heads", ".to_csv"): "lensprobe's own to_csv, which writes through atomic_file",
+}
+
+
+def _raw_call(node: ast.Call) -> str | None:
+    """The raw write, rename or delete ``node`` makes (``None``: not one). A write into ``tmp``, the
+    temporary file the writer hands out, is the writer's own."""
+    func = node.func
+    first = node.args[0] if node.args else None
+    into_tmp = isinstance(first, ast.Name) and first.id == "tmp"
+    if isinstance(func, ast.Attribute):
+        owner = func.value.id if isinstance(func.value, ast.Name) else ""
+        if owner in ("os", "shutil") and (func.attr in OS_CALLS or func.attr == "rmtree"):
+            return f"{owner}.{func.attr}"
+        if owner == "tmp":
+            return None
+        if func.attr in ("unlink", "rmdir"):
+            return f".{func.attr}"
+        if func.attr == "rename" and len(node.args) == 1 and not node.keywords and not isinstance(first, ast.Constant):
+            return ".rename"
+        if func.attr in WRITES and len(node.args) == 1 and not into_tmp:
+            return f".{func.attr}"
+    if isinstance(func, ast.Name) and func.id == "open" and len(node.args) > 1:
+        mode = node.args[1]
+        if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and set(mode.value) & set("wax+"):
+            return "open"
+    return None
+
+
+def test_every_write_and_delete_goes_through_the_one_writer():
+    """A module that writes, renames or deletes a file itself (not through
+    :mod:`lensprobe.core.storage.writer`) could leave its folder or overwrite another output."""
+    found = []
+    for path in MODULES:
+        module = module_name(path)
+        if module == WRITER:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            raw = _raw_call(node) if isinstance(node, ast.Call) else None
+            if raw and (module, raw) not in RAW_ALLOWED:
+                found.append(f"{module}:{node.lineno} {raw}")
+    assert found == [], f"write or delete these through lensprobe.core.storage.writer: {found}"
+
+
+def test_the_raw_write_check_sees_each_kind():
+    source = ("p.unlink()\nshutil.rmtree(p)\nos.replace(a, b)\np.write_text('x')\ndf.to_csv(path)\n"
+              "open(p, 'w')\np.rename(q)\ndf.to_csv(tmp)\nout.write_text('a.csv', 'x')\ns.rename('x')\n")
+    calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)]
+    assert sorted(filter(None, map(_raw_call, calls))) == sorted(
+        [".unlink", "shutil.rmtree", "os.replace", ".write_text", ".to_csv", "open", ".rename"])

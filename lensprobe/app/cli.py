@@ -40,6 +40,7 @@ from lensprobe.app.examples import studies_text
 from lensprobe.app.parsing import ConfigParser, renamed_flags, setting_message
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models.loading import cache_dir
+from lensprobe.core.storage.writer import OutputFolder
 from lensprobe.core.version import __version__
 
 SUBCOMMANDS: list[Callable] = [add_attention, add_demo, add_eval, add_eval_report, add_trace, add_ablate, add_sweep,
@@ -96,12 +97,10 @@ def write_error_log(command: str, text: str) -> Path:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     for folder in (cache_dir() / "logs", Path(tempfile.gettempdir())):
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            path = folder / f"lensprobe-error-{stamp}-{os.getpid()}.log"
             # errors="replace": a command or traceback holding undecodable bytes still makes a whole log
-            path.write_text(f"lensprobe {__version__}: {command}\n\n{text}", encoding="utf-8", errors="replace")
-            return path
-        except OSError:
+            log = f"lensprobe {__version__}: {command}\n\n{text}".encode("utf-8", errors="replace")
+            return OutputFolder(folder, what="log folder").write_bytes(f"lensprobe-error-{stamp}-{os.getpid()}.log", log)
+        except (OSError, LensprobeError):
             continue
     raise OSError("no folder to write the error log in")
 

@@ -22,7 +22,9 @@ from lensprobe.core.progress import tqdm
 from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT
 from lensprobe.core.storage.outfolder import lock_folder, replace_pages
 from lensprobe.core.storage.store import atomic_file
+from lensprobe.core.storage.writer import remove_empty_folder, remove_file
 from lensprobe.studies.settings import parse_layers as layer_list  # noqa: F401  (its old home)
+from lensprobe.viz.report import check_report_listing
 
 TEST_MODEL = "tiny"
 """``--model tiny``: lensprobe's tiny random test model (seeded; answers are gibberish)."""
@@ -120,10 +122,12 @@ def check_out_dir(out: str | os.PathLike, kind: str) -> Path:
     try:  # a real write: permissions, read-only mounts and full quotas all show here
         fd, probe = tempfile.mkstemp(prefix=".lensprobe-write-test-", dir=base)
         os.close(fd)
-        os.unlink(probe)
+        remove_file(base, probe)
     except OSError as err:
         raise LensprobeError(f"--out {out}: cannot write in {base} ({err.strerror}): choose a folder you can "
                              "write to.") from None
+    if base == out and kind == "report":
+        check_report_listing(out)  # before the work: a listing it would refuse costs nothing
     if base == out:
         for other, markers in OUTPUT_KINDS.items():
             found = [m for m in markers if (out / m).is_file()]
@@ -170,7 +174,7 @@ def writing_out_dir(out: Path, command: str, *, rank: int = 0, pages: bool = Tru
         lock.release()
         if created:
             with contextlib.suppress(OSError):
-                out.rmdir()  # only when empty: a run that failed before writing anything
+                remove_empty_folder(out)  # only when empty: a run that failed before writing anything
 
 
 def write_plotly_bundle(folder: Path) -> Path:

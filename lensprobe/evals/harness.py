@@ -89,6 +89,7 @@ from lensprobe.core.storage.shards import check_shard, my_units
 from lensprobe.core.storage.shards import (
     shard_info as shard_info,  # its old home: lensprobe.evals.harness.shard_info
 )
+from lensprobe.core.storage.writer import remove_empty_folder, remove_file
 from lensprobe.evals.benchmarks import resolve_benchmark
 from lensprobe.evals.config import EvalConfig, with_format_defaults
 from lensprobe.evals.config import paper_generation_settings as paper_generation_settings  # its old home
@@ -285,7 +286,7 @@ def _nothing_left_if_refused(out, world_size: int) -> Iterator[None]:
             with contextlib.suppress(OSError):  # never hide the reason the run failed
                 if not any(p.stat().st_size for p in folder.glob(RESULTS_GLOB)):
                     for path in [*folder.glob(RESULTS_GLOB), folder / CONFIG_FILE]:
-                        path.unlink(missing_ok=True)
+                        remove_file(folder, path)
                     if not existed:
-                        folder.rmdir()  # fails (and stays) when something else is in it
+                        remove_empty_folder(folder)  # stays when something else is in it
         raise

@@ -3,7 +3,10 @@
 Static images are drawn by plotly's own renderer through kaleido (installed with lensprobe), which
 runs a Chrome or Chromium it finds on the machine (on ``PATH``, at the usual install places, one
 downloaded with ``plotly_get_chrome``, or ``$BROWSER_PATH``). All the static files of one call are
-drawn in one browser session.
+drawn in one browser session, in a child process given at most :func:`export_limit` seconds (60 unless
+``$LENSPROBE_EXPORT_TIMEOUT`` says otherwise): a browser that never answers is stopped, with the browser
+it started, and the error names the browser and the fix. Every file is written whole, through the one
+writer (:func:`~lensprobe.core.storage.writer.atomic_file`).
 
 Example:
     >>> lp.viz.save(fig, "sweep.pdf")
@@ -11,12 +14,31 @@ Example:
     >>> lp.viz.save(fig, "sweep.png", "sweep.svg", scale=3)   # one browser start for both
 """
 
+import contextlib
+import json
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.storage.writer import atomic_file
 
-__all__ = ["STATIC_FORMATS", "browser_path", "save"]
+__all__ = ["EXPORT_TIMEOUT", "EXPORT_TIMEOUT_VAR", "STATIC_FORMATS", "browser_path", "export_limit", "save"]
+
+EXPORT_TIMEOUT = 60.0
+"""Seconds a static export may take (browser start included) before it is stopped with an error."""
+EXPORT_TIMEOUT_VAR = "LENSPROBE_EXPORT_TIMEOUT"
+"""The environment variable that sets another limit than :data:`EXPORT_TIMEOUT` (seconds)."""
+_CHILD = """import json, sys
+import plotly.io as pio
+job = json.loads(sys.stdin.read())
+fig = pio.from_json(job.pop("figure"), skip_invalid=True)
+n = len(job["files"])
+pio.write_images([fig] * n, job["files"], format=job["formats"], scale=[job["scale"]] * n,
+                 width=[job["width"]] * n, height=[job["height"]] * n)
+"""
 
 STATIC_FORMATS = ("png", "svg", "pdf", "jpeg", "webp")
 """The static formats :func:`save` writes through kaleido (by the file's suffix; ``.jpg`` is JPEG)."""
@@ -72,26 +94,87 @@ def save(fig, *paths: str | os.PathLike, scale: float = 2, width: int | None = N
     formats = [_format(f) for f in files]
     static = [(f, fmt) for f, fmt in zip(files, formats, strict=True) if fmt in STATIC_FORMATS]
     for f, fmt in zip(files, formats, strict=True):
-        f.parent.mkdir(parents=True, exist_ok=True)
-        if fmt == "html":
-            fig.write_html(f, include_plotlyjs=True, full_html=True)
-        elif fmt == "json":
-            fig.write_json(f)
+        if fmt in ("html", "json"):
+            with atomic_file(f) as tmp:
+                if fmt == "html":
+                    fig.write_html(tmp, include_plotlyjs=True, full_html=True)
+                else:
+                    fig.write_json(tmp)
     if static:  # kaleido's batch call does not read the figure's own size: pass it
         _write_static(fig, static, scale=scale, width=width or fig.layout.width or 700,
                       height=height or fig.layout.height or 500)
     return files[0] if len(files) == 1 else files
 
 
+def export_limit() -> float:
+    """Seconds a static export may take: ``$LENSPROBE_EXPORT_TIMEOUT`` when set, else :data:`EXPORT_TIMEOUT`.
+
+    Example:
+        >>> export_limit()
+        60.0
+    """
+    text = os.environ.get(EXPORT_TIMEOUT_VAR, "").strip()
+    try:
+        value = float(text) if text else EXPORT_TIMEOUT
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise LensprobeError(f"{EXPORT_TIMEOUT_VAR}={text!r} is not a positive number of seconds: set it to "
+                             "e.g. 120, or unset it.")
+    return value
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid``'s children, theirs, and so on (Linux ``/proc``; none elsewhere)."""
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            with contextlib.suppress(OSError, ValueError):
+                kids = [int(k) for k in (task / "children").read_text().split()]
+                out += kids
+                todo += kids
+    return out
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Kill ``proc`` and every process it started (the browser runs in a session of its own)."""
+    for pid in [*_descendants(proc.pid), proc.pid]:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    proc.communicate()
+
+
+def _run_child(job: dict, browser: str) -> None:
+    """Run the export ``job`` in a child process, within :func:`export_limit` seconds."""
+    limit = export_limit()
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        _, err = proc.communicate(json.dumps(job).encode("utf-8"), timeout=limit)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        raise LensprobeError(
+            f"static export did not finish within {limit:g} s: the browser {browser} did not answer. Check that "
+            f"it starts (`{browser} --headless --version`), set BROWSER_PATH to a Chrome or Chromium that works, "
+            f"or allow more time with {EXPORT_TIMEOUT_VAR} (seconds).") from None
+    except BaseException:
+        _stop(proc)
+        raise
+    if proc.returncode:
+        lines = err.decode("utf-8", "replace").strip().splitlines()
+        raise LensprobeError(f"{NO_BROWSER} ({lines[-1] if lines else f'exit code {proc.returncode}'})")
+
+
 def _write_static(fig, targets: list[tuple[Path, str]], **opts) -> None:
-    """Draw ``fig`` into every ``(file, format)`` in one kaleido call (one browser session)."""
+    """Draw ``fig`` into every ``(file, format)`` in one kaleido call (one browser session), each file
+    written whole."""
     import plotly.io as pio
 
-    if browser_path() is None:
+    browser = browser_path()
+    if browser is None:
         raise LensprobeError(NO_BROWSER)
-    n = len(targets)
-    try:
-        pio.write_images([fig] * n, [str(f) for f, _ in targets], format=[fmt for _, fmt in targets],
-                         scale=[opts["scale"]] * n, width=[opts["width"]] * n, height=[opts["height"]] * n)
-    except RuntimeError as err:  # kaleido found no browser after all, or the browser would not start
-        raise LensprobeError(f"{NO_BROWSER} ({str(err).strip().splitlines()[0] if str(err).strip() else err})") from err
+    with contextlib.ExitStack() as stack:
+        tmps = [stack.enter_context(atomic_file(f)) for f, _ in targets]
+        _run_child({"figure": pio.to_json(fig), "files": [str(t) for t in tmps], "formats": [fmt for _, fmt in targets],
+                    **opts}, browser)

@@ -18,9 +18,9 @@ import functools
 import html
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 import plotly
@@ -29,14 +29,14 @@ from plotly.offline import get_plotlyjs
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.storage.files import read_text
 from lensprobe.core.storage.jsonable import to_jsonable
-from lensprobe.core.storage.store import atomic_file
+from lensprobe.core.storage.writer import OutputFolder
 from lensprobe.core.version import __version__
 from lensprobe.viz.embed import figure_div
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Section", "inert_scripts", "slugify", "write_report"]
+__all__ = ["Section", "check_report_listing", "inert_scripts", "slugify", "write_report"]
 
 
 @dataclass
@@ -119,41 +119,52 @@ def _figure_html(fig, div_id: str, json_file: str) -> str:
             f'<p class="files">This figure: {links} <a href="{html.escape(json_file)}">JSON</a> (PDF: <code>{pdf}</code>)</p></div>')
 
 
-def _remove_previous(out: Path) -> None:
-    """Delete the files an earlier report listed in ``report.json`` (and nothing else)."""
-    manifest = out / "report.json"
+def _listed_files(out: OutputFolder) -> list[tuple[str, list[str]]]:
+    """The sections and files an earlier report listed in ``report.json`` (none when it is unreadable)."""
     try:
-        old = json.loads(read_text(manifest, "report listing"))
-        entries = [(sec["slug"], list(sec["files"])) for sec in old["sections"]]
+        old = json.loads(read_text(out.root / "report.json", "report listing"))
+        return [(str(sec["slug"]), [str(rel) for rel in sec["files"]]) for sec in old["sections"]]
     except (LensprobeError, OSError, ValueError, KeyError, TypeError):
-        return
-    for slug, files in entries:
-        for rel in files:
-            path = out / rel
-            if path.parent.name == slug and path.is_file():
-                path.unlink()
-        folder = out / slug
-        if folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
+        return []
 
 
-def _write_file(path: Path, write: Callable[[Path], object]) -> None:
-    """Write one report file atomically (``write`` fills a temporary file, then fsync and rename): a
-    full disk leaves no empty or partial file, and the error names the file."""
+def check_report_listing(out_dir: str | Path) -> list[tuple[str, list[str]]]:
+    """The sections and files the report in ``out_dir`` lists in its ``report.json``, every path checked to
+    be inside the folder (:meth:`~lensprobe.core.storage.writer.OutputFolder.path`; a command calls it before
+    its work, so a listing it would refuse costs nothing).
+
+    Raises:
+        LensprobeError: the listing names a path outside the folder (``..``, an absolute path, a section
+            folder that is a link leading out); nothing is deleted.
+
+    Example:
+        >>> check_report_listing("lensprobe-report")[0][0]
+        'attention-to-filler-tokens'
+    """
+    out = OutputFolder(out_dir, what="report folder")
+    entries = _listed_files(out)
     try:
-        with atomic_file(path) as tmp:
-            write(tmp)
-    except OSError as err:
-        raise LensprobeError(f"could not write the report file {path}: {err.strerror or err}; free space on its "
-                             "disk (or write the report to another folder) and rerun.") from err
+        for slug, files in entries:
+            out.check_all([slug, *files])
+    except LensprobeError as err:
+        raise LensprobeError(f"{out.root / 'report.json'} lists a file outside the report folder ({err}) "
+                             "Nothing was deleted: delete report.json (or write the report to a new folder) "
+                             "and rerun.") from None
+    return entries
 
 
-def _write_text(path: Path, text: str) -> None:
-    _write_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+def _remove_previous(out: OutputFolder) -> None:
+    """Delete the files an earlier report listed in ``report.json`` (and nothing else), every listed path
+    checked first (:func:`check_report_listing`)."""
+    for slug, files in check_report_listing(out.root):
+        for rel in files:
+            if PurePosixPath(rel).parent.as_posix() == slug:
+                out.remove(rel)
+        out.remove_empty_dir(slug)
 
 
-def _write_csv(df, path: Path) -> None:
-    df.to_csv(path, index=False)
+def _write_csv(df, tmp: Path) -> None:
+    df.to_csv(tmp, index=False)
 
 
 def _unique_slugs(sections: Sequence[Section]) -> list[str]:
@@ -170,26 +181,24 @@ def _unique_slugs(sections: Sequence[Section]) -> list[str]:
     return slugs
 
 
-def _write_numbers(out: Path, sec: Section, slug: str) -> list[str]:
+def _write_numbers(out: OutputFolder, sec: Section, slug: str) -> list[str]:
     """Write a section's tables (CSV), data (JSON) and figures (plotly JSON) into ``out/slug``; return their
-    relative paths."""
+    relative paths. Two of them whose names give one file are refused (neither overwrites the other)."""
     files: list[str] = []
-    if sec.tables or sec.data or sec.figures:
-        (out / slug).mkdir(exist_ok=True)
     for i, fig in enumerate(sec.figures, start=1):
         rel = f"{slug}/figure-{i}.json"
-        _write_text(out / rel, fig.to_json())
+        out.write_text(rel, fig.to_json())
         files.append(rel)
     for name, df in sec.tables.items():
         rel = f"{slug}/{slugify(name)}.csv"
-        _write_file(out / rel, functools.partial(_write_csv, df))
+        out.write_with(rel, functools.partial(_write_csv, df))
         files.append(rel)
     for name, value in sec.data.items():
         rel = f"{slug}/{slugify(name)}.json"
         text = json.dumps(to_jsonable(value), separators=(",", ":"), allow_nan=False)
         if len(text) < 200_000:  # small files indented for reading, large ones compact
             text = json.dumps(json.loads(text), indent=1)
-        _write_text(out / rel, text)
+        out.write_text(rel, text)
         files.append(rel)
     return files
 
@@ -251,8 +260,7 @@ def write_report(out_dir: str | Path, sections: Sequence[Section] | Section, *, 
     if isinstance(sections, Section):
         sections = [sections]
     slugs = _unique_slugs(sections)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = OutputFolder(out_dir, what="report folder")
     _remove_previous(out)
     manifest: list[dict[str, Any]] = []
     body: list[str] = []
@@ -265,8 +273,7 @@ def write_report(out_dir: str | Path, sections: Sequence[Section] | Section, *, 
              "plotly": plotly.__version__}
     facts.update(meta or {})
     toc = "".join(f'<li><a href="#{s}">{html.escape(sec.title)}</a></li>' for sec, s in zip(sections, slugs, strict=True))
-    index = out / "index.html"
-    _write_text(index, _page(title, facts, toc, "".join(body)))
-    _write_text(out / "report.json",
-                json.dumps({"title": title, "meta": to_jsonable(facts), "sections": manifest}, indent=1))
+    index = out.write_text("index.html", _page(title, facts, toc, "".join(body)))
+    out.write_text("report.json",
+                   json.dumps({"title": title, "meta": to_jsonable(facts), "sections": manifest}, indent=1))
     return index

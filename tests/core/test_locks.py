@@ -127,3 +127,17 @@ def test_a_resumed_rank_takes_over_its_stale_results_lock_with_one_warning(tiny,
         assert len(run()) == 2  # rank 1's share: q1, q3
     assert caplog.text.count(f"took over a stale lock left by pid {pid}") == 1, caplog.text
     assert not lock.exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_lock_file_that_is_not_a_file_is_refused_at_once(tmp_path, kind):
+    path = tmp_path / ".rank0.lock"
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    signal.alarm(60)  # a guard: a read that blocks would otherwise hang the suite
+    try:
+        with pytest.raises(lp.LensprobeError, match=rf"lock file {path} is not a regular file.*delete it"):
+            FileLock(path).acquire()
+        with pytest.raises(lp.LensprobeError, match="not a regular file"):
+            lock_holder(path)
+    finally:
+        signal.alarm(0)

@@ -7,15 +7,20 @@ tests/core/test_models.py does for real); the source file is any file: the cache
 
 import json
 import multiprocessing
+import os
+import re
 import shutil
+import signal
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from lensprobe.core.errors import LensprobeError, ModelLoadError
 from lensprobe.core.models import cache
 from lensprobe.core.models.cache import MANIFEST, cache_dir, cached_conversion, folder_intact
+from lensprobe.core.storage.locks import FileLock
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +79,7 @@ def test_built_once_then_reused_with_a_manifest(env, template):
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= manifest["files"].keys()
     assert manifest["versions"] == cache.conversion_versions() and manifest["source"]["name"] == "model.gguf"
     assert cached_conversion(source, convert) == folder and convert.count == 1
-    assert sorted(p.name for p in cache_dir().iterdir()) == ["digests", folder.name]  # no lock or temporary left
+    assert sorted(p.name for p in cache_dir().iterdir()) == [folder.name]  # no lock or temporary left
     torch.testing.assert_close(logits_of(folder), template[1], rtol=0, atol=0)
 
 
@@ -101,16 +106,24 @@ def test_a_changed_file_or_version_builds_another_folder(env, monkeypatch):
     assert all(folder_intact(f) for f in (first, second, third))
 
 
-def test_a_remembered_digest_is_only_a_shortcut(env):
-    """A stale remembered digest (the file changed within one mtime tick) finds no folder of its own bytes
-    once that folder is damaged: the file is hashed again before anything is built."""
+def test_digests_are_remembered_in_this_process_only(env):
+    """A file damaged in the middle with its size and modification time kept is found by the next process
+    (nothing remembered on disk), before the folder is used."""
     source, convert = env
     folder = cached_conversion(source, convert)
-    (folder / MANIFEST).unlink()
-    assert cached_conversion(source, convert) == folder and convert.count == 2
+    assert [p.name for p in cache_dir().iterdir()] == [folder.name]  # no digest kept on disk
+    weights = folder / "model.safetensors"
+    before = weights.stat()
+    with open(weights, "r+b") as fh:
+        fh.seek(before.st_size // 2)
+        fh.write(b"\xff" * 16)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    cache._DIGESTS.clear()  # a new process
+    assert not folder_intact(folder)
+    assert cached_conversion(source, convert) == folder and convert.count == 2 and folder_intact(folder)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "overwrite", "delete", "no manifest"])
+@pytest.mark.parametrize("damage", ["truncate", "overwrite", "middle", "tokenizer middle", "delete", "no manifest"])
 def test_a_damaged_folder_is_never_used_but_built_again(env, template, damage, caplog):
     source, convert = env
     folder = cached_conversion(source, convert)
@@ -121,6 +134,11 @@ def test_a_damaged_folder_is_never_used_but_built_again(env, template, damage, c
     elif damage == "overwrite":
         with open(weights, "r+b") as fh:
             fh.write(b"\0" * 64)
+    elif damage.endswith("middle"):  # past the first and last MiB of a large file
+        damaged = folder / "tokenizer.json" if damage.startswith("tokenizer") else weights
+        with open(damaged, "r+b") as fh:
+            fh.seek(damaged.stat().st_size // 2)
+            fh.write(b" ")
     else:
         (folder / ("tokenizer.json" if damage == "delete" else MANIFEST)).unlink()
     assert not folder_intact(folder)
@@ -139,7 +157,7 @@ def test_an_interrupted_build_leaves_no_folder_and_is_cleaned_up(env):
 
     with pytest.raises(KeyboardInterrupt):
         cached_conversion(source, dies)
-    assert [p.name for p in cache_dir().iterdir()] == ["digests"]
+    assert [p.name for p in cache_dir().iterdir()] == []
     folder = cached_conversion(source, convert)
     left = folder.with_name(folder.name + ".tmp999999")  # a killed process's temporary folder
     left.mkdir()
@@ -160,17 +178,67 @@ def test_two_processes_building_at_once_both_get_the_one_good_folder(env, templa
         folders = pool.map(_build_in_process, jobs)
     assert folders[0] == folders[1] and convert.count == 1
     folder = Path(folders[0])
-    assert folder_intact(folder) and sorted(p.name for p in cache_dir().iterdir()) == ["digests", folder.name]
+    assert folder_intact(folder) and sorted(p.name for p in cache_dir().iterdir()) == [folder.name]
     torch.testing.assert_close(logits_of(folder), template[1], rtol=0, atol=0)
 
 
-def test_a_cache_where_digests_cannot_be_written_still_serves_its_folders(env, monkeypatch):
+def test_a_manifest_that_is_a_fifo_is_refused_at_once_and_the_folder_built_again(env):
     source, convert = env
     folder = cached_conversion(source, convert)
-    shutil.rmtree(cache_dir() / "digests")
+    (folder / MANIFEST).unlink()
+    os.mkfifo(folder / MANIFEST)
+    signal.alarm(60)  # a guard: a read that blocks would otherwise hang the suite
+    try:
+        assert not folder_intact(folder)
+        assert cached_conversion(source, convert) == folder and convert.count == 2
+    finally:
+        signal.alarm(0)
+    assert (folder / MANIFEST).is_file()
 
-    def refuse(*args, **kwargs):
-        raise PermissionError("read-only file system")
 
-    monkeypatch.setattr(cache, "atomic_write_text", refuse)
-    assert cached_conversion(source, convert) == folder and convert.count == 1
+def _lock_of(source: Path) -> Path:
+    target = cache._folder_for(source.resolve(), cache.file_digest(source.resolve()))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target.with_name(target.name + ".lock")
+
+
+def test_a_lock_left_by_another_host_is_refused_at_once_naming_the_file(env):
+    source, convert = env
+    lock = _lock_of(source)
+    lock.write_text(json.dumps({"pid": 4242, "host": "some-other-host", "since": "2026-01-01 10:00:00"}))
+    with pytest.raises(ModelLoadError, match=rf"another host, some-other-host.*delete the lock file {re.escape(str(lock))}"):
+        cached_conversion(source, convert)
+    assert convert.count == 0
+    lock.unlink()
+    assert folder_intact(cached_conversion(source, convert))
+
+
+def test_a_build_held_by_this_host_is_waited_for_within_the_stated_limit(env, monkeypatch, caplog):
+    source, convert = env
+    monkeypatch.setenv(cache.WAIT_VAR, "0.5")
+    with FileLock(_lock_of(source)):  # another holder, alive, that never finishes
+        with pytest.raises(ModelLoadError, match=rf"for more than 0 s \({cache.WAIT_VAR} sets this limit\).*delete"):
+            cached_conversion(source, convert)
+    assert "waiting for it (at most 0 s" in caplog.text and convert.count == 0
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-3", "inf"])
+def test_a_wait_limit_that_is_not_a_positive_number_is_refused(monkeypatch, value):
+    monkeypatch.setenv(cache.WAIT_VAR, value)
+    with pytest.raises(LensprobeError, match=cache.WAIT_VAR):
+        cache.wait_limit()
+
+
+def test_a_large_file_damaged_past_its_first_and_last_mib_is_found(env, template):
+    source, convert = env
+
+    def with_large_file(src, folder):
+        convert(src, folder)
+        (folder / "large.bin").write_bytes(bytes(range(256)) * (5 << 12))  # 5 MiB
+
+    folder = cached_conversion(source, with_large_file)
+    large = folder / "large.bin"
+    with open(large, "r+b") as fh:
+        fh.seek(large.stat().st_size // 2)
+        fh.write(b"\xff")
+    assert not folder_intact(folder)

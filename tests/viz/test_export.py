@@ -1,9 +1,12 @@
 """Saving figures: PDF, SVG and PNG through kaleido and the machine's Chromium, HTML and JSON."""
 
+import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
 
 import lensprobe as lp
+from lensprobe.core.errors import LensprobeError
+from lensprobe.core.storage.locks import pid_alive
 from lensprobe.viz import export
 
 
@@ -42,3 +45,25 @@ def test_an_unknown_suffix_is_refused_before_anything_is_written(tmp_path):
     with pytest.raises(lp.LensprobeError, match=r"\.html, \.json or .*\.pdf"):
         lp.viz.save(figure(), tmp_path / "f.html", tmp_path / "f.eps")
     assert not (tmp_path / "f.html").exists()
+
+
+def test_a_browser_that_never_answers_is_stopped_at_the_time_limit(tmp_path, monkeypatch):
+    browser = tmp_path / "chromium"
+    pidfile = tmp_path / "browser.pid"
+    browser.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexec sleep 600\n")
+    browser.chmod(0o755)
+    monkeypatch.setenv("BROWSER_PATH", str(browser))
+    monkeypatch.setenv(export.EXPORT_TIMEOUT_VAR, "10")  # time for the export process to start the browser
+    fig = go.Figure(go.Bar(x=["a"], y=[1]))
+    with pytest.raises(LensprobeError, match=rf"did not finish within 10 s: the browser {browser} did not answer.*"
+                                             rf"BROWSER_PATH.*{export.EXPORT_TIMEOUT_VAR}"):
+        lp.viz.save(fig, tmp_path / "f.png")
+    assert not (tmp_path / "f.png").exists() and [p.name for p in tmp_path.glob(".f.*")] == []
+    assert not pid_alive(int(pidfile.read_text()))  # the browser it started was stopped with it
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "inf"])
+def test_an_export_limit_that_is_not_a_positive_number_is_refused(monkeypatch, value):
+    monkeypatch.setenv(export.EXPORT_TIMEOUT_VAR, value)
+    with pytest.raises(LensprobeError, match=export.EXPORT_TIMEOUT_VAR):
+        export.export_limit()

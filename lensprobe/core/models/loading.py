@@ -147,6 +147,27 @@ def _bridge_from_folder(folder: Path, device, dtype: torch.dtype):
         return _boot(TransformerBridge, str(folder), hf, tok, device, dtype)
 
 
+def check_finite_weights(model: Any, name: str) -> None:
+    """Refuse a model with a NaN or infinite weight, naming the first such parameter (before any forward:
+    such a weight makes every later number NaN without an error).
+
+    Raises:
+        ModelLoadError: names the parameter, how many of its values are not finite, and the fix.
+
+    Example:
+        >>> check_finite_weights(torch.nn.Linear(2, 2), "tiny")
+    """
+    named = getattr(model, "named_parameters", None)  # a look-alike without torch parameters has none
+    for pname, param in named() if callable(named) else ():
+        if param.is_floating_point() and not param.is_meta and not bool(torch.isfinite(param).all()):
+            bad = int((~torch.isfinite(param)).sum())
+            raise ModelLoadError(
+                f"{name}: the weight {pname.replace('._original_component', '')} holds {bad} NaN or infinite value(s) of {param.numel()}, so every "
+                "number computed with it would be NaN: the weights' file is damaged or was saved from a run "
+                "that diverged; download or convert the model again (a GGUF file: delete its folder in the "
+                "model cache), or load another checkpoint.")
+
+
 def _boot(TransformerBridge, name: str, hf, tok, device: torch.device, dtype: torch.dtype):
     """A bridge over ``hf`` with every weight on ``device`` in ``dtype``, in eval mode.
 
@@ -154,6 +175,7 @@ def _boot(TransformerBridge, name: str, hf, tok, device: torch.device, dtype: to
     weights where they are, so the weights are moved first.
     """
     hf = hf.to(device=device, dtype=dtype).eval()
+    check_finite_weights(hf, name)
     with no_package_installs():
         return TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tok, device=device, dtype=dtype)
 
@@ -236,6 +258,7 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
     """
     if name is not None and not isinstance(name, (str, os.PathLike)):
         if is_hooked_model(name):
+            check_finite_weights(name, type(name).__name__)
             return place(name, None if device is None else check_device(device),
                          None if dtype is None else resolve_dtype(dtype))
         raise LensprobeError(

@@ -17,13 +17,14 @@ Example:
     lensprobe.core.errors.LensprobeError: results file /dev/zero is a character device, not a regular file: ...
 """
 
+import hashlib
 import os
 import stat
 from pathlib import Path
 
 from lensprobe.core.errors import LensprobeError
 
-__all__ = ["DATA_LIMIT", "SETTINGS_LIMIT", "check_file", "read_bytes", "read_text"]
+__all__ = ["DATA_LIMIT", "SETTINGS_LIMIT", "check_file", "file_sha256", "read_bytes", "read_text"]
 
 SETTINGS_LIMIT = 64 * 2**20
 """Largest settings file read (``config.json``, a recipe, a task file, a listing): 64 MiB."""
@@ -135,3 +136,31 @@ def read_text(path: str | os.PathLike, what: str, limit: int = SETTINGS_LIMIT) -
     except UnicodeDecodeError as err:
         raise LensprobeError(f"{what} {path} is not UTF-8 text (byte {err.start} is {data[err.start]:#04x}): save "
                              "it as UTF-8.") from None
+
+
+def file_sha256(path: str | os.PathLike, what: str, limit: int = DATA_LIMIT) -> str:
+    """SHA-256 (hex) of the whole of ``path``, a regular file of at most ``limit`` bytes, checked as by
+    :func:`check_file` on the open file before a byte is read (a FIFO or a device is refused at once).
+
+    Raises:
+        LensprobeError: see :func:`check_file`, or a read error.
+
+    Example:
+        >>> len(file_sha256(Path("model.safetensors"), "model weights"))
+        64
+    """
+    path = Path(path)
+    fd = _open(path, what)
+    try:
+        _checked(fd, path, what, limit)
+        os.set_blocking(fd, True)
+        h, buf = hashlib.sha256(), bytearray(1 << 20)
+        view = memoryview(buf)
+        with open(fd, "rb", buffering=0, closefd=False) as fh:
+            while n := fh.readinto(buf):
+                h.update(view[:n])
+        return h.hexdigest()
+    except OSError as err:
+        raise LensprobeError(f"cannot read {what} {path} ({err.strerror or err}): check the file.") from None
+    finally:
+        os.close(fd)

@@ -12,6 +12,10 @@ name and start time as JSON, and on POSIX systems is also ``flock``-ed while hel
 - a lock left by a process of another host cannot be checked from here: it is refused with a
   message saying which file to delete once that process is known to be gone.
 
+The lock file is opened without waiting: a FIFO, a device or a folder put in its place is refused
+at once, naming the file to delete (a read of a FIFO would wait for ever). A lock never waits: a
+caller that waits for one states its limit (e.g. the model cache's, :func:`lensprobe.core.models.cache.wait_limit`).
+
 A released lock deletes its file (a process that opened the old file meanwhile notices and
 tries again), so a finished run leaves no lock files.
 
@@ -25,6 +29,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 from types import ModuleType
@@ -70,6 +75,22 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def _open_lock(path: Path | str | os.PathLike, flags: int) -> int:
+    """Open the lock file without waiting (``O_NONBLOCK``); anything but a regular file (a FIFO, a device,
+    a folder) is refused at once, naming the file to delete."""
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except IsADirectoryError:
+        fd = -1
+    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd >= 0:
+            os.close(fd)
+        raise LensprobeError(f"the lock file {path} is not a regular file (a FIFO, a device or a folder was put "
+                             "there): delete it and retry.")
+    os.set_blocking(fd, True)
+    return fd
+
+
 def _read_holder(fd: int) -> dict[str, Any] | None:
     os.lseek(fd, 0, os.SEEK_SET)  # (os.pread is POSIX-only)
     data = os.read(fd, 4096)
@@ -91,7 +112,7 @@ def lock_holder(path: str | os.PathLike) -> dict[str, Any] | None:
         {'pid': 4242, 'host': 'node1', 'since': '2026-01-01 10:00:00'}
     """
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = _open_lock(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:
@@ -141,7 +162,7 @@ class FileLock:
         if self._fd is not None:
             return self
         for _ in range(100):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _open_lock(self.path, os.O_RDWR | os.O_CREAT)
             try:
                 holder = self._check(fd)
                 if not self._same_file(fd):  # released (deleted) between our open and our lock: again

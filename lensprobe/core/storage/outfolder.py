@@ -10,7 +10,9 @@ does not wait: a run that waits for minutes without saying why looks hung.
 Every file is written whole (:func:`~lensprobe.core.storage.store.atomic_file`). When a run ends it
 lists the files it wrote in :data:`PAGES_FILE` (:func:`replace_pages`) and deletes the files
 the folder's earlier run listed and this run did not write again, so a rerun with other
-settings leaves no page of the earlier run behind (a run that stops early deletes nothing:
+settings leaves no page of the earlier run behind (every listed path is checked to be inside the
+folder first, :class:`~lensprobe.core.storage.writer.OutputFolder`: a listing naming ``..``, an absolute
+path or a link leading out is refused before anything is deleted) (a run that stops early deletes nothing:
 its files are listed, and cleared, by the next run that ends). Result files kept by the store
 (``config.json``, rows and shard files) are never listed: a run with other
 settings is refused on them instead.
@@ -26,8 +28,10 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from lensprobe.core.errors import LensprobeError
 from lensprobe.core.storage.locks import FileLock
 from lensprobe.core.storage.store import atomic_write_json, open_folder, read_json
+from lensprobe.core.storage.writer import OutputFolder
 
 __all__ = ["FOLDER_LOCK", "PAGES_FILE", "lock_folder", "replace_pages"]
 
@@ -58,10 +62,26 @@ def lock_folder(out: str | os.PathLike, what: str) -> FileLock:
         "run's: wait for it to finish, or give this run another output folder (--out).")).acquire()
 
 
-def _inside(folder: Path, rel: str) -> Path | None:
-    """``folder / rel`` when it is a file inside ``folder`` (the listing may have been edited)."""
-    path = (folder / rel).resolve()
-    return path if path.is_relative_to(folder.resolve()) and path.is_file() else None
+def _listed(folder: OutputFolder, listing: Path, keep: list[str]) -> list[str]:
+    """The files the earlier run listed that this run did not write, every one checked to be inside the
+    folder before any is deleted (the listing may have been edited)."""
+    old = read_json(listing, fix="delete it").get("files", []) if listing.is_file() else []
+    names = [rel for rel in old if isinstance(rel, str) and rel not in keep and rel != PAGES_FILE]
+    try:
+        folder.check_all(names)
+    except LensprobeError as err:
+        raise LensprobeError(f"{listing} lists a file outside its folder ({err}) Nothing was deleted: delete "
+                             f"{listing.name} and rerun.") from None
+    return names
+
+
+def _relative(folder: OutputFolder, file: str | os.PathLike) -> str:
+    """``file`` (a path this run wrote) relative to ``folder``; one outside it is refused."""
+    path, root = Path(file).resolve(), folder.root.resolve()
+    if not path.is_relative_to(root):
+        raise LensprobeError(f"{file} was written outside the output folder {folder.root}: lensprobe writes only "
+                             "inside it; this is a bug in the command that wrote it.")
+    return path.relative_to(root).as_posix()
 
 
 def replace_pages(out: str | os.PathLike, what: str, files: Iterable[str | os.PathLike]) -> list[Path]:
@@ -76,19 +96,17 @@ def replace_pages(out: str | os.PathLike, what: str, files: Iterable[str | os.Pa
     Returns:
         The files of the earlier run that were deleted.
 
+    Raises:
+        LensprobeError: two of ``files`` are one file (two outputs of one run on one name: the second
+            overwrote the first), one is outside ``out``, or the earlier listing names a path outside it.
+
     Example:
         >>> replace_pages("runs/attn", "lensprobe attention", ["runs/attn/attention_received_L1.html"])
         [PosixPath('runs/attn/attention_received_L0.html')]
     """
-    folder = Path(out)
-    listing = folder / PAGES_FILE
-    new = sorted({Path(f).resolve().relative_to(folder.resolve()).as_posix() for f in files})
-    old = read_json(listing, fix="delete it").get("files", []) if listing.is_file() else []
-    removed = []
-    for rel in old:
-        path = _inside(folder, rel) if isinstance(rel, str) and rel not in new else None
-        if path is not None and path.name != PAGES_FILE:
-            path.unlink()
-            removed.append(folder / rel)
+    folder = OutputFolder(out)
+    listing = folder.root / PAGES_FILE
+    new = sorted(folder.claim(_relative(folder, f)).relative_to(folder.root).as_posix() for f in files)
+    removed = [folder.root / rel for rel in _listed(folder, listing, new) if folder.remove(rel)]
     atomic_write_json(listing, {"written_by": what, "files": new})
     return removed

@@ -5,7 +5,8 @@ sets (through :func:`lensprobe.core.storage.shards.run_sharded`) keep their resu
 way:
 
 - **Atomic writes.** Every file lensprobe writes whole (settings, summaries, CSV tables, traces,
-  figures, report pages) goes through :func:`atomic_file` (:func:`atomic_write_text` and
+  figures, report pages) goes through :func:`atomic_file` (of :mod:`lensprobe.core.storage.writer`, the one
+  writer and deleter) (:func:`atomic_write_text` and
   :func:`atomic_write_json` are built on it): a temporary file in the same folder, ``fsync``,
   then ``os.replace``. Readers see the old file or the whole new one; a write that fails leaves
   the old file as it was and no temporary file. Results are appended as rows instead
@@ -46,17 +47,17 @@ Example:
     {'a': 1}
 """
 
-import contextlib
 import json
 import math
 import os
 import time
-from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.storage.files import read_text
+from lensprobe.core.storage.writer import atomic_file
 
 __all__ = ["NEW_FOLDER_FIX", "POLL_SECONDS", "STALL_TIMEOUT", "STALL_TIMEOUT_VAR", "atomic_file",
            "atomic_write_json", "atomic_write_text", "diff_lines", "merge_rows", "open_folder", "other_run_error",
@@ -72,29 +73,6 @@ STALL_TIMEOUT_VAR = "LENSPROBE_STALL_TIMEOUT"
 POLL_SECONDS = 0.5
 NEW_FOLDER_FIX = "Use a new output folder, or delete this one to start over."
 _MISSING = "<missing>"
-
-
-@contextlib.contextmanager
-def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
-    """The one atomic write of lensprobe: yield a temporary path beside ``path`` (same folder, same
-    suffix) to write; on success it is fsynced and renamed to ``path`` with ``os.replace``, so readers
-    see the old file or the whole new one, never a part. When the write raises, ``path`` is left as
-    it was and the temporary file is removed.
-
-    Example:
-        >>> with atomic_file("out/table.csv") as tmp:
-        ...     df.to_csv(tmp)
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        yield tmp
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
