@@ -12,10 +12,11 @@ May import: :mod:`lensprobe.core`.
 from lensprobe.core.hooks.attach import ActivationRecorder, AttentionRecorder, Intervention, intervene
 from lensprobe.core.hooks.capabilities import Capabilities
 from lensprobe.core.hooks.hookpoint import HookSite, StepContext
+from lensprobe.core.storage.declared import declare
 from lensprobe.interventions.ablation import HeadAblation, ablate_heads, ablate_kv_group
 from lensprobe.interventions.arm import ARM, arm_redistribute
 from lensprobe.interventions.replacement import HeadMeans, head_means
 
 __all__ = ["ARM", "ActivationRecorder", "AttentionRecorder", "Capabilities", "HeadAblation", "HeadMeans", "HookSite",
-           "Intervention", "StepContext", "ablate_heads", "ablate_kv_group", "arm_redistribute", "head_means",
+           "Intervention", "StepContext", "ablate_heads", "declare", "ablate_kv_group", "arm_redistribute", "head_means",
            "intervene"]
