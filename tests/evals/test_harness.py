@@ -1,5 +1,6 @@
 """The evaluation harness on the tiny model: batching, oracles, resuming, SIGKILL, sharding, CLI."""
 
+import functools
 import json
 import os
 import signal
@@ -34,7 +35,7 @@ QUESTIONS = [
     "What is 2 to the power 5?",
 ]
 # Columns that depend on timing or on which process wrote the row.
-VOLATILE = ["seconds", "rank"]
+VOLATILE = ["seconds", "rank", "config_hash"]  # the run's hash holds its batch size
 
 
 def problems(n=None):
@@ -85,6 +86,7 @@ def test_batched_equals_unbatched_and_transformers(tiny, tiny_hf):
 
 
 @dataclass(frozen=True)
+@functools.partial(lp.interventions.declare, name="scripted-answer", version="1")
 class ScriptedAnswer:
     """Makes the model write the token ids ``script`` and then the end-of-sequence token."""
     script: tuple[int, ...]
