@@ -101,15 +101,19 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
             weights through the unwrapped Hugging Face modules, about 1.3x faster per step
             on a CPU; recording works the same, and it takes only interventions that edit
             ``hook_embed`` or a gated MLP's activations (such as :class:`~lensprobe.ARM`). It runs fused
-            sdpa attention (same tokens; entropies equal up to float rounding); when
+            sdpa attention (see below for how its numbers differ from the bridge's); when
             attention is recorded, each layer also computes the newest query's attention row
             from the cached keys (checked against eager attention when the view is built).
             On a small model, decode steps with few rows run the decoder layers on one
             thread (faster on a CPU; :data:`lensprobe.generation.engines.threads.ONE_THREAD_LAYER_BYTES`);
             ``trace.meta["decode_threads"]`` records the count. ``"auto"`` (default):
             ``"hf"`` when no hooks are attached to the model and every intervention can run
-            there, else ``"bridge"``. Both give the same tokens, entropies and attention (tested);
-            ``trace.meta["engine"]`` says which ran.
+            there, else ``"bridge"``. Without ARM both give the same tokens, and entropies and
+            attention equal up to float rounding (1e-5 nats measured; tested); with
+            :class:`~lensprobe.ARM` the rounding can move which near-zero activation gets which
+            random draw, so entropies can differ by more (1.4e-2 nats measured on the embedded
+            model; ``docs/numerics.md``). ``trace.meta["engine"]`` says which ran, and a
+            resumable run records it.
         batch_size: rows (prompt x sample) live at once; ``None`` (default): every row in one
             batch. With fewer than the rows, finished rows are refilled from the queue
             (continuous batching, see :mod:`lensprobe.generation.run`): each row gives what it

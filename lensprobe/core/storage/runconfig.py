@@ -8,7 +8,7 @@ run computes in ``config.json``, in one layout::
       "layout": 1,                          # this file's layout (LAYOUT)
       "kind": "evaluation",                 # what the run computes
       "hash": "3f1c0a...",                  # digest of kind and settings: the run's identity
-      "settings": {"identity": 1, ...},     # everything that changes results, by content
+      "settings": {"identity": 2, ...},     # every resolved setting, by content
       "parts": {"w/o": {..., "hash": ...}}, # parts a run may add to later (an evaluation's
                                             # conditions); {} for the others
       "labels": {"model": "..."}            # names for people, beside the identity, never compared
@@ -140,7 +140,7 @@ def open_run(out: str | os.PathLike, kind: str, settings: Mapping[str, Any], *, 
             differences listed), rows without ``config.json``, or a folder of an older lensprobe.
 
     Example:
-        >>> open_run("runs/e", "evaluation", {"identity": 1}, parts={"w/o": {"hash": "c1"}})["parts"]
+        >>> open_run("runs/e", "evaluation", {"identity": 2}, parts={"w/o": {"hash": "c1"}})["parts"]
         {'w/o': {'hash': 'c1'}}
     """
     out = open_folder(out)
