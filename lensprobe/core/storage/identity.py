@@ -117,15 +117,17 @@ def model_identity(model) -> dict:
 
 
 def run_identity(model, **parts: Any) -> dict:
-    """What a resumable run records as its settings: the identity rule, the model's identity and
-    every part (prompts, interventions, metric, settings) by :func:`identity`.
+    """What a resumable run records as its settings: the identity rule, the model's identity (its
+    weights hashed now, at the start of the run) and every part (prompts, interventions, metric,
+    settings, defaults included) by :func:`identity`.
 
     Raises:
-        LensprobeError: a part that cannot be identified.
+        LensprobeError: a part that cannot be identified, such as undeclared user code (the message
+            names it and says how to declare it: :func:`~lensprobe.core.storage.declared.declare`).
 
     Example:
         >>> run_identity(model, prompts=[prompt], metric="entropy")["identity"]
-        1
+        2
     """
     return {"identity": IDENTITY_VERSION, "model": model_identity(model),
             **{name: identity(value, name) for name, value in parts.items()}}
