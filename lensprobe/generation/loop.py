@@ -108,12 +108,14 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
             thread (faster on a CPU; :data:`lensprobe.generation.engines.threads.ONE_THREAD_LAYER_BYTES`);
             ``trace.meta["decode_threads"]`` records the count. ``"auto"`` (default):
             ``"hf"`` when no hooks are attached to the model and every intervention can run
-            there, else ``"bridge"``. Without ARM both give the same tokens, and entropies and
-            attention equal up to float rounding (1e-5 nats measured; tested); with
-            :class:`~lensprobe.ARM` the rounding can move which near-zero activation gets which
-            random draw, so entropies can differ by more (1.4e-2 nats measured on the embedded
-            model; ``docs/numerics.md``). ``trace.meta["engine"]`` says which ran, and a
-            resumable run records it.
+            there, else ``"bridge"``. The two differ in their attention kernel only (fused sdpa
+            against eager), so without ARM their entropies and attention agree up to float
+            rounding (within 1e-5 nats on the prompts measured, with the same tokens; tested);
+            :class:`~lensprobe.ARM` ranks near-zero activations, and that rounding can move
+            which of them gets which random draw: entropies then differ by more (up to 5.6e-2
+            nats on the embedded model, and greedy tokens parted on 1 of 8 prompts;
+            ``docs/numerics.md``). ``trace.meta["engine"]`` says which ran, and an evaluation
+            records it in ``config.json`` and in every row.
         batch_size: rows (prompt x sample) live at once; ``None`` (default): every row in one
             batch. With fewer than the rows, finished rows are refilled from the queue
             (continuous batching, see :mod:`lensprobe.generation.run`): each row gives what it
