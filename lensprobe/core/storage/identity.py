@@ -137,9 +137,9 @@ def weights_digest(module: torch.nn.Module) -> str:
     """A digest of every parameter and buffer of ``module``: names, shapes, dtypes and values.
 
     Computed from the values at every call, never cached: an edit through ``.data`` (which no
-    tensor version counter sees) changes it. SHA-256 at about 0.46 GB/s on one CPU core: 1.1 s for
-    the embedded 135M-parameter model in float32 (538 MB), about 30 s for a 7B model in bf16 (14 GB),
-    measured and stated in ``docs/numerics.md``.
+    tensor version counter sees) changes it. SHA-256 ran at 0.46 to 1.11 GB/s on one CPU core: 0.5
+    to 1.2 s for the embedded 135M-parameter model in float32 (538 MB), about 13 to 30 s for a 7B
+    model in bf16 (14 GB); ``docs/numerics.md``.
 
     Example:
         >>> weights_digest(model) == weights_digest(model)
