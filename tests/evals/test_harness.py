@@ -359,8 +359,8 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(tiny, tmp_path):
     survived = len(read_rows(out))
     assert 4 <= survived < total, f"{survived} rows survived: the kill should land mid-run"
     probs = lp.load_math500(data)
-    resumed = lp.evaluate(tiny, probs, "w/o,w/ Mless,w/ Mful", out=out, max_new_tokens=60, batch_size=4,
-                          progress=False, model_name="tiny")
+    resumed = lp.evaluate(tiny, probs, "w/o,w/ Mless,w/ Mful", out=out, max_new_tokens=60, batch_size=1,
+                          progress=False, model_name="tiny")  # the folder's batch size (part of its identity)
     rows = read_rows(out)
     keys = [(r["condition"], r["problem_id"], r["sample"]) for r in rows]
     assert len(keys) == len(set(keys)) == total  # no duplicates, nothing lost
