@@ -3,15 +3,19 @@ and the result folders earlier formats wrote (``tests/fixtures/old-format`` and 
 by its ``make.py``)."""
 
 import dataclasses
+import functools
 import shutil
 from pathlib import Path
 
 import torch
 
+from lensprobe.interventions import declare
+
 OLD_FORMAT = Path(__file__).resolve().parent / "fixtures" / "old-format"
 TWO_FILES_FORMAT = Path(__file__).resolve().parent / "fixtures" / "two-files-format"
 
 
+@functools.partial(declare, name="add-row", version="1")
 @dataclasses.dataclass(frozen=True)
 class AddRow:
     """Adds row 0 of ``table`` ([rows, d_model]) to the residual stream after layer 0. A table of more than
@@ -23,6 +27,7 @@ class AddRow:
         return [("blocks.0.hook_resid_post", lambda act, hook: act + self.table[0].to(act.dtype))]
 
 
+@functools.partial(declare, name="shift", version="1")
 class Shift:
     """Adds ``by`` to the residual stream after layer 0; no ``__repr__``, so every Shift has the same one."""
 
@@ -47,7 +52,7 @@ def logprob_of(token_id: int):
     def metric(logits, prompt):
         return logits[:, -1].float().log_softmax(-1)[:, token_id]
 
-    return metric
+    return declare(metric, name="logprob_of", version="1")
 
 
 def old_folder(kind: str, tmp_path: Path) -> Path:

@@ -5,12 +5,12 @@ runner (:mod:`lensprobe.evals.running`) both import it from here.
 
 Example:
     >>> cfg = EvalConfig(max_new_tokens=256, batch_size=4)
-    >>> identity(cfg)                        # batch_size does not change results: not in the identity
-    {'.type': 'lensprobe.evals.config.EvalConfig', 'max_new_tokens': 256}
+    >>> identity(cfg)["batch_size"]          # every setting is in the identity, defaults included
+    4
 """
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from lensprobe.core.errors import LensprobeError
@@ -36,8 +36,9 @@ class EvalConfig(GenerationConfig):
     Attributes:
         max_new_tokens: generated tokens per answer at most (default 512).
         batch_size: rows generated at once; a finished row's slot takes the next prompt
-            (continuous batching). Does not change results, so it is declared out of the run's
-            identity (``metadata={"identity": False}``).
+            (continuous batching). In the run's identity: a row run in a batch equals the row run
+            alone only up to float rounding (the batch's padding and shapes change the order of
+            sums), so a folder is resumed only with the batch size it was written with.
         seed: base seed of sampling (default 0; used only when sampling).
         n_samples: answers per problem, for pass@k (more than one needs sampling: ``do_sample=True``,
             ``--sample``).
@@ -58,8 +59,8 @@ class EvalConfig(GenerationConfig):
             :data:`~lensprobe.evals.mathverify.GRADE_TIMEOUT`, ``None`` sets no limit, and a
             timed-out verdict is ``None``.
 
-    The run's identity (:func:`~lensprobe.core.storage.identity.identity`) holds the fields that differ
-    from their defaults, so a folder written before a field was added keeps its identity.
+    The run's identity (:func:`~lensprobe.core.storage.identity.identity`) holds every field, defaults
+    included, so a folder written under an old default never matches a run under a new one.
 
     The other fields (``do_sample``, ``temperature``, ``top_p``, ``stop_at_eos``, ``thinking``,
     ``think_when``) are :class:`~lensprobe.GenerationConfig`'s.
@@ -67,7 +68,7 @@ class EvalConfig(GenerationConfig):
 
     max_new_tokens: int = 512
     seed: int = 0
-    batch_size: int = field(default=8, metadata={"identity": False})
+    batch_size: int = 8
     prompt_format: PromptFormat = "chat"
     extract: str = "boxed"
     protocol: str | None = None

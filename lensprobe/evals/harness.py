@@ -30,14 +30,16 @@ sentence`` (no chat template, :data:`~lensprobe.core.prompts.prompt.PAPER_SYSTEM
 problem, tokenized as one string) and, for settings not given, generates as the authors do:
 ``max_new_tokens=2048`` and ``do_sample``/``temperature``/``top_p`` from the model's own
 generation config (:func:`paper_generation_settings`). Conditions passed as objects are used
-as they are. The format is recorded in ``config.json`` (only when it is not ``"chat"``: the
-run's identity holds the settings that differ from their defaults).
+as they are. The format is recorded in ``config.json`` with every other setting.
 
 **Identity.** A folder is one run: its ``config.json`` holds the run's identity by content
-(:mod:`lensprobe.core.storage.identity`: the model's weights, the settings that change results, each
-condition's prompt template, interventions and generation settings by value) and a hash of it;
-a run of another identity is refused, and so is a folder written before identities were by
-content (its results cannot be checked against this run's).
+(:mod:`lensprobe.core.storage.identity`: the model's weights, every setting, defaults and
+``batch_size`` included, each condition's prompt template by text and token ids, its
+interventions and generation settings by value, and the engine that runs it, ``"hf"`` or
+``"bridge"``, resolved from ``"auto"``) and a hash of it; a run of another identity is refused,
+and so is a folder written before identities were by content (its results cannot be checked
+against this run's). Every row records its engine and a digest of its prompt's token ids; a
+resumed run builds each finished row's prompt again and refuses a row whose token ids differ.
 
 **ARM.** ``"ARM"`` and ``"<name>+ARM"`` attach the paper's ARM module
 (:class:`~lensprobe.ARM`): ``evaluate(arm=...)``, or else the authors' preset for the model.
@@ -105,7 +107,16 @@ from lensprobe.evals.results import (
 )
 from lensprobe.evals.runfacts import mark_extract
 from lensprobe.evals.running import ErrorRowsWarning as ErrorRowsWarning  # lensprobe.evals exports it
-from lensprobe.evals.running import RunInfo, finished_rows, plan_rows, result_table, run_plan, tally_rows
+from lensprobe.evals.running import (
+    RunInfo,
+    check_done_prompts,
+    condition_engine,
+    finished_rows,
+    plan_rows,
+    result_table,
+    run_plan,
+    tally_rows,
+)
 from lensprobe.evals.verdicts import default_grader, mark_default_grader
 from lensprobe.interventions.arm import ARM
 
@@ -225,13 +236,14 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
     name = str(model_name) if model_name is not None else facts.name
     run, cond_desc = _identities(model, conds, config, out)
     info = RunInfo(name, run_hash(EVAL_KIND, run) if "identity" in run else None,
-                   {n: d["hash"] for n, d in cond_desc.items()}, rank)
+                   {n: d["hash"] for n, d in cond_desc.items()}, rank, {n: d["engine"] for n, d in cond_desc.items()})
     done: dict[tuple, dict] = {}
     with _nothing_left_if_refused(out, world_size):  # checks after the folder is prepared: intervention positions
         if out is not None:
             prepare_folder(out, run, cond_desc, resume=resume or rank != 0, labels={"model": name})
             out = Path(out).expanduser()
             done = finished_rows(out, problems)
+            check_done_prompts(model, conds, done, problems, out)
         mine = my_units(problems, rank, world_size)
         plan = plan_rows(model, mine, conds, done, config, facts)
         tally = tally_rows(done, mine, conds)
@@ -261,14 +273,15 @@ def _identities(model, conds, config: EvalConfig, out) -> tuple[dict, dict[str, 
         run = {"format": FORMAT_VERSION, **run_identity(model, generation=config)}
         conditions = {}
         for c in conds:
-            desc = c.describe(model)
+            desc = {**c.describe(model), "engine": condition_engine(model, c)}
             conditions[c.name] = {**desc, "hash": identity_digest(desc), "labels": _labels(c)}
         return run, conditions
     except IdentityError:
         if out is not None:
             raise
     generation = {"prompt_format": config.prompt_format, "protocol": config.protocol}  # what default_grader reads
-    return {"format": FORMAT_VERSION, "generation": generation}, {c.name: {"hash": None} for c in conds}
+    return {"format": FORMAT_VERSION, "generation": generation}, {
+        c.name: {"hash": None, "engine": condition_engine(model, c)} for c in conds}
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from lensprobe.core.hooks.capabilities import bind_interventions
 from lensprobe.core.lazy import pandas
 from lensprobe.core.models.facts import ModelFacts, model_facts
 from lensprobe.core.progress import tqdm
-from lensprobe.core.prompts.conditions import Condition
+from lensprobe.core.prompts.conditions import QUESTION_PLACEHOLDER, Condition
 from lensprobe.core.storage.jsonable import json_digest
 from lensprobe.core.storage.rowfiles import RowWriter
 from lensprobe.evals.config import EvalConfig
@@ -35,11 +35,13 @@ from lensprobe.evals.mathverify import GRADE_TIMEOUT
 from lensprobe.evals.protocols import grades_prompt, ungradable_is_wrong
 from lensprobe.evals.results import read_rows, results_file, rows_frame, settled_rows
 from lensprobe.evals.verdicts import PAPER_EXACT
+from lensprobe.generation.engines import engine_name, engine_to_run
 from lensprobe.generation.loop import generate
 from lensprobe.generation.rows import FinishedRow
 
-__all__ = ["PAPER_EXACT", "ROW_COLUMNS", "ErrorRowsWarning", "Item", "RunInfo", "finished_rows", "generation_calls",
-           "make_row", "plan_chunk", "plan_rows", "problem_hash", "result_table", "run_plan", "tally_rows"]
+__all__ = ["PAPER_EXACT", "ROW_COLUMNS", "ErrorRowsWarning", "Item", "RunInfo", "check_done_prompts", "condition_engine",
+           "finished_rows", "generation_calls", "make_row", "plan_chunk", "plan_rows", "problem_hash",
+           "prompt_ids_digest", "result_table", "run_plan", "tally_rows"]
 
 
 def problem_hash(problem: Problem) -> str:
@@ -94,6 +96,38 @@ class RunInfo:
     run_hash: str | None  # None: a run kept in memory whose identity could not be described
     condition_hashes: dict[str, str | None]
     rank: int
+    engines: dict[str, str] = field(default_factory=dict)  # condition -> its engine ("hf", "bridge", "hooked")
+
+
+def condition_engine(model, cond: Condition) -> str:
+    """The engine that runs ``cond`` on ``model`` (its ``engine`` generation setting, ``"auto"`` resolved):
+    recorded with the condition in ``config.json`` and in every row, and the one its rows run on."""
+    template = cond.prompt_builder(model)(QUESTION_PLACEHOLDER)
+    bound = bind_interventions(cond.interventions, template)[0]
+    return engine_name(model, cond.generate_kwargs.get("engine", "auto"), interventions=bound)
+
+
+def prompt_ids_digest(prompt) -> str:
+    """The digest of a prompt's token ids that every row records (checked when a run resumes)."""
+    return json_digest(prompt.tokens.reshape(-1).tolist())
+
+
+def check_done_prompts(model, conds: list[Condition], done: dict, problems: list[Problem], out: Path) -> None:
+    """Refuse a finished row whose prompt, built again now, has other token ids than the row records
+    (a tokenizer or a prompt builder that changed): its result belongs to another prompt."""
+    builders = {c.name: c.prompt_builder(model) for c in conds}
+    texts = {p.id: p.problem for p in problems}
+    for (cname, pid, sample), row in done.items():
+        if cname not in builders or pid not in texts:
+            continue
+        recorded, prompt = row.get("prompt_ids"), builders[cname](texts[pid])
+        if recorded != prompt_ids_digest(prompt):
+            raise LensprobeError(
+                f"{out} holds the row of condition {cname!r}, problem {pid!r}, sample {sample} with prompt token ids "
+                f"{recorded!r} ({row.get('prompt_tokens')} tokens), but this run builds its prompt as "
+                f"{prompt_ids_digest(prompt)!r} ({len(prompt)} tokens): the tokenizer or the condition's prompt "
+                "builder changed, so its result belongs to another prompt. Use a new output folder, or delete that "
+                "row's line to generate it again.")
 
 
 def finished_rows(out: Path, problems: list[Problem]) -> dict[tuple, dict]:
@@ -224,7 +258,8 @@ def run_plan(model, plan, config: EvalConfig, info: RunInfo, tally: dict, *, out
                     emit(it, cond, [], "", "error", it.error, 0.0)
             items = [it for it in items if it.error is None]
             for batch, interventions, batch_size in generation_calls(items, cond, config):
-                _generate(model, facts, batch, interventions, cond, config, batch_size, emit)
+                _generate(model, facts, batch, interventions, cond, config, batch_size, emit,
+                          info.engines.get(cond.name, "auto"))
     finally:
         if writer is not None:
             writer.close()
@@ -256,7 +291,8 @@ def result_table(rows: list[dict], conds: list[Condition], problems: list[Proble
 
 ROW_COLUMNS = ["condition", "problem_id", "sample", "subject", "level", "answer", "prediction",
                *GRADERS, PAPER_EXACT, "finish", "generated_tokens", "generation", "prompt", "prompt_tokens",
-               "model", "config_hash", "condition_hash", "problem_hash", "rank", "seconds", "error"]
+               "prompt_ids", "model", "engine", "config_hash", "condition_hash", "problem_hash", "rank", "seconds",
+               "error"]
 
 
 def make_row(it: Item, cond: Condition, ids: list[int], text: str, finish: str, seconds: float, info: RunInfo,
@@ -283,7 +319,8 @@ def make_row(it: Item, cond: Condition, ids: list[int], text: str, finish: str, 
         "level": p.level, "answer": p.answer, "prediction": prediction, **verdicts,
         PAPER_EXACT: exact, "finish": finish,
         "generated_tokens": len(ids), "generation": text, "prompt": shown[0],
-        "prompt_tokens": shown[1], "model": info.model_name, "config_hash": info.run_hash,
+        "prompt_tokens": shown[1], "prompt_ids": prompt_ids_digest(it.prompt) if it.prompt is not None else None,
+        "model": info.model_name, "engine": info.engines.get(cond.name), "config_hash": info.run_hash,
         "condition_hash": info.condition_hashes[cond.name], "problem_hash": problem_hash(p), "rank": info.rank,
         "seconds": round(seconds, 4), "error": error,
     }
@@ -302,7 +339,7 @@ def _progress(total: int, enabled: bool, rank: int, world_size: int):
 
 
 def _generate(model, facts: ModelFacts, batch: list[Item], interventions: tuple, cond: Condition,
-              config: EvalConfig, batch_size: int | None, emit) -> None:
+              config: EvalConfig, batch_size: int | None, emit, engine: str) -> None:
     """Generate the batch's answers with :func:`lensprobe.generate`, handing each to ``emit``
     as soon as its row has finished (continuous batching with ``batch_size`` rows live).
 
@@ -328,5 +365,6 @@ def _generate(model, facts: ModelFacts, batch: list[Item], interventions: tuple,
         emit(it, cond, done.token_ids, done.text, done.finish_reason, done.error, now - clock[0])
         clock[0] = now
 
+    settings = {**cond.generate_kwargs, "engine": engine_to_run(engine)}  # the engine its rows record
     generate(model, prompts, config.generation(), interventions=list(interventions), n_samples=n,
-             batch_size=batch_size, on_row=on_row, on_error="row", facts=facts, **cond.generate_kwargs)
+             batch_size=batch_size, on_row=on_row, on_error="row", facts=facts, **settings)

@@ -105,15 +105,21 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
             weights through the unwrapped Hugging Face modules, about 1.3x faster per step
             on a CPU; recording works the same, and it takes only interventions that edit
             ``hook_embed`` or a gated MLP's activations (such as :class:`~lensprobe.ARM`). It runs fused
-            sdpa attention (same tokens; entropies equal up to float rounding); when
+            sdpa attention (see below for how its numbers differ from the bridge's); when
             attention is recorded, each layer also computes the newest query's attention row
             from the cached keys (checked against eager attention when the view is built).
             On a small model, decode steps with few rows run the decoder layers on one
             thread (faster on a CPU; :data:`lensprobe.generation.engines.threads.ONE_THREAD_LAYER_BYTES`);
             ``trace.meta["decode_threads"]`` records the count. ``"auto"`` (default):
             ``"hf"`` when no hooks are attached to the model and every intervention can run
-            there, else ``"bridge"``. Both give the same tokens, entropies and attention (tested);
-            ``trace.meta["engine"]`` says which ran.
+            there, else ``"bridge"``. The two differ in their attention kernel only (fused sdpa
+            against eager), so without ARM their entropies and attention agree up to float
+            rounding (within 1e-5 nats on the prompts measured, with the same tokens; tested);
+            :class:`~lensprobe.ARM` ranks near-zero activations, and that rounding can move
+            which of them gets which random draw: entropies then differ by more (up to 5.6e-2
+            nats on the embedded model, and greedy tokens parted on 1 of 8 prompts;
+            ``docs/numerics.md``). ``trace.meta["engine"]`` says which ran, and an evaluation
+            records it in ``config.json`` and in every row.
         batch_size: rows (prompt x sample) live at once; ``None`` (default): every row in one
             batch. With fewer than the rows, finished rows are refilled from the queue
             (continuous batching, see :mod:`lensprobe.generation.run`): each row gives what it

@@ -18,10 +18,11 @@ from lensprobe.core.hooks.attach import (
 )
 from lensprobe.core.hooks.capabilities import Capabilities
 from lensprobe.core.hooks.hookpoint import HookSite, StepContext
+from lensprobe.core.storage.declared import declare
 from lensprobe.interventions.ablation import HeadAblation, ablate_heads, ablate_kv_group
 from lensprobe.interventions.arm import ARM, arm_redistribute
 from lensprobe.interventions.replacement import HeadMeans, head_means
 
 __all__ = ["ARM", "ActivationRecorder", "AttentionRecorder", "Capabilities", "HeadAblation", "HeadMeans", "HookSite",
-           "Intervention", "StepContext", "ablate_heads", "ablate_kv_group", "arm_redistribute", "head_means",
-           "intervene", "matching_hook_names"]
+           "Intervention", "StepContext", "ablate_heads", "ablate_kv_group", "arm_redistribute", "declare",
+           "head_means", "intervene", "matching_hook_names"]

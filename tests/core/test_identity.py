@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import lensprobe as lp
-import lensprobe.core.storage.identity as identity_module
 from lensprobe.core.models.testing import tiny_model
 from lensprobe.core.storage.identity import (
+    IDENTITY_VERSION,
     check_identity_rule,
     identity,
     identity_digest,
@@ -23,6 +23,7 @@ from lensprobe.core.storage.identity import (
 from lensprobe.core.storage.jsonable import stable_repr
 
 
+@functools.partial(lp.interventions.declare, name="add-vector", version="1")
 @dataclasses.dataclass(frozen=True)
 class AddVector:
     """An intervention holding a tensor: adds ``vector`` to the residual stream after layer 0."""
@@ -33,8 +34,9 @@ class AddVector:
         return [("blocks.0.hook_resid_post", lambda act, hook: act + self.vector.to(act.dtype))]
 
 
+@functools.partial(lp.interventions.declare, name="plain", version="1")
 class Plain:
-    """A class with no ``__repr__`` and no declared identity."""
+    """A class with no ``__repr__``, declared by a name and a version."""
 
     def __init__(self, factor):
         self.factor = factor
@@ -49,14 +51,14 @@ class Declared:
 
 
 def scale(factor):
-    return lambda x: x * factor
+    return lp.interventions.declare(lambda x: x * factor, name="scale", version="1")
 
 
 def logprob_of(token_id):
     def metric(logits, prompt):
         return logits[:, -1].log_softmax(-1)[:, token_id]
 
-    return metric
+    return lp.interventions.declare(metric, name="logprob_of", version="1")
 
 
 def test_interventions_differing_in_one_tensor_element_differ():
@@ -80,20 +82,45 @@ def test_closures_metrics_and_plain_objects_differ_by_what_they_hold():
     assert identity(Declared("a", [1])) == identity(Declared("a", [2])) != identity(Declared("b", [1]))
 
 
-def test_functions_are_identified_by_their_code():
+def test_user_functions_are_refused_unless_declared_and_then_identified_by_name_and_version():
     def one(x):
-        return x + 1
+        return helper(x)  # reads a global: its bytecode cannot show what helper does
 
-    def two(x):
-        return x + 2
-
-    assert identity(one)["code"] != identity(two)["code"]
+    with pytest.raises(lp.LensprobeError, match=r"cannot identify .*one at hook: it is user code.*globals it reads.*"
+                                                r"lp.interventions.declare\(one, name='one', version='1'\)"):
+        identity(one, "hook")
+    declared = lp.interventions.declare(one, name="one", version="2")
+    assert declared is one and identity(one) == {".declared": "one", "version": "2"}
+    assert identity(lp.interventions.declare(one, name="one", version="3")) != {".declared": "one", "version": "2"}
     assert identity(torch.softmax) == {".function": "torch._VariableFunctionsClass.softmax"}  # a library's by name
+    assert identity(lp.metrics.entropy) == {".function": "lensprobe.core.measures.metrics.entropy",
+                                            "lensprobe": lp.__version__}  # lensprobe's: name and version
 
 
-def test_the_same_lambda_has_the_same_identity_in_another_process():
+def helper(x):
+    return x + 1
+
+
+def test_user_classes_are_refused_unless_declared():
+    @dataclasses.dataclass
+    class Hook:
+        scale: float = 1.0
+
+    with pytest.raises(lp.LensprobeError, match=r"cannot identify .*Hook at x: it is user code.*"
+                                                r"declare\(Hook, name='Hook'.*__lensprobe_identity__"):
+        identity(Hook(), "x")
+    lp.interventions.declare(Hook, name="hook", version="1")
+    assert identity(Hook(2.0)) == {".type": f"{Hook.__module__}.{Hook.__qualname__}", "scale": 2}
+    with pytest.raises(lp.LensprobeError, match="name must be non-empty"):
+        lp.interventions.declare(helper, name=" ", version="1")
+    with pytest.raises(lp.LensprobeError, match="cannot carry a declared identity"):
+        lp.interventions.declare(len, name="len", version="1")
+
+
+def test_the_same_declared_lambda_has_the_same_identity_in_another_process():
     code = ("import json\nfrom lensprobe.core.storage.identity import identity\n"
-            "def make(f):\n    return lambda x: x * f + len({'a', 'b'})\n"
+            "from lensprobe.interventions import declare\n"
+            "def make(f):\n    return declare(lambda x: x * f + len({'a', 'b'}), name='make', version='1')\n"
             "print(json.dumps(identity(make(3.5))))")
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
             for _ in range(2)]
@@ -105,31 +132,32 @@ def test_undescribable_objects_are_refused_with_what_to_do():
         identity({"x": torch.Generator()})
     gen = torch.Generator()
     with pytest.raises(lp.LensprobeError, match="closure variable 'gen'.*make it a dataclass"):
-        identity(lambda: gen.seed())
+        identity(lp.interventions.declare(lambda: gen.seed(), name="seed", version="1"))
     loop: list = []
     loop.append(loop)
     with pytest.raises(lp.LensprobeError, match="contains itself"):
         identity(loop)
 
 
-def test_dataclass_fields_at_their_defaults_and_declared_out_are_left_out():
-    assert identity(lp.evals.EvalConfig()) == {".type": "lensprobe.evals.config.EvalConfig"}
-    assert identity(lp.evals.EvalConfig(batch_size=2)) == identity(lp.evals.EvalConfig())  # identity=False
+def test_every_dataclass_field_is_in_the_identity_defaults_included():
+    assert identity(lp.evals.EvalConfig())["max_new_tokens"] == 512  # a default is recorded, not left out
+    assert identity(lp.evals.EvalConfig(batch_size=2)) != identity(lp.evals.EvalConfig())  # batch_size counts
     assert identity(lp.evals.EvalConfig(max_new_tokens=9))["max_new_tokens"] == 9
 
     @dataclasses.dataclass
     class Settings:
         n: int = 1
 
-    before = identity(Settings(n=2))
+    lp.interventions.declare(Settings, name="settings", version="1")
+    before = identity(Settings())
 
     @dataclasses.dataclass
-    class Settings:  # type: ignore[no-redef]  # the same class with a new field
-        n: int = 1
-        extra: float = 0.5
+    class Settings:  # type: ignore[no-redef]  # the same class under a new default
+        n: int = 2
 
-    assert identity(Settings(n=2)) == before  # a new field with a default leaves older identities as they were
-    assert identity(Settings(n=2, extra=1.0)) != before
+    lp.interventions.declare(Settings, name="settings", version="1")
+    assert identity(Settings()) != before  # a folder written under the old default does not match
+    assert identity(Settings(n=1)) == before
 
 
 def test_identity_digest_is_the_sha256_of_the_sorted_identity():
@@ -164,11 +192,22 @@ def test_models_differing_after_the_first_embedding_rows_differ():
 def test_the_weights_digest_stays_through_generation(tiny):
     before = weights_digest(tiny)
     lp.generate(tiny, lp.build_prompt(tiny, "What is 2+2?"), max_new_tokens=3)
-    identity_module._WEIGHTS.pop(tiny, None)  # computed again from scratch: no buffer changed
     assert weights_digest(tiny) == before
 
 
+def test_an_edit_through_data_changes_the_weights_digest():
+    model = tiny_model(seed=0)
+    before = weights_digest(model)
+    param = next(model.parameters())
+    version = param._version
+    param.data.mul_(0)  # invisible to the version counter: a cache keyed on it would be fooled
+    assert param._version == version
+    assert weights_digest(model) != before
+
+
 def test_a_folder_of_another_identity_rule_is_refused():
-    check_identity_rule({"identity": 1}, "runs/x")
+    check_identity_rule({"identity": IDENTITY_VERSION}, "runs/x")
+    with pytest.raises(lp.LensprobeError, match=r"runs/x was written by identity rule 1.*new output folder"):
+        check_identity_rule({"identity": 1}, "runs/x")
     with pytest.raises(lp.LensprobeError, match=r"runs/x was written by an older lensprobe.*new output folder"):
         check_identity_rule({"model": {"name": "m"}}, "runs/x")

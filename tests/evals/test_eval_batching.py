@@ -1,6 +1,7 @@
 """Evaluations under continuous batching: rows as if generated alone, written as they finish,
 error rows for rows that cannot run (retried on resume), and a clean stop on Ctrl-C."""
 
+import functools
 import json
 import re
 import warnings
@@ -18,7 +19,7 @@ from lensprobe.prompts import Condition
 QUESTIONS = ["What is 1+1?", "Compute 12 * 3 and give the answer, showing every step of the work.",
              "Hi?", "Solve for x: 2x + 3 = 7, then check the solution by substituting it back.",
              "What is 7?", "If a square has side 4, what is its area?"]
-VOLATILE = ["seconds", "rank"]
+VOLATILE = ["seconds", "rank", "config_hash"]  # the run's hash holds its batch size
 
 
 def problems(n=None):
@@ -64,6 +65,7 @@ def test_rows_are_written_as_they_finish_and_seconds_add_up(tiny, tmp_path, monk
     assert caps["seconds"].sum() > 0 and (caps["seconds"] >= 0).all()
 
 
+@functools.partial(lp.interventions.declare, name="fail-for", version="1")
 @dataclass
 class FailFor:
     """An intervention whose hook refuses (LensprobeError) the prompt forward of prompts of
@@ -142,6 +144,7 @@ def test_a_prompt_too_long_for_the_context_is_an_error_row(tiny):
     assert list(rows["generation"][:3]) == list(alone["generation"])
 
 
+@functools.partial(lp.interventions.declare, name="interrupt-after", version="1")
 @dataclass
 class InterruptAfter:
     """Raises KeyboardInterrupt in the forward after ``n`` decode forwards (as Ctrl-C would)."""
@@ -191,7 +194,7 @@ def test_each_generation_call_keeps_its_batch_busy_and_conditions_take_turns(tin
     from lensprobe.evals import running
 
     calls = []
-    monkeypatch.setattr(running, "_generate", lambda model, facts, batch, interventions, cond, config, batch_size, emit:
+    monkeypatch.setattr(running, "_generate", lambda model, facts, batch, interventions, cond, config, batch_size, emit, engine:
                         calls.append((cond.name, len(batch), batch_size)))
     probs = lp.evals.arithmetic_problems(n=150, seed=0)
     lp.evaluate(tiny, probs, "w/o,w/ Mless", max_new_tokens=2, progress=False, **settings)

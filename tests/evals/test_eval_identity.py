@@ -20,9 +20,11 @@ def run(tiny, conditions, out, **settings):
 def test_a_condition_of_another_intervention_is_refused(tiny, tmp_path):
     a, b = two_tables()
     first = run(tiny, [lp.Condition("steered", interventions=(AddRow(a),))], tmp_path)
-    again = run(tiny, [lp.Condition("steered", interventions=(AddRow(a.clone()),))], tmp_path, batch_size=3)
-    assert list(again["generation"]) == list(first["generation"])  # same content, other batch size: resumed
+    again = run(tiny, [lp.Condition("steered", interventions=(AddRow(a.clone()),))], tmp_path)
+    assert list(again["generation"]) == list(first["generation"])  # same content: resumed
     before = snapshot(tmp_path)
+    with pytest.raises(lp.LensprobeError, match=r"generation.batch_size: folder has \d+, this run has 3"):
+        run(tiny, [lp.Condition("steered", interventions=(AddRow(a.clone()),))], tmp_path, batch_size=3)
     with pytest.raises(lp.LensprobeError, match="already holds condition 'steered' with a different definition"):
         run(tiny, [lp.Condition("steered", interventions=(AddRow(b),))], tmp_path)
     with pytest.raises(lp.LensprobeError, match="already holds condition 'steered' with a different definition"):
@@ -35,7 +37,7 @@ def test_the_model_name_is_a_label_beside_the_identity(tiny, tmp_path):
     run(tiny, "w/o", tmp_path, model_name="renamed")  # the same weights: the same run
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["labels"] == {"model": "mine"} and "name" not in config["settings"]["model"]
-    assert config["settings"]["identity"] == 1 and len(config["settings"]["model"]["weights"]) == 16
+    assert config["settings"]["identity"] == 2 and len(config["settings"]["model"]["weights"]) == 16
 
 
 def test_an_evaluation_of_the_previous_format_is_refused_with_why(tiny, tmp_path):

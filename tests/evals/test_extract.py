@@ -51,10 +51,10 @@ def test_extract_answer_dispatches_and_refuses_unknown_methods():
         lp.evaluate(None, [], extract="flexible")
 
 
-def test_extract_is_in_the_identity_only_when_not_the_default():
+def test_extract_is_in_the_identity_default_included():
     boxed = EvalConfig(max_new_tokens=4)
     assert identity(boxed) == identity(EvalConfig(max_new_tokens=4, extract="boxed"))
-    assert "extract" not in identity(boxed)
+    assert identity(boxed)["extract"] == "boxed"
     assert identity(EvalConfig(max_new_tokens=4, extract="last-number")) == {**identity(boxed),
                                                                            "extract": "last-number"}
 
@@ -79,12 +79,13 @@ def test_evaluate_reads_the_answer_with_the_chosen_extractor(tiny, tmp_path):
             assert r["math-verify"] and r["paper"]
         if r["prediction"] is None or r["prediction"] != r["prediction"]:
             assert not r["math-verify"] and not r["paper"]
-    # the default is not recorded: a folder written with extract="boxed" has the hash of one without it
+    # the default is recorded: a folder written with extract="boxed" has the hash of one run at the default
     assert set(boxed["config_hash"]) == set(default["config_hash"])
     assert set(flex["config_hash"]) != set(boxed["config_hash"])
     config = json.loads((tmp_path / "flex" / "config.json").read_text(encoding="utf-8"))
     assert "last-number" in json.dumps(config)
-    assert "extract" not in (tmp_path / "boxed" / "config.json").read_text(encoding="utf-8")
+    boxed_config = json.loads((tmp_path / "boxed" / "config.json").read_text(encoding="utf-8"))
+    assert boxed_config["settings"]["generation"]["extract"] == "boxed"
 
 
 def test_cli_eval_on_the_arithmetic_set_with_last_number_extraction(tmp_path, capsys):

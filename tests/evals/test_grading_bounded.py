@@ -64,11 +64,11 @@ def test_excerpt_cuts_and_says_the_length():
     assert excerpt("a" * 100, 10) == "'aaaaaaaaaa' ... (100 characters)"
 
 
-def test_the_grade_timeout_is_a_setting_of_the_run_identified_only_when_not_the_default():
+def test_the_grade_timeout_is_a_setting_of_the_run_identified_default_included():
     from lensprobe.evals.mathverify import GRADE_TIMEOUT
 
     assert lp.evals.EvalConfig().grade_timeout == GRADE_TIMEOUT
-    assert "grade_timeout" not in identity(lp.evals.EvalConfig())  # a default is left out of the identity
+    assert identity(lp.evals.EvalConfig())["grade_timeout"] == GRADE_TIMEOUT  # a default is recorded
     assert identity(lp.evals.EvalConfig(grade_timeout=GRADE_TIMEOUT)) == identity(lp.evals.EvalConfig())
     assert identity(lp.evals.EvalConfig(grade_timeout=30))["grade_timeout"] == 30
     assert identity(lp.evals.EvalConfig(grade_timeout=None))["grade_timeout"] is None  # no limit

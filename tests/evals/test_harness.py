@@ -1,5 +1,6 @@
 """The evaluation harness on the tiny model: batching, oracles, resuming, SIGKILL, sharding, CLI."""
 
+import functools
 import json
 import os
 import signal
@@ -35,7 +36,7 @@ QUESTIONS = [
     "What is 2 to the power 5?",
 ]
 # Columns that depend on timing or on which process wrote the row.
-VOLATILE = ["seconds", "rank"]
+VOLATILE = ["seconds", "rank", "config_hash"]  # the run's hash holds its batch size
 
 
 def problems(n=None):
@@ -86,6 +87,7 @@ def test_batched_equals_unbatched_and_transformers(tiny, tiny_hf):
 
 
 @dataclass(frozen=True)
+@functools.partial(lp.interventions.declare, name="scripted-answer", version="1")
 class ScriptedAnswer:
     """Makes the model write the token ids ``script`` and then the end-of-sequence token."""
     script: tuple[int, ...]
@@ -358,8 +360,8 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(tiny, tmp_path):
     survived = len(read_rows(out))
     assert 4 <= survived < total, f"{survived} rows survived: the kill should land mid-run"
     probs = lp.load_math500(data)
-    resumed = lp.evaluate(tiny, probs, "w/o,w/ Mless,w/ Mful", out=out, max_new_tokens=60, batch_size=4,
-                          progress=False, model_name="tiny")
+    resumed = lp.evaluate(tiny, probs, "w/o,w/ Mless,w/ Mful", out=out, max_new_tokens=60, batch_size=1,
+                          progress=False, model_name="tiny")  # the folder's batch size (part of its identity)
     rows = read_rows(out)
     keys = [(r["condition"], r["problem_id"], r["sample"]) for r in rows]
     assert len(keys) == len(set(keys)) == total  # no duplicates, nothing lost

@@ -18,7 +18,7 @@ from lensprobe.interventions.arm import ARM
 
 MLESS = " ".join(["/"] * 55)
 QUESTIONS = ["What is 1+1?", "Compute 12 * 3.", "What is 7?", "Solve 2x + 3 = 7.", "What is 10 - 4?"]
-VOLATILE = ["seconds", "rank"]
+VOLATILE = ["seconds", "rank", "config_hash"]  # the run's hash holds its batch size
 TINY_ARM = ARM(c=0.5, percentile=95)
 
 
@@ -48,15 +48,15 @@ def test_paper_format_rows_hold_the_authors_string(tiny, tmp_path):
     assert cfg["settings"]["generation"]["prompt_format"] == "paper"
     assert cfg["parts"]["w/ Mless"]["prompt_template"] == PAPER_SYSTEM_PROMPT + MLESS + "{question}"
     # the chat format of the same run is another configuration
-    with pytest.raises(lp.LensprobeError, match="prompt_format: folder has 'paper', this run has '<missing>'"):
+    with pytest.raises(lp.LensprobeError, match="prompt_format: folder has 'paper', this run has 'chat'"):
         lp.evaluate(tiny, probs, "w/o", out=tmp_path, max_new_tokens=6, progress=False)
 
 
 @pytest.mark.unchecked
-def test_the_chat_format_is_left_out_of_the_identity(tiny, tmp_path):
+def test_the_chat_format_is_recorded_in_the_identity_as_every_default(tiny, tmp_path):
     lp.evaluate(tiny, problems(1), "w/o", out=tmp_path, max_new_tokens=4, progress=False)
     cfg = json.loads((tmp_path / "config.json").read_text())
-    assert "prompt_format" not in cfg["settings"]["generation"]
+    assert cfg["settings"]["generation"]["prompt_format"] == "chat"
     assert identity(EvalConfig(max_new_tokens=4)) == identity(EvalConfig(max_new_tokens=4, prompt_format="chat"))
     assert identity(EvalConfig(max_new_tokens=4, prompt_format="paper"))["prompt_format"] == "paper"
     with pytest.raises(lp.LensprobeError, match=r"unknown prompt_format 'raw': use one of \('chat', 'paper'\)"):
@@ -150,7 +150,7 @@ def test_arm_names_attach_the_given_arm(tiny, tmp_path):
     cfg = json.loads((tmp_path / "config.json").read_text())
     for name in ("ARM", "w/ Mless+ARM"):
         (desc,) = cfg["parts"][name]["interventions"]
-        assert desc == {".type": "lensprobe.interventions.arm.ARM", "c": 0.5, "percentile": 95, "seed": 0}  # run's seed
+        assert desc == {**identity(ARM(c=0.5, percentile=95, seed=0)), "seed": 0}  # the run's seed
     assert cfg["parts"]["ARM"]["prompt_template"] == cfg["parts"]["w/o"]["prompt_template"]
     assert cfg["parts"]["w/o"]["interventions"] == []
 
@@ -205,8 +205,7 @@ def test_cli_prompt_format_and_arm_options(tmp_path, capsys):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["settings"]["generation"]["prompt_format"] == "paper" and cfg["settings"]["generation"]["max_new_tokens"] == 4
     assert cfg["parts"]["w/ Mless"]["prompt_template"] == PAPER_SYSTEM_PROMPT + MLESS + "{question}"
-    assert cfg["parts"]["ARM"]["interventions"][0] == {".type": "lensprobe.interventions.arm.ARM", "c": 0.5,
-                                                            "percentile": 95, "seed": 0}  # as lp.ARM(c=0.5, percentile=95)
+    assert cfg["parts"]["ARM"]["interventions"][0] == identity(ARM(c=0.5, percentile=95, seed=0))  # every field
     assert "paper-exact" in load_results(out).columns
     assert main(["eval", "--model", "tiny", "--data", str(data), "--conditions", "ARM", "--arm-c", "0.5",
                  "--out", str(tmp_path / "x"), "--no-progress"]) == 2

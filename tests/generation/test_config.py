@@ -1,5 +1,7 @@
 """GenerationConfig: one settings object for generate, trace_generation, the thinking study and EvalConfig."""
 
+import dataclasses
+
 import pytest
 
 import lensprobe as lp
@@ -59,17 +61,19 @@ def test_thinking_gets_the_emitted_schedule_and_loses_it_with_the_thinking():
         generation_config({"max_new_tokens": 3}, {})
 
 
-def test_eval_config_is_a_generation_config_identified_by_the_settings_it_changes():
+def test_eval_config_is_a_generation_config_identified_by_every_setting():
     cfg = EvalConfig(max_new_tokens=64, batch_size=4)
     assert isinstance(cfg, lp.GenerationConfig)
-    # the settings that differ from their defaults; batch_size is declared out of the identity
-    assert identity(cfg) == {".type": "lensprobe.evals.config.EvalConfig", "max_new_tokens": 64}
+    # every field, defaults and batch_size included
+    assert identity(cfg) == {".type": "lensprobe.evals.config.EvalConfig",
+                             **{f.name: identity(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}}
+    assert identity(cfg)["max_new_tokens"] == 64 and identity(cfg)["batch_size"] == 4 and identity(cfg)["seed"] == 0
     sampled = EvalConfig(do_sample=True, n_samples=2, seed=5)
     assert sampled.generation().seed == 5 and cfg.generation().seed is None
-    assert identity(sampled) == {".type": "lensprobe.evals.config.EvalConfig", "do_sample": True, "n_samples": 2,
-                                 "seed": 5}
+    assert {k: identity(sampled)[k] for k in ("do_sample", "n_samples", "seed")} == {"do_sample": True,
+                                                                                   "n_samples": 2, "seed": 5}
     thinking = EvalConfig(thinking=lp.generation.Pause(), think_when=lp.generation.schedule.every(4))
-    assert identity(thinking)["thinking"] == {".type": "lensprobe.generation.thinking.Pause"}
+    assert identity(thinking)["thinking"][".type"] == "lensprobe.generation.thinking.Pause"
     assert identity(thinking)["think_when"] != identity(thinking.replace(think_when=lp.generation.schedule.every(5)))["think_when"]
     with pytest.raises(lp.LensprobeError, match="batch_size must be a positive integer"):
         EvalConfig(batch_size=0)

@@ -29,6 +29,6 @@ def test_a_trace_set_of_another_intervention_is_refused(tiny, prompt, tmp_path):
 def test_a_trace_set_of_the_previous_format_is_refused_with_why(tiny, prompt, tmp_path):
     old = old_folder("traces", tmp_path)
     before = snapshot(old)
-    with pytest.raises(lp.LensprobeError, match=r"written by an older lensprobe.*identity rule 1.*new output folder"):
+    with pytest.raises(lp.LensprobeError, match=r"written by an older lensprobe.*identity rule 2.*new output folder"):
         lp.generation.trace_prompts(tiny, [prompt], max_new_tokens=3, out=old)
     assert snapshot(old) == before

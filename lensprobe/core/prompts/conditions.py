@@ -190,7 +190,9 @@ class Condition:
     def describe(self, model) -> dict:
         """JSON-able identity: the exact prompt template and the attached objects by content.
 
-        The template is the prompt built with the question ``"{question}"``; interventions
+        The template is the prompt built with the question ``"{question}"``, by its text and a
+        digest of its token ids (the same text tokenized otherwise, e.g. without the special
+        tokens a tokenizer adds, is another condition); interventions
         and generation settings are described by :func:`~lensprobe.core.storage.identity.identity`
         (so two interventions whose tensors differ in one element are two conditions).
 
@@ -201,10 +203,11 @@ class Condition:
             >>> Condition("w/o").describe(model)["interventions"]
             []
         """
-        template = self.prompt_builder(model)(QUESTION_PLACEHOLDER).text
+        template = self.prompt_builder(model)(QUESTION_PLACEHOLDER)
         return {
             "name": self.name,
-            "prompt_template": template,
+            "prompt_template": template.text,
+            "template_tokens": {"count": len(template), "ids": identity_digest(template.tokens.reshape(-1).tolist())},
             "interventions": identity(list(self.interventions), f"condition {self.name!r} interventions"),
             "generate_kwargs": identity(dict(sorted(self.generate_kwargs.items())), f"condition {self.name!r}"),
             **({} if self.special_tokens == "refuse" else {"special_tokens": self.special_tokens}),

@@ -6,29 +6,33 @@ whose identity differs. Identities describe content, never ``repr()`` or names:
 
 - an object that declares its own identity: its ``__lensprobe_identity__()`` (JSON-able data
   that determines its results), under its type's qualified name;
-- a dataclass: its type's qualified name and the fields that differ from their defaults (so a
-  new field with a default leaves older identities as they were), each by identity; a field
-  declared ``field(..., metadata={"identity": False})`` (``batch_size``, progress flags: settings
-  that do not change results) is left out;
+- a dataclass: its type's qualified name and every field, defaults included (so a folder
+  written under an old default never matches a run under a new one), each by identity; a field
+  declared ``field(..., metadata={"identity": False})`` (labels that cannot change results) is
+  left out;
 - tensors, numpy arrays and bytes: a digest of their content (shape, dtype, every value; a
   :class:`~lensprobe.core.prompts.prompt.Prompt` declares a digest of its text, tokens and segments); a model (any ``torch.nn.Module``): a digest of every
-  parameter and buffer (:func:`weights_digest`), with its dtype and shape beside;
+  parameter and buffer (:func:`weights_digest`, computed from the values at every call: an edit
+  through ``.data`` changes it), with its dtype and shape beside;
 - mappings and sequences item by item; numbers (by value: ``95.0`` is ``95``), strings, ``None`` and
   booleans as they are;
-- a function: module, qualified name, a digest of its code (bytecode, constants, names), its
-  defaults and the identity of every closure cell (so ``scale(1.0)`` and ``scale(40.0)`` differ,
-  and the same lambda has the same identity in another process); a function of a library
-  (``torch``, ``math``, the builtins ...) by its name; a bound method by its object and function;
-  ``functools.partial`` by function, arguments and keywords;
-- an instance of another class: its type's qualified name and its ``vars()``, each by identity.
+- a function of a library (``torch``, ``math``, the builtins ...): its name; a function of
+  lensprobe: its qualified name and lensprobe's version, its defaults and the identity of every
+  closure cell (so ``scale(1.0)`` and ``scale(40.0)`` differ); a bound method by its object and
+  function; ``functools.partial`` by function, arguments and keywords;
+- user code (a function or class of neither lensprobe nor a known library): by the name and
+  version it is declared with (:func:`~lensprobe.core.storage.declared.declare`), with its defaults,
+  closure cells or attributes; undeclared, it is refused: its bytecode cannot show the globals it
+  reads or the helpers it calls, whose change would reuse rows computed by other code;
+- an instance of a lensprobe class: its type's qualified name and its ``vars()``, each by identity.
 
-Anything else (a C object with no declared identity, a builtin of an unknown library, a
-cycle) is refused with a :class:`~lensprobe.core.errors.LensprobeError` naming it: a guess
+Anything else (undeclared user code, a C object with no declared identity, a builtin of an
+unknown library, a cycle) is refused with a :class:`~lensprobe.core.errors.LensprobeError` naming it: a guess
 could reuse another run's results.
 
 Example:
-    >>> identity(lp.ablate_heads("L0H3"))
-    {'.type': 'lensprobe.interventions.ablation.HeadAblation', 'heads': [[0, 3]]}
+    >>> identity(lp.ablate_heads("L0H3"))["heads"]
+    [[0, 3]]
     >>> identity_digest(torch.zeros(2)) == identity_digest(torch.zeros(2))
     True
 """
@@ -37,39 +41,38 @@ import dataclasses
 import enum
 import functools
 import hashlib
+import inspect
 import json
 import math
 import types
-import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any
 
 import torch
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.storage.declared import declared_as
+from lensprobe.core.version import __version__
 
 __all__ = ["IDENTITY_METHOD", "IDENTITY_VERSION", "IdentityError", "check_identity_rule", "identity",
            "identity_digest", "model_identity", "run_identity", "weights_digest"]
 
-IDENTITY_VERSION = 1
+IDENTITY_VERSION = 2
 """The identity rule folders record (``"identity"`` in their settings); folders written before it
-identified runs by ``repr()`` and the model's name, and are refused (:func:`check_identity_rule`)."""
+identified runs by ``repr()`` and the model's name (rule 1: by code and by the settings that
+differ from their defaults), and are refused (:func:`check_identity_rule`)."""
 IDENTITY_METHOD = "__lensprobe_identity__"
 LIBRARIES = ("builtins", "math", "cmath", "operator", "_operator", "functools", "itertools", "statistics",
              "torch", "numpy", "einops", "transformers", "transformer_lens")
 """Top-level modules whose functions are identified by their name (their code is the library's)."""
 HOW_TO = (f"give its class a {IDENTITY_METHOD}() method returning JSON-able data that determines its "
           "results, or make it a dataclass")
-_NO_DEFAULT = object()
 
 
 class IdentityError(LensprobeError):
     """Something a run depends on cannot be identified by content (the message names it and says how
     to describe it). A resumable run refuses it; a run kept in memory may go on without an identity."""
-
-
-_WEIGHTS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]]" = weakref.WeakKeyDictionary()
 
 
 def identity(obj: Any, where: str = "") -> Any:
@@ -114,15 +117,17 @@ def model_identity(model) -> dict:
 
 
 def run_identity(model, **parts: Any) -> dict:
-    """What a resumable run records as its settings: the identity rule, the model's identity and
-    every part (prompts, interventions, metric, settings) by :func:`identity`.
+    """What a resumable run records as its settings: the identity rule, the model's identity (its
+    weights hashed now, at the start of the run) and every part (prompts, interventions, metric,
+    settings, defaults included) by :func:`identity`.
 
     Raises:
-        LensprobeError: a part that cannot be identified.
+        LensprobeError: a part that cannot be identified, such as undeclared user code (the message
+            names it and says how to declare it: :func:`~lensprobe.core.storage.declared.declare`).
 
     Example:
         >>> run_identity(model, prompts=[prompt], metric="entropy")["identity"]
-        1
+        2
     """
     return {"identity": IDENTITY_VERSION, "model": model_identity(model),
             **{name: identity(value, name) for name, value in parts.items()}}
@@ -131,25 +136,20 @@ def run_identity(model, **parts: Any) -> dict:
 def weights_digest(module: torch.nn.Module) -> str:
     """A digest of every parameter and buffer of ``module``: names, shapes, dtypes and values.
 
-    Computed once per module and kept while no tensor changes (the cache is dropped when a
-    parameter or buffer is replaced or changed in place, seen through its ``_version``).
+    Computed from the values at every call, never cached: an edit through ``.data`` (which no
+    tensor version counter sees) changes it. SHA-256 ran at 0.46 to 1.11 GB/s on one CPU core: 0.5
+    to 1.2 s for the embedded 135M-parameter model in float32 (538 MB), about 13 to 30 s for a 7B
+    model in bf16 (14 GB); ``docs/numerics.md``.
 
     Example:
         >>> weights_digest(model) == weights_digest(model)
         True
     """
-    tensors = [*module.named_parameters(), *module.named_buffers()]
-    key = tuple((name, id(t), t._version, t.data_ptr()) for name, t in tensors)
-    cached = _WEIGHTS.get(module)
-    if cached is not None and cached[0] == key:
-        return cached[1]
     h = hashlib.sha256()
-    for name, t in tensors:
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
         h.update(f"{name}{tuple(t.shape)}{t.dtype};".encode())
         h.update(_tensor_bytes(t))
-    value = h.hexdigest()[:16]
-    _WEIGHTS[module] = (key, value)
-    return value
+    return h.hexdigest()[:16]
 
 
 def check_identity_rule(recorded: Mapping[str, Any], folder: Any) -> None:
@@ -199,12 +199,14 @@ def _describe(obj: Any, where: str, active: frozenset[int]) -> Any:
         if isinstance(obj, kinds):
             return describe(obj, where, active)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        if declared_as(type(obj)) is None and not _ours(type(obj).__module__):
+            raise _undeclared(obj, _qualname(type(obj)), where)
         return _dataclass(obj, where, active)
     if isinstance(obj, Mapping):
         return _mapping(obj, where, active)
     state = getattr(obj, "__dict__", None)
     if isinstance(state, dict):
-        return {".type": _qualname(type(obj)), **_fields(state, where, active)}
+        return _instance(obj, state, where, active)
     raise _refuse(obj, where, "it has no declared identity and no attributes to describe it by")
 
 
@@ -226,6 +228,8 @@ def _content(obj: Any) -> Any:
         return {".class": _qualname(obj)}
     if isinstance(obj, types.ModuleType):
         return {".pymodule": obj.__name__}
+    if isinstance(obj, inspect.Signature):  # held by lensprobe's decorators
+        return {".signature": str(obj)}
     if isinstance(obj, (torch.dtype, torch.device)):
         return {".torch": str(obj)}
     if isinstance(obj, PurePath):
@@ -275,25 +279,9 @@ def _fields(state: Mapping[str, Any], where: str, active: frozenset[int]) -> dic
 def _dataclass(obj, where: str, active: frozenset[int]) -> dict:
     out: dict[str, Any] = {".type": _qualname(type(obj))}
     for f in dataclasses.fields(obj):
-        if not f.metadata.get("identity", True):
-            continue
-        value = _describe(getattr(obj, f.name), f"{where}.{f.name}" if where else f.name, active)
-        if value != _default_identity(f):
-            out[f.name] = value
+        if f.metadata.get("identity", True):  # every field, defaults included
+            out[f.name] = _describe(getattr(obj, f.name), f"{where}.{f.name}" if where else f.name, active)
     return out
-
-
-def _default_identity(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        default = f.default
-    elif f.default_factory is not dataclasses.MISSING:
-        default = f.default_factory()
-    else:
-        return _NO_DEFAULT
-    try:
-        return _describe(default, "", frozenset())
-    except LensprobeError:
-        return _NO_DEFAULT
 
 
 def _slice(obj, where: str, active: frozenset[int]) -> dict:
@@ -314,7 +302,16 @@ def _function(fn: types.FunctionType, where: str, active: frozenset[int]) -> dic
     name = f"{fn.__module__}.{fn.__qualname__}"
     if _library(fn.__module__):
         return {".function": name}
-    out: dict[str, Any] = {".function": name, "code": _digest(*_code_chunks(fn.__code__))}
+    declared = declared_as(fn)
+    wrapped = getattr(fn, "__wrapped__", None)
+    if declared is None and isinstance(wrapped, types.FunctionType):  # a decorator's wrapper: the function it wraps
+        return _describe(wrapped, where, active)
+    if declared is not None:
+        out: dict[str, Any] = {".declared": declared[0], "version": declared[1]}
+    elif _ours(fn.__module__):
+        out = {".function": name, "lensprobe": __version__}
+    else:
+        raise _undeclared(fn, name, where)
     if fn.__defaults__:
         out["defaults"] = _sequence(fn.__defaults__, f"{where} (defaults of {name})", active)
     if fn.__kwdefaults__:
@@ -329,6 +326,28 @@ def _function(fn: types.FunctionType, where: str, active: frozenset[int]) -> dic
             cells[var] = _describe(value, f"{where} (closure variable {var!r} of {name})", active)
         out["closure"] = cells
     return out
+
+
+def _instance(obj: Any, state: Mapping[str, Any], where: str, active: frozenset[int]) -> dict:
+    """An instance by its type and attributes: lensprobe's classes as they are, a user class when declared."""
+    cls = type(obj)
+    declared = declared_as(cls)
+    if declared is not None:
+        return {".declared": declared[0], "version": declared[1], **_fields(state, where, active)}
+    if not (_ours(cls.__module__) or _library(cls.__module__)):
+        raise _undeclared(obj, _qualname(cls), where)
+    return {".type": _qualname(cls), **_fields(state, where, active)}
+
+
+def _undeclared(obj: Any, name: str, where: str) -> IdentityError:
+    short = getattr(obj, "__name__", type(obj).__name__)
+    at = f" at {where}" if where else ""
+    return IdentityError(
+        f"cannot identify {name}{at}: it is user code (neither lensprobe's nor a known library's), and what it "
+        "computes depends on more than its bytecode (the globals it reads, the helpers it calls), so a change would "
+        f"reuse rows computed by other code. Declare it: lp.interventions.declare({short}, name={short!r}, "
+        "version='1') on the function or class (change the version whenever its results change), or give its class "
+        f"a {IDENTITY_METHOD}() method; or run with out=None (kept in memory, nothing reused).")
 
 
 def _builtin(obj, where: str, active: frozenset[int]) -> dict:
@@ -360,17 +379,6 @@ _DESCRIBERS: tuple = (
 # ----------------------------------------------------------------------------- helpers
 
 
-def _code_chunks(code: types.CodeType) -> Iterator[bytes]:
-    """The bytecode, names and constants of ``code`` (nested functions' code included)."""
-    yield code.co_code
-    yield json.dumps([code.co_names, code.co_freevars]).encode()
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _code_chunks(const)
-        else:
-            yield json.dumps(_describe(const, "", frozenset()), sort_keys=True).encode()
-
-
 def _tensor_bytes(t: torch.Tensor) -> Any:
     """The values of ``t`` as its raw bytes (a buffer, not copied again for hashing)."""
     flat = t.detach().to("cpu").contiguous().reshape(-1)
@@ -389,13 +397,18 @@ def _library(module: str | None) -> bool:
     return bool(module) and str(module).split(".")[0] in LIBRARIES
 
 
+def _ours(module: str | None) -> bool:
+    return str(module).split(".")[0] == "lensprobe"
+
+
 def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _refuse(obj: Any, where: str, why: str) -> IdentityError:
+def _refuse(obj: Any, where: str, why: str, how: bool = True) -> IdentityError:
     at = f" at {where}" if where else ""
+    fix = f": {HOW_TO}" if how else ""
     return IdentityError(
         f"cannot identify {_qualname(type(obj))}{at}: {why}. A resumable run identifies everything it depends on "
-        f"by content, so that a folder is never reused for another run: {HOW_TO}."
+        f"by content or declaration, so that a folder is never reused for another run{fix}."
     )

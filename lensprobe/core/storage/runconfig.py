@@ -8,7 +8,7 @@ run computes in ``config.json``, in one layout::
       "layout": 1,                          # this file's layout (LAYOUT)
       "kind": "evaluation",                 # what the run computes
       "hash": "3f1c0a...",                  # digest of kind and settings: the run's identity
-      "settings": {"identity": 1, ...},     # everything that changes results, by content
+      "settings": {"identity": 2, ...},     # every resolved setting, by content
       "parts": {"w/o": {..., "hash": ...}}, # parts a run may add to later (an evaluation's
                                             # conditions); {} for the others
       "labels": {"model": "..."}            # names for people, beside the identity, never compared
@@ -140,7 +140,7 @@ def open_run(out: str | os.PathLike, kind: str, settings: Mapping[str, Any], *, 
             differences listed), rows without ``config.json``, or a folder of an older lensprobe.
 
     Example:
-        >>> open_run("runs/e", "evaluation", {"identity": 1}, parts={"w/o": {"hash": "c1"}})["parts"]
+        >>> open_run("runs/e", "evaluation", {"identity": 2}, parts={"w/o": {"hash": "c1"}})["parts"]
         {'w/o': {'hash': 'c1'}}
     """
     out = open_folder(out)
@@ -183,7 +183,7 @@ def _recorded(out: Path, *, reading: bool = False) -> dict | None:
     path = out / CONFIG_FILE
     if old.is_file() and not path.is_file():
         recorded = read_json(old, fix="delete the folder to start over")
-        if isinstance(recorded, dict):
+        if isinstance(recorded, dict) and "identity" not in (recorded.get("settings") or {}):
             check_identity_rule(recorded.get("settings") or {}, out)  # the repr()-era message when it is that old
         raise LensprobeError(f"{out} was written by an older lensprobe, which kept a run's settings in "
                              f"{OLD_SETTINGS_FILE}; this lensprobe keeps every run's in {CONFIG_FILE} (layout "
@@ -199,7 +199,8 @@ def _recorded(out: Path, *, reading: bool = False) -> dict | None:
             return {"layout": LAYOUT, "kind": "evaluation", "hash": config["config_hash"],
                     "settings": config.get("run") or {}, "parts": config.get("conditions") or {},
                     "labels": config.get("labels") or {}, "older": True}
-        check_identity_rule(config.get("run") or {}, out)
+        if "identity" not in (config.get("run") or {}):
+            check_identity_rule(config.get("run") or {}, out)  # the repr()-era message when it is that old
     if config.get("layout") != LAYOUT:
         raise LensprobeError(f"{out} was written by an older lensprobe ({CONFIG_FILE} of "
                              f"{'another layout' if 'layout' in config else 'an older layout'}; this lensprobe "

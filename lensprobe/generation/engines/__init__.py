@@ -8,9 +8,10 @@ May import: :mod:`lensprobe.core`.
 """
 
 from lensprobe.generation.engines.bridge import BridgeEngine
-from lensprobe.generation.engines.choose import choose_engine
+from lensprobe.generation.engines.choose import choose_engine, engine_name, engine_to_run
 from lensprobe.generation.engines.hooked import HookedEngine
 from lensprobe.generation.engines.plain import PlainEngine
 from lensprobe.generation.engines.protocol import ENGINE_NAMES, Engine, EngineName
 
-__all__ = ["ENGINE_NAMES", "BridgeEngine", "Engine", "EngineName", "HookedEngine", "PlainEngine", "choose_engine"]
+__all__ = ["ENGINE_NAMES", "BridgeEngine", "Engine", "EngineName", "HookedEngine", "PlainEngine", "choose_engine", "engine_name",
+           "engine_to_run"]

@@ -12,7 +12,7 @@ from lensprobe.generation.engines.plain import PlainEngine
 from lensprobe.generation.engines.protocol import ENGINE_NAMES, Engine
 from lensprobe.generation.engines.view import has_user_hooks, plain_model
 
-__all__ = ["choose_engine"]
+__all__ = ["choose_engine", "engine_name", "engine_to_run"]
 
 
 def choose_engine(model, engine: str, *, interventions: Sequence, hook_names: Sequence[str], rows: int) -> Engine:
@@ -66,3 +66,21 @@ def choose_engine(model, engine: str, *, interventions: Sequence, hook_names: Se
     if engine == "hf":
         raise LensprobeError(f"engine='hf' cannot run here: {why}; use engine='auto' or 'bridge'.")
     return BridgeEngine(model)
+
+
+def engine_name(model, engine: str = "auto", *, interventions: Sequence = (), hook_names: Sequence[str] = ()) -> str:
+    """The engine :func:`choose_engine` runs for these interventions and recorders: ``"hf"``, ``"bridge"``
+    or ``"hooked"``, never ``"auto"`` (what a resumable run records: the engines' numbers differ by float
+    rounding, and with ARM by more; ``docs/numerics.md``).
+
+    Example:
+        >>> engine_name(model, interventions=[lp.ARM(c=0.1, percentile=95)])
+        'hf'
+    """
+    return choose_engine(model, engine, interventions=interventions, hook_names=hook_names, rows=1).name
+
+
+def engine_to_run(recorded: str) -> str:
+    """The ``engine`` setting that runs the engine ``recorded`` by :func:`engine_name` (``"hooked"`` is ``"auto"``'s
+    and ``"bridge"``'s choice on a ``HookedTransformer``)."""
+    return "auto" if recorded == "hooked" else recorded
