@@ -133,7 +133,7 @@ def filler_vs_random_figure(result, *, title: str | None = None, cols: int = 3):
     """Filler vs a random sentence of the same token count, one panel per model.
 
     Args:
-        result: a :class:`~lensprobe.studies.filler.FillerVsRandom` or its ``table``
+        result: a :class:`~lensprobe.studies.filler_random.FillerVsRandom` or its ``table``
             (columns ``model``, ``condition``, ``head_label``, ``position``, ``token``,
             ``segment``, ``attention``).
         title: figure title.
