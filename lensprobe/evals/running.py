@@ -103,8 +103,11 @@ def condition_engine(model, cond: Condition) -> str:
     """The engine that runs ``cond`` on ``model`` (its ``engine`` generation setting, ``"auto"`` resolved):
     recorded with the condition in ``config.json`` and in every row, and the one its rows run on."""
     template = cond.prompt_builder(model)(QUESTION_PLACEHOLDER)
-    bound = bind_interventions(cond.interventions, template)[0]
-    return engine_name(model, cond.generate_kwargs.get("engine", "auto"), interventions=bound)
+    try:  # the first place a condition's interventions meet the model: name the condition in the refusal
+        bound = bind_interventions(cond.interventions, template)[0]
+        return engine_name(model, cond.generate_kwargs.get("engine", "auto"), interventions=bound)
+    except LensprobeError as err:
+        raise LensprobeError(f"condition {cond.name!r}: {err}") from None
 
 
 def prompt_ids_digest(prompt) -> str:

@@ -38,7 +38,8 @@ def test_an_arm_condition_runs_with_continuous_batching_and_equals_each_problem_
     alone = lp.evaluate(tiny, problems(), "ARM,w/o", batch_size=1, **run)
     calls = calls_of(monkeypatch)
     batched = lp.evaluate(tiny, problems(), "ARM,w/o", batch_size=3, **run)
-    drop = ["seconds", "rank"]
+    drop = ["seconds", "rank", "config_hash"]  # batch_size is part of the run's identity: the run hash differs
+    assert set(alone["config_hash"]).isdisjoint(set(batched["config_hash"]))
     assert alone.drop(columns=drop).reset_index(drop=True).equals(batched.drop(columns=drop).reset_index(drop=True))
     arm_calls = [c for c in calls if c[0]]
     assert arm_calls == [([True], len(QUESTIONS), 3)]  # every ARM row in one call, three live at once
