@@ -1,6 +1,6 @@
 """The options of the ``lensprobe`` commands that only a command line has, as small frozen dataclasses
 read by simple-parsing (:mod:`lensprobe.app.parsing`): the model (:class:`ModelOptions`), the prompt
-(:class:`SystemOptions`, :class:`QuestionOptions`, :class:`QuestionsOptions`, :class:`FillerOptions`,
+(:class:`SystemOptions`, :class:`QuestionOptions`, :class:`AnswerOptions`, :class:`FillerOptions`,
 :class:`ComparedFillerOptions`, :class:`ReferenceOptions`, :class:`Math500Options`), what an evaluation runs
 (:class:`ProblemOptions`, :class:`ConditionOptions`, :class:`EvalRunOptions`, :class:`GraderOptions`), the recipe
 (:class:`RecipeOptions`), the demo (:class:`DemoOptions`), a report (:class:`ReportOptions`) and the output
@@ -23,16 +23,15 @@ from lensprobe.app.checks import (
     str_list,
     text,
 )
+from lensprobe.core.errors import LensprobeError
 from lensprobe.evals.verdicts import VERDICT_COLUMNS
 
-QUESTION_HELP = ("the question text (sweep, attribute and find-heads: repeat for several; default: a level-1 MATH-500 "
-                 "problem)")
 QUICK_HELP = "tiny inputs: a fast smoke run (reproduce: figure recipes)"
 LIMIT_HELP = "at most this many problems (reproduce: per benchmark)"
 """The help of a flag several option classes declare, written once."""
 
-__all__ = ["LIMIT_HELP", "QUICK_HELP", "QUESTION_HELP", "ComparedFillerOptions", "ConditionOptions", "DemoOptions", "EvalRunOptions", "FillerOptions", "GraderOptions",
-           "Math500Options", "ModelOptions", "OutputOptions", "ProblemOptions", "QuestionOptions", "QuestionsOptions",
+__all__ = ["LIMIT_HELP", "QUICK_HELP", "AnswerOptions", "ComparedFillerOptions", "ConditionOptions", "DemoOptions", "EvalRunOptions", "FillerOptions", "GraderOptions",
+           "Math500Options", "ModelOptions", "OutputOptions", "ProblemOptions", "QuestionOptions",
            "RecipeOptions", "ReferenceOptions", "ReportOptions", "SystemOptions"]
 
 
@@ -62,17 +61,36 @@ class SystemOptions:
 
 @dataclass(frozen=True)
 class QuestionOptions:
-    """The one question a command runs."""
+    """The questions a command runs.
 
-    question: str = field(metadata={"custom_args": {"type": text, "metavar": "TEXT"}, "help": QUESTION_HELP})
+    Example:
+        >>> QuestionOptions(["What is 2+3?"]).one("attention")
+        'What is 2+3?'
+    """
+
+    question: list[str] | None = field(default=None, metadata={
+        "custom_args": {"action": "append", "type": text, "metavar": "TEXT", "nargs": None}})
+    """the question text (attention, ablate, mechanism and trace: exactly one; sweep, attribute and find-heads:
+    repeat for several, default a level-1 MATH-500 problem)"""
+
+    def one(self, command: str) -> str:
+        """The one question of ``command`` (a command that runs one).
+
+        Raises:
+            LensprobeError: none given, or several (one would be dropped).
+        """
+        if not self.question:
+            raise LensprobeError(f"{command} needs --question TEXT: the question it runs.")
+        if len(self.question) > 1:
+            raise LensprobeError(f"{command} runs one question, but --question was given {len(self.question)} "
+                                 f"times: give it once (run {command} once per question).")
+        return self.question[0]
 
 
 @dataclass(frozen=True)
-class QuestionsOptions:
-    """The questions a command runs, and their answers."""
+class AnswerOptions:
+    """The answers of the log-prob metric."""
 
-    question: list[str] | None = field(default=None, metadata={
-        "custom_args": {"action": "append", "type": text, "metavar": "TEXT", "nargs": None}, "help": QUESTION_HELP})
     answer: list[str] | None = field(default=None, metadata={
         "custom_args": {"action": "append", "metavar": "TEXT", "nargs": None}})
     """the answer for --metric logprob (one, or one per question)"""

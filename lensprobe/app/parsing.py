@@ -8,7 +8,7 @@ under the field or its entry in the class's ``Attributes:`` section. What a fiel
 is plain ``dataclasses.field`` metadata that simple-parsing reads: ``{"custom_args": {"type": ...,
 "metavar": ..., "action": "append"}}``, ``{"alias": ["--sample"]}``, ``{"cmd": False}`` (not an
 option). The parsed namespace holds one configuration object per dataclass, made (and so checked by
-its ``__post_init__``) while parsing, and commands read the fields from those objects (``args.config.heads``),
+its ``__post_init__``) while parsing, and commands read the fields from those objects (``args.HeadSelection.heads``),
 never from a flat namespace where two groups could collide. Two fields that would make one flag are
 refused when the parser is built (``ConflictResolution.NONE``): a setting several commands share is
 one dataclass (e.g. :class:`~lensprobe.experiments.head_settings.HeadSelection`) that each adds.

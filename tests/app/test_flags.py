@@ -150,7 +150,8 @@ def test_settings_shared_by_commands_are_one_class_each():
     for flag, owner in {"--heads": "HeadSelection", "--ablation": "AblationSettings", "--metric": "MetricSettings",
                         "--tokens": "MetricSettings", "--system": "SystemOptions", "--filler": "FillerOptions",
                         "--reference": "ReferenceOptions", "--model": "ModelOptions", "--out": "OutputOptions",
-                        "--heads-per-forward": "AblationBatch", "--random-heads": "RecallCheck", "--grader": "GraderOptions"}.items():
+                        "--heads-per-forward": "AblationBatch", "--random-heads": "RecallCheck", "--grader": "GraderOptions",
+                        "--question": "QuestionOptions", "--answer": "AnswerOptions"}.items():
         assert owners[flag] == {owner}, (flag, owners[flag])
 
 
@@ -188,6 +189,17 @@ def test_ablate_needs_its_heads_named(tmp_path, capsys):
     assert main(["ablate", "--model", "tiny", "--question", "x", "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == ("lensprobe: error: ablate needs --heads: the heads to ablate, e.g. --heads "
                                        "L0H3,L1H2 (or all).\n")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["attention", "ablate", "mechanism", "trace"])
+def test_a_command_of_one_question_refuses_a_second_rather_than_drop_one(command, tmp_path, capsys):
+    argv = [command, "--model", "tiny", "--out", str(tmp_path / "o")] + (["--heads", "L0H1"] if command == "ablate" else [])
+    assert main([*argv, "--question", "a", "--question", "b"]) == 2
+    assert capsys.readouterr().err == (f"lensprobe: error: {command} runs one question, but --question was given 2 "
+                                       f"times: give it once (run {command} once per question).\n")
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"lensprobe: error: {command} needs --question TEXT: the question it runs.\n"
     assert not (tmp_path / "o").exists()
 
 

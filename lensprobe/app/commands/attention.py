@@ -47,6 +47,7 @@ def add_attention(subparsers) -> None:
 
 
 def run_attention(args) -> int:
+    args.QuestionOptions.one("attention")  # one question, before the model loads
     args.out = check_out_dir(out_of(args, "attention"), "attention")  # before the model loads
     compare = args.ComparedFillerOptions.compare
     conditions = ("w/o",) if compare == "w/o" else ("w/o", compare)
@@ -59,7 +60,7 @@ def _attention(args, setup: FillerSetup, files: list[Path]) -> int:
     model = load_cli_model(args)
     layers = args.config.layer_list(model)
     heads = heads_in_layers(model, args.HeadSelection.spec(), layers)
-    question, compare = args.QuestionOptions.question, args.ComparedFillerOptions.compare
+    question, compare = args.QuestionOptions.one("attention"), args.ComparedFillerOptions.compare
     res = fs.attention_received_by_condition(model, question, layers=layers, heads=heads, setup=setup, progress=True)
     out: Path = args.out
     shade = compare if compare != "w/o" else None

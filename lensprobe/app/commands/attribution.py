@@ -14,7 +14,7 @@ from lensprobe.app.common import (
     writing_out_dir,
 )
 from lensprobe.app.examples import describe
-from lensprobe.app.option_groups import Math500Options, ModelOptions, QuestionsOptions
+from lensprobe.app.option_groups import AnswerOptions, Math500Options, ModelOptions, QuestionOptions
 from lensprobe.app.parsing import add_config, setting_message
 from lensprobe.app.sections.filler import demo_question
 from lensprobe.core.errors import LensprobeError, SettingError
@@ -48,7 +48,7 @@ def add_attribute(subparsers) -> None:
                     "largest scores are ablated exactly. Writes attribution.csv, attribution_heatmap.html, "
                     "verification.csv, attribution_scatter.html and attribution.json. Heads are 0-based: L0H13 "
                     "is the papers' layer 1, head 14."))
-    add_inputs(p, ModelOptions, QuestionsOptions, Math500Options, HeadSelection, MetricSettings, AblationBatch,
+    add_inputs(p, ModelOptions, QuestionOptions, AnswerOptions, Math500Options, HeadSelection, MetricSettings, AblationBatch,
                RecallCheck, *PROMPT_INPUTS)
     add_config(p, AttributionConfig, "config")
     p.set_defaults(func=run_attribute_command)
@@ -65,7 +65,7 @@ def add_find_heads(subparsers) -> None:
                     "checks what was missed. Writes find_heads.csv, per_prompt.csv, find_heads_scatter.html, "
                     "find_heads_heatmap.html and find_heads.json. Heads are 0-based: L0H13 is the papers' layer 1, "
                     "head 14."))
-    add_inputs(p, ModelOptions, QuestionsOptions, Math500Options, MetricSettings, AblationBatch, RecallCheck,
+    add_inputs(p, ModelOptions, QuestionOptions, AnswerOptions, Math500Options, MetricSettings, AblationBatch, RecallCheck,
                *PROMPT_INPUTS)
     add_config(p, FindHeadsConfig, "config")
     p.set_defaults(func=run_find_heads_command)
@@ -74,7 +74,7 @@ def add_find_heads(subparsers) -> None:
 def _check(args, command: str, kind: str) -> None:
     """Argument errors before the model loads (``kind``: what the output folder holds)."""
     args.out = check_out_dir(out_of(args, command), kind)
-    metric, answer = args.MetricSettings.metric, args.QuestionsOptions.answer
+    metric, answer = args.MetricSettings.metric, args.AnswerOptions.answer
     try:
         args.MetricSettings.check_gradient()
     except SettingError as err:  # named as the option that sets it
@@ -85,7 +85,7 @@ def _check(args, command: str, kind: str) -> None:
         raise LensprobeError(f"--metric {metric} reads no answer, but --answer was given: drop it, or use "
                              "--metric logprob to measure the answer.")
     check_reference(args)
-    if args.Math500Options.math500 and args.QuestionsOptions.question:
+    if args.Math500Options.math500 and args.QuestionOptions.question:
         raise LensprobeError("pass --question or --math500, not both.")
 
 
@@ -104,9 +104,9 @@ def _inputs(model, args) -> tuple[list, Any, Any]:
     if args.Math500Options.math500:
         questions = [p.problem for p in load_math500(limit=args.Math500Options.math500, seed=0)]
     else:
-        questions = args.QuestionsOptions.question or [demo_question()[0]]
+        questions = args.QuestionOptions.question or [demo_question()[0]]
     prompts = [prompt_of(model, args, q) for q in questions]
-    given = args.QuestionsOptions.answer
+    given = args.AnswerOptions.answer
     answers = None if not given else (given[0] if len(given) == 1 else given)
     return prompts, reference_of(model, args), answers
 

@@ -12,11 +12,11 @@ from lensprobe.app.common import (
 )
 from lensprobe.app.examples import describe
 from lensprobe.app.option_groups import (
+    AnswerOptions,
     FillerOptions,
     ModelOptions,
     OutputOptions,
     QuestionOptions,
-    QuestionsOptions,
     ReferenceOptions,
     SystemOptions,
 )
@@ -85,6 +85,7 @@ def add_ablate(subparsers) -> None:
 
 
 def run_ablate_command(args) -> int:
+    args.QuestionOptions.one("ablate")
     if args.HeadSelection.heads is None:
         raise LensprobeError("ablate needs --heads: the heads to ablate, e.g. --heads L0H3,L1H2 (or all).")
     args.out = check_out_dir(out_of(args, "ablate"), "ablate")  # before the model loads
@@ -100,7 +101,7 @@ def _ablate(args, files: list) -> int:
     if config.show_tokens > vocab:
         raise LensprobeError(f"--show-tokens {config.show_tokens} is more tokens than the model's vocabulary of "
                              f"{vocab}: give --show-tokens {vocab} or less.")
-    question, filler, method = args.QuestionOptions.question, args.FillerOptions.filler, args.AblationSettings.ablation
+    question, filler, method = args.QuestionOptions.one("ablate"), args.FillerOptions.filler, args.AblationSettings.ablation
     prompt = prompt_of(model, args, question)
     abl = ablate_heads(args.HeadSelection.spec(), method=method, reference=reference_of(model, args),
                        positions=config.position_spec(), prompt=prompt)
@@ -146,7 +147,8 @@ def add_sweep(subparsers) -> None:
                     "are 0-based: L0H13 is the papers' layer 1, head 14. Under `torchrun --nproc-per-node N -m "
                     "lensprobe sweep ...` each process sweeps its share of (question, batch of heads) units; they "
                     "meet in --out/shards, and a rerun resumes."))
-    add_inputs(p, ModelOptions, QuestionsOptions, HeadSelection, MetricSettings, AblationBatch, *PROMPT_INPUTS)
+    add_inputs(p, ModelOptions, QuestionOptions, AnswerOptions, HeadSelection, MetricSettings, AblationBatch,
+               *PROMPT_INPUTS)
     p.set_defaults(func=run_sweep_command)
 
 
@@ -155,7 +157,7 @@ def run_sweep_command(args) -> int:
     check_reference(args)
     metric = args.MetricSettings.metric
     if metric != "logit_diff":  # checked with its tokens once the model is loaded
-        for answer in args.QuestionsOptions.answer or [None]:
+        for answer in args.AnswerOptions.answer or [None]:
             resolve_measure(metric, answer=answer)
     rank, world = shard_info()  # under torchrun / accelerate launch: this process's share of the sweep
     with writing_out_dir(args.out, "sweep", rank=rank) as files:  # rank 0 writes the folder's files
@@ -169,9 +171,9 @@ def _sweep(args, rank: int, world: int, files: list) -> int:
     model = load_cli_model(args)
     heads = args.HeadSelection.spec()
     resolve_heads(model, heads)  # bad heads fail before any work
-    questions = args.QuestionsOptions.question or [demo_question()[0]]
+    questions = args.QuestionOptions.question or [demo_question()[0]]
     prompts = [prompt_of(model, args, q) for q in questions]
-    given = args.QuestionsOptions.answer
+    given = args.AnswerOptions.answer
     answers = (given[0] if len(given) == 1 else given) if given else None
     res = ablation_sweep(model, prompts, args.MetricSettings.metric, heads=heads,
                          method=args.AblationSettings.ablation, batch_size=args.AblationBatch.heads_per_forward,

@@ -50,6 +50,7 @@ def add_mechanism(subparsers) -> None:
 
 
 def run_mechanism(args) -> int:
+    args.QuestionOptions.one("mechanism")  # one question, before the model loads
     args.out = check_out_dir(out_of(args, "mechanism"), "mechanism")  # before the model loads
     with writing_out_dir(args.out, "mechanism") as files:
         return _mechanism(args, files)
@@ -60,7 +61,7 @@ def _mechanism(args, files: list[Path]) -> int:
     config: MechanismConfig = args.config
     layer = check_layers(model, [config.layer])[0]
     heads = heads_in_layers(model, args.HeadSelection.spec(), [layer])
-    question = args.QuestionOptions.question
+    question = args.QuestionOptions.one("mechanism")
     prompts = mechanism_prompts(model, question, system=system_of(args), count=config.filler_count)
     fit = filler_affine_fit(model, prompts["w/ Mless"], prompts["w/o"], layer=layer, heads=heads)
     summary = affine_fit_summary(fit)

@@ -65,6 +65,7 @@ def _trace_setting(model, prompt, label: str, thinking, generation: dict):
 
 
 def run_trace(args) -> int:
+    args.QuestionOptions.one("trace")  # one question, before the model loads
     args.out = check_out_dir(out_of(args, "trace"), "trace")  # before the model loads
     config: TraceConfig = args.config
     settings = config.settings(args.fusion)
@@ -83,7 +84,7 @@ def _trace(args, settings: dict, shard: tuple[int, int], files: list) -> int:
         ids = model.tokenizer.encode(token, add_special_tokens=False)
         if not (len(ids) == 1 and model.tokenizer.decode(ids) == token):
             add_thinking_token(model, token)  # this process owns the model
-    question = args.QuestionOptions.question
+    question = args.QuestionOptions.one("trace")
     prompt = build_prompt(model, question, system=system_of(args))
     config: TraceConfig = args.config
     generation = config.generation()
