@@ -15,12 +15,14 @@ Example:
 """
 
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Optional, get_args, get_origin, get_type_hints
 
+from lensprobe.core.errors import LensprobeError
 from lensprobe.core.fielddocs import field_docs
 
-__all__ = ["Given", "given_settings"]
+__all__ = ["Given", "given_settings", "seconds_from_env"]
 
 
 class Given:
@@ -79,3 +81,22 @@ def given_settings(cls: type, name: str, *, exclude: Sequence[str] = (), extra: 
                                       namespace={"prefix": prefix})
     made.__doc__ = f"{cls.__name__}'s settings as given (one not given is None: it comes from elsewhere)."
     return made
+
+
+def seconds_from_env(var: str, default: float, what: str) -> float:
+    """A time limit in seconds: ``$var`` when set, else ``default``; anything but a positive finite number is
+    refused, naming the variable, ``what`` it limits and the fix.
+
+    Example:
+        >>> seconds_from_env("LENSPROBE_UNSET_LIMIT", 60.0, "an export")
+        60.0
+    """
+    text = os.environ.get(var, "").strip()
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise LensprobeError(f"{var}={text!r} is not a positive number of seconds for {what}: set it to e.g. 600, "
+                             "or unset it.")
+    return value

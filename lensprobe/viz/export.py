@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.given import seconds_from_env
 from lensprobe.core.storage.writer import atomic_file
 
 __all__ = ["EXPORT_TIMEOUT", "EXPORT_TIMEOUT_VAR", "STATIC_FORMATS", "browser_path", "export_limit", "save"]
@@ -113,15 +114,7 @@ def export_limit() -> float:
         >>> export_limit()
         60.0
     """
-    text = os.environ.get(EXPORT_TIMEOUT_VAR, "").strip()
-    try:
-        value = float(text) if text else EXPORT_TIMEOUT
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise LensprobeError(f"{EXPORT_TIMEOUT_VAR}={text!r} is not a positive number of seconds: set it to "
-                             "e.g. 120, or unset it.")
-    return value
+    return seconds_from_env(EXPORT_TIMEOUT_VAR, EXPORT_TIMEOUT, "a static export")
 
 
 def _descendants(pid: int) -> list[int]:

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from lensprobe.core.errors import LensprobeError, ModelLoadError
+from lensprobe.core.given import seconds_from_env
 from lensprobe.core.storage.files import file_sha256, read_text
 from lensprobe.core.storage.jsonable import json_digest
 from lensprobe.core.storage.locks import FileLock, lock_holder
@@ -209,15 +210,7 @@ def wait_limit() -> float:
         >>> wait_limit()
         3600.0
     """
-    text = os.environ.get(WAIT_VAR, "").strip()
-    try:
-        value = float(text) if text else WAIT_SECONDS
-    except ValueError:
-        raise LensprobeError(f"{WAIT_VAR}={text!r} is not a number: set it to the seconds to wait for another "
-                             "process converting the same model (e.g. 600), or unset it.") from None
-    if not value > 0 or value == float("inf"):
-        raise LensprobeError(f"{WAIT_VAR}={text!r} must be a positive number of seconds: e.g. 600, or unset it.")
-    return value
+    return seconds_from_env(WAIT_VAR, WAIT_SECONDS, "waiting for another process converting the same model")
 
 
 def _stuck(lock: FileLock, target: Path, why: str) -> ModelLoadError:
