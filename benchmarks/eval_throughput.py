@@ -67,7 +67,7 @@ import torch  # noqa: E402
 import lensprobe as lp  # noqa: E402
 from lensprobe.core.models.loading import model_label, quiet  # noqa: E402
 from lensprobe.evals import builtin_condition  # noqa: E402
-from lensprobe.evals.data import math500_path  # noqa: E402
+from lensprobe.evals.problems.load import math500_path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from procmem import reset_peak, rss_kib  # noqa: E402

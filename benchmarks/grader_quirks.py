@@ -26,7 +26,7 @@ Usage:
 import argparse
 
 import lensprobe as lp
-from lensprobe.evals.grading import grade_paper_exact
+from lensprobe.evals.grading.grade import grade_paper_exact
 
 GRADERS = ("math-verify", "paper", "paper-lenient")
 

@@ -40,8 +40,10 @@ from lensprobe.app.recipe import load_recipe
 from lensprobe.core.models.testing import tiny_hf_model, tiny_model
 from lensprobe.core.prompts.randomtext import random_sentence_text
 from lensprobe.core.storage.identity import identity
-from lensprobe.evals import Problem, hub, running
-from lensprobe.evals.results import load_results, results_file
+from lensprobe.evals import Problem
+from lensprobe.evals.problems import hub
+from lensprobe.evals.running import execute as running
+from lensprobe.evals.results.folder import load_results, results_file
 
 BAD = "\udcff"
 LOADS: list[int] = []

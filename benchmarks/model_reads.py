@@ -15,7 +15,7 @@ import sys
 
 import lensprobe as lp
 from lensprobe.core.models.testing import tiny_model
-from lensprobe.evals.data import Problem
+from lensprobe.evals.problems.load import Problem
 
 FACTS = frozenset({"cfg", "tokenizer", "original_model"})
 

@@ -38,9 +38,9 @@ MODULES: dict[str, list[str]] = {
     "lensprobe/core/storage/shards.py": ["tests/core/test_shards.py", "tests/core/test_store.py",
                                         "tests/core/test_shards_edges.py"],
     # grading and statistics
-    "lensprobe/evals/grading.py": ["tests/evals/test_grading.py", "tests/evals/test_grading_bounded.py",
+    "lensprobe/evals/grading/grade.py": ["tests/evals/test_grading.py", "tests/evals/test_grading_bounded.py",
                                    "tests/evals/test_grading_paper_exact.py", "tests/evals/test_grading_edges.py"],
-    "lensprobe/evals/stats.py": ["tests/evals/test_pass_at_k.py", "tests/evals/test_paper_metric.py",
+    "lensprobe/evals/results/stats.py": ["tests/evals/test_pass_at_k.py", "tests/evals/test_paper_metric.py",
                                  "tests/evals/test_data_stats.py", "tests/evals/test_rows_check.py",
                                  "tests/evals/test_results_faults.py", "tests/core/test_nonfinite.py",
                                  "tests/evals/test_stats_edges.py"],

@@ -7,7 +7,7 @@ import torch
 from oracles import Counter, hook_snapshot
 
 import lensprobe as lp
-from lensprobe.evals.data import Problem
+from lensprobe.evals.problems.load import Problem
 
 
 class Bomb:

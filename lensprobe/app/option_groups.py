@@ -24,7 +24,7 @@ from lensprobe.app.checks import (
     text,
 )
 from lensprobe.core.errors import LensprobeError
-from lensprobe.evals.verdicts import VERDICT_COLUMNS
+from lensprobe.evals.results.verdicts import VERDICT_COLUMNS
 
 QUICK_HELP = "tiny inputs: a fast smoke run (reproduce: figure recipes)"
 LIMIT_HELP = "at most this many problems (reproduce: per benchmark)"

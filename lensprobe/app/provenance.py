@@ -7,10 +7,10 @@ One source of these facts for ``lp.reproduce``'s ``table.md``, ``table.csv``, ``
   settings as applied) and what the folder does not hold (KV heads, device, parameters, versions);
 - :func:`arm_facts`: the ARM settings a condition ran with (as recorded) and where they come from;
 - whether the model samples is read from its loaded generation config
-  (:func:`~lensprobe.evals.config.model_samples`), the sampling as applied with
-  :func:`~lensprobe.evals.config.applied_sampling`;
+  (:func:`~lensprobe.evals.running.config.model_samples`), the sampling as applied with
+  :func:`~lensprobe.evals.running.config.applied_sampling`;
 - :func:`verdict`: *comparable* only when the model's configuration equals the named paper model's
-  published one (:func:`~lensprobe.evals.published.paper_models`), the whole benchmark ran without
+  published one (:func:`~lensprobe.evals.results.published.paper_models`), the whole benchmark ran without
   error rows, and runs, sampling, dtype, prompt and ARM settings are the protocol's; otherwise every
   reason.
 
@@ -24,8 +24,8 @@ import dataclasses
 import importlib.metadata
 
 from lensprobe.core.version import __version__
-from lensprobe.evals.config import EvalConfig, applied_sampling, with_format_defaults
-from lensprobe.evals.published import paper_models
+from lensprobe.evals.running.config import EvalConfig, applied_sampling, with_format_defaults
+from lensprobe.evals.results.published import paper_models
 from lensprobe.interventions.arm import ARM
 from lensprobe.interventions.arm_presets import NoPresetError, arm_preset, model_key
 

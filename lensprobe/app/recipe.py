@@ -15,7 +15,7 @@ name or from a file path. Fields (every one checked when read)::
     table = "1"                         # the published table compared with (kind = "table"; absent: the
                                         #   paper publishes a figure only, so the shape is compared by eye)
     figure = "token-class-attention"    # the study drawn (kind = "figure")
-    protocol = "arm-math500"            # lp.evals.protocols.PROTOCOLS
+    protocol = "arm-math500"            # lp.evals.running.protocols.PROTOCOLS
     benchmarks = ["math500", "aime2024"]
     conditions = ["w/o", "w/ Mless"]    # built-in names, "ARM", or names defined below
     models = ["Qwen/Qwen2.5-Math-1.5B"] # the authors' models (the docs' GPU commands)
@@ -56,8 +56,8 @@ from lensprobe.core.given import Given
 from lensprobe.core.prompts.assembly import PLACEMENTS
 from lensprobe.core.prompts.conditions import paper_conditions
 from lensprobe.core.storage.files import read_text
-from lensprobe.evals.config import EvalConfig
-from lensprobe.evals.protocols import PROTOCOLS
+from lensprobe.evals.running.config import EvalConfig
+from lensprobe.evals.running.protocols import PROTOCOLS
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.interventions.arm_presets import benchmark_key
 

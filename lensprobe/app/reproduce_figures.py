@@ -21,7 +21,7 @@ from lensprobe.app.sections.heads import head_attention_section
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.measures.measure import NextTokenEntropy, measure_once
 from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT, Filler, build_prompt
-from lensprobe.evals.stats import accuracy
+from lensprobe.evals.results.stats import accuracy
 from lensprobe.experiments.headpatch import patch_heads
 from lensprobe.studies.filler import FillerSetup, attention_received_by_condition, heads_by_change
 from lensprobe.viz.ablation import sweep_heatmap

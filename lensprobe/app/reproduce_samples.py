@@ -2,7 +2,7 @@
 Best-of-N rows (Table 8), used by :func:`lensprobe.app.reproduce.reproduce`.
 
 **pass@k** (a protocol with ``k``, e.g. ``arm-aime-pass3``): the unbiased estimate ``1 - C(n-c, k) / C(n, k)`` per
-problem (:func:`~lensprobe.evals.stats.pass_at_k`, the authors' formula), averaged over problems, with a 95% interval
+problem (:func:`~lensprobe.evals.results.stats.pass_at_k`, the authors' formula), averaged over problems, with a 95% interval
 ``mean +- 1.96 x`` the standard error over problems (normal approximation, clipped to 0-100).
 
 Under a protocol that draws several samples per problem, the accuracy's 95% interval is the same over problems
@@ -19,8 +19,8 @@ of the N is correct, pass@N) cannot be the paper's reading: Table 8's AIME Best-
 import math
 
 from lensprobe.core.lazy import pandas
-from lensprobe.evals.protocols import get_protocol
-from lensprobe.evals.stats import pass_at_k
+from lensprobe.evals.running.protocols import get_protocol
+from lensprobe.evals.results.stats import pass_at_k
 
 __all__ = ["GRADER", "best_of_name", "best_of_rows", "pass_columns", "pass_numbers", "sample_columns", "sample_rows"]
 

@@ -5,7 +5,7 @@ generation config, an ARM preset. :func:`given_settings` makes, from a configura
 dataclass with the same fields (types, documentation and metadata), each ``T | None`` with
 ``None`` for "not given"; :meth:`Given.given` returns the fields that were given, and the code that
 knows where the others come from fills them in once (e.g.
-:meth:`lensprobe.evals.settings.EvalSettingsBase.resolve`). A field added to the configuration is a
+:meth:`lensprobe.evals.running.settings.EvalSettingsBase.resolve`). A field added to the configuration is a
 field here too, "not given" unless given.
 
 Example:

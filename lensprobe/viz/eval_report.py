@@ -1,7 +1,7 @@
 """The evaluation report: accuracy bars, accuracy per level and the tables, from result rows or folders.
 
 :func:`results_section` turns result rows into a report :class:`~lensprobe.viz.report.Section`
-(tables from :func:`lensprobe.evals.stats.summary_tables`); :func:`write_eval_report`
+(tables from :func:`lensprobe.evals.results.stats.summary_tables`); :func:`write_eval_report`
 rebuilds everything from saved result folders (the ``lensprobe eval-report`` command).
 """
 
@@ -10,10 +10,10 @@ import os
 from pathlib import Path
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.evals.results import load_many_results
-from lensprobe.evals.runfacts import RunFacts, run_facts
-from lensprobe.evals.stats import conditions_in_order, summary_tables
-from lensprobe.evals.verdicts import verdict_columns
+from lensprobe.evals.results.folder import load_many_results
+from lensprobe.evals.results.runfacts import RunFacts, run_facts
+from lensprobe.evals.results.stats import conditions_in_order, summary_tables
+from lensprobe.evals.results.verdicts import verdict_columns
 from lensprobe.viz.evals import accuracy_bars, accuracy_by_level
 from lensprobe.viz.report import Section, write_report
 
@@ -82,7 +82,7 @@ def results_section(rows, *, title: str | None = None, intro: str = "",
                     grader: str | None = None, baseline: str | None = None):
     """A report :class:`~lensprobe.viz.report.Section` with the bars, the per-level figure and the tables.
 
-    Titles, axes and notes say what ran (:func:`~lensprobe.evals.runfacts.run_facts`: the problem set,
+    Titles, axes and notes say what ran (:func:`~lensprobe.evals.results.runfacts.run_facts`: the problem set,
     the answer extraction, the grader). ``title`` replaces the section's title (default: the problem
     set's accuracy per condition). ``grader`` is the verdict column of the figures and the summary
     (``None``: the rows' default, ``paper-exact`` for a folder in the authors' format, with

@@ -1,6 +1,6 @@
 """Evaluation figures: accuracy bars per model x condition, and accuracy per difficulty level.
 
-Both take the tables of :func:`lensprobe.evals.stats.accuracy` (columns ``accuracy``,
+Both take the tables of :func:`lensprobe.evals.results.stats.accuracy` (columns ``accuracy``,
 ``low``, ``high``, ``n`` plus the grouping columns) and draw them as they are.
 """
 

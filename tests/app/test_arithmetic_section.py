@@ -3,7 +3,7 @@ answer read as the last number of its generation, and the page says so."""
 
 import lensprobe as lp
 from lensprobe.app.sections import evals as eval_sections
-from lensprobe.evals.extract import extract_last_number
+from lensprobe.evals.grading.extract import extract_last_number
 
 
 def test_arithmetic_section_grades_the_last_number(tiny):

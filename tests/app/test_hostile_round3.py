@@ -97,7 +97,7 @@ def test_a_condition_that_fits_no_problem_is_refused_before_the_first_forward(mo
     recipe.write_text('title = "long filler"\nkind = "table"\nbenchmarks = ["math500"]\n'
                       'conditions = ["w/o", "w/ long"]\n[define."w/ long"]\nbase = "w/ Mless"\ncount = 400\n',
                       encoding="utf-8")
-    from lensprobe.evals import harness
+    from lensprobe.evals.running import harness
     monkeypatch.setattr(harness, "run_plan", lambda *a, **k: pytest.fail("generation started"))
     rc, err = run(f"reproduce {recipe} --model tiny --limit 2 --max-new-tokens 2 --no-progress "
                   f"--out {tmp_path / 'r'}", capsys)

@@ -14,7 +14,7 @@ from lensprobe.app.cli import build_parser, main
 from lensprobe.app.parsing import RENAMED, add_config, new_parser
 from lensprobe.app.recipe import ReproduceConfig, load_recipe
 from lensprobe.core.errors import SettingError
-from lensprobe.evals.settings import EvalSettings
+from lensprobe.evals.running.settings import EvalSettings
 from lensprobe.experiments.head_settings import (
     AblationSettings,
     AttributionConfig,

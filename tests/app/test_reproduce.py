@@ -14,8 +14,8 @@ from lensprobe.app.cli import main
 from lensprobe.app.reproduce_figures import FIGURES
 from lensprobe.app.reproduce_samples import best_of_name
 from lensprobe.app.sections.evals import build_math500_section
-from lensprobe.evals.grading import grade_paper_exact
-from lensprobe.evals.published import published_numbers, tomllib
+from lensprobe.evals.grading.grade import grade_paper_exact
+from lensprobe.evals.results.published import published_numbers, tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,8 +14,8 @@ from lensprobe.app.cli import main
 from lensprobe.app.provenance import PAPER_DTYPE, run_facts, verdict
 from lensprobe.app.reproduce_tables import RUN_COLUMNS, beside_published, markdown_table
 from lensprobe.core.models.testing import tiny_model
-from lensprobe.evals.grading import grade_paper_exact
-from lensprobe.evals.published import paper_models
+from lensprobe.evals.grading.grade import grade_paper_exact
+from lensprobe.evals.results.published import paper_models
 
 QWEN7 = "Qwen/Qwen2.5-Math-7B"
 

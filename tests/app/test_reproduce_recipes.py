@@ -16,8 +16,8 @@ from lensprobe.app.cli import main
 from lensprobe.app.reproduce_samples import best_of_rows, pass_numbers
 from lensprobe.app.reproduce_tables import recipe_conditions
 from lensprobe.core.models.testing import tiny_tokenizer
-from lensprobe.evals.published import published_numbers
-from lensprobe.evals.running import ErrorRowsWarning
+from lensprobe.evals.results.published import published_numbers
+from lensprobe.evals.running.execute import ErrorRowsWarning
 
 AIME = Path(__file__).resolve().parents[1] / "fixtures" / "aime" / "aime-mini.jsonl"
 ARM = lp.ARM(c=0.13, percentile=99.5)

@@ -14,7 +14,7 @@ from lensprobe.app.cli import main
 from lensprobe.core.storage.files import check_file, read_bytes, read_text
 from lensprobe.core.storage.store import read_json
 from lensprobe.evals import Problem
-from lensprobe.evals.results import load_results, results_file
+from lensprobe.evals.results.folder import load_results, results_file
 
 
 @contextlib.contextmanager
@@ -130,7 +130,7 @@ def test_problem_files_are_read_once_through_the_check(tmp_path, monkeypatch):
     listed = tmp_path / "p.json"
     listed.write_text(json.dumps(rows), encoding="utf-8")
     assert [p.problem for p in lp.evals.load_problems(listed)] == ["What is 1+1?", "Line\u2028sep?"]
-    import lensprobe.evals.problem_files as problem_files
+    import lensprobe.evals.problems.files as problem_files
 
     monkeypatch.setattr(problem_files, "DATA_LIMIT", 10)
     with pytest.raises(lp.LensprobeError, match=r"problem file .*p.json is \d+ bytes, more than the 10 bytes"):

@@ -53,7 +53,7 @@ from lensprobe.app.cli import main
 from lensprobe.core.storage.outfolder import FOLDER_LOCK
 from lensprobe.core.storage.rowfiles import read_row_file
 from lensprobe.core.storage.shards import ShardStore
-from lensprobe.evals.results import read_rows
+from lensprobe.evals.results.folder import read_rows
 
 SHARD_FILE = "shard-rank0.jsonl"
 SETTINGS = "config.json"

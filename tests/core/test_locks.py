@@ -16,7 +16,7 @@ import lensprobe as lp
 from lensprobe.core.storage.locks import FileLock, lock_holder, pid_alive
 from lensprobe.core.storage.rowfiles import read_row_files
 from lensprobe.core.storage.shards import ShardStore
-from lensprobe.evals.results import RowWriter
+from lensprobe.evals.results.folder import RowWriter
 
 BUSY = "the thing is in use ({holder}): wait for it."
 
@@ -66,7 +66,7 @@ def test_shards_and_results_files_use_the_same_lock(tmp_path):
 HOLDER_SCRIPT = """
 import sys, time
 from lensprobe.core.storage.shards import ShardStore
-from lensprobe.evals.results import RowWriter
+from lensprobe.evals.results.folder import RowWriter
 store = ShardStore(sys.argv[1], "demo", {}, rank=0)
 store.record("u0", 1)
 writer = RowWriter(sys.argv[2])

@@ -10,7 +10,7 @@ import torch
 import lensprobe as lp
 from lensprobe.core.models.facts import ModelFacts, architecture, end_ids, model_facts, pad_id
 from lensprobe.core.models.testing import tiny_model
-from lensprobe.evals.data import Problem
+from lensprobe.evals.problems.load import Problem
 
 
 def test_facts_are_the_models_own():
@@ -68,7 +68,7 @@ def counted(monkeypatch):
 
 
 def test_evaluate_reads_the_facts_once_for_every_generation(tiny, counted, monkeypatch):
-    from lensprobe.evals import running
+    from lensprobe.evals.running import execute as running
 
     calls = []
     real = running.generate

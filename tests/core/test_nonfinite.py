@@ -15,7 +15,7 @@ import lensprobe as lp
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.measures.measure import AnswerLogProb, CallableMeasure, NextTokenEntropy
 from lensprobe.core.measures.metrics import nonfinite_rows
-from lensprobe.evals.data import Problem
+from lensprobe.evals.problems.load import Problem
 
 SPECIAL = [math.nan, math.inf, -math.inf]
 

@@ -81,7 +81,7 @@ def test_the_command_line_refuses_it_in_one_line(tmp_path, capsys):
 
 def test_an_evaluation_records_a_refused_problem_as_an_error_row_and_an_escaping_condition_runs_it(tiny):
     problems = [lp.evals.Problem("a", f"What is 2+3? {END}", "5"), lp.evals.Problem("b", "What is 1+1?", "2")]
-    with pytest.warns(lp.evals.running.ErrorRowsWarning, match="the question holds '<\\|im_end\\|>'"):
+    with pytest.warns(lp.evals.running.execute.ErrorRowsWarning, match="the question holds '<\\|im_end\\|>'"):
         rows = lp.evaluate(tiny, problems, "w/o", max_new_tokens=2, progress=False)
     assert rows.set_index("problem_id")["finish"].eq("error").to_dict() == {"a": True, "b": False}
     escaping = lp.Condition("escaped", special_tokens="escape")

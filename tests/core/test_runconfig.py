@@ -10,8 +10,8 @@ import lensprobe as lp
 from lensprobe.core.storage.identity import IDENTITY_VERSION
 from lensprobe.core.storage.runconfig import CONFIG_FILE, LAYOUT, open_run, read_run, run_hash
 from lensprobe.core.storage.shards import ShardStore, run_sharded
-from lensprobe.evals.data import Problem
-from lensprobe.evals.results import read_config
+from lensprobe.evals.problems.load import Problem
+from lensprobe.evals.results.folder import read_config
 
 LAYOUT_KEYS = ["layout", "kind", "hash", "settings", "parts", "labels"]
 PROBLEMS = [Problem(id="q0", problem="What is 1+1?", answer="2", level=1, subject="S")]

@@ -73,7 +73,7 @@ def test_shard_info_reads_torchrun_then_mpi_variables(monkeypatch):
     monkeypatch.setenv("RANK", "one")
     with pytest.raises(lp.LensprobeError, match="RANK='one' / WORLD_SIZE='4' are not integers"):
         shard_info()
-    assert lp.evals.harness.shard_info is shards.shard_info  # its old home still works
+    assert lp.evals.running.harness.shard_info is shards.shard_info  # its old home still works
 
 
 def test_ranks_merge_into_the_single_run_and_a_rerun_computes_nothing(tmp_path):

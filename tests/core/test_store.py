@@ -237,7 +237,7 @@ def test_done_over_several_ranks_files_returns_every_ranks_units(tmp_path):
 
 
 def test_a_reopened_rows_file_keeps_its_earlier_rows(tmp_path):
-    from lensprobe.evals.results import prepare_folder, read_rows, results_file, settled_rows
+    from lensprobe.evals.results.folder import prepare_folder, read_rows, results_file, settled_rows
 
     h1 = prepare_folder(tmp_path, {"x": 1}, {"w/o": {"hash": "c1"}})["hash"]
 

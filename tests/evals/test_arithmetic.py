@@ -9,7 +9,7 @@ import re
 import pytest
 
 import lensprobe as lp
-from lensprobe.evals.arithmetic import ARITHMETIC_SUBJECTS, MAX_PROBLEMS
+from lensprobe.evals.problems.arithmetic import ARITHMETIC_SUBJECTS, MAX_PROBLEMS
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 _NAMES = {ast.Add: "addition", ast.Sub: "subtraction", ast.Mult: "multiplication", ast.Div: "division"}

@@ -20,7 +20,7 @@ from lensprobe.evals import (
     resolve_conditions,
     wilson_interval,
 )
-from lensprobe.evals.results import RowWriter, load_results, prepare_folder, read_rows
+from lensprobe.evals.results.folder import RowWriter, load_results, prepare_folder, read_rows
 from lensprobe.prompts import Condition
 
 

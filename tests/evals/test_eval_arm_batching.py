@@ -20,7 +20,7 @@ def problems():
 
 def calls_of(monkeypatch):
     """The ``lp.generate`` calls an evaluation makes: (condition's ARM per_row flags, prompts, batch_size)."""
-    from lensprobe.evals import running
+    from lensprobe.evals.running import execute as running
 
     calls, real = [], running.generate
 

@@ -12,8 +12,8 @@ import torch
 
 import lensprobe as lp
 from lensprobe.evals import Problem, load_results
-from lensprobe.evals.harness import ErrorRowsWarning
-from lensprobe.evals.results import read_rows, results_file
+from lensprobe.evals.running.harness import ErrorRowsWarning
+from lensprobe.evals.results.folder import read_rows, results_file
 from lensprobe.prompts import Condition
 
 QUESTIONS = ["What is 1+1?", "Compute 12 * 3 and give the answer, showing every step of the work.",
@@ -49,7 +49,7 @@ def test_rows_are_the_same_at_every_batch_size_and_come_back_in_problem_order(ti
 
 def test_rows_are_written_as_they_finish_and_seconds_add_up(tiny, tmp_path, monkeypatch):
     """Each row is on disk (synced) before the next one finishes, in the order rows end."""
-    from lensprobe.evals import results as results_module
+    from lensprobe.evals.results import folder as results_module
 
     on_disk_when_written = []
     real_write = results_module.RowWriter.write
@@ -191,7 +191,7 @@ def test_ctrl_c_stops_cleanly_with_every_finished_row_written_and_the_rerun_comp
 def test_each_generation_call_keeps_its_batch_busy_and_conditions_take_turns(tiny, monkeypatch, settings):
     """Every call hands lp.generate at least 8 rows per live row (the last of a run may hold fewer),
     and the conditions take turns chunk by chunk, so a stopped run has every condition's first rows."""
-    from lensprobe.evals import running
+    from lensprobe.evals.running import execute as running
 
     calls = []
     monkeypatch.setattr(running, "_generate", lambda model, facts, batch, interventions, cond, config, batch_size, emit, engine:

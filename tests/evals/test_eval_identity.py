@@ -8,7 +8,7 @@ import pytest
 from identities import AddRow, Shift, old_folder, snapshot, two_tables
 
 import lensprobe as lp
-from lensprobe.evals.data import Problem
+from lensprobe.evals.problems.load import Problem
 
 PROBLEMS = [Problem(id="q0", problem="What is 1+1?", answer="2", level=1, subject="S")]
 

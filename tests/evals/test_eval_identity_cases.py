@@ -14,7 +14,7 @@ from identities import snapshot
 
 import lensprobe as lp
 from lensprobe.core.models.testing import tiny_model
-from lensprobe.evals.data import Problem
+from lensprobe.evals.problems.load import Problem
 
 PROBLEMS = [Problem(id="q0", problem="What is 1+1?", answer="2", level=1, subject="S"),
             Problem(id="q1", problem="What is 2+2?", answer="4", level=1, subject="S")]

@@ -8,8 +8,8 @@ import pytest
 
 import lensprobe as lp
 from lensprobe.core.storage.identity import identity
-from lensprobe.evals.extract import extract_answer, extract_boxed, extract_last_number
-from lensprobe.evals.harness import EvalConfig
+from lensprobe.evals.grading.extract import extract_answer, extract_boxed, extract_last_number
+from lensprobe.evals.running.harness import EvalConfig
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -90,7 +90,7 @@ def test_evaluate_reads_the_answer_with_the_chosen_extractor(tiny, tmp_path):
 
 def test_cli_eval_on_the_arithmetic_set_with_last_number_extraction(tmp_path, capsys):
     from lensprobe.app.cli import main
-    from lensprobe.evals.results import load_results
+    from lensprobe.evals.results.folder import load_results
 
     out = tmp_path / "arith"
     argv = ["eval", "--model", "tiny", "--problems", "arithmetic", "--limit", "3", "--levels", "2",

@@ -3,7 +3,7 @@
 import pytest
 
 import lensprobe as lp
-from lensprobe.evals.grading import grade_all, normalize_answer
+from lensprobe.evals.grading.grade import grade_all, normalize_answer
 
 # (prediction, reference answer, math-verify verdict, paper (MATH string-match) verdict).
 # math-verify judges mathematical equivalence; the paper grader compares strings after the

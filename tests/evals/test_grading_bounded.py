@@ -7,8 +7,8 @@ import pytest
 
 import lensprobe as lp
 from lensprobe.core.storage.identity import identity
-from lensprobe.evals import grading
-from lensprobe.evals.mathverify import excerpt
+from lensprobe.evals.grading import grade as grading
+from lensprobe.evals.grading.mathverify import excerpt
 
 SLOW = "(10^{6})!"  # sympy evaluates this factorial for many seconds
 
@@ -65,7 +65,7 @@ def test_excerpt_cuts_and_says_the_length():
 
 
 def test_the_grade_timeout_is_a_setting_of_the_run_identified_default_included():
-    from lensprobe.evals.mathverify import GRADE_TIMEOUT
+    from lensprobe.evals.grading.mathverify import GRADE_TIMEOUT
 
     assert lp.evals.EvalConfig().grade_timeout == GRADE_TIMEOUT
     assert identity(lp.evals.EvalConfig())["grade_timeout"] == GRADE_TIMEOUT  # a default is recorded
@@ -77,7 +77,7 @@ def test_the_grade_timeout_is_a_setting_of_the_run_identified_default_included()
 
 
 def test_evaluate_grades_with_the_runs_timeout(tiny, monkeypatch):
-    from lensprobe.evals import running
+    from lensprobe.evals.running import execute as running
 
     seen = []
 
@@ -95,7 +95,7 @@ def test_the_eval_command_passes_grade_timeout_to_grading_and_records_it(tmp_pat
     import json
 
     from lensprobe.app.cli import main
-    from lensprobe.evals import running
+    from lensprobe.evals.running import execute as running
 
     seen = []
     real = running.grade_all

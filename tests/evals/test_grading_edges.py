@@ -2,15 +2,15 @@ r"""The graders' edges the tables of test_grading*.py do not reach: the MATH nor
 (a second ``\frac``, ``\frac1{2}``, three characters before ``=``, line breaks, ``\\``, ``" ."`` and ``"{."``),
 its non-strict answers where the authors' version raises, math-verify's lenient fallback, the timeout
 ``grade_all`` passes on, and the exact messages. Every expected string is written out by hand from the rules
-in the docstrings of :mod:`lensprobe.evals.grading`."""
+in the docstrings of :mod:`lensprobe.evals.grading.grade`."""
 
 import re
 
 import pytest
 
 import lensprobe as lp
-from lensprobe.evals import grading
-from lensprobe.evals.grading import (
+from lensprobe.evals.grading import grade as grading
+from lensprobe.evals.grading.grade import (
     PaperGraderError,
     grade,
     grade_all,

@@ -4,8 +4,8 @@ hand, one or more rows per quirk; and the existing graders left as they were."""
 import pytest
 
 import lensprobe as lp
-from lensprobe.evals.extract import extract_boxed
-from lensprobe.evals.grading import (
+from lensprobe.evals.grading.extract import extract_boxed
+from lensprobe.evals.grading.grade import (
     GRADERS,
     extract_boxed_paper,
     grade,

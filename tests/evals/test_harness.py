@@ -17,7 +17,7 @@ import torch
 import lensprobe as lp
 from lensprobe.core.models.testing import tiny_model
 from lensprobe.evals import Problem, builtin_condition, load_results
-from lensprobe.evals.results import read_rows
+from lensprobe.evals.results.folder import read_rows
 from lensprobe.prompts import Condition
 
 VENV_BIN = Path(sys.executable).parent
@@ -129,7 +129,7 @@ def test_rows_hold_prompt_grades_and_hashes(tiny, tmp_path):
 
 
 def test_row_grades_the_generated_text_only(tiny):
-    from lensprobe.evals.running import Item, RunInfo, make_row
+    from lensprobe.evals.running.execute import Item, RunInfo, make_row
 
     p = Problem(id="x", problem="What is 3+4?", answer="7")
     cond = builtin_condition("w/o")

@@ -10,10 +10,10 @@ from lensprobe.core.prompts.conditions import paper_conditions
 from lensprobe.core.prompts.prompt import PAPER_SYSTEM_PROMPT
 from lensprobe.core.storage.identity import identity
 from lensprobe.evals import Problem, load_results
-from lensprobe.evals.config import EvalConfig, paper_generation_settings
-from lensprobe.evals.grading import grade_paper_exact
-from lensprobe.evals.results import read_rows, results_file
-from lensprobe.evals.running import ROW_COLUMNS
+from lensprobe.evals.running.config import EvalConfig, paper_generation_settings
+from lensprobe.evals.grading.grade import grade_paper_exact
+from lensprobe.evals.results.folder import read_rows, results_file
+from lensprobe.evals.running.execute import ROW_COLUMNS
 from lensprobe.interventions.arm import ARM
 
 MLESS = " ".join(["/"] * 55)
@@ -109,7 +109,7 @@ def test_rows_carry_the_authors_verdict(tiny):
 
 
 def test_paper_exact_grades_prompt_plus_generation(tiny):
-    from lensprobe.evals.running import Item, RunInfo, make_row
+    from lensprobe.evals.running.execute import Item, RunInfo, make_row
 
     p = Problem(id="x", problem="What is 3+4?", answer="7")
     cond = paper_conditions(prompt_format="paper")["w/o"]

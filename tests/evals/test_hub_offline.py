@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import lensprobe as lp
-from lensprobe.evals import hub
+from lensprobe.evals.problems import hub
 
 VENV_BIN = Path(sys.executable).parent
 DEAD = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once

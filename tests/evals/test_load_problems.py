@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import lensprobe as lp
-from lensprobe.evals.data import PACKAGED_MATH500, Problem, load_problems
+from lensprobe.evals.problems.load import PACKAGED_MATH500, Problem, load_problems
 
 AIME = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "aime"
 
@@ -33,7 +33,7 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
 # ----------------------------------------------------------------------------- AIME, as shipped beside the repo
 def test_aime2025_reads_the_question_field(aime_dir, caplog):
     path = aime_dir / "aime2025.jsonl"
-    with caplog.at_level(logging.INFO, logger="lensprobe.evals.data"):
+    with caplog.at_level(logging.INFO, logger="lensprobe.evals.problems.load"):
         probs = load_problems(path)
     assert "no 'problem' field; reading 'question'" in caplog.text
     raw = _raw(path)

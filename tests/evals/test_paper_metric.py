@@ -11,9 +11,9 @@ import pytest
 import lensprobe as lp
 from lensprobe.app.cli import build_parser, main
 from lensprobe.app.commands.armargs import arm_from_args
-from lensprobe.evals.grading import grade_paper_exact
-from lensprobe.evals.stats import accuracy, avg_at_k, compare, pass_at_k_table
-from lensprobe.evals.verdicts import default_grader
+from lensprobe.evals.grading.grade import grade_paper_exact
+from lensprobe.evals.results.stats import accuracy, avg_at_k, compare, pass_at_k_table
+from lensprobe.evals.results.verdicts import default_grader
 
 
 def _problems(n=2):

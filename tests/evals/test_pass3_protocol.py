@@ -20,8 +20,8 @@ import transformers
 import lensprobe as lp
 from lensprobe.app.cli import main
 from lensprobe.core.models.testing import tiny_hf_model
-from lensprobe.evals.config import EvalConfig, applied_sampling, model_samples, with_format_defaults
-from lensprobe.evals.protocols import PROTOCOLS
+from lensprobe.evals.running.config import EvalConfig, applied_sampling, model_samples, with_format_defaults
+from lensprobe.evals.running.protocols import PROTOCOLS
 
 SAMPLING = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20}  # Qwen2.5 Instruct's kind
 

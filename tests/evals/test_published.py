@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.evals.published import published_numbers, published_table
+from lensprobe.evals.results.published import published_numbers, published_table
 from lensprobe.interventions.arm_presets import BENCHMARKS, PAPER_TABLE9
 
 TABLES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "papers" / "arm-2510.01032-tables.md"

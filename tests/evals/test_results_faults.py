@@ -10,8 +10,9 @@ import pytest
 
 import lensprobe as lp
 from lensprobe.app.cli import main
-from lensprobe.evals import Problem, running
-from lensprobe.evals.results import (
+from lensprobe.evals import Problem
+from lensprobe.evals.running import execute as running
+from lensprobe.evals.results.folder import (
     DuplicateRowsWarning,
     RowWriter,
     load_many_results,
@@ -19,7 +20,7 @@ from lensprobe.evals.results import (
     read_rows,
     results_file,
 )
-from lensprobe.evals.stats import summary_tables
+from lensprobe.evals.results.stats import summary_tables
 
 PROBLEMS = [Problem(id=f"q{i}", problem=f"What is {i}+{i}?", answer=str(2 * i), level=1, subject="S")
             for i in range(3)]

@@ -12,8 +12,8 @@ import pytest
 import lensprobe as lp
 from lensprobe.app.cli import main
 from lensprobe.evals import Problem
-from lensprobe.evals.results import load_results, read_rows, results_file
-from lensprobe.evals.rows_check import check_row, check_verdict_column, is_verdict
+from lensprobe.evals.results.folder import load_results, read_rows, results_file
+from lensprobe.evals.results.rows_check import check_row, check_verdict_column, is_verdict
 
 PROBLEMS = [Problem(id=f"q{i}", problem=f"What is {i}+{i}?", answer=str(2 * i), level=1, subject="S")
             for i in range(3)]
@@ -219,7 +219,7 @@ def test_wilson_interval_refuses_counts_that_are_not_whole_numbers(counts):
 @pytest.mark.unchecked
 @pytest.mark.parametrize("answer", [None, 7, "  ", "\u200b"])
 def test_evaluate_refuses_an_answer_that_is_not_text_before_generating(tiny, answer, monkeypatch):
-    monkeypatch.setattr(lp.evals.harness, "run_plan", lambda *a, **k: pytest.fail("generation started"))
+    monkeypatch.setattr(lp.evals.running.harness, "run_plan", lambda *a, **k: pytest.fail("generation started"))
     bad = [*PROBLEMS[:1], Problem(id="q9", problem="What is 1+1?", answer=answer)]
     with pytest.raises(lp.LensprobeError, match=r"problem 'q9': its answer must be non-empty text"):
         lp.evaluate(tiny, bad, "w/o", config=CONFIG, progress=False)
@@ -228,7 +228,7 @@ def test_evaluate_refuses_an_answer_that_is_not_text_before_generating(tiny, ans
 @pytest.mark.parametrize(("field", "value"), [("problem", "What is \udcff?"), ("answer", "2\udcff"),
                                               ("problem", "\ufeff")])
 def test_evaluate_refuses_a_problem_that_would_fail_when_its_row_is_written(tiny, field, value, monkeypatch):
-    monkeypatch.setattr(lp.evals.harness, "run_plan", lambda *a, **k: pytest.fail("generation started"))
+    monkeypatch.setattr(lp.evals.running.harness, "run_plan", lambda *a, **k: pytest.fail("generation started"))
     bad = Problem(**{"id": "q9", "problem": "What is 1+1?", "answer": "2", field: value})
     with pytest.raises(lp.LensprobeError, match=rf"problem 'q9': its (id must be a string and its )?{field} (holds a lone|non-empty text \(not only)"):
         lp.evaluate(tiny, [bad], "w/o", config=CONFIG, progress=False)

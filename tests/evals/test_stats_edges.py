@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 import lensprobe as lp
-from lensprobe.evals.stats import (
+from lensprobe.evals.results.stats import (
     accuracy,
     avg_at_k,
     compare,

@@ -6,7 +6,7 @@ import pytest
 
 import lensprobe as lp
 from lensprobe.core.storage.identity import identity
-from lensprobe.evals.harness import EvalConfig
+from lensprobe.evals.running.harness import EvalConfig
 from lensprobe.generation.config import generation_config
 from lensprobe.studies.thinking import compare_thinking
 
@@ -65,7 +65,7 @@ def test_eval_config_is_a_generation_config_identified_by_every_setting():
     cfg = EvalConfig(max_new_tokens=64, batch_size=4)
     assert isinstance(cfg, lp.GenerationConfig)
     # every field, defaults and batch_size included
-    assert identity(cfg) == {".type": "lensprobe.evals.config.EvalConfig",
+    assert identity(cfg) == {".type": "lensprobe.evals.running.config.EvalConfig",
                              **{f.name: identity(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}}
     assert identity(cfg)["max_new_tokens"] == 64 and identity(cfg)["batch_size"] == 4 and identity(cfg)["seed"] == 0
     sampled = EvalConfig(do_sample=True, n_samples=2, seed=5)

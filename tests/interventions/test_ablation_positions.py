@@ -7,7 +7,7 @@ from oracles import Counter
 
 import lensprobe as lp
 from lensprobe.core.errors import LensprobeError
-from lensprobe.evals.data import Problem
+from lensprobe.evals.problems.load import Problem
 from lensprobe.studies.heads import ablation_effect
 
 

@@ -152,7 +152,7 @@ def test_the_name_decides_only_when_the_configuration_matches_no_model_with_pres
 
 
 def test_preset_configurations_agree_with_the_papers_model_table():
-    from lensprobe.evals.published import paper_models
+    from lensprobe.evals.results.published import paper_models
     from lensprobe.interventions.arm_presets import PRESET_ARCHITECTURES, architecture_key
 
     table = paper_models()

@@ -5,7 +5,7 @@ import pytest
 
 import lensprobe as lp
 from lensprobe.evals import accuracy
-from lensprobe.evals.stats import summary_tables
+from lensprobe.evals.results.stats import summary_tables
 from lensprobe.viz.eval_report import results_section
 from lensprobe.viz.evals import accuracy_bars, accuracy_by_level
 
@@ -80,7 +80,7 @@ def test_the_report_of_an_arithmetic_run_says_what_ran(tiny, tmp_path):
 
 
 def test_the_facts_of_math500_rows_read_by_box():
-    rows = lp.evals.runfacts.mark_extract(pd.DataFrame({
+    rows = lp.evals.results.runfacts.mark_extract(pd.DataFrame({
         "problem_id": [p.id for p in lp.load_math500(limit=2)], "condition": "w/o", "model": "m",
         "math-verify": [True, False]}), "boxed")
     facts = lp.evals.run_facts(rows)

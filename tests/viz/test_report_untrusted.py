@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import lensprobe as lp
-from lensprobe.evals.results import RowWriter, prepare_folder, results_file
+from lensprobe.evals.results.folder import RowWriter, prepare_folder, results_file
 from lensprobe.studies import filler as fs
 from lensprobe.viz import (
     attention_received_figure,

@@ -23,7 +23,7 @@ from lensprobe.core.models.loading import model_label
 from lensprobe.core.prompts.prompt import prompt_json
 from lensprobe.core.storage.jsonable import to_jsonable
 from lensprobe.core.storage.store import atomic_file, atomic_write_json
-from lensprobe.evals.data import load_math500
+from lensprobe.evals.problems.load import load_math500
 from lensprobe.experiments.attribution import attribute_heads
 from lensprobe.experiments.findheads import find_heads
 from lensprobe.experiments.head_settings import (

@@ -36,15 +36,15 @@ from lensprobe.core.hooks.heads import parse_heads
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.prompts.conditions import paper_conditions, resolve_conditions
 from lensprobe.core.storage.shards import bind_local_gpu
-from lensprobe.evals.arithmetic import arithmetic_problems
-from lensprobe.evals.benchmarks import resolve_benchmark
-from lensprobe.evals.data import load_math500
-from lensprobe.evals.harness import evaluate, shard_info
-from lensprobe.evals.protocols import arm_layer_defaults, get_protocol
-from lensprobe.evals.results import load_results
-from lensprobe.evals.settings import EvalSettings
-from lensprobe.evals.stats import pass_at_k_table, summary_tables
-from lensprobe.evals.verdicts import resolve_grader
+from lensprobe.evals.problems.arithmetic import arithmetic_problems
+from lensprobe.evals.problems.benchmarks import resolve_benchmark
+from lensprobe.evals.problems.load import load_math500
+from lensprobe.evals.running.harness import evaluate, shard_info
+from lensprobe.evals.running.protocols import arm_layer_defaults, get_protocol
+from lensprobe.evals.results.folder import load_results
+from lensprobe.evals.running.settings import EvalSettings
+from lensprobe.evals.results.stats import pass_at_k_table, summary_tables
+from lensprobe.evals.results.verdicts import resolve_grader
 from lensprobe.interventions.ablation import ablate_heads
 from lensprobe.interventions.arm import ARM
 from lensprobe.interventions.arm_settings import ArmSettings

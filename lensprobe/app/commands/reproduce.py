@@ -18,7 +18,7 @@ from lensprobe.app.recipe import ReproduceConfig, list_recipes, load_recipe
 from lensprobe.app.reproduce import check_reproduce, reproduce
 from lensprobe.app.reproduce_tables import markdown_table
 from lensprobe.core.errors import LensprobeError
-from lensprobe.evals.protocols import arm_layer_defaults
+from lensprobe.evals.running.protocols import arm_layer_defaults
 from lensprobe.interventions.arm_presets import benchmark_key
 from lensprobe.interventions.arm_settings import ArmSettings
 

@@ -7,9 +7,9 @@ from lensprobe.app.recipe import list_recipes
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.prompts.conditions import resolve_conditions
-from lensprobe.evals.arithmetic import arithmetic_problems
-from lensprobe.evals.data import load_math500, math500_path
-from lensprobe.evals.harness import evaluate
+from lensprobe.evals.problems.arithmetic import arithmetic_problems
+from lensprobe.evals.problems.load import load_math500, math500_path
+from lensprobe.evals.running.harness import evaluate
 from lensprobe.interventions.arm import ARM
 from lensprobe.viz.eval_report import results_section
 from lensprobe.viz.report import Section

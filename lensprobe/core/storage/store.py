@@ -1,6 +1,6 @@
 """The results store: how every run keeps its results in a folder that several processes share.
 
-Evaluations (:mod:`lensprobe.evals.results`), ablation sweeps, activation patching and trace
+Evaluations (:mod:`lensprobe.evals.results.folder`), ablation sweeps, activation patching and trace
 sets (through :func:`lensprobe.core.storage.shards.run_sharded`) keep their results here, in the same
 way:
 

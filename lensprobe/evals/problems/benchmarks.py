@@ -2,7 +2,7 @@
 numbers a run is compared with.
 
 :func:`infer_benchmark` recognises lensprobe's built-in MATH-500 copy (every problem id is one of its
-``unique_id`` values) and AIME 2025 read with :func:`~lensprobe.evals.data.load_problems` from a file
+``unique_id`` values) and AIME 2025 read with :func:`~lensprobe.evals.problems.load.load_problems` from a file
 named ``aime2025*`` (ids ``"aime2025-0"`` ...). Other sets (AIME 2022-2024, your own files) need
 ``benchmark=`` (``--benchmark``).
 """
@@ -10,7 +10,7 @@ named ``aime2025*`` (ids ``"aime2025-0"`` ...). Other sets (AIME 2022-2024, your
 import functools
 import json
 
-from lensprobe.evals.data import math500_path
+from lensprobe.evals.problems.load import math500_path
 from lensprobe.interventions.arm_presets import benchmark_key
 
 __all__ = ["benchmark_of_ids", "infer_benchmark", "resolve_benchmark"]

@@ -1,7 +1,7 @@
 """The settings of an evaluation run: :class:`EvalConfig` (a :class:`~lensprobe.GenerationConfig`
 plus batch size, prompt format, answer extraction and protocol) and the authors' generation
-settings (:func:`paper_generation_settings`). The harness (:mod:`lensprobe.evals.harness`) and the
-runner (:mod:`lensprobe.evals.running`) both import it from here.
+settings (:func:`paper_generation_settings`). The harness (:mod:`lensprobe.evals.running.harness`) and the
+runner (:mod:`lensprobe.evals.running.execute`) both import it from here.
 
 Example:
     >>> cfg = EvalConfig(max_new_tokens=256, batch_size=4)
@@ -18,9 +18,9 @@ from lensprobe.core.prompts.conditions import (
     PROMPT_FORMATS,
     PromptFormat,
 )
-from lensprobe.evals.extract import check_extract
-from lensprobe.evals.mathverify import GRADE_TIMEOUT, check_timeout
-from lensprobe.evals.protocols import get_protocol
+from lensprobe.evals.grading.extract import check_extract
+from lensprobe.evals.grading.mathverify import GRADE_TIMEOUT, check_timeout
+from lensprobe.evals.running.protocols import get_protocol
 from lensprobe.generation.config import GenerationConfig
 
 __all__ = ["PAPER_MAX_NEW_TOKENS", "TRANSFORMERS4_TOP_K", "EvalConfig", "applied_sampling", "loaded_generation_config",
@@ -50,13 +50,13 @@ class EvalConfig(GenerationConfig):
             :meth:`EvalConfig.paper`.
         extract: how the answer is read from the generated text: ``"boxed"`` (the last
             ``\\boxed{...}``, default) or ``"last-number"`` (the last number, lm-eval's flexible
-            extraction; :func:`~lensprobe.evals.extract.extract_last_number`).
+            extraction; :func:`~lensprobe.evals.grading.extract.extract_last_number`).
         protocol: one of the authors' protocols; its settings (prompt format, tokens, sampling, samples) apply where none are given.
-            The protocols are :data:`~lensprobe.evals.protocols.PROTOCOLS`; :func:`evaluate` and
+            The protocols are :data:`~lensprobe.evals.running.protocols.PROTOCOLS`; :func:`evaluate` and
             :meth:`EvalConfig.paper` apply their settings.
         grade_timeout: whole seconds math-verify may spend on each step of grading an answer
             (default 5); a timeout is no verdict, counted and reported. The default is
-            :data:`~lensprobe.evals.mathverify.GRADE_TIMEOUT`, ``None`` sets no limit, and a
+            :data:`~lensprobe.evals.grading.mathverify.GRADE_TIMEOUT`, ``None`` sets no limit, and a
             timed-out verdict is ``None``.
 
     The run's identity (:func:`~lensprobe.core.storage.identity.identity`) holds every field, defaults

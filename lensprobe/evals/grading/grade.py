@@ -1,4 +1,4 @@
-r"""Grading MATH-style answers (extraction: :mod:`lensprobe.evals.extract`).
+r"""Grading MATH-style answers (extraction: :mod:`lensprobe.evals.grading.extract`).
 
 Two graders, both reported by the harness:
 
@@ -26,7 +26,7 @@ accuracy (``1`` is accepted for ``10``), so it is off by default and reported se
 from typing import Literal
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.evals.mathverify import GRADE_TIMEOUT, check_timeout, math_verify_equiv
+from lensprobe.evals.grading.mathverify import GRADE_TIMEOUT, check_timeout, math_verify_equiv
 
 GradingMethod = Literal["math-verify", "paper", "paper-exact"]
 METHODS = ("math-verify", "paper", "paper-exact")
@@ -137,7 +137,7 @@ _PAPER_BOXES = ("\\boxed", "\\fbox")
 def extract_boxed_paper(text: str | None) -> str | None:
     r"""The box the authors' grader reads: the content of the last ``\boxed{...}``.
 
-    Unlike :func:`~lensprobe.evals.extract.extract_boxed`: ``\fbox`` is read only when the text holds no ``\boxed`` at
+    Unlike :func:`~lensprobe.evals.grading.extract.extract_boxed`: ``\fbox`` is read only when the text holds no ``\boxed`` at
     all; the last ``\boxed`` must be followed directly by ``{`` (``\boxed 5`` gives ``None``,
     even when an earlier ``\boxed{5}`` exists); every ``{`` and ``}`` counts when matching
     braces (escaped ones too); an empty box gives ``""`` (not ``None``); an unclosed box gives
@@ -262,7 +262,7 @@ def grade(prediction: str | None, answer: str, method: GradingMethod = "math-ver
     r"""Whether an extracted answer matches the reference answer.
 
     Args:
-        prediction: the model's answer, usually :func:`~lensprobe.evals.extract.extract_boxed` of the generated
+        prediction: the model's answer, usually :func:`~lensprobe.evals.grading.extract.extract_boxed` of the generated
             text; ``None`` (nothing boxed) is always wrong.
         answer: the reference answer (LaTeX, as in MATH-500's ``answer`` field).
         method: ``"math-verify"`` (symbolic equivalence), ``"paper"`` (the MATH dataset's
@@ -278,7 +278,7 @@ def grade(prediction: str | None, answer: str, method: GradingMethod = "math-ver
 
     Returns:
         ``True`` when the answer counts as correct, ``False`` when not, ``None`` when
-        math-verify timed out (:mod:`lensprobe.evals.mathverify`; left out of the statistics).
+        math-verify timed out (:mod:`lensprobe.evals.grading.mathverify`; left out of the statistics).
 
     Raises:
         LensprobeError: an unknown method, a reference answer that is not a non-empty string,

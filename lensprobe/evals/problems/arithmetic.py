@@ -7,7 +7,7 @@ evaluation on it shows 0% in every condition and no difference between condition
 conditions has something to measure. Grade them with ``extract="last-number"``: small models
 rarely write ``\\boxed{}``.
 
-Every problem is a :class:`~lensprobe.evals.data.Problem` with an id
+Every problem is a :class:`~lensprobe.evals.problems.load.Problem` with an id
 (``"arithmetic-<seed>-<index>"``), a ``level`` (1: one operation, 2: two operations) and a
 ``subject`` naming its operations (see :data:`ARITHMETIC_SUBJECTS`). The set depends only on
 ``n`` and ``seed``: it is drawn with ``random.Random(seed)`` (whose integer draws are the same
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.evals.data import Problem
+from lensprobe.evals.problems.load import Problem
 
 __all__ = ["ARITHMETIC_SUBJECTS", "MAX_PROBLEMS", "QUESTION", "arithmetic_problems"]
 

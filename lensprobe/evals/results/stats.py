@@ -1,11 +1,11 @@
 """Statistics over graded result rows: accuracy with Wilson intervals, paired McNemar tests, pass@k.
 
-All functions take the result table of :func:`lensprobe.evals.harness.evaluate` (or
-:func:`lensprobe.evals.results.load_results`): one row per (condition, problem, sample)
+All functions take the result table of :func:`lensprobe.evals.running.harness.evaluate` (or
+:func:`lensprobe.evals.results.folder.load_results`): one row per (condition, problem, sample)
 with a boolean column per grader (``"math-verify"``, ``"paper"``, ``"paper-lenient"``) and the
 authors' ``"paper-exact"``. Every function takes ``grader=`` as any of these columns (or a column of
 booleans you added); ``None`` counts the table's default (``paper-exact`` for folders evaluated in the
-authors' format, else ``math-verify``: :mod:`lensprobe.evals.verdicts`).
+authors' format, else ``math-verify``: :mod:`lensprobe.evals.results.verdicts`).
 """
 
 import math
@@ -15,8 +15,8 @@ from fractions import Fraction
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
 from lensprobe.core.measures.intervals import wilson_interval
-from lensprobe.evals.rows_check import check_verdict_column
-from lensprobe.evals.verdicts import resolve_grader, verdict_columns
+from lensprobe.evals.results.rows_check import check_verdict_column
+from lensprobe.evals.results.verdicts import resolve_grader, verdict_columns
 
 
 def accuracy(df, by: str | list[str] = "condition", *, grader: str | None = None,
@@ -29,7 +29,7 @@ def accuracy(df, by: str | list[str] = "condition", *, grader: str | None = None
             ``["model", "condition"]``.
         grader: which verdict column to count (``"math-verify"``, ``"paper"``,
             ``"paper-lenient"``, ``"paper-exact"``, or a column of booleans you added);
-            ``None``: the table's default (:func:`~lensprobe.evals.verdicts.resolve_grader`).
+            ``None``: the table's default (:func:`~lensprobe.evals.results.verdicts.resolve_grader`).
         confidence: interval level (0.95 by default).
         k: ``None`` for accuracy; an int for the unbiased pass@k estimate per problem,
             ``1 - C(n - c, k) / C(n, k)`` (n samples, c correct), averaged over problems
@@ -276,8 +276,8 @@ def summary_tables(rows, *, grader: str | None = None, baseline: str | None = No
     """Accuracy tables and paired comparisons from result rows.
 
     Args:
-        rows: result rows (from :func:`~lensprobe.evals.harness.evaluate` or
-            :func:`~lensprobe.evals.results.load_results`), possibly of several models.
+        rows: result rows (from :func:`~lensprobe.evals.running.harness.evaluate` or
+            :func:`~lensprobe.evals.results.folder.load_results`), possibly of several models.
         grader: verdict column of the per-level/per-subject tables and the figures (``None``:
             the table's default, ``paper-exact`` for folders in the authors' format).
         baseline: condition every other condition is compared with (default: the first).

@@ -1,10 +1,10 @@
 """Checks on result rows as they are read back: every field has its type, verdicts are verdicts.
 
 A results file is plain JSONL that people open and edit. Rows read back are checked before
-anything counts them (:func:`check_row`, called by :func:`lensprobe.evals.results.read_rows`,
-so by resumes, :func:`~lensprobe.evals.results.load_results` and ``eval-report``), and verdict
-columns of a table are checked before :func:`~lensprobe.evals.stats.accuracy` or
-:func:`~lensprobe.evals.stats.compare` count them (:func:`check_verdict_column`):
+anything counts them (:func:`check_row`, called by :func:`lensprobe.evals.results.folder.read_rows`,
+so by resumes, :func:`~lensprobe.evals.results.folder.load_results` and ``eval-report``), and verdict
+columns of a table are checked before :func:`~lensprobe.evals.results.stats.accuracy` or
+:func:`~lensprobe.evals.results.stats.compare` count them (:func:`check_verdict_column`):
 
 - a verdict is ``true``, ``false`` or ``null`` (no verdict); ``"false"``, ``0``, ``-1`` or
   ``0.5`` are refused, since Python would count them as right or wrong by accident;
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.evals.grading import GRADERS
+from lensprobe.evals.grading.grade import GRADERS
 
 __all__ = ["ROW_FIX", "VERDICT_COLUMNS", "check_row", "check_row_identity", "check_verdict_column", "is_verdict",
            "same_verdicts"]

@@ -7,7 +7,7 @@ runs (a prompt that cannot be built becomes an error row) and orders them in chu
 first rows. :func:`run_plan` hands each condition's chunk to :func:`lensprobe.generate` with
 continuous batching (``batch_size`` rows live, a finished row's slot refilled at once); each row
 is graded, written and synced as soon as it finishes. :func:`lensprobe.evaluate` (in
-:mod:`lensprobe.evals.harness`) checks the inputs, prepares the folder and assembles the table.
+:mod:`lensprobe.evals.running.harness`) checks the inputs, prepares the folder and assembles the table.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ from lensprobe.core.progress import tqdm
 from lensprobe.core.prompts.conditions import QUESTION_PLACEHOLDER, Condition
 from lensprobe.core.storage.jsonable import json_digest
 from lensprobe.core.storage.rowfiles import RowWriter
-from lensprobe.evals.config import EvalConfig
-from lensprobe.evals.data import Problem
-from lensprobe.evals.extract import extract_answer
-from lensprobe.evals.grading import GRADERS, PaperGraderError, grade_all, grade_paper_exact
-from lensprobe.evals.mathverify import GRADE_TIMEOUT
-from lensprobe.evals.protocols import grades_prompt, ungradable_is_wrong
-from lensprobe.evals.results import read_rows, results_file, rows_frame, settled_rows
-from lensprobe.evals.verdicts import PAPER_EXACT
+from lensprobe.evals.running.config import EvalConfig
+from lensprobe.evals.problems.load import Problem
+from lensprobe.evals.grading.extract import extract_answer
+from lensprobe.evals.grading.grade import GRADERS, PaperGraderError, grade_all, grade_paper_exact
+from lensprobe.evals.grading.mathverify import GRADE_TIMEOUT
+from lensprobe.evals.running.protocols import grades_prompt, ungradable_is_wrong
+from lensprobe.evals.results.folder import read_rows, results_file, rows_frame, settled_rows
+from lensprobe.evals.results.verdicts import PAPER_EXACT
 from lensprobe.generation.engines import engine_name, engine_to_run
 from lensprobe.generation.loop import generate
 from lensprobe.generation.rows import FinishedRow

@@ -1,10 +1,10 @@
 """Which verdict column a table counts: the graders' columns, the authors' ``paper-exact``, and the
 default per result folder (``paper-exact`` for folders evaluated in the authors' format).
 
-Every result row holds one boolean column per grader of :data:`~lensprobe.evals.grading.GRADERS`
+Every result row holds one boolean column per grader of :data:`~lensprobe.evals.grading.grade.GRADERS`
 (on the extracted answer) and :data:`PAPER_EXACT`, the meaningless-tokens authors' own verdict
-(``is_equiv`` on prompt + generation, :func:`~lensprobe.evals.grading.grade_paper_exact`). The
-statistics (:func:`~lensprobe.evals.stats.accuracy`, pass@k, :func:`~lensprobe.evals.stats.compare`)
+(``is_equiv`` on prompt + generation, :func:`~lensprobe.evals.grading.grade.grade_paper_exact`). The
+statistics (:func:`~lensprobe.evals.results.stats.accuracy`, pass@k, :func:`~lensprobe.evals.results.stats.compare`)
 take any of them, or any other column of booleans a user adds (their own grader).
 
 A folder evaluated with ``prompt_format="paper"`` (or one of the authors' protocols) reports
@@ -15,7 +15,7 @@ counts the right column without being told.
 """
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.evals.grading import GRADERS
+from lensprobe.evals.grading.grade import GRADERS
 
 __all__ = ["PAPER_EXACT", "VERDICT_COLUMNS", "default_grader", "mark_default_grader", "resolve_grader",
            "verdict_columns"]

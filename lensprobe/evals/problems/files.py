@@ -1,5 +1,5 @@
 """Reading problem files: JSONL (one object per line), a JSON list of objects, or Parquet, into
-``(line number or row index, row)`` pairs; :mod:`lensprobe.evals.data` turns the rows into problems.
+``(line number or row index, row)`` pairs; :mod:`lensprobe.evals.problems.load` turns the rows into problems.
 
 Example:
     >>> rows, unit = read_rows(Path("math500.jsonl"), format_of(Path("math500.jsonl"), None))

@@ -40,13 +40,13 @@ class Protocol:
     Attributes:
         name: its key (``"arm-math500"``).
         description: one line.
-        settings: :class:`~lensprobe.evals.harness.EvalConfig` fields it fixes (besides the model's
+        settings: :class:`~lensprobe.evals.running.harness.EvalConfig` fields it fixes (besides the model's
             own generation config, which the ``"paper"`` format reads).
         system: the instruction before the filler and the problem.
         grade_prompt: ``True``: ``paper-exact`` grades prompt + generation (the MATH-500 script
             decodes both); ``False``: the generation alone (the pass@3 script strips the prompt).
         ungradable: what an answer the authors' ``is_equiv`` raises on becomes
-            (:class:`~lensprobe.evals.grading.PaperGraderError`): ``"error"``, an error row (their
+            (:class:`~lensprobe.evals.grading.grade.PaperGraderError`): ``"error"``, an error row (their
             MATH-500 loop does not catch it and would stop), or ``"wrong"`` (their pass@3 loop catches
             it and counts the sample wrong: ``paper-exact`` is ``False``, the other graders grade it).
         k: pass@k reported (``None``: accuracy).

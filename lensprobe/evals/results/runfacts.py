@@ -3,7 +3,7 @@ grader, the models and the conditions. Reports write their titles, axes and note
 a default.
 
 A result table carries its answer extraction in ``DataFrame.attrs["extract"]`` (:func:`mark_extract`:
-set by :func:`~lensprobe.evals.harness.evaluate` and :func:`~lensprobe.evals.results.load_results` from
+set by :func:`~lensprobe.evals.running.harness.evaluate` and :func:`~lensprobe.evals.results.folder.load_results` from
 the run's settings); the problem set is recognised from the problem ids (lensprobe's MATH-500 copy, its
 arithmetic set, AIME 2025), else it is named by what the table holds.
 
@@ -15,8 +15,8 @@ Example:
 
 from dataclasses import dataclass
 
-from lensprobe.evals.benchmarks import benchmark_of_ids
-from lensprobe.evals.verdicts import resolve_grader
+from lensprobe.evals.problems.benchmarks import benchmark_of_ids
+from lensprobe.evals.results.verdicts import resolve_grader
 
 __all__ = ["RunFacts", "extract_of", "mark_extract", "run_facts"]
 
@@ -99,7 +99,7 @@ def run_facts(rows, grader: str | None = None) -> RunFacts:
     """What ``rows`` (a result table) ran: see :class:`RunFacts`.
 
     Args:
-        rows: result rows (:func:`~lensprobe.evals.harness.evaluate`, :func:`~lensprobe.evals.results.load_results`).
+        rows: result rows (:func:`~lensprobe.evals.running.harness.evaluate`, :func:`~lensprobe.evals.results.folder.load_results`).
         grader: the verdict column counted (``None``: the table's default).
 
     Example:

@@ -1,7 +1,7 @@
 """Answer extraction: the last ``\\boxed{}`` (the MATH convention) or the last number in a generation.
 
 :func:`extract_answer` reads a generation's answer by ``method`` (:data:`EXTRACT_METHODS`);
-:func:`~lensprobe.evals.grading.grade` compares it with the reference.
+:func:`~lensprobe.evals.grading.grade.grade` compares it with the reference.
 """
 
 import re

@@ -1,10 +1,10 @@
 """The settings of an evaluation as given: :data:`EvalSettings`, the fields of
-:class:`~lensprobe.evals.config.EvalConfig`, each ``None`` when not given.
+:class:`~lensprobe.evals.running.config.EvalConfig`, each ``None`` when not given.
 
 A setting not given comes from the protocol (``protocol=``), the paper format's defaults and the
 model's own generation config (``prompt_format="paper"``), else :class:`EvalConfig`'s default:
 :meth:`EvalSettingsBase.resolve` fills them in, with
-:func:`~lensprobe.evals.config.with_format_defaults`, the same rule :func:`lensprobe.evaluate` applies
+:func:`~lensprobe.evals.running.config.with_format_defaults`, the same rule :func:`lensprobe.evaluate` applies
 to keyword settings. ``lensprobe eval`` reads its options into an :data:`EvalSettings`; the generation
 fields keep :class:`~lensprobe.GenerationConfig`'s help, as every command's generation options do.
 
@@ -20,9 +20,9 @@ from typing import Any
 
 from lensprobe.core.fielddocs import field_docs
 from lensprobe.core.given import Given, given_settings
-from lensprobe.evals.config import EvalConfig, with_format_defaults
-from lensprobe.evals.extract import EXTRACT_METHODS
-from lensprobe.evals.protocols import PROTOCOLS
+from lensprobe.evals.running.config import EvalConfig, with_format_defaults
+from lensprobe.evals.grading.extract import EXTRACT_METHODS
+from lensprobe.evals.running.protocols import PROTOCOLS
 from lensprobe.generation.config import GenerationConfig
 
 __all__ = ["EvalSettings", "EvalSettingsBase"]
@@ -63,4 +63,4 @@ EvalSettings: Any = given_settings(
                       "prompt, 512 tokens, sampling with top_k 50 where the config sets none, 20 samples, pass@3, "
                       "ARM at the decoder layers' defaults c=0.13, 99.5) or arm-aime-pass3-text (the same with "
                       "ARM at the benchmark's preset, as the paper's text); the settings given still win"})
-"""The :class:`~lensprobe.evals.config.EvalConfig` fields, each ``None`` when not given (see the module docs)."""
+"""The :class:`~lensprobe.evals.running.config.EvalConfig` fields, each ``None`` when not given (see the module docs)."""

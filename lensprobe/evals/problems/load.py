@@ -28,8 +28,8 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import heavy
 from lensprobe.core.prompts.text import blank, check_text
 from lensprobe.core.storage.files import DATA_LIMIT, check_file
-from lensprobe.evals.hub import load_hub_dataset
-from lensprobe.evals.problem_files import check_problem_file, format_of, jsonl_rows, read_rows
+from lensprobe.evals.problems.hub import load_hub_dataset
+from lensprobe.evals.problems.files import check_problem_file, format_of, jsonl_rows, read_rows
 
 HUB_DATASET = "HuggingFaceH4/MATH-500"
 
@@ -53,7 +53,7 @@ class Problem:
     level: int | None = None
 
 
-PACKAGED_MATH500 = Path(__file__).resolve().parent / "math500" / "test.jsonl"
+PACKAGED_MATH500 = Path(__file__).resolve().parents[1] / "math500" / "test.jsonl"
 """MATH-500 as shipped with lensprobe (MIT License; source in ``math500/README.md`` beside it)."""
 
 
@@ -339,7 +339,7 @@ def load_problems(path: str | os.PathLike, *, problem_field: str = "problem", an
     first of ``"question"``, ``"Problem"``, ``"Question"`` and ``answer_field`` to the first of
     ``"Answer"``, ``"final_answer"``, ``"expected_answer"`` that the file has
     (:data:`PROBLEM_FIELDS`, :data:`ANSWER_FIELDS`); the choice is logged at INFO level on
-    the ``lensprobe.evals.data`` logger. Answers become strings (``42`` -> ``"42"``,
+    the ``lensprobe.evals.problems.load`` logger. Answers become strings (``42`` -> ``"42"``,
     surrounding whitespace stripped, GSM8K's ``"... #### N"`` cut to ``"N"``); nothing else
     in them is changed (AIME 2022-2024 keeps answers such as ``"033"``: the ``math-verify``
     grader equates them with ``33``, the ``"paper"`` string grader does not). The rows are read

@@ -37,14 +37,14 @@ from typing import TYPE_CHECKING
 from lensprobe.core.errors import LensprobeError, LensprobeWarning
 from lensprobe.core.lazy import pandas
 from lensprobe.core.storage.rowfiles import (
-    RowWriter as RowWriter,  # its old home: lensprobe.evals.results.RowWriter
+    RowWriter as RowWriter,  # its old home: lensprobe.evals.results.folder.RowWriter
 )
 from lensprobe.core.storage.rowfiles import read_row_files
 from lensprobe.core.storage.runconfig import CONFIG_FILE, open_run, read_run
 from lensprobe.core.storage.store import merge_rows, wait_for_units
-from lensprobe.evals.rows_check import check_row, check_row_identity, same_verdicts
-from lensprobe.evals.runfacts import extract_of, mark_extract
-from lensprobe.evals.verdicts import PAPER_EXACT, default_grader, mark_default_grader
+from lensprobe.evals.results.rows_check import check_row, check_row_identity, same_verdicts
+from lensprobe.evals.results.runfacts import extract_of, mark_extract
+from lensprobe.evals.results.verdicts import PAPER_EXACT, default_grader, mark_default_grader
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -110,8 +110,8 @@ def prepare_folder(out_dir: str | os.PathLike, run: dict, conditions: dict[str, 
 def read_rows(out_dir: str | os.PathLike) -> list[dict]:
     """Every complete row of every results file in the folder (rank files merged,
     :func:`~lensprobe.core.storage.rowfiles.read_row_files`), in reading order, each checked: against the
-    folder's identity (:func:`~lensprobe.evals.rows_check.check_row_identity`: rows of another run
-    are refused), and field by field (:func:`~lensprobe.evals.rows_check.check_row`: a bad row is
+    folder's identity (:func:`~lensprobe.evals.results.rows_check.check_row_identity`: rows of another run
+    are refused), and field by field (:func:`~lensprobe.evals.results.rows_check.check_row`: a bad row is
     refused with its file and line, a ``NaN`` verdict makes an error row). Rows of one
     (condition, problem, sample) that disagree are refused (:func:`settled_rows`' merge rule).
 
@@ -204,7 +204,7 @@ def load_results(out_dir: str | os.PathLike):
     a row written again after an error row replaces it (:func:`settled_rows`); other
     duplicate rows (never written by lensprobe) keep their first copy, and are refused when
     their verdicts differ. Rows of another run are refused (:func:`read_rows`). The table's default
-    verdict column (``df.attrs["default_grader"]``, :mod:`lensprobe.evals.verdicts`) is
+    verdict column (``df.attrs["default_grader"]``, :mod:`lensprobe.evals.results.verdicts`) is
     ``paper-exact`` for a folder evaluated in the authors' format, else ``math-verify``.
 
     Example:

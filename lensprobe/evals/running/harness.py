@@ -1,7 +1,7 @@
 """The evaluation harness: conditions x problems -> generated, graded, saved rows.
 
 :func:`evaluate` builds each condition's prompt for each problem, generates answers with
-continuous batching (KV cache, greedy by default; :mod:`lensprobe.evals.running`), extracts the last ``\\boxed{...}`` of the
+continuous batching (KV cache, greedy by default; :mod:`lensprobe.evals.running.execute`), extracts the last ``\\boxed{...}`` of the
 generated text (or, with ``extract="last-number"``, its last number), grades it with every
 grader, and appends one JSONL row per (condition, problem, sample) to the output folder as soon
 as it is graded. Rerunning with the same folder skips finished rows; a folder holding another
@@ -14,7 +14,7 @@ or the MPI equivalents; :func:`lensprobe.core.storage.shards.shard_info`), takes
 writes its own ``results-rank{R}.jsonl``. Rank 0 then waits for the other shards and
 returns the merged table; when no row reaches the folder for an hour
 (:data:`~lensprobe.core.storage.store.STALL_TIMEOUT`) it stops with an error naming the ranks and
-problems missing (:func:`~lensprobe.evals.results.wait_for_rows`, the results store's one wait):
+problems missing (:func:`~lensprobe.evals.results.folder.wait_for_rows`, the results store's one wait):
 every row written stays, and rerunning the same command finishes the others. The result rows do
 not depend on the number of processes.
 
@@ -50,9 +50,9 @@ run with continuous batching like the others and each row equals its run alone; 
 intervention that declares itself ``batch_dependent`` (e.g. ``lp.ARM(per_row=False)``) is
 generated one problem at a time instead.
 
-**Verdicts.** Every row holds the three graders of :data:`~lensprobe.evals.grading.GRADERS` on
+**Verdicts.** Every row holds the three graders of :data:`~lensprobe.evals.grading.grade.GRADERS` on
 the extracted answer, and ``"paper-exact"``: the authors' own verdict,
-:func:`~lensprobe.evals.grading.grade_paper_exact` on ``prompt text + generation``. Rows
+:func:`~lensprobe.evals.grading.grade.grade_paper_exact` on ``prompt text + generation``. Rows
 written before that column existed read back with ``None`` in it.
 
 **Broken generations.** A row whose generation met non-finite logits (NaN, ``+inf``, or only
@@ -89,15 +89,15 @@ from lensprobe.core.storage.jsonable import describe_setting
 from lensprobe.core.storage.runconfig import run_hash
 from lensprobe.core.storage.shards import check_shard, my_units
 from lensprobe.core.storage.shards import (
-    shard_info as shard_info,  # its old home: lensprobe.evals.harness.shard_info
+    shard_info as shard_info,  # its old home: lensprobe.evals.running.harness.shard_info
 )
 from lensprobe.core.storage.writer import remove_empty_folder, remove_file
-from lensprobe.evals.benchmarks import resolve_benchmark
-from lensprobe.evals.config import EvalConfig, with_format_defaults
-from lensprobe.evals.config import paper_generation_settings as paper_generation_settings  # its old home
-from lensprobe.evals.data import Problem
-from lensprobe.evals.protocols import arm_layer_defaults, get_protocol
-from lensprobe.evals.results import (
+from lensprobe.evals.problems.benchmarks import resolve_benchmark
+from lensprobe.evals.running.config import EvalConfig, with_format_defaults
+from lensprobe.evals.running.config import paper_generation_settings as paper_generation_settings  # its old home
+from lensprobe.evals.problems.load import Problem
+from lensprobe.evals.running.protocols import arm_layer_defaults, get_protocol
+from lensprobe.evals.results.folder import (
     CONFIG_FILE,
     EVAL_KIND,
     RESULTS_GLOB,
@@ -105,9 +105,9 @@ from lensprobe.evals.results import (
     read_rows,
     wait_for_rows,
 )
-from lensprobe.evals.runfacts import mark_extract
-from lensprobe.evals.running import ErrorRowsWarning as ErrorRowsWarning  # lensprobe.evals exports it
-from lensprobe.evals.running import (
+from lensprobe.evals.results.runfacts import mark_extract
+from lensprobe.evals.running.execute import ErrorRowsWarning as ErrorRowsWarning  # lensprobe.evals exports it
+from lensprobe.evals.running.execute import (
     RunInfo,
     check_done_prompts,
     condition_engine,
@@ -117,7 +117,7 @@ from lensprobe.evals.running import (
     run_plan,
     tally_rows,
 )
-from lensprobe.evals.verdicts import default_grader, mark_default_grader
+from lensprobe.evals.results.verdicts import default_grader, mark_default_grader
 from lensprobe.interventions.arm import ARM
 
 DEFAULT_CONDITIONS = "w/o,w/ Mless,w/ Mful"
@@ -158,7 +158,7 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
 
     Args:
         model: a TransformerLens model (e.g. ``lp.load_model()``).
-        problems: :class:`~lensprobe.evals.data.Problem` list from :func:`load_math500`.
+        problems: :class:`~lensprobe.evals.problems.load.Problem` list from :func:`load_math500`.
         conditions: names (``"w/o,w/ Mless,w/ Mful"``), :class:`Condition` objects or prompt
             builder callables; see :func:`resolve_conditions`.
         out: output folder (``config.json`` + ``results-rank*.jsonl``); ``None`` keeps rows
@@ -185,7 +185,7 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
             recorded with its condition in ``config.json`` (``parts.<condition>.labels``).
         benchmark: the problems' benchmark (``"math500"``, ``"aime2024"``, ``"aime2025"`` ...),
             which picks the ARM preset; default: inferred from lensprobe's built-in data
-            (:func:`~lensprobe.evals.benchmarks.infer_benchmark`).
+            (:func:`~lensprobe.evals.problems.benchmarks.infer_benchmark`).
 
     Returns:
         A pandas DataFrame, one row per (condition, problem, sample), with the verdict of each
@@ -203,7 +203,7 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
             the context), or an output folder of another configuration. A prompt that does not
             fit the context with ``max_new_tokens``, or a row whose forward fails, does not
             stop the run: it becomes an error row (``finish="error"``, the reason in ``error``,
-            no verdicts), an :class:`~lensprobe.evals.running.ErrorRowsWarning` says how many, and a resumed run tries
+            no verdicts), an :class:`~lensprobe.evals.running.execute.ErrorRowsWarning` says how many, and a resumed run tries
             it again. A ``KeyboardInterrupt`` stops the run; every finished row is on disk.
 
     Example:

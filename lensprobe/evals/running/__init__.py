@@ -1,0 +1,1 @@
+"""Running an evaluation: its settings (``EvalConfig``), the authors' protocols, the harness (:func:`~lensprobe.evals.running.harness.evaluate`) and the rows it plans, generates, grades and writes."""
