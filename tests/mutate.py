@@ -52,9 +52,9 @@ MODULES: dict[str, list[str]] = {
                                             "tests/interventions/test_ablation_positions.py",
                                             "tests/interventions/test_ablation_edges.py"],
     # continuous batching's row handling
-    "lensprobe/generation/cacherows.py": ["tests/generation/test_cacherows.py", "tests/generation/test_refill.py",
+    "lensprobe/generation/batching/cacherows.py": ["tests/generation/test_cacherows.py", "tests/generation/test_refill.py",
                                           "tests/generation/test_cacherows_edges.py"],
-    "lensprobe/generation/rowstate.py": ["tests/generation/test_refill.py", "tests/generation/test_batch_proof.py",
+    "lensprobe/generation/batching/rowstate.py": ["tests/generation/test_refill.py", "tests/generation/test_batch_proof.py",
                                          "tests/generation/test_rowstate_edges.py", "tests/generation/test_scheduler.py"],
     # metrics, prompt segments
     "lensprobe/core/measures/metrics.py": ["tests/core/test_metrics.py", "tests/core/test_metrics_edges.py"],

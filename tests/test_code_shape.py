@@ -87,6 +87,21 @@ def test_split_folders_keep_room_under_the_module_cap():
                           f"split them by concern (one module per thing they hold): {packed}")
 
 
+MAX_FOLDER_MODULES = 16
+
+
+def test_no_folder_holds_more_than_16_modules():
+    """A folder past 16 modules is split into rooms that say what they hold (``evals/problems``, ...)."""
+    counts: dict[str, int] = {}
+    for p in MODULES:
+        if p.name != "__init__.py":
+            folder = ".".join(p.parent.relative_to(PACKAGE.parent).parts)
+            counts[folder] = counts.get(folder, 0) + 1
+    crowded = {f: n for f, n in counts.items() if n > MAX_FOLDER_MODULES}
+    assert crowded == {}, f"split these folders by concern (at most {MAX_FOLDER_MODULES} modules each): {crowded}"
+    assert counts["lensprobe.evals.running"] >= 1  # the count sees subfolders
+
+
 def test_functions_are_at_most_60_lines_of_code():
     long = {}
     for path in MODULES:

@@ -24,8 +24,8 @@ import dataclasses
 import importlib.metadata
 
 from lensprobe.core.version import __version__
-from lensprobe.evals.running.config import EvalConfig, applied_sampling, with_format_defaults
 from lensprobe.evals.results.published import paper_models
+from lensprobe.evals.running.config import EvalConfig, applied_sampling, with_format_defaults
 from lensprobe.interventions.arm import ARM
 from lensprobe.interventions.arm_presets import NoPresetError, arm_preset, model_key
 

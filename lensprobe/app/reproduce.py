@@ -57,10 +57,10 @@ from lensprobe.core.hooks.capabilities import capabilities
 from lensprobe.core.lazy import pandas
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.storage.store import atomic_file, atomic_write_json, atomic_write_text, read_json
+from lensprobe.evals.results.folder import read_config
 from lensprobe.evals.running.config import model_samples
 from lensprobe.evals.running.harness import evaluate
 from lensprobe.evals.running.protocols import get_protocol
-from lensprobe.evals.results.folder import read_config
 from lensprobe.viz.eval_report import results_section
 from lensprobe.viz.report import Section, write_report
 

@@ -19,8 +19,8 @@ of the N is correct, pass@N) cannot be the paper's reading: Table 8's AIME Best-
 import math
 
 from lensprobe.core.lazy import pandas
-from lensprobe.evals.running.protocols import get_protocol
 from lensprobe.evals.results.stats import pass_at_k
+from lensprobe.evals.running.protocols import get_protocol
 
 __all__ = ["GRADER", "best_of_name", "best_of_rows", "pass_columns", "pass_numbers", "sample_columns", "sample_rows"]
 

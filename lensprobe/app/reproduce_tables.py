@@ -14,11 +14,11 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.prompts.conditions import PromptFormat, paper_conditions, resolve_conditions
-from lensprobe.evals.running.config import EvalConfig, with_format_defaults
 from lensprobe.evals.problems.load import load_math500, load_problems
-from lensprobe.evals.running.protocols import arm_layer_defaults, get_protocol
 from lensprobe.evals.results.published import paper_models, published_table
 from lensprobe.evals.results.stats import accuracy
+from lensprobe.evals.running.config import EvalConfig, with_format_defaults
+from lensprobe.evals.running.protocols import arm_layer_defaults, get_protocol
 from lensprobe.interventions.arm import ARM
 from lensprobe.interventions.arm_presets import benchmark_key, model_key
 

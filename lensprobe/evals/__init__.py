@@ -39,15 +39,19 @@ from lensprobe.core.prompts.conditions import (
     builtin_condition,
     resolve_conditions,
 )
-from lensprobe.evals.problems.arithmetic import arithmetic_problems
-from lensprobe.evals.problems.benchmarks import infer_benchmark
-from lensprobe.evals.problems.load import Problem, load_math500, load_problems, math500_path, read_jsonl_problems
 from lensprobe.evals.grading.extract import EXTRACT_METHODS, extract_boxed, extract_last_number
 from lensprobe.evals.grading.grade import GRADERS, grade, grade_all, normalize_answer
-from lensprobe.evals.running.harness import ErrorRowsWarning, EvalConfig, evaluate, shard_info
-from lensprobe.evals.running.protocols import PROTOCOLS, Protocol, get_protocol
-from lensprobe.evals.results.published import PublishedNumber, published_numbers, published_table
+from lensprobe.evals.problems.arithmetic import arithmetic_problems
+from lensprobe.evals.problems.benchmarks import infer_benchmark
+from lensprobe.evals.problems.load import (
+    Problem,
+    load_math500,
+    load_problems,
+    math500_path,
+    read_jsonl_problems,
+)
 from lensprobe.evals.results.folder import load_results, read_config
+from lensprobe.evals.results.published import PublishedNumber, published_numbers, published_table
 from lensprobe.evals.results.runfacts import RunFacts, run_facts
 from lensprobe.evals.results.stats import (
     PairedComparison,
@@ -60,6 +64,8 @@ from lensprobe.evals.results.stats import (
     wilson_interval,
 )
 from lensprobe.evals.results.verdicts import PAPER_EXACT, VERDICT_COLUMNS
+from lensprobe.evals.running.harness import ErrorRowsWarning, EvalConfig, evaluate, shard_info
+from lensprobe.evals.running.protocols import PROTOCOLS, Protocol, get_protocol
 
 __all__ = [
     "BUILTIN_CONDITIONS",

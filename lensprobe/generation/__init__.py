@@ -5,15 +5,15 @@ forward (the TransformerBridge, or a plain Hugging Face view of the same weights
 May import: :mod:`lensprobe.core` (interventions are passed in as objects, never imported).
 """
 
-from lensprobe.generation import schedule
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.loop import generate, trace_generation
 from lensprobe.generation.rows import FinishedRow
-from lensprobe.generation.thinking import LatentFusion, Pause, add_thinking_token
-from lensprobe.generation.trace import GenerationTrace, load_trace
-from lensprobe.generation.traceset import trace_jobs, trace_prompts
-from lensprobe.generation.tracesummary import trace_summary
-from lensprobe.generation.tracking import SPECIAL_SETS
+from lensprobe.generation.thinking import schedule
+from lensprobe.generation.thinking.latent import LatentFusion, Pause, add_thinking_token
+from lensprobe.generation.traces.sets import trace_jobs, trace_prompts
+from lensprobe.generation.traces.summary import trace_summary
+from lensprobe.generation.traces.trace import GenerationTrace, load_trace
+from lensprobe.generation.traces.tracking import SPECIAL_SETS
 
 __all__ = ["SPECIAL_SETS", "FinishedRow", "GenerationConfig", "GenerationTrace", "LatentFusion", "Pause",
            "add_thinking_token", "generate", "load_trace", "schedule", "trace_generation", "trace_jobs",

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.generation.schedule import check_rule, emitted
-from lensprobe.generation.thinking import LatentFusion, Pause
+from lensprobe.generation.thinking.latent import LatentFusion, Pause
+from lensprobe.generation.thinking.schedule import check_rule, emitted
 
 __all__ = ["MAX_NEW_TOKENS", "MIN_TEMPERATURE", "GenerationConfig", "generation_config"]
 
@@ -58,7 +58,7 @@ class GenerationConfig:
         eos_token_id: end-of-sequence token id(s) of this call, besides the model's (an int or
             a tuple of ints).
         thinking: ``None``, :class:`~lensprobe.generation.LatentFusion` or :class:`~lensprobe.generation.Pause`.
-        think_when: a rule from :mod:`lensprobe.generation.schedule`; with ``thinking`` it
+        think_when: a rule from :mod:`lensprobe.generation.thinking.schedule`; with ``thinking`` it
             defaults to ``schedule.emitted()`` (the model emits the thinking token).
 
     Example:

@@ -3,8 +3,8 @@
 :func:`generate` is lensprobe's one generation loop (evaluations, traces and the CLI all
 use it); :func:`trace_generation` is the same loop with attention recording switched on
 for the tracked sets. This module checks their inputs before any forward and builds the trace; a
-:class:`~lensprobe.generation.run.Run` runs the rows (its parts: :mod:`~lensprobe.generation.scheduler`,
-:mod:`~lensprobe.generation.step`, :mod:`~lensprobe.generation.rowstate`). The loop:
+:class:`~lensprobe.generation.run.Run` runs the rows (its parts: :mod:`~lensprobe.generation.batching.scheduler`,
+:mod:`~lensprobe.generation.step`, :mod:`~lensprobe.generation.batching.rowstate`). The loop:
 
 - left-pads several prompts (or ``n_samples`` copies of each) into one batch with an
   attention mask and per-row position ids, so each row computes what it would alone; or,
@@ -20,7 +20,7 @@ for the tracked sets. This module checks their inputs before any forward and bui
 - records, inside the attention hooks, only the newest query's attention summed over each
   tracked set: a ``[batch, set, head]`` value per layer and step. Memory grows as
   steps x layers x heads x sets, never with steps x sequence length;
-- replaces the input embedding at thinking positions (:mod:`lensprobe.generation.thinking`) at
+- replaces the input embedding at thinking positions (:mod:`lensprobe.generation.thinking.latent`) at
   ``hook_embed``, for the new position only.
 
 **Step 0 is the last prompt position** (its query predicts the first generated token).
@@ -69,10 +69,10 @@ from lensprobe.generation.config import GenerationConfig, generation_config
 from lensprobe.generation.engines import ENGINE_NAMES, EngineName
 from lensprobe.generation.rows import FinishedRow, row_text
 from lensprobe.generation.run import Run
-from lensprobe.generation.schedule import Rule
-from lensprobe.generation.thinking import LatentFusion, Pause, thinking_token_id
-from lensprobe.generation.trace import GenerationTrace
-from lensprobe.generation.tracking import SPECIAL_SETS, TrackSpec, resolve_track
+from lensprobe.generation.thinking.latent import LatentFusion, Pause, thinking_token_id
+from lensprobe.generation.thinking.schedule import Rule
+from lensprobe.generation.traces.trace import GenerationTrace
+from lensprobe.generation.traces.tracking import SPECIAL_SETS, TrackSpec, resolve_track
 
 __all__ = ["SPECIAL_SETS", "FinishedRow", "HookSite", "StepContext", "generate", "trace_generation"]
 
@@ -224,7 +224,7 @@ def trace_generation(model, prompt, config: GenerationConfig | None = None, *,
         >>> trace = lp.trace_generation(model, prompt, max_new_tokens=400,
         ...                             track={"system": "system", "thinking": "<thinking>"},
         ...                             thinking=lp.generation.LatentFusion(alpha=0.6, top_p=0.9),
-        ...                             think_when=lp.generation.schedule.every(8))
+        ...                             think_when=lp.generation.thinking.schedule.every(8))
         >>> trace.entropy                # [step]
         >>> trace.attention["thinking"]  # [step, layer, head]
     """

@@ -2,9 +2,9 @@
 
 A generation has one row per (prompt, sample), in prompt order: the rows of the returned
 :class:`~lensprobe.generation.GenerationTrace`. The scheduler may run them in another order and in
-several batches (:mod:`lensprobe.generation.scheduler`); what each step records lands here by row
+several batches (:mod:`lensprobe.generation.batching.scheduler`); what each step records lands here by row
 index, so the trace never depends on the schedule. Where a row is in its life (waiting, decoding,
-...) is its state, not an output: :mod:`lensprobe.generation.rowstate`.
+...) is its state, not an output: :mod:`lensprobe.generation.batching.rowstate`.
 """
 
 import hashlib

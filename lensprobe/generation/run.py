@@ -2,10 +2,10 @@
 
 :func:`lensprobe.generate` checks its inputs and hands them to :class:`Run`. A run has one
 *row* per (prompt, sample), in prompt order (the rows of the returned trace). Its parts, one module
-each: the :class:`~lensprobe.generation.scheduler.Scheduler` decides the rows' order, how many are
+each: the :class:`~lensprobe.generation.batching.scheduler.Scheduler` decides the rows' order, how many are
 live at once and the mode; the :class:`~lensprobe.generation.step.Step` chooses each live row's token
 from a forward's logits and ends rows; each row's status and the running batch are in
-:mod:`lensprobe.generation.rowstate`, its outputs in :mod:`lensprobe.generation.rows`. The run
+:mod:`lensprobe.generation.batching.rowstate`, its outputs in :mod:`lensprobe.generation.rows`. The run
 itself does the forwards, through the engine, in one of two ways:
 
 **Static batches** (``batch_size`` unset, or ``refill=False``, or attention recorded): the
@@ -18,7 +18,7 @@ of every row (the recorder keeps one block per row and step).
 rows; at most ``batch_size`` are live at once. A row is prefilled **alone** (so its prompt
 forward is exactly the one it would have alone: no padding, any intervention's statistics
 over its own positions only) and its KV cache joins the running batch as a new row,
-left-padded to the batch's width (:mod:`lensprobe.generation.cacherows`). Every decode step
+left-padded to the batch's width (:mod:`lensprobe.generation.batching.cacherows`). Every decode step
 runs the live rows together, each at its own step and its own positions (``hook.step``'s
 ``positions``, ``steps`` and ``rows``). When a row ends (end of sequence, its own length cap,
 non-finite logits) it leaves the cache at once and its place takes the next row of the queue;
@@ -43,17 +43,17 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.attach import Steps
 from lensprobe.core.models.facts import ModelFacts, model_facts
 from lensprobe.core.progress import tqdm
-from lensprobe.generation import cacherows
-from lensprobe.generation.batch import pad_batch
+from lensprobe.generation.batching import cacherows
+from lensprobe.generation.batching.layout import pad_batch
+from lensprobe.generation.batching.rowstate import Live, Running
+from lensprobe.generation.batching.scheduler import Scheduler
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.engines import Engine, choose_engine
 from lensprobe.generation.recording import StepRecorder, final_hidden_hook
 from lensprobe.generation.rows import FinishedRow, RowOutputs
-from lensprobe.generation.rowstate import Live, Running
-from lensprobe.generation.scheduler import Scheduler
 from lensprobe.generation.step import Step
-from lensprobe.generation.thinking import LatentFusion
-from lensprobe.generation.tracking import TrackedSet, add_position, set_masks
+from lensprobe.generation.thinking.latent import LatentFusion
+from lensprobe.generation.traces.tracking import TrackedSet, add_position, set_masks
 
 __all__ = ["Run", "row_fault"]
 

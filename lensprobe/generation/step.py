@@ -7,7 +7,7 @@ takes the entropy, chooses the token (greedy or a draw from the row's own genera
 :func:`~lensprobe.generation.rows.choose`), asks the thinking schedule which rows think (once per group
 of rows at the same step), writes the step into :class:`~lensprobe.generation.rows.RowOutputs` at each
 row's own step, and ends the rows that chose an end-of-sequence token or reached their cap. It keeps each
-row's :data:`~lensprobe.generation.rowstate.RowStatus` and hands each ended row to ``on_row``. It runs no
+row's :data:`~lensprobe.generation.batching.rowstate.RowStatus` and hands each ended row to ``on_row``. It runs no
 forward and decides no order: the same step serves static batches and continuous batching.
 """
 
@@ -21,11 +21,11 @@ from torch import Tensor
 from lensprobe.core.errors import NonFiniteWarning
 from lensprobe.core.measures.metrics import nonfinite_rows
 from lensprobe.core.models.facts import ModelFacts
+from lensprobe.generation.batching.rowstate import Live, RowStatus
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.recording import StepRecorder
 from lensprobe.generation.rows import FinishedRow, RowOutputs, choose, row_generator, row_text
-from lensprobe.generation.rowstate import Live, RowStatus
-from lensprobe.generation.schedule import StepState
+from lensprobe.generation.thinking.schedule import StepState
 
 __all__ = ["Step"]
 

@@ -20,7 +20,7 @@ from lensprobe.core.fielddocs import field_docs
 from lensprobe.core.hooks.heads import parse_heads
 from lensprobe.core.models.loading import check_heads, check_layers, n_heads
 from lensprobe.generation.config import GenerationConfig
-from lensprobe.generation.schedule import parse_schedule
+from lensprobe.generation.thinking.schedule import parse_schedule
 from lensprobe.interventions.arm_settings import ARM_C_HELP
 from lensprobe.studies.filler import FillerSetup
 from lensprobe.studies.thinking import SETTING_LABELS, THINKING_SETTINGS, thinking_setting

@@ -12,8 +12,8 @@ import torch
 
 import lensprobe as lp
 from lensprobe.evals import Problem, load_results
-from lensprobe.evals.running.harness import ErrorRowsWarning
 from lensprobe.evals.results.folder import read_rows, results_file
+from lensprobe.evals.running.harness import ErrorRowsWarning
 from lensprobe.prompts import Condition
 
 QUESTIONS = ["What is 1+1?", "Compute 12 * 3 and give the answer, showing every step of the work.",

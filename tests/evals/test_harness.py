@@ -241,9 +241,9 @@ def test_head_ablation_condition_matches_zeroed_head_in_transformers(tiny, tiny_
 
 
 def test_latent_thinking_condition_is_passed_to_generation():
-    from lensprobe.generation import schedule
     from lensprobe.generation.loop import generate
-    from lensprobe.generation.thinking import Pause, add_thinking_token
+    from lensprobe.generation.thinking import schedule
+    from lensprobe.generation.thinking.latent import Pause, add_thinking_token
 
     model = tiny_model(seed=3)
     add_thinking_token(model, "<thinking>")

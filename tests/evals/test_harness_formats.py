@@ -10,9 +10,9 @@ from lensprobe.core.prompts.conditions import paper_conditions
 from lensprobe.core.prompts.prompt import PAPER_SYSTEM_PROMPT
 from lensprobe.core.storage.identity import identity
 from lensprobe.evals import Problem, load_results
-from lensprobe.evals.running.config import EvalConfig, paper_generation_settings
 from lensprobe.evals.grading.grade import grade_paper_exact
 from lensprobe.evals.results.folder import read_rows, results_file
+from lensprobe.evals.running.config import EvalConfig, paper_generation_settings
 from lensprobe.evals.running.execute import ROW_COLUMNS
 from lensprobe.interventions.arm import ARM
 

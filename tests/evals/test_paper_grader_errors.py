@@ -6,8 +6,8 @@ comparing the raw strings."""
 import pytest
 
 import lensprobe as lp
-from lensprobe.evals.problems.load import Problem
 from lensprobe.evals.grading.grade import PaperGraderError, grade_paper_exact
+from lensprobe.evals.problems.load import Problem
 
 
 def authors_fix_raises(string: str) -> bool:
@@ -54,8 +54,8 @@ def test_an_evaluation_writes_an_error_row_where_the_authors_script_would_stop(t
 def test_the_pass3_protocols_count_it_wrong_as_the_pass3_loop_does(tiny, protocol):
     """Their pass@3 loop wraps is_equiv in ``try: ... except Exception: ok = False``; their MATH-500 loop does not."""
     from lensprobe.core.prompts.conditions import Condition
-    from lensprobe.evals.running.protocols import get_protocol, ungradable_is_wrong
     from lensprobe.evals.running.execute import Item, RunInfo, make_row
+    from lensprobe.evals.running.protocols import get_protocol, ungradable_is_wrong
 
     item = Item(problem=Problem(id="p", problem="What is 3?", answer="3"), sample=0,
                 prompt=lp.build_prompt(tiny, "What is 3?", template="raw"))

@@ -11,7 +11,6 @@ import pytest
 import lensprobe as lp
 from lensprobe.app.cli import main
 from lensprobe.evals import Problem
-from lensprobe.evals.running import execute as running
 from lensprobe.evals.results.folder import (
     DuplicateRowsWarning,
     RowWriter,
@@ -21,6 +20,7 @@ from lensprobe.evals.results.folder import (
     results_file,
 )
 from lensprobe.evals.results.stats import summary_tables
+from lensprobe.evals.running import execute as running
 
 PROBLEMS = [Problem(id=f"q{i}", problem=f"What is {i}+{i}?", answer=str(2 * i), level=1, subject="S")
             for i in range(3)]

@@ -13,7 +13,7 @@ from oracles import assert_rows_equal_solo, assert_same_row, solo
 import lensprobe as lp
 from lensprobe.core.hooks.attach import StepContext, Steps, batch_dependent, with_default_seed
 from lensprobe.core.models.testing import tiny_model
-from lensprobe.generation import cacherows
+from lensprobe.generation.batching import cacherows
 from lensprobe.interventions.arm import BatchDependenceWarning
 
 TEXTS = ("What is 12+7?", "the cat sat on the mat and the dog sat on the cat", "x", "0 1 2 3 4 5 6 7",
@@ -260,7 +260,7 @@ def test_latent_inputs_reach_the_embedding_through_the_step_context():
             seen.append((ctx.rows[rows].tolist(), torch.equal(x[rows, -1], vectors.to(x.dtype))))
 
     out = lp.generate(m, prompts, max_new_tokens=6, stop_at_eos=False, batch_size=2, engine="bridge",
-                      thinking=lp.generation.LatentFusion(), think_when=lp.generation.schedule.every(2),
+                      thinking=lp.generation.LatentFusion(), think_when=lp.generation.thinking.schedule.every(2),
                       interventions=[("hook_embed", after_embed)])
     assert seen and all(same for _, same in seen)
     thinking_steps = int(out.thinking_rows.sum())

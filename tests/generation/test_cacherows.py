@@ -1,4 +1,4 @@
-"""Rows of a KV cache (:mod:`lensprobe.generation.cacherows`) on hand-made caches of both kinds:
+"""Rows of a KV cache (:mod:`lensprobe.generation.batching.cacherows`) on hand-made caches of both kinds:
 a ``transformers`` ``DynamicCache`` (keys and values ``[row, kv_head, pos, d_head]``) and
 TransformerLens' ``TransformerLensKeyValueCache`` (``[row, pos, kv_head, d_head]`` and a
 ``[row, pos]`` attention mask). Every result is compared with the same tensors computed a second
@@ -12,7 +12,7 @@ from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 from transformers import DynamicCache, LlamaConfig, StaticCache
 
-from lensprobe.generation import cacherows
+from lensprobe.generation.batching import cacherows
 
 N_LAYERS, KV_HEADS, D_HEAD = 2, 2, 3
 KINDS = ["dynamic", "transformerlens"]

@@ -11,7 +11,7 @@ import torch
 from test_cacherows import N_LAYERS, padded_by_hand, tensors_of
 from transformers import DynamicCache
 
-from lensprobe.generation import cacherows
+from lensprobe.generation.batching import cacherows
 
 WINDOW = 4  # a sliding-window layer keeps the last 3 columns
 LAYOUTS = {"full-sliding": (False, True), "sliding-sliding": (True, True), "sliding-full": (True, False)}

@@ -1,4 +1,4 @@
-"""The running batch keeping some of its rows (:meth:`lensprobe.generation.rowstate.Running.kept`): the rows'
+"""The running batch keeping some of its rows (:meth:`lensprobe.generation.batching.rowstate.Running.kept`): the rows'
 state and cache taken in the order given, and the cache columns that are padding in every kept row dropped
 from the cache and the mask. Expected values are indexed and sliced by hand from what the batch held
 (``test_cacherows.make`` and ``contents`` build and read the cache)."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_cacherows import KINDS, contents, make
 
-from lensprobe.generation.rowstate import Live, Running
+from lensprobe.generation.batching.rowstate import Live, Running
 
 MASK = [[0, 0, 0, 1, 1],
         [0, 1, 1, 1, 1],

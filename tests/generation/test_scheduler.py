@@ -1,15 +1,15 @@
-"""Continuous batching's parts apart from the forwards: the :class:`~lensprobe.generation.scheduler.Scheduler`'s
+"""Continuous batching's parts apart from the forwards: the :class:`~lensprobe.generation.batching.scheduler.Scheduler`'s
 decisions (row order, row budget, mode, static batches, fallback) on hand-made rows, and each row's
-:data:`~lensprobe.generation.rowstate.RowStatus` through a whole generation, read as each row is reported
+:data:`~lensprobe.generation.batching.rowstate.RowStatus` through a whole generation, read as each row is reported
 (``waiting`` -> ``prefilling`` -> ``decoding`` -> ``finished``, never back but on a fallback)."""
 
 import pytest
 import torch
 
 import lensprobe as lp
-from lensprobe.generation import cacherows
-from lensprobe.generation.rowstate import Live, Running
-from lensprobe.generation.scheduler import Scheduler
+from lensprobe.generation.batching import cacherows
+from lensprobe.generation.batching.rowstate import Live, Running
+from lensprobe.generation.batching.scheduler import Scheduler
 from lensprobe.generation.step import Step
 
 # prompt lengths 3, 5, 5, 1: row r is prompt r (one sample each)

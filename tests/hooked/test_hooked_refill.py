@@ -1,5 +1,5 @@
 """Continuous batching on a HookedTransformer (TransformerLens' own KV cache, its rows joined, kept
-and trimmed by :mod:`lensprobe.generation.cacherows`): every row equals its prompt run alone (the
+and trimmed by :mod:`lensprobe.generation.batching.cacherows`): every row equals its prompt run alone (the
 static path, oracle-tested against the plain ``transformers`` twin in test_hooked_generation.py)
 with greedy and seeded sampling and a head ablation on generated positions; no hook outlives the run."""
 
@@ -8,7 +8,7 @@ import torch
 from oracles import assert_rows_equal_solo, hook_snapshot
 
 import lensprobe as lp
-from lensprobe.generation import cacherows
+from lensprobe.generation.batching import cacherows
 
 pytestmark = pytest.mark.hooked
 

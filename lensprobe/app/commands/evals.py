@@ -39,12 +39,12 @@ from lensprobe.core.storage.shards import bind_local_gpu
 from lensprobe.evals.problems.arithmetic import arithmetic_problems
 from lensprobe.evals.problems.benchmarks import resolve_benchmark
 from lensprobe.evals.problems.load import load_math500
-from lensprobe.evals.running.harness import evaluate, shard_info
-from lensprobe.evals.running.protocols import arm_layer_defaults, get_protocol
 from lensprobe.evals.results.folder import load_results
-from lensprobe.evals.running.settings import EvalSettings
 from lensprobe.evals.results.stats import pass_at_k_table, summary_tables
 from lensprobe.evals.results.verdicts import resolve_grader
+from lensprobe.evals.running.harness import evaluate, shard_info
+from lensprobe.evals.running.protocols import arm_layer_defaults, get_protocol
+from lensprobe.evals.running.settings import EvalSettings
 from lensprobe.interventions.ablation import ablate_heads
 from lensprobe.interventions.arm import ARM
 from lensprobe.interventions.arm_settings import ArmSettings

@@ -23,9 +23,9 @@ from lensprobe.core.prompts.prompt import build_prompt
 from lensprobe.core.storage.identity import run_identity
 from lensprobe.core.storage.shards import bind_local_gpu, shard_info
 from lensprobe.core.storage.store import atomic_file
-from lensprobe.generation.thinking import LatentFusion, add_thinking_token
-from lensprobe.generation.traceset import trace_jobs
-from lensprobe.generation.tracesummary import trace_summary
+from lensprobe.generation.thinking.latent import LatentFusion, add_thinking_token
+from lensprobe.generation.traces.sets import trace_jobs
+from lensprobe.generation.traces.summary import trace_summary
 from lensprobe.studies.settings import TraceConfig
 from lensprobe.studies.thinking import compare_thinking, texts_table
 from lensprobe.viz.trace import generation_trace_figure

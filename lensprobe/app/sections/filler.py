@@ -6,8 +6,8 @@ import html
 from lensprobe.core.hooks.heads import head_label
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.prompts.prompt import prompt_json
-from lensprobe.evals.problems.load import math500_path
 from lensprobe.evals.problems.files import jsonl_rows
+from lensprobe.evals.problems.load import math500_path
 from lensprobe.studies.filler import (
     AttentionReceived,
     FillerSetup,

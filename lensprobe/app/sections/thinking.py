@@ -5,8 +5,8 @@ import html
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT, build_prompt
 from lensprobe.evals.problems.load import load_math500, math500_path
-from lensprobe.generation.schedule import parse_schedule
-from lensprobe.generation.tracesummary import trace_summary
+from lensprobe.generation.thinking.schedule import parse_schedule
+from lensprobe.generation.traces.summary import trace_summary
 from lensprobe.studies.thinking import compare_thinking, texts_table, with_thinking_token
 from lensprobe.viz.report import Section
 from lensprobe.viz.trace import generation_trace_figure

@@ -28,8 +28,8 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import heavy
 from lensprobe.core.prompts.text import blank, check_text
 from lensprobe.core.storage.files import DATA_LIMIT, check_file
-from lensprobe.evals.problems.hub import load_hub_dataset
 from lensprobe.evals.problems.files import check_problem_file, format_of, jsonl_rows, read_rows
+from lensprobe.evals.problems.hub import load_hub_dataset
 
 HUB_DATASET = "HuggingFaceH4/MATH-500"
 

@@ -27,14 +27,14 @@ from lensprobe.core.progress import tqdm
 from lensprobe.core.prompts.conditions import QUESTION_PLACEHOLDER, Condition
 from lensprobe.core.storage.jsonable import json_digest
 from lensprobe.core.storage.rowfiles import RowWriter
-from lensprobe.evals.running.config import EvalConfig
-from lensprobe.evals.problems.load import Problem
 from lensprobe.evals.grading.extract import extract_answer
 from lensprobe.evals.grading.grade import GRADERS, PaperGraderError, grade_all, grade_paper_exact
 from lensprobe.evals.grading.mathverify import GRADE_TIMEOUT
-from lensprobe.evals.running.protocols import grades_prompt, ungradable_is_wrong
+from lensprobe.evals.problems.load import Problem
 from lensprobe.evals.results.folder import read_rows, results_file, rows_frame, settled_rows
 from lensprobe.evals.results.verdicts import PAPER_EXACT
+from lensprobe.evals.running.config import EvalConfig
+from lensprobe.evals.running.protocols import grades_prompt, ungradable_is_wrong
 from lensprobe.generation.engines import engine_name, engine_to_run
 from lensprobe.generation.loop import generate
 from lensprobe.generation.rows import FinishedRow

@@ -93,10 +93,7 @@ from lensprobe.core.storage.shards import (
 )
 from lensprobe.core.storage.writer import remove_empty_folder, remove_file
 from lensprobe.evals.problems.benchmarks import resolve_benchmark
-from lensprobe.evals.running.config import EvalConfig, with_format_defaults
-from lensprobe.evals.running.config import paper_generation_settings as paper_generation_settings  # its old home
 from lensprobe.evals.problems.load import Problem
-from lensprobe.evals.running.protocols import arm_layer_defaults, get_protocol
 from lensprobe.evals.results.folder import (
     CONFIG_FILE,
     EVAL_KIND,
@@ -106,6 +103,11 @@ from lensprobe.evals.results.folder import (
     wait_for_rows,
 )
 from lensprobe.evals.results.runfacts import mark_extract
+from lensprobe.evals.results.verdicts import default_grader, mark_default_grader
+from lensprobe.evals.running.config import EvalConfig, with_format_defaults
+from lensprobe.evals.running.config import (
+    paper_generation_settings as paper_generation_settings,  # its old home
+)
 from lensprobe.evals.running.execute import ErrorRowsWarning as ErrorRowsWarning  # lensprobe.evals exports it
 from lensprobe.evals.running.execute import (
     RunInfo,
@@ -117,7 +119,7 @@ from lensprobe.evals.running.execute import (
     run_plan,
     tally_rows,
 )
-from lensprobe.evals.results.verdicts import default_grader, mark_default_grader
+from lensprobe.evals.running.protocols import arm_layer_defaults, get_protocol
 from lensprobe.interventions.arm import ARM
 
 DEFAULT_CONDITIONS = "w/o,w/ Mless,w/ Mful"

@@ -20,8 +20,8 @@ from typing import Any
 
 from lensprobe.core.fielddocs import field_docs
 from lensprobe.core.given import Given, given_settings
-from lensprobe.evals.running.config import EvalConfig, with_format_defaults
 from lensprobe.evals.grading.extract import EXTRACT_METHODS
+from lensprobe.evals.running.config import EvalConfig, with_format_defaults
 from lensprobe.evals.running.protocols import PROTOCOLS
 from lensprobe.generation.config import GenerationConfig
 

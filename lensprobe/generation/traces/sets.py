@@ -30,7 +30,7 @@ from lensprobe.core.storage.shards import run_sharded
 from lensprobe.core.storage.store import atomic_file
 from lensprobe.generation.config import GenerationConfig, generation_config
 from lensprobe.generation.loop import trace_generation
-from lensprobe.generation.trace import GenerationTrace, load_trace
+from lensprobe.generation.traces.trace import GenerationTrace, load_trace
 
 __all__ = ["TRACE_FOLDER", "trace_jobs", "trace_prompts"]
 

@@ -1,6 +1,6 @@
 """A figure's data from generation traces: per condition and step, the mean and a band across rows.
 
-:func:`trace_summary` reduces :class:`~lensprobe.generation.trace.GenerationTrace` objects (one per
+:func:`trace_summary` reduces :class:`~lensprobe.generation.traces.trace.GenerationTrace` objects (one per
 condition: a thinking setting, a filler) to a table of entropy and attention proportion per step, the
 mean over the rows still generating at that step with a standard-deviation or 95 % band: what
 :func:`lensprobe.viz.generation_trace_figure` draws.
@@ -17,7 +17,7 @@ import torch
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
-from lensprobe.generation.trace import GenerationTrace
+from lensprobe.generation.traces.trace import GenerationTrace
 
 if TYPE_CHECKING:
     import pandas as pd

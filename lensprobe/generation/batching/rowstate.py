@@ -3,11 +3,11 @@ pending inputs.
 
 A row (one prompt x sample, :mod:`lensprobe.generation.rows`) goes through one life, as a request does
 in ``transformers``' continuous batching (its ``RequestStatus``): :data:`RowStatus` ``"waiting"`` (in the
-scheduler's queue, :mod:`lensprobe.generation.scheduler`), ``"prefilling"`` (its prompt forward
+scheduler's queue, :mod:`lensprobe.generation.batching.scheduler`), ``"prefilling"`` (its prompt forward
 running), ``"decoding"`` (a token chosen for it at every step, :mod:`lensprobe.generation.step`) and
 ``"finished"`` (its ``finish_reason`` says why). While it runs, its place in the batch is one entry of
 :class:`Live` (its step, cap, prompt length, attention mask), and under continuous batching one row of
-:class:`Running`'s KV cache (:mod:`lensprobe.generation.cacherows`).
+:class:`Running`'s KV cache (:mod:`lensprobe.generation.batching.cacherows`).
 """
 
 from dataclasses import dataclass
@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from lensprobe.core.hooks.attach import StepContext
-from lensprobe.generation import cacherows
+from lensprobe.generation.batching import cacherows
 
 __all__ = ["Live", "RowStatus", "Running"]
 

@@ -1,8 +1,8 @@
 """The file format of generation traces: Parquet or JSON (never pickle), read back unchanged.
 
-A :class:`~lensprobe.generation.trace.GenerationTrace` saves to one file (``trace.save(path)``, which
+A :class:`~lensprobe.generation.traces.trace.GenerationTrace` saves to one file (``trace.save(path)``, which
 calls :func:`write_trace`) and loads from it (``GenerationTrace.load`` and
-:func:`~lensprobe.generation.trace.load_trace`, through :func:`read_trace`). Both kinds carry a header
+:func:`~lensprobe.generation.traces.trace.load_trace`, through :func:`read_trace`). Both kinds carry a header
 (``format``, ``version``, the layers, heads, texts, row indices, finish reasons and the generation's
 meta): in Parquet the table's schema metadata, one table row per (trace row, step), the attention of a
 tracked set one fixed-size list per row and step; in JSON one object, ``NaN`` written as ``null``.
@@ -35,8 +35,8 @@ VERSION = 1
 
 
 def write_trace(trace, path: str | Path) -> Path:
-    """Write ``trace`` (a :class:`~lensprobe.generation.trace.GenerationTrace`) to ``path``, ``.parquet``
-    or ``.json``, atomically; returns the path (see :meth:`~lensprobe.generation.trace.GenerationTrace.save`)."""
+    """Write ``trace`` (a :class:`~lensprobe.generation.traces.trace.GenerationTrace`) to ``path``, ``.parquet``
+    or ``.json``, atomically; returns the path (see :meth:`~lensprobe.generation.traces.trace.GenerationTrace.save`)."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".parquet", ".json"):
@@ -90,7 +90,7 @@ def _arrow_table(trace):
 
 def read_trace(path: str | Path) -> dict[str, Any]:
     """The fields of the trace in ``path`` (written by :func:`write_trace`), for
-    :class:`~lensprobe.generation.trace.GenerationTrace`."""
+    :class:`~lensprobe.generation.traces.trace.GenerationTrace`."""
     path = Path(path)
     if not path.exists():
         raise LensprobeError(f"trace file not found: {path}.")

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
-from lensprobe.generation.tracefiles import read_trace, write_trace
+from lensprobe.generation.traces.files import read_trace, write_trace
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -246,7 +246,7 @@ class GenerationTrace:
     def save(self, path: str | Path) -> Path:
         """Write the trace to ``.parquet`` (needs pyarrow) or ``.json``, atomically
         (:func:`~lensprobe.core.storage.store.atomic_file`: a failed write leaves an earlier file as it was);
-        returns the path (the format: :mod:`lensprobe.generation.tracefiles`).
+        returns the path (the format: :mod:`lensprobe.generation.traces.files`).
 
         Example:
             >>> trace.save("out/trace.parquet")

@@ -16,7 +16,7 @@ live at once. The scheduler decides the mode:
   KV cache cannot take rows in and out.
 
 It runs no forward (:mod:`lensprobe.generation.run` does) and chooses no token
-(:mod:`lensprobe.generation.step`); this is not the thinking schedule (:mod:`lensprobe.generation.schedule`,
+(:mod:`lensprobe.generation.step`); this is not the thinking schedule (:mod:`lensprobe.generation.thinking.schedule`,
 which decides when a row thinks).
 
 Example:
@@ -29,7 +29,7 @@ from collections import deque
 from typing import Any
 
 from lensprobe.core.hooks.attach import batch_dependent
-from lensprobe.generation.rowstate import Running
+from lensprobe.generation.batching.rowstate import Running
 
 __all__ = ["Scheduler"]
 
