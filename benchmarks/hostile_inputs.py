@@ -254,7 +254,7 @@ def library_cases(tiny, work: Path) -> list[tuple[str, object]]:
         ("GenerationConfig temperature=1e-40", lambda: refuses(lambda: lp.GenerationConfig(4, do_sample=True,
                                                                                           temperature=1e-40))),
         ("GenerationConfig temperature=inf", lambda: refuses(lambda: lp.GenerationConfig(4, temperature=math.inf))),
-        ("schedule entropy_above(nan)", lambda: refuses(lambda: lp.generation.thinking.schedule.entropy_above(math.nan))),
+        ("schedule entropy_above(nan)", lambda: refuses(lambda: lp.generation.schedule.entropy_above(math.nan))),
         ("parse_heads('L٣H1')", lambda: refuses(lambda: lp.ablate_heads("L٣H1").resolve(tiny))),
         ("load_model(device='bogus')", lambda: refuses(lambda: lp.load_model(tiny, device="bogus"))),
         ("evaluate answer None", lambda: refuses(lambda: lp.evaluate(tiny, [Problem("a", "q?", None)], "w/o",

@@ -27,7 +27,7 @@ def test_every_public_name_exists():
     assert len(set(lp.__all__)) == len(lp.__all__)
     for name in lp.__all__:
         assert getattr(lp, name) is not None, name
-    assert callable(lp.evals.accuracy) and callable(lp.generation.thinking.schedule.every) and lp.Condition is lp.prompts.Condition
+    assert callable(lp.evals.accuracy) and callable(lp.generation.schedule.every) and lp.Condition is lp.prompts.Condition
 
 
 @pytest.mark.slow  # launches a Python process

@@ -45,7 +45,7 @@ def _figures() -> dict:
     thinking = lp.studies.with_thinking_token(model)
     pt = lp.build_prompt(thinking, QUESTION, system=lp.MATH_SYSTEM_PROMPT)
     traces = lp.studies.compare_thinking(thinking, [pt], ["fusion", "pause"], max_new_tokens=32,
-                                 think_when=lp.generation.thinking.schedule.every(4), n_samples=3, do_sample=True, seed=0)
+                                 think_when=lp.generation.schedule.every(4), n_samples=3, do_sample=True, seed=0)
     with warnings.catch_warnings():  # steps before the first thinking position have no attention onto it (NaN)
         warnings.simplefilter("ignore", RuntimeWarning)
         summary = lp.generation.trace_summary(traces, band="std")

@@ -224,7 +224,7 @@ def trace_generation(model, prompt, config: GenerationConfig | None = None, *,
         >>> trace = lp.trace_generation(model, prompt, max_new_tokens=400,
         ...                             track={"system": "system", "thinking": "<thinking>"},
         ...                             thinking=lp.generation.LatentFusion(alpha=0.6, top_p=0.9),
-        ...                             think_when=lp.generation.thinking.schedule.every(8))
+        ...                             think_when=lp.generation.schedule.every(8))
         >>> trace.entropy                # [step]
         >>> trace.attention["thinking"]  # [step, layer, head]
     """

@@ -16,7 +16,7 @@ Example:
     >>> import lensprobe as lp
     >>> from lensprobe.studies.thinking import compare_thinking, THINKING_SETTINGS
     >>> traces = compare_thinking(model, [prompt], ["fusion", "pause", "none"], max_new_tokens=128,
-    ...                           think_when=lp.generation.thinking.schedule.every(8))
+    ...                           think_when=lp.generation.schedule.every(8))
     >>> fig = lp.viz.generation_trace_figure(lp.generation.trace_summary(traces))
 """
 
@@ -89,7 +89,7 @@ def compare_thinking(model, prompts, settings: Sequence[str] | Mapping[str, obje
             the thinking settings.
         progress: a progress bar (tokens per second) per setting.
         **generation: :class:`~lensprobe.GenerationConfig` fields as keywords
-            (``max_new_tokens=128, think_when=lp.generation.thinking.schedule.every(4), n_samples=4, ...``).
+            (``max_new_tokens=128, think_when=lp.generation.schedule.every(4), n_samples=4, ...``).
 
     Returns:
         Setting label -> trace, in the order given.

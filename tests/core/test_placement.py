@@ -102,9 +102,9 @@ ENTRY_POINTS = {
                                     segments="question").to_dataframe(),
     "latent thinking": lambda m, ps: lp.trace_generation(
         m, ps[0], max_new_tokens=4, thinking=lp.generation.LatentFusion(alpha=0.6, top_p=0.9),
-        think_when=lp.generation.thinking.schedule.every(2), engine="bridge"),
+        think_when=lp.generation.schedule.every(2), engine="bridge"),
     "pause thinking": lambda m, ps: lp.generate(m, ps[0], max_new_tokens=4, thinking=lp.generation.Pause(),
-                                                think_when=lp.generation.thinking.schedule.every(2)),
+                                                think_when=lp.generation.schedule.every(2)),
     "ARM": lambda m, ps: lp.generate(m, ps, max_new_tokens=3, interventions=[lp.ARM(c=0.2, percentile=95, seed=0)]),
     "activation_stats": lambda m, ps: lp.studies.activation_stats(m, {
         "w/o": lp.build_prompt(m, "What is 3*4?"),

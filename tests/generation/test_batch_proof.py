@@ -260,7 +260,7 @@ def test_latent_inputs_reach_the_embedding_through_the_step_context():
             seen.append((ctx.rows[rows].tolist(), torch.equal(x[rows, -1], vectors.to(x.dtype))))
 
     out = lp.generate(m, prompts, max_new_tokens=6, stop_at_eos=False, batch_size=2, engine="bridge",
-                      thinking=lp.generation.LatentFusion(), think_when=lp.generation.thinking.schedule.every(2),
+                      thinking=lp.generation.LatentFusion(), think_when=lp.generation.schedule.every(2),
                       interventions=[("hook_embed", after_embed)])
     assert seen and all(same for _, same in seen)
     thinking_steps = int(out.thinking_rows.sum())

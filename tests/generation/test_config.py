@@ -43,7 +43,7 @@ def test_keyword_settings_override_the_config(tiny):
     ({"max_new_tokens": 4, "seed": "1"}, "seed must be an integer or None"),
     ({"max_new_tokens": 4, "n_samples": 0}, "n_samples must be an integer >= 1"),
     ({"max_new_tokens": 4, "thinking": "yes"}, "thinking must be lp.generation.LatentFusion"),
-    ({"max_new_tokens": 4, "think_when": lp.generation.thinking.schedule.every(2)}, "think_when was given without thinking"),
+    ({"max_new_tokens": 4, "think_when": lp.generation.schedule.every(2)}, "think_when was given without thinking"),
 ])
 def test_bad_settings_are_refused_before_any_forward(tiny, settings, message):
     p = lp.build_prompt(tiny, "the cat")
@@ -54,7 +54,7 @@ def test_bad_settings_are_refused_before_any_forward(tiny, settings, message):
 @pytest.mark.unchecked
 def test_thinking_gets_the_emitted_schedule_and_loses_it_with_the_thinking():
     cfg = lp.GenerationConfig(8, thinking=lp.generation.Pause())
-    assert cfg.think_when == lp.generation.thinking.schedule.emitted()
+    assert cfg.think_when == lp.generation.schedule.emitted()
     plain = cfg.replace(thinking=None)
     assert plain.thinking is None and plain.think_when is None
     with pytest.raises(lp.LensprobeError, match="config must be an lp.GenerationConfig"):
@@ -72,9 +72,9 @@ def test_eval_config_is_a_generation_config_identified_by_every_setting():
     assert sampled.generation().seed == 5 and cfg.generation().seed is None
     assert {k: identity(sampled)[k] for k in ("do_sample", "n_samples", "seed")} == {"do_sample": True,
                                                                                    "n_samples": 2, "seed": 5}
-    thinking = EvalConfig(thinking=lp.generation.Pause(), think_when=lp.generation.thinking.schedule.every(4))
+    thinking = EvalConfig(thinking=lp.generation.Pause(), think_when=lp.generation.schedule.every(4))
     assert identity(thinking)["thinking"][".type"] == "lensprobe.generation.thinking.latent.Pause"
-    assert identity(thinking)["think_when"] != identity(thinking.replace(think_when=lp.generation.thinking.schedule.every(5)))["think_when"]
+    assert identity(thinking)["think_when"] != identity(thinking.replace(think_when=lp.generation.schedule.every(5)))["think_when"]
     with pytest.raises(lp.LensprobeError, match="batch_size must be a positive integer"):
         EvalConfig(batch_size=0)
     with pytest.raises(lp.LensprobeError, match="n_samples=3 with greedy decoding"):
@@ -86,9 +86,9 @@ def test_compare_thinking_takes_a_config(tiny):
     lp.generation.add_thinking_token(model)
     p = lp.build_prompt(model, "the cat")
     cfg = lp.GenerationConfig(6, stop_at_eos=False, think_when=None)
-    traces = compare_thinking(model, p, ["pause", "none"], cfg, think_when=lp.generation.thinking.schedule.every(2))
+    traces = compare_thinking(model, p, ["pause", "none"], cfg, think_when=lp.generation.schedule.every(2))
     direct = lp.trace_generation(model, p, max_new_tokens=6, stop_at_eos=False, thinking=lp.generation.Pause(),
-                                 think_when=lp.generation.thinking.schedule.every(2))
+                                 think_when=lp.generation.schedule.every(2))
     assert traces["Pause"].thinking_rows.tolist() == direct.thinking_rows.tolist()
     assert int(direct.thinking_rows.sum()) == 3
     assert not traces["no thinking"].thinking_rows.any()

@@ -90,8 +90,8 @@ def test_engines_give_the_same_trace(tiny, prompts, case):
         model = tiny_model(seed=0)
         lp.generation.add_thinking_token(model, "<thinking>")
         kw["thinking"] = lp.generation.LatentFusion(alpha=0.6, top_p=0.9) if case != "pause" else lp.generation.Pause()
-        kw["think_when"] = (lp.generation.thinking.schedule.every(3) if case != "entropy"
-                            else lp.generation.thinking.schedule.entropy_above(0.0))  # thinks at every step
+        kw["think_when"] = (lp.generation.schedule.every(3) if case != "entropy"
+                            else lp.generation.schedule.entropy_above(0.0))  # thinks at every step
     a = lp.trace_generation(model, list(prompts), engine="bridge", **kw)
     b = lp.trace_generation(model, list(prompts), engine="hf", **kw)
     assert a.meta["engine"] == "bridge" and b.meta["engine"] == "hf"
@@ -170,7 +170,7 @@ def test_generation_without_recording_uses_sdpa_with_the_same_results(tiny, prom
     if thinking:
         model = tiny_model(seed=0)
         lp.generation.add_thinking_token(model, "<thinking>")
-        kw.update(thinking=lp.generation.LatentFusion(alpha=0.5), think_when=lp.generation.thinking.schedule.every(4))
+        kw.update(thinking=lp.generation.LatentFusion(alpha=0.5), think_when=lp.generation.schedule.every(4))
     a = lp.generate(model, list(prompts), engine="bridge", **kw)
     b = lp.generate(model, list(prompts), **kw)
     assert (b.meta["engine"], b.meta["attention"]) == ("hf", "sdpa")
@@ -402,7 +402,7 @@ def test_one_thread_layers_give_the_same_trace(prompts, monkeypatch, two_threads
     model = tiny_model(seed=0)
     lp.generation.add_thinking_token(model, "<thinking>")
     kw = dict(max_new_tokens=12, track={"system": "system", "generated": "generated"}, stop_at_eos=False,
-              thinking=lp.generation.LatentFusion(alpha=0.5), think_when=lp.generation.thinking.schedule.every(4), n_samples=rows,
+              thinking=lp.generation.LatentFusion(alpha=0.5), think_when=lp.generation.schedule.every(4), n_samples=rows,
               do_sample=rows > 1, seed=3, engine="hf")
     fast = lp.trace_generation(model, prompts[0], **kw)
     monkeypatch.setattr(threads, "ONE_THREAD_LAYER_BYTES", 0)  # torch's count throughout

@@ -252,7 +252,7 @@ def test_thinking_needs_the_token(tiny, prompts):
     with pytest.raises(lp.LensprobeError, match="add_thinking_token"):
         trace_generation(tiny, prompts[0], max_new_tokens=3, thinking=lp.generation.LatentFusion())
     with pytest.raises(lp.LensprobeError, match="think_when was given without thinking"):
-        generate(tiny, prompts[0], max_new_tokens=3, think_when=lp.generation.thinking.schedule.every(2))
+        generate(tiny, prompts[0], max_new_tokens=3, think_when=lp.generation.schedule.every(2))
     with pytest.raises(lp.LensprobeError, match="alpha"):
         lp.generation.LatentFusion(alpha=1.5)
     with pytest.raises(lp.LensprobeError, match="top_p"):
@@ -262,7 +262,7 @@ def test_thinking_needs_the_token(tiny, prompts):
 def test_pause_equals_forcing_the_thinking_token(thinker, thinker_hf, prompts):
     m, tid = thinker
     p = prompts[0]
-    trace = trace_generation(m, p, max_new_tokens=8, thinking=lp.generation.Pause(), think_when=lp.generation.thinking.schedule.at([1, 4]),
+    trace = trace_generation(m, p, max_new_tokens=8, thinking=lp.generation.Pause(), think_when=lp.generation.schedule.at([1, 4]),
                              stop_at_eos=False, track={"tok": "<thinking>"})
     assert trace.thinking.nonzero().flatten().tolist() == [1, 4]
     assert trace.token_ids[1] == tid and trace.token_ids[4] == tid
@@ -293,7 +293,7 @@ def test_latent_fusion_replaces_the_input_and_stays_in_the_cache(thinker, thinke
             fed.append(x[0, -1].clone())
 
     thinking = lp.generation.LatentFusion(alpha=0.6, top_p=0.9)
-    trace = trace_generation(m, p, max_new_tokens=8, thinking=thinking, think_when=lp.generation.thinking.schedule.at([2]),
+    trace = trace_generation(m, p, max_new_tokens=8, thinking=thinking, think_when=lp.generation.schedule.at([2]),
                              stop_at_eos=False, interventions=[("blocks.0.hook_resid_pre", capture)])
     # the vector fed at step 2, by hand from the plain model's final hidden state and logits there
     seq = torch.cat([p.tokens[0], trace.token_ids[:2]])
@@ -313,7 +313,7 @@ def test_latent_fusion_replaces_the_input_and_stays_in_the_cache(thinker, thinke
     P = len(p)
     for t in range(3, 8):
         assert abs(float(trace.entropy[t]) - float(entropy_by_hand(full[P - 1 + t]))) <= 1e-4, t
-    pause = trace_generation(m, p, max_new_tokens=8, thinking=lp.generation.Pause(), think_when=lp.generation.thinking.schedule.at([2]),
+    pause = trace_generation(m, p, max_new_tokens=8, thinking=lp.generation.Pause(), think_when=lp.generation.schedule.at([2]),
                              stop_at_eos=False)
     assert not torch.allclose(pause.entropy[3:], trace.entropy[3:])
 
@@ -346,29 +346,29 @@ def test_schedule_rules(thinker, prompts):
     run = lambda rule, n=10: trace_generation(  # noqa: E731
         m, prompts[0], max_new_tokens=n, thinking=lp.generation.Pause(), think_when=rule, stop_at_eos=False
     ).thinking.nonzero().flatten().tolist()
-    assert run(lp.generation.thinking.schedule.first(3)) == [0, 1, 2]
-    assert run(lp.generation.thinking.schedule.every(4)) == [3, 7]
-    assert run(lp.generation.thinking.schedule.every(4, offset=0, until=6)) == [0, 4]
-    assert run(lp.generation.thinking.schedule.first(2) | lp.generation.thinking.schedule.at([5])) == [0, 1, 5]
-    assert run(lp.generation.thinking.schedule.never()) == []
+    assert run(lp.generation.schedule.first(3)) == [0, 1, 2]
+    assert run(lp.generation.schedule.every(4)) == [3, 7]
+    assert run(lp.generation.schedule.every(4, offset=0, until=6)) == [0, 4]
+    assert run(lp.generation.schedule.first(2) | lp.generation.schedule.at([5])) == [0, 1, 5]
+    assert run(lp.generation.schedule.never()) == []
     base = trace_generation(m, prompts[0], max_new_tokens=10, stop_at_eos=False)
     thr = float(base.entropy[0]) - 1e-3  # only step 0 is sure to be above it
-    got = run(lp.generation.thinking.schedule.entropy_above(thr))
+    got = run(lp.generation.schedule.entropy_above(thr))
     assert got[0] == 0
     tr = trace_generation(m, prompts[0], max_new_tokens=10, thinking=lp.generation.Pause(),
-                          think_when=lp.generation.thinking.schedule.entropy_above(thr), stop_at_eos=False)
+                          think_when=lp.generation.schedule.entropy_above(thr), stop_at_eos=False)
     assert all(tr.entropy[t] > thr for t in got) and all(tr.entropy[t] <= thr for t in range(10) if t not in got)
     with pytest.raises(lp.LensprobeError, match=r"schedule.every\(n\) needs an integer n >= 2, got 1"):
-        lp.generation.thinking.schedule.every(1)
+        lp.generation.schedule.every(1)
     with pytest.raises(lp.LensprobeError, match=r"schedule.first\(k\) needs an integer k >= 1, got 0"):
-        lp.generation.thinking.schedule.first(0)
+        lp.generation.schedule.first(0)
 
 
 def test_parse_schedule():
-    assert parse_schedule("every:8") == lp.generation.thinking.schedule.every(8)
-    assert parse_schedule("emitted") == lp.generation.thinking.schedule.emitted()
+    assert parse_schedule("every:8") == lp.generation.schedule.every(8)
+    assert parse_schedule("emitted") == lp.generation.schedule.emitted()
     combo = parse_schedule("first:2 + at:5,9")
-    assert isinstance(combo, lp.generation.thinking.schedule.AnyOf) and len(combo.rules) == 2
+    assert isinstance(combo, lp.generation.schedule.AnyOf) and len(combo.rules) == 2
     with pytest.raises(lp.LensprobeError, match="cannot read schedule part 'sometimes'"):
         parse_schedule("sometimes")
 

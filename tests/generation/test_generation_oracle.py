@@ -182,7 +182,7 @@ def test_latent_thinking_trace_equals_a_hand_written_loop_on_the_tiny_model(tiny
     think_steps, n = [1, 2, 5], 8
     thinking = lp.generation.LatentFusion(alpha=0.6, top_p=0.9) if mode == "fusion" else lp.generation.Pause()
     trace = lp.trace_generation(model, prompt, max_new_tokens=n, thinking=thinking, engine=engine,
-                                think_when=lp.generation.thinking.schedule.at(think_steps), stop_at_eos=False)
+                                think_when=lp.generation.schedule.at(think_steps), stop_at_eos=False)
     tokens, ents, attn, widths = hand_written_thinking_loop(hf, prompt, n, think_steps, tid,
                                                             fusion=mode == "fusion")
     assert trace.meta["engine"] == engine
@@ -263,7 +263,7 @@ def test_latent_trace_matches_hand_written_inputs_embeds_loop(with_thinking, pro
     think_steps = [1, 2, 6]
     thinking = lp.generation.LatentFusion(alpha=0.6, top_p=0.9) if mode == "fusion" else lp.generation.Pause()
     trace = lp.trace_generation(model, prompt, max_new_tokens=10, thinking=thinking, engine=engine,
-                                think_when=lp.generation.thinking.schedule.at(think_steps), stop_at_eos=False)
+                                think_when=lp.generation.schedule.at(think_steps), stop_at_eos=False)
     tokens, ents, attn, _ = hand_written_thinking_loop(hf, prompt, 10, think_steps, tid, fusion=mode == "fusion")
     assert trace.token_ids.tolist() == tokens
     assert trace.thinking.nonzero().flatten().tolist() == think_steps

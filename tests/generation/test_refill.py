@@ -150,8 +150,8 @@ def test_thinking_steps_equal_their_prompts_alone(thinker, engine, kind):
     """The schedule is asked per group of rows at one step, so rows at different steps think when
     they would alone; latent inputs come from each row's own final hidden state."""
     m, ps = thinker
-    kw = (dict(thinking=lp.generation.LatentFusion(alpha=0.6, top_p=0.9), think_when=lp.generation.thinking.schedule.every(3)) if kind == "latent"
-          else dict(thinking=lp.generation.Pause(), think_when=lp.generation.thinking.schedule.first(2)))
+    kw = (dict(thinking=lp.generation.LatentFusion(alpha=0.6, top_p=0.9), think_when=lp.generation.schedule.every(3)) if kind == "latent"
+          else dict(thinking=lp.generation.Pause(), think_when=lp.generation.schedule.first(2)))
     out = refill(m, ps, engine=engine, **kw)
     assert out.meta["engine"] == engine
     think = out.thinking_rows

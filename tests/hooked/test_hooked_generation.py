@@ -129,7 +129,7 @@ def test_latent_thinking_equals_a_hand_written_inputs_embeds_loop(thinker, hooke
     think_steps, n = [1, 2, 5], 8
     thinking = lp.generation.LatentFusion(alpha=0.6, top_p=0.9) if mode == "fusion" else lp.generation.Pause()
     trace = lp.trace_generation(model, p, max_new_tokens=n, thinking=thinking,
-                                think_when=lp.generation.thinking.schedule.at(think_steps), stop_at_eos=False)
+                                think_when=lp.generation.schedule.at(think_steps), stop_at_eos=False)
     tokens, ents, attn = thinking_loop_by_hand(hf, ids_of(p), n, think_steps, tid, fusion=mode == "fusion")
     assert trace.meta["engine"] == "hooked"
     assert trace.token_ids.tolist() == tokens
@@ -152,7 +152,7 @@ def test_compare_thinking_study_on_a_hooked_transformer(thinker, hooked_prompts)
     model, tid, hf = thinker
     p = hooked_prompts[0]
     traces = lp.studies.compare_thinking(lp.studies.with_thinking_token(model), [p], ["fusion", "none"], max_new_tokens=5,
-                                 think_when=lp.generation.thinking.schedule.at([1]), stop_at_eos=False)
+                                 think_when=lp.generation.schedule.at([1]), stop_at_eos=False)
     fusion, none = traces.values()
     tokens, ents, _ = thinking_loop_by_hand(hf, ids_of(p), 5, [1], tid, fusion=True)
     assert fusion.token_ids.tolist() == tokens and torch.allclose(fusion.entropy.double(), ents, atol=TOL)

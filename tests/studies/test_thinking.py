@@ -14,7 +14,7 @@ def test_generation_trace_figure_draws_the_summary(tiny):
     model = with_thinking_token(tiny)
     p = lp.build_prompt(model, "What is 2+3?")
     traces = compare_thinking(model, p, ["fusion", "pause"], max_new_tokens=10,
-                              think_when=lp.generation.thinking.schedule.every(3), n_samples=3, do_sample=True, seed=0,
+                              think_when=lp.generation.schedule.every(3), n_samples=3, do_sample=True, seed=0,
                               stop_at_eos=False)
     df = lp.generation.trace_summary(traces, band="ci95")
     fig = lp.viz.generation_trace_figure(df, title="t")

@@ -23,7 +23,7 @@ Example:
     >>> tid = lp.generation.add_thinking_token(model, "<thinking>")
     >>> trace = lp.trace_generation(model, prompt, max_new_tokens=64,
     ...                             thinking=lp.generation.LatentFusion(alpha=0.6, top_p=0.9),
-    ...                             think_when=lp.generation.thinking.schedule.every(8))
+    ...                             think_when=lp.generation.schedule.every(8))
 """
 
 from dataclasses import dataclass
@@ -117,7 +117,7 @@ class Pause:
 
     Example:
         >>> lp.trace_generation(model, p, max_new_tokens=64, thinking=lp.generation.Pause(),
-        ...                     think_when=lp.generation.thinking.schedule.every(8))
+        ...                     think_when=lp.generation.schedule.every(8))
     """
 
     token: str = THINKING_TOKEN

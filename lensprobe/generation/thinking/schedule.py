@@ -18,7 +18,7 @@ Built-in rules (combine them with ``|``):
 
 Example:
     >>> import lensprobe as lp
-    >>> rule = lp.generation.thinking.schedule.first(4) | lp.generation.thinking.schedule.every(16)
+    >>> rule = lp.generation.schedule.first(4) | lp.generation.schedule.every(16)
     >>> trace = lp.trace_generation(model, prompt, max_new_tokens=64,
     ...                             thinking=lp.generation.LatentFusion(alpha=0.6), think_when=rule)
 """
@@ -132,7 +132,7 @@ def emitted() -> Rule:
 
     Example:
         >>> lp.trace_generation(model, p, max_new_tokens=64, thinking=lp.generation.LatentFusion(),
-        ...                     think_when=lp.generation.thinking.schedule.emitted())
+        ...                     think_when=lp.generation.schedule.emitted())
     """
     return Emitted()
 
@@ -141,7 +141,7 @@ def first(k: int) -> Rule:
     """``k`` thinking steps right after the prompt: steps ``0 .. k-1``.
 
     Example:
-        >>> lp.generation.thinking.schedule.first(4)  # 4 latent steps, then ordinary decoding
+        >>> lp.generation.schedule.first(4)  # 4 latent steps, then ordinary decoding
     """
     if not isinstance(k, int) or k < 1:
         raise LensprobeError(f"schedule.first(k) needs an integer k >= 1, got {k!r}.")
@@ -158,7 +158,7 @@ def every(n: int, *, offset: int | None = None, until: int | None = None) -> Rul
         until: no thinking steps from this step on (default: none).
 
     Example:
-        >>> lp.generation.thinking.schedule.every(8)  # steps 7, 15, 23, ... are thinking steps
+        >>> lp.generation.schedule.every(8)  # steps 7, 15, 23, ... are thinking steps
     """
     if not isinstance(n, int) or n < 2:
         raise LensprobeError(f"schedule.every(n) needs an integer n >= 2, got {n!r}.")
@@ -172,7 +172,7 @@ def at(steps: Sequence[int]) -> Rule:
     """Thinking at exactly these steps (0-based).
 
     Example:
-        >>> lp.generation.thinking.schedule.at([0, 1, 10])
+        >>> lp.generation.schedule.at([0, 1, 10])
     """
     steps = tuple(steps)
     if not steps or not all(isinstance(s, int) and s >= 0 for s in steps):
@@ -184,7 +184,7 @@ def entropy_above(threshold: float) -> Rule:
     """Think when the model is unsure: next-token entropy above ``threshold`` nats.
 
     Example:
-        >>> lp.generation.thinking.schedule.entropy_above(2.5)
+        >>> lp.generation.schedule.entropy_above(2.5)
     """
     if not isinstance(threshold, (int, float)) or not 0 <= threshold < float("inf"):  # NaN would never fire
         raise LensprobeError(f"entropy threshold must be a finite number >= 0 (nats), got {threshold!r}.")
@@ -200,7 +200,7 @@ def check_rule(rule) -> None:
     """Raise a clear error unless ``rule`` is callable."""
     if not callable(rule):
         raise LensprobeError(
-            f"think_when must be a rule such as lp.generation.thinking.schedule.every(8) or a callable "
+            f"think_when must be a rule such as lp.generation.schedule.every(8) or a callable "
             f"state -> bool[batch], got {type(rule).__name__}."
         )
 
