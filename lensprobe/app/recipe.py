@@ -15,7 +15,7 @@ name or from a file path. Fields (every one checked when read)::
     table = "1"                         # the published table compared with (kind = "table"; absent: the
                                         #   paper publishes a figure only, so the shape is compared by eye)
     figure = "token-class-attention"    # the study drawn (kind = "figure")
-    protocol = "arm-math500"            # lp.evals.running.protocols.PROTOCOLS
+    protocol = "arm-math500"            # lp.evals.PROTOCOLS
     benchmarks = ["math500", "aime2024"]
     conditions = ["w/o", "w/ Mless"]    # built-in names, "ARM", or names defined below
     models = ["Qwen/Qwen2.5-Math-1.5B"] # the authors' models (the docs' GPU commands)
