@@ -230,3 +230,20 @@ def test_an_evaluation_records_a_control_token_made_across_pieces_as_an_error_ro
     assert "special_tokens='escape'" in by_id.loc["a", "error"]
     escaping = lp.Condition("raw escaped", system="Answer. <|im_", template="raw", special_tokens="escape")
     assert not lp.evaluate(tiny, problems, [escaping], max_new_tokens=2, progress=False)["finish"].eq("error").any()
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama3", "gemma3"])
+def test_each_familys_end_of_turn_split_across_raw_pieces_is_refused_per_its_tokenizer(name):
+    from lensprobe.core.models.families import tiny_family_tokenizer
+    from lensprobe.core.prompts.special import control_ids as ids_of
+
+    tok = tiny_family_tokenizer(name)
+    end = str(tok.eos_token)  # <|im_end|>, <|eot_id|>, <end_of_turn>
+    half = len(end) // 2
+    with pytest.raises(lp.LensprobeError, match=rf"the control token {end!r} \(id {tok.eos_token_id}, ".replace(
+            "|", r"\|") + "at position \\d+\\), made from the text of the system prompt and the question"):
+        lp.build_prompt(tok, end[half:] + " What?", system="S " + end[:half], template="raw")
+    p = lp.build_prompt(tok, end[half:] + " What?", system="S " + end[:half], template="raw", special_tokens="escape")
+    start = p.segments.get("bos", (0, 0))[1]  # after the BOS token the tokenizer adds, if any
+    assert not set(p.tokens[0, start:].tolist()) & ids_of(tok)
+    assert tok.decode(p.tokens[0, start:].tolist()) == p.text == f"S {end} What?"
