@@ -247,3 +247,14 @@ def test_each_familys_end_of_turn_split_across_raw_pieces_is_refused_per_its_tok
     start = p.segments.get("bos", (0, 0))[1]  # after the BOS token the tokenizer adds, if any
     assert not set(p.tokens[0, start:].tolist()) & ids_of(tok)
     assert tok.decode(p.tokens[0, start:].tolist()) == p.text == f"S {end} What?"
+
+
+def test_the_command_line_refuses_an_answer_holding_a_control_token_in_one_line(tmp_path, capsys):
+    from lensprobe.app.cli import main
+
+    argv = ["sweep", "--model", "tiny", "--question", "What is 2+3?", "--metric", "logprob", "--answer", f" 5{END}",
+            "--heads", "L0H0", "--out", str(tmp_path / "s"), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"the answer ' 5{END}' holds the control token '{END}' (id 2)" in err
+    assert not (tmp_path / "s").exists()
