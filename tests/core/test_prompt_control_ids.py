@@ -258,3 +258,18 @@ def test_the_command_line_refuses_an_answer_holding_a_control_token_in_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"the answer ' 5{END}' holds the control token '{END}' (id 2)" in err
     assert not (tmp_path / "s").exists()
+
+
+def test_resuming_a_row_written_before_its_prompt_was_refused_names_the_row(tiny, tmp_path, monkeypatch):
+    import lensprobe.core.prompts.assembly as assembly
+
+    problems = [lp.evals.Problem("a", "end|> What is 2+3?", "5")]
+    raw = lp.Condition("raw", system="Answer. <|im_", template="raw")
+    with monkeypatch.context() as before:  # the final ids unchecked, as when the row was written
+        before.setattr(assembly, "check_control_ids", lambda *a: None)
+        first = lp.evaluate(tiny, problems, [raw], max_new_tokens=2, progress=False, out=tmp_path / "run")
+    assert first["finish"].ne("error").all()
+    with pytest.raises(lp.LensprobeError, match=r"holds the row of condition 'raw', problem 'a', sample 0, whose "
+                                                r"prompt this run refuses \(the prompt's token ids hold the control "
+                                                r"token '<\|im_end\|>'.*\)\. Use a new output folder"):
+        lp.evaluate(tiny, problems, [raw], max_new_tokens=2, progress=False, out=tmp_path / "run")
