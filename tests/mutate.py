@@ -61,7 +61,7 @@ MODULES: dict[str, list[str]] = {
     "lensprobe/core/prompts/prompt.py": ["tests/core/test_prompts.py", "tests/core/test_prompts_raw.py",
                                          "tests/core/test_prompt_edges.py"],
     "lensprobe/core/prompts/assembly.py": ["tests/core/test_prompts.py", "tests/core/test_prompts_raw.py",
-                                           "tests/core/test_prompt_edges.py"],
+                                           "tests/core/test_prompt_edges.py", "tests/core/test_prompt_control_ids.py"],
 }
 PYTEST_ARGS = ["--jaxtyping-packages=", "-m", "not slow", "-p", "no:cacheprovider", "-q"]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from lensprobe.app.provenance import model_reasons, parameter_text
 from lensprobe.app.recipe import Recipe
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.errors import ContextLengthError, LensprobeError
 from lensprobe.core.lazy import pandas
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.prompts.conditions import PromptFormat, paper_conditions, resolve_conditions
@@ -107,21 +107,28 @@ def check_fits(model, bench: str, problems: list, conds: list, settings: dict) -
     (every row would be an error row, and the table could compare nothing), before anything runs.
 
     Raises:
-        LensprobeError: names the condition, its shortest prompt and the context.
+        LensprobeError: names the condition, its shortest prompt and the context; or, when no prompt of it
+            could be built for another reason (a control token in a problem's text), the first such refusal.
     """
     config = EvalConfig(**with_format_defaults(model, settings))
     n_ctx = int(model.cfg.n_ctx)
     for cond in conds:
-        build, shortest = cond.prompt_builder(model), None
+        build, shortest, refused = cond.prompt_builder(model), None, None
         for p in problems:
             try:
                 length = len(build(p.problem))
-            except LensprobeError:  # longer than the context on its own
+            except ContextLengthError:  # longer than the context on its own
+                continue
+            except LensprobeError as err:  # refused for what it holds (a control token): its own reason, no length
+                refused = refused or f"problem {p.id!r}: {err}"
                 continue
             shortest = length if shortest is None else min(shortest, length)
             if length + config.max_new_tokens <= n_ctx:
                 break
         else:
+            if shortest is None and refused is not None:
+                raise LensprobeError(f"{bench}: condition {cond.name!r} builds no prompt the model can run, so every "
+                                     f"row would fail; the first refused, {refused}")
             size = (f"its shortest prompt ({shortest} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds it"
                     if shortest is not None else "each of its prompts alone exceeds it")
             raise LensprobeError(f"{bench}: condition {cond.name!r} fits no problem in the model's context of {n_ctx} "

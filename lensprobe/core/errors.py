@@ -39,3 +39,9 @@ class SettingError(LensprobeError):
         super().__init__(reason.replace("{setting}", setting) if "{setting}" in reason else f"{setting}: {reason}")
         self.setting = setting
         self.reason = reason
+
+
+class ContextLengthError(LensprobeError):
+    """A prompt longer than the model's context: callers that pass over such prompts (a check that some
+    prompt of a condition fits) catch this one, so any other refusal (a control token in the text) keeps
+    its own message."""

@@ -110,7 +110,7 @@ def build_math500_section(model, *, quick: bool = False, progress: bool = False)
     def fits(problem) -> bool:
         try:
             return max(len(b(problem.problem)) for b in builders) + tokens <= n_ctx
-        except LensprobeError:  # longer than the context already
+        except LensprobeError:  # longer than the context already, or refused for what it holds
             return False
 
     problems = [p for p in load_math500(path, levels=1) if fits(p)][:n]

@@ -31,6 +31,7 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.forward import as_tokens
 from lensprobe.core.measures.measure import MEASURE_NAMES, Measure, resolve_measure
 from lensprobe.core.measures.metrics import entropy, nonfinite_rows
+from lensprobe.core.prompts.special import text_ids
 
 __all__ = ["METRIC_NAMES", "Continuation", "ContinuationEntropy", "ContinuationLogProb", "LogitDiff", "resolve_measures",
            "token_id"]
@@ -40,7 +41,8 @@ METRIC_NAMES = MEASURE_NAMES
 
 
 def token_id(model, token: int | str) -> int:
-    """The id of one token given as an id or as text that is exactly one token.
+    """The id of one token given as an id or as text that is exactly one token; text that is a control
+    token (``"<|im_end|>"``) is refused (:func:`~lensprobe.core.prompts.special.text_ids`): give its id.
 
     Example:
         >>> token_id(model, " 7")
@@ -52,7 +54,7 @@ def token_id(model, token: int | str) -> int:
             raise LensprobeError(f"token id {token} out of range: the vocabulary has {vocab} tokens (0-{vocab - 1}).")
         return token
     if isinstance(token, str):
-        ids = model.tokenizer.encode(token, add_special_tokens=False)
+        ids = text_ids(model.tokenizer, token, "the token")
         if len(ids) != 1:
             raise LensprobeError(
                 f"{token!r} is {len(ids)} tokens, not one: pass a string that is a single token (mind the "
@@ -129,7 +131,7 @@ class ContinuationEntropy(Continuation):
 
 def _ids(model, continuation) -> tuple[int, ...]:
     if isinstance(continuation, str):
-        return tuple(int(i) for i in model.tokenizer.encode(continuation, add_special_tokens=False))
+        return tuple(text_ids(model.tokenizer, continuation, "the continuation"))
     if isinstance(continuation, Tensor):
         continuation = continuation.flatten().tolist()
     ids = tuple(int(i) for i in continuation)
@@ -176,7 +178,8 @@ def resolve_measures(model, metric: Any, n: int, *, answers: str | Sequence[str]
 
     Raises:
         LensprobeError: an unknown metric, a missing ``answers``/``tokens``, an attention
-            metric with ``gradient``, or a list of the wrong length.
+            metric with ``gradient``, a list of the wrong length, or an answer, token or continuation
+            given as text that is or holds a control token.
 
     Example:
         >>> resolve_measures(model, "logit_diff", 2, tokens=(" 7", " 8"))
@@ -203,5 +206,9 @@ def resolve_measures(model, metric: Any, n: int, *, answers: str | Sequence[str]
             "estimate it: use 'entropy', 'logprob', 'logit_diff' or a callable of the logits, or measure it "
             "exactly with lp.ablation_sweep."
         )
-    return [resolve_measure(metric, answer=a) for a in _per_prompt(answers, n, "answers")]
+    given = _per_prompt(answers, n, "answers")
+    measures = [resolve_measure(metric, answer=a) for a in given]
+    for text in dict.fromkeys(a for a in given if isinstance(a, str) and a):
+        text_ids(model.tokenizer, text, "the answer")  # a control token is refused before any forward
+    return measures
 

@@ -35,6 +35,7 @@ from lensprobe.core.hooks.attach import AttentionRecorder, check_positions, inte
 from lensprobe.core.hooks.forward import as_tokens
 from lensprobe.core.measures.metrics import attention_proportion, entropy, nonfinite_rows
 from lensprobe.core.models.loading import check_layers
+from lensprobe.core.prompts.special import text_ids
 
 
 @runtime_checkable
@@ -81,14 +82,15 @@ class NextTokenEntropy:
 
 @dataclass(frozen=True)
 class AnswerLogProb:
-    """Summed log-probability of ``answer``'s tokens, fed after the prompt (teacher forcing)."""
+    """Summed log-probability of ``answer``'s tokens, fed after the prompt (teacher forcing). An answer
+    that is or holds a control token's text is refused (:func:`~lensprobe.core.prompts.special.text_ids`)."""
     answer: str
     name: str = "answer log-prob"
 
     def _answer_ids(self, model) -> list[int]:
         if not isinstance(self.answer, str) or not self.answer:
             raise LensprobeError("the answer log-prob measure needs a non-empty answer string.")
-        ids = model.tokenizer.encode(self.answer, add_special_tokens=False)
+        ids = text_ids(model.tokenizer, self.answer, "the answer")
         if not ids:
             raise LensprobeError(f"answer {self.answer!r} tokenizes to nothing.")
         return ids

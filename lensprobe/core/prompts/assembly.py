@@ -12,11 +12,11 @@ from typing import Any, Literal
 
 import torch
 
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.errors import ContextLengthError, LensprobeError
 from lensprobe.core.models.facts import ModelFacts
-from lensprobe.core.prompts.special import encode_options
+from lensprobe.core.prompts.special import check_control_ids, encode_options
 
-__all__ = ["FILLER_SEP", "PLACEMENTS", "Pieces", "Placement", "chat_pieces", "chat_scaffold", "check_context",
+__all__ = ["FILLER_SEP", "PLACEMENTS", "SCAFFOLD", "Pieces", "Placement", "chat_pieces", "chat_scaffold", "check_context",
            "content_pieces", "model_context", "piece_start", "plain_pieces", "raw_pieces", "tokenize_pieces", "tokenize_raw"]
 
 Placement = Literal["between", "before_system", "after_question"]
@@ -24,6 +24,8 @@ PLACEMENTS = ("between", "before_system", "after_question")
 FILLER_SEP = "\n"
 Pieces = list[tuple[str, str]]
 """Named pieces of prompt text, in order: ``[(segment name, text), ...]``."""
+SCAFFOLD = frozenset({"bos", "system_prefix", "user_prefix", "assistant_prefix"})
+"""The pieces a template places itself: their control tokens are the template's, never refused."""
 
 
 _SENTINELS = ("\x00LP_SYSTEM\x00", "\x00LP_USER\x00")
@@ -103,11 +105,17 @@ def tokenize_raw(tokenizer, pieces: Pieces, model, add_special_tokens: bool = Tr
                     **encode_options(special_tokens, "question"))  # all of it is the user's text
     ids = list(enc["input_ids"])
     offsets = [tuple(o) for o in enc["offset_mapping"]]
-    check_context(len(ids), model)
     bounds, start = [], 0  # (name, first char, end char) per piece
     for name, piece in pieces:
         bounds.append((name, start, start + len(piece)))
         start += len(piece)
+
+    def source(pos: int):  # the pieces a token's characters came from; None: a token the tokenizer added
+        a, b = offsets[pos]
+        return None if a == b else (tuple(n for n, s, e in bounds if s < b and a < e and s < e), text[a:b])
+
+    check_control_ids(tokenizer, ids, source, special_tokens)  # before the length: the first thing wrong
+    check_context(len(ids), model)
     owner: list[str] = []
     straddling: list[int] = []
     for pos, (a, b) in enumerate(offsets):
@@ -152,7 +160,7 @@ def model_context(model) -> int | None:
 def check_context(n_tokens: int, model) -> None:
     n_ctx = model_context(model)
     if n_ctx is not None and n_tokens > n_ctx:
-        raise LensprobeError(
+        raise ContextLengthError(
             f"prompt is {n_tokens} tokens but the model's context is {n_ctx}: shorten the "
             "question or use a smaller filler count."
         )
@@ -205,10 +213,13 @@ def tokenize_pieces(tokenizer, pieces: list[tuple[str, str]], model, special_tok
     fields, one segment per piece."""
     ids: list[int] = []
     segments: dict[str, tuple[int, int]] = {}
+    sources: list = []  # per token: None for the template's scaffolding, else (its piece's name, the piece's text)
     for name, text in pieces:
         piece_ids = tokenizer.encode(text, add_special_tokens=False, **encode_options(special_tokens, name))
         segments[name] = (len(ids), len(ids) + len(piece_ids))
         ids.extend(piece_ids)
+        sources += [None if name in SCAFFOLD else ((name,), text)] * len(piece_ids)
+    check_control_ids(tokenizer, ids, sources.__getitem__, special_tokens)  # before the length: the first thing wrong
     check_context(len(ids), model)
     str_tokens = [tokenizer.decode([i]) for i in ids]
     return dict(

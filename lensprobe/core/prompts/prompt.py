@@ -29,7 +29,7 @@ from typing import Any, Literal
 from jaxtyping import Int
 from torch import Tensor
 
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.errors import ContextLengthError, LensprobeError
 from lensprobe.core.prompts.assembly import (
     PLACEMENTS,
     Placement,
@@ -176,7 +176,10 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
             models that add none, such as SmolLM2 and Qwen2.5).
         special_tokens: what a special token's text in the question, system prompt or filler (such as
             ``<|im_end|>``) does: ``"refuse"`` (an error naming it and the field), ``"escape"`` (read as
-            plain characters) or ``"allow"`` (it becomes the control token). See :mod:`lensprobe.core.prompts.special`.
+            plain characters) or ``"allow"`` (it becomes the control token). The rule holds on the final token
+            ids: a control token id the template did not place itself is refused (under ``"escape"``, checked
+            absent) also when its text is split across pieces that ``"raw"`` joins (``<|im_`` ending the
+            system prompt, ``end|>`` opening the question, a joiner). See :mod:`lensprobe.core.prompts.special`.
 
     In ``"chat"`` and ``"plain"`` each piece is tokenized on its own, so every segment decodes
     to exactly its text; where the tokenizer would merge characters across a boundary, the
@@ -193,7 +196,9 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
     Raises:
         LensprobeError: an empty question, an unknown template or placement, a joiner
             outside the raw template, a slow tokenizer in raw form, a special token's text in user
-            text (unless ``special_tokens`` says otherwise), or a prompt longer than the model's context.
+            text or a control token id it makes in the final ids (unless ``special_tokens`` says otherwise), or
+            a prompt longer than the model's context (a :class:`~lensprobe.core.errors.ContextLengthError`,
+            checked after the control tokens).
 
     Example:
         >>> p = build_prompt(model, "What is 12+7?", system=MATH_SYSTEM_PROMPT,
@@ -231,12 +236,13 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
         raise LensprobeError(
             f"filler must be a lensprobe Filler (e.g. Filler.meaningless()), got {type(filler).__name__}."
         )
+    check_special_tokens(tokenizer, {"system": system, "question": question}, special_tokens)  # before any length
     n_ctx = model_context(model)
     if filler is not None and filler.kind == "random_sentence" and n_ctx is not None and filler.n_tokens > n_ctx:
-        raise LensprobeError(f"a random sentence of {filler.n_tokens} tokens is longer than the model's context of "
-                             f"{n_ctx}: use a smaller filler count.")  # before drawing it
+        raise ContextLengthError(f"a random sentence of {filler.n_tokens} tokens is longer than the model's context "
+                                 f"of {n_ctx}: use a smaller filler count.")  # before drawing it
     fill = filler.resolve(tokenizer) if filler is not None else None
-    check_special_tokens(tokenizer, {"system": system, "filler": fill, "question": question}, special_tokens)
+    check_special_tokens(tokenizer, {"filler": fill}, special_tokens)
     if template == "raw":
         return Prompt(**tokenize_raw(tokenizer, raw_pieces(system, fill, question, placement, joiner), model,
                              add_special_tokens, special_tokens))

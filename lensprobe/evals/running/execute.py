@@ -123,7 +123,13 @@ def check_done_prompts(model, conds: list[Condition], done: dict, problems: list
     for (cname, pid, sample), row in done.items():
         if cname not in builders or pid not in texts:
             continue
-        recorded, prompt = row.get("prompt_ids"), builders[cname](texts[pid])
+        try:
+            prompt = builders[cname](texts[pid])
+        except LensprobeError as err:  # e.g. a control token its text makes, refused since the row was written
+            raise LensprobeError(
+                f"{out} holds the row of condition {cname!r}, problem {pid!r}, sample {sample}, whose prompt this run "
+                f"refuses ({err}). Use a new output folder, or delete that row's line.") from None
+        recorded = row.get("prompt_ids")
         if recorded != prompt_ids_digest(prompt):
             raise LensprobeError(
                 f"{out} holds the row of condition {cname!r}, problem {pid!r}, sample {sample} with prompt token ids "
