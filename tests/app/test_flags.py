@@ -211,3 +211,23 @@ def test_commands_read_their_settings_from_the_objects():
     eval_args = PARSER.parse_args(["eval", "--system", "S"])
     assert eval_args.SystemOptions.system == "S"  # the same class as every other command's
     assert dataclasses.is_dataclass(eval_args.SystemOptions)
+
+
+def test_a_flag_is_negated_by_one_no_and_the_negation_parses(capsys):
+    """Bool options read ``--no-system`` (never ``--nono-system``) and ``--sample`` / ``--no-sample``, in the help
+    and in the parser."""
+    for command, sub in COMMANDS.items():
+        strings = {s for a in sub._actions for s in a.option_strings}
+        doubled = sorted(s for s in strings if s.startswith(("--nono", "--no-no")))
+        assert doubled == [], f"{command}: {doubled}"
+        with pytest.raises(SystemExit):
+            PARSER.parse_args([command, "--help"])
+        shown = capsys.readouterr().out
+        assert "--nono" not in shown and "--no-no-" not in shown, command
+    assert "--no-system" in COMMANDS["mechanism"].format_help()
+    args = PARSER.parse_args(["mechanism", "--question", "x", "--no-system"])
+    assert args.SystemOptions.no_system is True
+    assert PARSER.parse_args(["mechanism", "--question", "x"]).SystemOptions.no_system is False
+    assert PARSER.parse_args(["trace", "--question", "x", "--sample", "--no-sample"]).config.do_sample is False
+    assert PARSER.parse_args(["trace", "--question", "x", "--sample"]).config.do_sample is True
+    assert "--nosample" not in {s for a in COMMANDS["trace"]._actions for s in a.option_strings}
