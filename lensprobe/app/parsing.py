@@ -174,18 +174,22 @@ def setting_message(err: Exception, options: Sequence[str] = ()) -> str:
     text = str(err)
     setting = getattr(err, "setting", None)
     if setting is not None:
-        flag = flag_of(setting)
-        prefixed = [o for o in options if o.endswith("-" + flag[2:]) and o.startswith("--")]
-        if flag not in options and len(prefixed) == 1:  # a field of a configuration added with a prefix
-            flag = prefixed[0]
+        flag = _option(flag_of(setting), options)
         reason = getattr(err, "reason", text)
         if "{setting}" in reason:  # "{setting} takes BENCHMARK=FILE" -> "--benchmark-data takes BENCHMARK=FILE"
             return reason.replace("{setting}", flag)
         return f"argument {flag}: {reason}"
     first = re.match(r"(?:filler )?([a-z][a-z0-9]*(?:_[a-z0-9]+)*) (must|is|should)\b", text)
-    if first:  # "max_new_tokens must be ..." -> "--max-new-tokens must be ..."
-        return flag_of(first.group(1)) + text[first.end(1):]
+    if first:  # "max_new_tokens must be ..." -> "--max-new-tokens must be ..."; ARM's "c must be" -> "--arm-c must be"
+        return _option(flag_of(first.group(1)), options) + text[first.end(1):]
     return text
+
+
+def _option(flag: str, options: Sequence[str]) -> str:
+    """``flag``, or the one option of ``options`` that is ``flag`` with a prefix (a field of a configuration added
+    with one: ``--c`` is ``--arm-c``)."""
+    prefixed = [o for o in options if o.endswith("-" + flag[2:]) and o.startswith("--")]
+    return prefixed[0] if flag not in options and len(prefixed) == 1 else flag
 
 
 RENAMED: dict[tuple[str, str], str] = {
