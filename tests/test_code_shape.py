@@ -77,7 +77,7 @@ def test_modules_are_at_most_450_lines():
 # Folders whose modules were split by concern keep room under the cap: a module is split when it needs
 # to, not trimmed to fit it (the cap is never raised). Add a folder once its modules leave this room.
 HEADROOM = 30
-ROOMY_FOLDERS = ("generation",)
+ROOMY_FOLDERS = ("generation", "experiments", "evals")
 
 
 def test_split_folders_keep_room_under_the_module_cap():

@@ -19,8 +19,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_version_is_the_projects():
-    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == lp.__version__
+    """One version, set in ``lensprobe/core/version.py``: the package's metadata is built from it."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    from lensprobe.core import version
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "lensprobe.core.version.__version__"}
+    assert lp.__version__ is version.__version__ == "0.5.0"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", lp.__version__)
+    assert re.search(r"^## 0\.5\.0\b", (ROOT / "docs" / "changelog.md").read_text(encoding="utf-8"), re.M)
 
 
 def test_every_public_name_exists():

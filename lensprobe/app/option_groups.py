@@ -3,15 +3,17 @@ read by simple-parsing (:mod:`lensprobe.app.parsing`): the model (:class:`ModelO
 (:class:`SystemOptions`, :class:`QuestionOptions`, :class:`AnswerOptions`, :class:`FillerOptions`,
 :class:`ComparedFillerOptions`, :class:`ReferenceOptions`, :class:`Math500Options`), what an evaluation runs
 (:class:`ProblemOptions`, :class:`ConditionOptions`, :class:`EvalRunOptions`, :class:`GraderOptions`), the recipe
-(:class:`RecipeOptions`), the demo (:class:`DemoOptions`), a report (:class:`ReportOptions`) and the output
+(:class:`RecipeOptions`), how many problems (:class:`LimitOptions`), a smoke run (:class:`QuickOptions`), the
+filler's length (:class:`FillerCountOptions`), how long and wide ``reproduce`` generates (:class:`RunSizeOptions`),
+a report (:class:`ReportOptions`) and the output
 (:class:`OutputOptions`). The library's settings are its configuration classes (``EvalSettings``,
 ``TraceConfig``, ``AttributionConfig``, ...) and the settings several commands share (``HeadSelection``,
 ``AblationSettings``, ``MetricSettings``, ...), added by each command beside these.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from lensprobe.app.checks import (
     benchmark_arg,
@@ -23,14 +25,29 @@ from lensprobe.app.checks import (
     str_list,
     text,
 )
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.errors import LensprobeError, SettingError
+from lensprobe.core.fielddocs import field_docs
+from lensprobe.core.given import given_settings
 from lensprobe.evals.results.verdicts import VERDICT_COLUMNS
+from lensprobe.evals.running.config import EvalConfig
+from lensprobe.generation.config import GenerationConfig
+from lensprobe.studies.filler import MAX_COUNT, FillerSetup
 
 QUICK_HELP = "tiny inputs: a fast smoke run (reproduce: figure recipes)"
 LIMIT_HELP = "at most this many problems (reproduce: per benchmark)"
-"""The help of a flag several option classes declare, written once."""
+FILLER_COUNT_HELP = field_docs(FillerSetup)["count"]
+"""The help of a flag, written once: each is one field of one option class."""
 
-__all__ = ["LIMIT_HELP", "QUICK_HELP", "AnswerOptions", "ComparedFillerOptions", "ConditionOptions", "DemoOptions", "EvalRunOptions", "FillerOptions", "GraderOptions",
+RunSizeSettings: Any = given_settings(
+    EvalConfig, "RunSizeSettings",
+    exclude=[f.name for f in fields(EvalConfig) if f.name not in ("max_new_tokens", "batch_size")],
+    docs={"max_new_tokens": field_docs(GenerationConfig)["max_new_tokens"]})
+"""``--max-new-tokens`` and ``--batch-size`` as :data:`~lensprobe.evals.running.settings.EvalSettings` declares
+them (the fields of :class:`~lensprobe.evals.running.config.EvalConfig`), each ``None`` when not given."""
+
+__all__ = ["FILLER_COUNT_HELP", "LIMIT_HELP", "QUICK_HELP", "AnswerOptions", "ComparedFillerOptions", "ConditionOptions",
+           "EvalRunOptions", "FillerCountOptions", "FillerOptions", "GraderOptions", "LimitOptions", "QuickOptions",
+           "RunSizeOptions", "RunSizeSettings",
            "Math500Options", "ModelOptions", "OutputOptions", "ProblemOptions", "QuestionOptions",
            "RecipeOptions", "ReferenceOptions", "ReportOptions", "SystemOptions"]
 
@@ -160,7 +177,6 @@ class ProblemOptions:
     """keep these subjects, e.g. Algebra,Geometry"""
     levels: list[int] | None = field(default=None, metadata={"custom_args": {"type": int_list, "nargs": None}})
     """keep these levels, e.g. 1,2"""
-    limit: int | None = field(default=None, metadata={"custom_args": {"type": positive_int}, "help": LIMIT_HELP})
     shuffle_seed: int | None = None
     """the problem set's own seed: MATH-500 is shuffled with it before --limit; the arithmetic set is drawn from it
     (default 0). --seed is the generation's seed only"""
@@ -209,10 +225,41 @@ class RecipeOptions:
 
 
 @dataclass(frozen=True)
-class DemoOptions:
-    """What the demo runs."""
+class LimitOptions:
+    """How many problems a command runs (``eval``, ``reproduce``)."""
 
-    quick: bool = field(default=False, metadata={"help": QUICK_HELP})
+    limit: int | None = field(default=None, metadata={"custom_args": {"type": positive_int}, "help": LIMIT_HELP})
+
+
+@dataclass(frozen=True)
+class QuickOptions:
+    """A smoke run (``demo``, ``reproduce``)."""
+
+    quick: bool | None = field(default=None, metadata={"custom_args": {"const": True}, "help": QUICK_HELP})
+    """``None``: not given (``reproduce``: the recipe's)."""
+
+
+@dataclass(frozen=True)
+class FillerCountOptions:
+    """The filler's length (``attention``, ``mechanism``)."""
+
+    filler_count: int = field(default=55, metadata={"help": FILLER_COUNT_HELP})
+
+    def __post_init__(self) -> None:
+        count = self.filler_count
+        if not isinstance(count, int) or isinstance(count, bool) or not 0 < count <= MAX_COUNT:
+            raise SettingError("filler_count", f"expected a whole number from 1 to {MAX_COUNT:,}, got {count!r}")
+
+
+@dataclass(frozen=True)
+class RunSizeOptions(RunSizeSettings):
+    """How long and how wide ``reproduce`` generates: :class:`~lensprobe.evals.running.config.EvalConfig`'s
+    ``max_new_tokens`` and ``batch_size``, as ``eval`` takes them (``None``: not given, the recipe's)."""
+
+    def __post_init__(self) -> None:
+        for name, value in self.given().items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SettingError(name, f"expected a whole number >= 1, got {value!r}")
 
 
 @dataclass(frozen=True)

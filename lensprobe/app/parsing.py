@@ -32,11 +32,12 @@ from typing import Any
 
 import simple_parsing
 from simple_parsing import ConflictResolution, DashVariant
-from simple_parsing.wrappers import DataclassWrapper
+from simple_parsing.helpers.custom_actions import BooleanOptionalAction
+from simple_parsing.wrappers import DataclassWrapper, FieldWrapper
 
 from lensprobe.core.fielddocs import field_docs
 
-__all__ = ["PARSER_SETTINGS", "RENAMED", "ConfigHelpFormatter", "ConfigParser", "add_config", "first_sentence", "flag_of", "new_parser", "plain",
+__all__ = ["PARSER_SETTINGS", "RENAMED", "ConfigHelpFormatter", "ConfigParser", "Flag", "add_config", "first_sentence", "flag_of", "new_parser", "plain",
            "renamed_flags", "setting_message"]
 
 
@@ -64,8 +65,43 @@ class ConfigHelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{name} [{name} ...]" if action.nargs == "+" else name
 
 
+NEGATION = "--no-"
+"""What a flag's negation starts with: ``--sample`` / ``--no-sample``."""
+
+
+class Flag(BooleanOptionalAction):
+    """A bool field's option and its negation, ``--no-`` in front (``--sample`` / ``--no-sample``; simple-parsing
+    writes ``--nosample``). A field named ``no_<x>`` is a negation already (``--no-system``): it gets no second
+    one (never ``--no-no-system``); ``--no-system false`` sets it back.
+
+    Example:
+        >>> parser.parse_args(["--no-sample"]).config.do_sample
+        False
+    """
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **{**kwargs, "negative_prefix": NEGATION})
+        doubled = [s for s in self.negative_option_strings if s.startswith(NEGATION + NEGATION.lstrip("-"))]
+        self.option_strings = [s for s in self.option_strings if s not in doubled]
+        self.negative_option_strings = [s for s in self.negative_option_strings if s not in doubled]
+
+
+class _Field(FieldWrapper):
+    """A field's option, a bool field's made with :class:`Flag`."""
+
+    def get_arg_options(self) -> dict[str, Any]:
+        options = super().get_arg_options()
+        if options.get("action") is BooleanOptionalAction:
+            options["action"] = Flag
+        return options
+
+
 class _Group(DataclassWrapper):
-    """A dataclass's options under the first line of its docstring (not ``ClassName ['dest']``)."""
+    """A dataclass's options under the first line of its docstring (not ``ClassName ['dest']``), its fields'
+    made by :class:`_Field`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"field_wrapper_class": _Field, **kwargs})
 
     @property
     def title(self) -> str:
@@ -138,18 +174,22 @@ def setting_message(err: Exception, options: Sequence[str] = ()) -> str:
     text = str(err)
     setting = getattr(err, "setting", None)
     if setting is not None:
-        flag = flag_of(setting)
-        prefixed = [o for o in options if o.endswith("-" + flag[2:]) and o.startswith("--")]
-        if flag not in options and len(prefixed) == 1:  # a field of a configuration added with a prefix
-            flag = prefixed[0]
+        flag = _option(flag_of(setting), options)
         reason = getattr(err, "reason", text)
         if "{setting}" in reason:  # "{setting} takes BENCHMARK=FILE" -> "--benchmark-data takes BENCHMARK=FILE"
             return reason.replace("{setting}", flag)
         return f"argument {flag}: {reason}"
     first = re.match(r"(?:filler )?([a-z][a-z0-9]*(?:_[a-z0-9]+)*) (must|is|should)\b", text)
-    if first:  # "max_new_tokens must be ..." -> "--max-new-tokens must be ..."
-        return flag_of(first.group(1)) + text[first.end(1):]
+    if first:  # "max_new_tokens must be ..." -> "--max-new-tokens must be ..."; ARM's "c must be" -> "--arm-c must be"
+        return _option(flag_of(first.group(1)), options) + text[first.end(1):]
     return text
+
+
+def _option(flag: str, options: Sequence[str]) -> str:
+    """``flag``, or the one option of ``options`` that is ``flag`` with a prefix (a field of a configuration added
+    with one: ``--c`` is ``--arm-c``)."""
+    prefixed = [o for o in options if o.endswith("-" + flag[2:]) and o.startswith("--")]
+    return prefixed[0] if flag not in options and len(prefixed) == 1 else flag
 
 
 RENAMED: dict[tuple[str, str], str] = {

@@ -70,19 +70,28 @@ def applied(generation: dict) -> EvalConfig:
     return EvalConfig(**{k: v for k, v in generation.items() if not k.startswith(".")})
 
 
-def arm_facts(part: dict, model_name: str, benchmark: str) -> dict | None:
+def arm_facts(part: dict, model, benchmark: str) -> dict | None:
     """The ARM a condition ran with, every setting as its folder records it (``part``: the condition's entry
     of ``config.json``, whose labels list each intervention's fields), where they come from (the preset's
     source, ``"code"`` or ``"paper"``, with the file or table of each value; or ``"given"``), and the authors'
-    preset for ``model_name`` on ``benchmark`` from that source (``None`` when there is none). ``None`` for a
-    condition without ARM."""
+    preset for ``model`` on ``benchmark`` from that source (``None`` when there is none). ``None`` for a
+    condition without ARM.
+
+    ``model`` is the loaded model (or its :class:`~lensprobe.core.models.facts.ModelFacts`): its preset is the one
+    the run took, found by its configuration
+    (:func:`~lensprobe.interventions.arm_presets.model_key`: :data:`~lensprobe.interventions.arm_presets.PRESET_ARCHITECTURES`
+    first, its own name only when no configuration matches), never by the name the rows are recorded under.
+
+    Example:
+        >>> arm_facts(lp.evals.read_config("repro/t1/runs/math500")["parts"]["w/ Mless+ARM"], model, "math500")
+    """
     found = [i for i in (part.get("labels") or {}).get("interventions") or [] if i.get("type") == "ARM"]
     if not found:
         return None
     ran = {k: v for k, v in found[0].items() if k not in _NOT_SETTINGS}
     source = found[0].get("source")
     try:
-        preset = arm_preset(model_name, benchmark, "paper" if str(source).startswith("paper") else "code",
+        preset = arm_preset(model, benchmark, "paper" if str(source).startswith("paper") else "code",
                             layer_defaults="layer defaults" in str(source))
         expected: dict | None = _arm_fields(preset.settings)
         origins = "; ".join(sorted(set(preset.sources.values())))

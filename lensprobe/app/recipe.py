@@ -48,17 +48,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from lensprobe.app.checks import positive_int
-from lensprobe.app.option_groups import LIMIT_HELP, QUICK_HELP
 from lensprobe.core.errors import LensprobeError, SettingError
-from lensprobe.core.fielddocs import field_docs
 from lensprobe.core.given import Given
 from lensprobe.core.prompts.assembly import PLACEMENTS
 from lensprobe.core.prompts.conditions import paper_conditions
 from lensprobe.core.storage.files import read_text
-from lensprobe.evals.running.config import EvalConfig
 from lensprobe.evals.running.protocols import PROTOCOLS
-from lensprobe.generation.config import GenerationConfig
 from lensprobe.interventions.arm_presets import benchmark_key
 
 if sys.version_info >= (3, 11):
@@ -86,14 +81,15 @@ class ReproduceConfig(Given):
         {'limit': 5, 'quick': True}
     """
 
-    limit: int | None = field(default=None, metadata={"custom_args": {"type": positive_int}, "help": LIMIT_HELP})
-    max_new_tokens: int | None = field(default=None, metadata={"help": field_docs(GenerationConfig)["max_new_tokens"]})
-    batch_size: int | None = field(default=None, metadata={"help": field_docs(EvalConfig)["batch_size"]})
+    # the command line gives these four through the option classes several commands share (app/option_groups.py)
+    limit: int | None = field(default=None, metadata={"cmd": False})
+    max_new_tokens: int | None = field(default=None, metadata={"cmd": False})
+    batch_size: int | None = field(default=None, metadata={"cmd": False})
     runs: int | None = None
     """seeded runs, seeds 0 to N-1, reported as their mean and standard deviation (default: the runs the paper
     averages, the recipe's runs, 5 for Table 1); a cell that cannot vary with the seed (a greedy generation
     config, no random intervention) runs once"""
-    quick: bool | None = field(default=None, metadata={"custom_args": {"const": True}, "help": QUICK_HELP})
+    quick: bool | None = field(default=None, metadata={"cmd": False})
     benchmark_data: list[str] | None = field(default=None, metadata={
         "custom_args": {"action": "append", "metavar": "BENCHMARK=FILE", "nargs": None}})
     """problem file of a benchmark lensprobe does not ship, e.g. aime2024=aime_2022_2024.jsonl (repeatable; an

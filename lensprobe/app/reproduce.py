@@ -303,7 +303,7 @@ def _cell(run: _Run, bench: str, source: str, name: str, seeded: list, numbers: 
     seeds = [s for s, rows, _ in seeded if (rows["condition"] == source).any()]
     config = seeded[0][2]
     facts = run_facts(run.model, config, name=run.name)
-    arm = arm_facts(config["parts"].get(source, {}), run.name, bench)
+    arm = arm_facts(config["parts"].get(source, {}), run.model, bench)  # the preset that ran
     cell = {"problems": n_problems, "of": BENCHMARK_TOTALS.get(bench), "runs": len(seeds), "seeds": seeds,
             "errors": numbers.pop("errors"), "arm": arm}
     comparable, reasons = verdict(facts, cell, run.model, paper_runs=run.recipe.runs, random=varies,

@@ -26,7 +26,10 @@ __all__ = ["Given", "given_settings", "seconds_from_env"]
 
 
 class Given:
-    """The base of the classes :func:`given_settings` makes."""
+    """The base of the classes :func:`given_settings` makes; ``settings_of`` is the configuration class whose
+    fields a made class takes (where each of its settings is declared)."""
+
+    settings_of: Any = None
 
     def given(self) -> dict[str, Any]:
         """``field -> value`` of the fields that were given (not ``None``).
@@ -78,7 +81,7 @@ def given_settings(cls: type, name: str, *, exclude: Sequence[str] = (), extra: 
         specs.append((prefix + f.name, Optional[hints[f.name]],  # noqa: UP045
                       dataclasses.field(default=None, metadata=meta)))
     made = dataclasses.make_dataclass(name, [*specs, *extra], bases=(base,), frozen=True,
-                                      namespace={"prefix": prefix})
+                                      namespace={"prefix": prefix, "settings_of": cls})
     made.__doc__ = f"{cls.__name__}'s settings as given (one not given is None: it comes from elsewhere)."
     return made
 

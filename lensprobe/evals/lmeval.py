@@ -31,11 +31,16 @@ lm-eval's own command line with it registered. lensprobe also declares an ``lm_e
 point for lm-eval releases that discover installed model plugins; none was released when this was
 written (0.4.13 is the newest), so a plain ``lm_eval --model lensprobe`` is untested.
 
+**Beside it.** :mod:`lensprobe.evals.lmeval_scores` scores the ``loglikelihood`` requests
+(:func:`~lensprobe.evals.lmeval_scores.continuation_scores`); :mod:`lensprobe.evals.lmeval_condition` turns the
+adapter's arguments into its condition, filler and batch size.
+
 Example:
     >>> lm = LensprobeLM(model, condition="w/ Mless", ablate="L0H1", batch_size=8)
     >>> lm_eval.simple_evaluate(model=lm, tasks=["arc_easy"], limit=20)
     >>> lm_eval_accuracy(model, ["arc_easy"], "w/o,w/ Mless", limit=20)   # one row per task x condition
 """
+
 
 import importlib
 import json
@@ -44,24 +49,28 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks.attach import intervene
 from lensprobe.core.lazy import pandas
 from lensprobe.core.models.facts import ModelFacts, model_facts
 from lensprobe.core.models.kinds import require_bridge
 from lensprobe.core.models.loading import load_model
-from lensprobe.core.prompts.conditions import Condition, arm_base, resolve_conditions, with_arm
-from lensprobe.core.prompts.fillers import Filler
-from lensprobe.core.storage.identity import IdentityError, identity
+from lensprobe.evals.lmeval_condition import (
+    arm_of,
+    batch_size_of,
+    condition_of,
+    cut_at,
+    described,
+    filler_text,
+)
+from lensprobe.evals.lmeval_scores import continuation_scores
 from lensprobe.generation.loop import generate
-from lensprobe.interventions import ARM, ablate_heads
+from lensprobe.interventions import ablate_heads
 
-__all__ = ["MODEL_NAME", "LensprobeLM", "continuation_scores", "lm_eval_accuracy", "main"]
+__all__ = ["MODEL_NAME", "LensprobeLM", "lm_eval_accuracy", "main"]
 
 MODEL_NAME = "lensprobe"
 """The name lm-eval knows the adapter by (``--model lensprobe``)."""
@@ -119,16 +128,16 @@ class LensprobeLM(TemplateLM):
         self.model = model
         self.facts = facts if facts is not None else model_facts(model)
         self.tokenizer = self.facts.tokenizer
-        self.batch_size = _batch_size(batch_size)
+        self.batch_size = batch_size_of(batch_size)
         self.add_bos_token = bool(add_bos_token)
-        made = _arm(self.facts, arm, arm_benchmark, arm_source, c=c, percentile=percentile, seed=seed)
-        cond = _condition(condition, made)
+        made = arm_of(self.facts, arm, arm_benchmark, arm_source, c=c, percentile=percentile, seed=seed)
+        cond = condition_of(condition, made)
         if ablate is not None:
             heads = ablate.split() if isinstance(ablate, str) else ablate
             cond = replace(cond, name=f"{cond.name}, {' '.join(map(str, heads))} ablated",
                            interventions=cond.interventions + (ablate_heads(heads),))
         self.condition = cond
-        self.filler = _filler_text(cond, self.tokenizer)
+        self.filler = filler_text(cond, self.tokenizer)
 
     # ----- what TemplateLM asks of a model
     @property
@@ -217,27 +226,18 @@ class LensprobeLM(TemplateLM):
         trace = generate(self.model, prompts, max_new_tokens=max(caps), caps=caps, batch_size=self.batch_size,
                          interventions=self.condition.interventions, facts=self.facts, **kwargs)
         texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in trace.generated_ids]
-        return [_cut(text, until) for text in texts]
+        return [cut_at(text, until) for text in texts]
 
     def get_model_info(self) -> dict:
         """What lm-eval writes in its results' ``config``: the model and the condition that ran."""
         cfg = self.model.cfg
         return {"model_name": str(getattr(cfg, "model_name", "")), "condition": self.condition.name,
-                "filler": self.filler, "interventions": [_described(i) for i in self.condition.interventions],
+                "filler": self.filler, "interventions": [described(i) for i in self.condition.interventions],
                 "dtype": str(getattr(cfg, "dtype", "")), "add_bos_token": self.add_bos_token}
 
 
 if __name__ != "__main__":  # run as a script, the module registers itself on import below
     register_model(MODEL_NAME)(LensprobeLM)
-
-
-def _described(intervention: Any) -> Any:
-    """An intervention by content (its settings, tensors by digest) for lm-eval's results; never its ``repr``,
-    which summarises tensors and hides closures. One that cannot be described is named by its type."""
-    try:
-        return identity(intervention)
-    except IdentityError:
-        return {".type": type(intervention).__qualname__, ".identity": "not describable by content"}
 
 
 class _Request:
@@ -247,123 +247,6 @@ class _Request:
     def __init__(self, args: tuple) -> None:
         self.args = args
 
-
-def continuation_scores(model, rows: list[list[int]], conts: list[list[int]], interventions: Sequence = (),
-                        batch_size: int = 8, *, facts: ModelFacts | None = None) -> list[tuple[float, bool]]:
-    """Summed log-probability of each continuation and whether greedy decoding gives it, batched.
-
-    Args:
-        model: a TransformerLens bridge.
-        rows: per request, the input token ids: context and continuation without its last token.
-        conts: per request, the continuation's token ids (the last ``len(cont)`` inputs predict them).
-        interventions: attached with :func:`lensprobe.intervene`, once per batch.
-        batch_size: requests per forward (longest first, left-padded, with an attention mask).
-        facts: the model's facts, read once by the caller (``None``: read here).
-
-    Raises:
-        LensprobeError: a request longer than the model's context.
-
-    Example:
-        >>> continuation_scores(model, [[5, 6, 7]], [[7, 8]])   # log P(7, 8 | 5, 6)
-    """
-    facts = facts if facts is not None else model_facts(model)
-    n_ctx = facts.n_ctx
-    longest = max((len(r) for r in rows), default=0)
-    if longest > n_ctx:
-        raise LensprobeError(f"a request is {longest} tokens but the model's context is {n_ctx}: lensprobe does "
-                             "not truncate it (that would drop the filler); use shorter contexts or fewer few-shot "
-                             "examples.")
-    order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
-    out: list[tuple[float, bool]] = [(0.0, False)] * len(rows)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        keep = max(len(conts[i]) for i in chunk)
-        logp = _last_log_probs(model, facts, [rows[i] for i in chunk], keep, interventions)
-        for b, i in enumerate(chunk):
-            target = torch.tensor(conts[i], device=logp.device)
-            read = logp[b, keep - len(target):]
-            out[i] = (float(read.gather(-1, target[:, None]).sum()), bool((read.argmax(-1) == target).all()))
-    return out
-
-
-def _last_log_probs(model, facts: ModelFacts, rows: list[list[int]], keep: int, interventions: Sequence
-                    ) -> torch.Tensor:
-    """``[batch, keep, d_vocab]`` float32 log-softmax at the last ``keep`` positions of left-padded ``rows``."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), facts.pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for b, r in enumerate(rows):
-        ids[b, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[b, width - len(r):] = 1
-    ids, mask = ids.to(facts.device), mask.to(facts.device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    with torch.inference_mode(), intervene(model, *interventions):
-        logits = model(ids, attention_mask=mask, position_ids=positions, return_type="logits")
-    return torch.log_softmax(logits[:, -keep:].float(), dim=-1)
-
-
-def _cut(text: str, until: list[str]) -> str:
-    """``text`` up to the first of the ``until`` strings (HF's ``hf`` model cuts each in turn, the same)."""
-    for stop in until:
-        if stop:
-            text = text.split(stop)[0]
-    return text
-
-
-def _batch_size(value: Any) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise LensprobeError(f"batch_size must be an integer >= 1, got {value!r} (lensprobe has no 'auto').")
-    return value
-
-
-def _arm(facts: ModelFacts, arm: Any, benchmark: str | None, source: str, **given: Any) -> Any:
-    """The ARM the settings ask for (an intervention given as ``arm`` is taken as it is), or ``None``; the preset
-    is the model's by its configuration (:func:`~lensprobe.interventions.arm_presets.model_key`)."""
-    fields = {k: v for k, v in given.items() if v is not None}
-    if arm is None:
-        return ARM(**fields) if "c" in fields or "percentile" in fields else None
-    if arm == "preset":
-        return ARM.preset(facts, benchmark, source=source, **fields)  # type: ignore[arg-type]
-    if isinstance(arm, str) or not hasattr(arm, "hooks"):
-        raise LensprobeError(f"arm must be 'preset', an lp.ARM or None, got {arm!r}.")
-    return arm
-
-
-def _condition(condition: Any, arm: Any) -> Condition:
-    """The condition by name or as given, with ``arm`` attached when it does not name ARM itself."""
-    if isinstance(condition, Condition):
-        cond = condition
-    elif isinstance(condition, str) and condition.strip():
-        cond = resolve_conditions(condition.strip(), arm=arm)[0]
-        if arm is not None and arm_base(condition) is not None:
-            return _checked(cond)
-    else:
-        raise LensprobeError(f"condition must be a condition name or an lp.Condition, got {condition!r}.")
-    return _checked(with_arm(cond, arm) if arm is not None else cond)
-
-
-def _checked(cond: Condition) -> Condition:
-    if cond.build is not None:
-        raise LensprobeError(f"condition {cond.name!r} builds its own prompts (build=...); lm-eval's tasks build "
-                             "the prompt, so only a condition's filler and interventions apply.")
-    if cond.generate_kwargs:
-        raise LensprobeError(f"condition {cond.name!r} sets generation keywords {sorted(cond.generate_kwargs)}, "
-                             "which lm-eval requests cannot take.")
-    if cond.filler is not None and cond.placement == "after_question":
-        raise LensprobeError(f"condition {cond.name!r} places its filler after the question, which would put it "
-                             "between lm-eval's context and the scored continuation: use placement='between'.")
-    return cond
-
-
-def _filler_text(cond: Condition, tokenizer) -> str | None:
-    filler = cond.filler
-    if filler is None:
-        return None
-    if not isinstance(filler, Filler):
-        filler = filler(tokenizer)
-    return filler.resolve(tokenizer)
 
 
 def lm_eval_accuracy(model: Any, tasks: Sequence[str] | str, conditions: Any = "w/o", *, limit: int | float | None = None,

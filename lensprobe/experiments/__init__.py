@@ -1,5 +1,6 @@
 """Experiment runners over the hook objects: ablation sweeps (:mod:`.sweep`), activation patching
-(:mod:`.patching`; per head across prompts of different lengths: :mod:`.headpatch`), attribution (:mod:`.attribution`, with AtP and AtP* in :mod:`.atp`) and its exact
+(:mod:`.patching`; per head across prompts of different lengths: :mod:`.headpatch`), attribution (:mod:`.attribution`, with AtP and AtP* for one prompt in :mod:`.atp`: its gradient
+pass and GradDrop in :mod:`.atp_gradients`, its QK fix in :mod:`.atp_qkfix`) and its exact
 verification (:mod:`.verify`), the search for the heads that matter (:mod:`.findheads`), and their configurations (:mod:`.head_settings`). Each runs many forwards,
 identifies itself by content and saves into the results store.
 

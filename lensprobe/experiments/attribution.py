@@ -31,7 +31,9 @@ from lensprobe.core.measures.forced import resolve_measures
 from lensprobe.core.progress import tqdm
 from lensprobe.core.storage.identity import IdentityError, identity_digest
 from lensprobe.core.storage.store import atomic_file
-from lensprobe.experiments.atp import Unit, attribute_prompt, combine, qk_passes
+from lensprobe.experiments.atp import attribute_prompt, combine
+from lensprobe.experiments.atp_gradients import Unit
+from lensprobe.experiments.atp_qkfix import qk_passes
 from lensprobe.experiments.headpatch import aligned_positions, aligned_source
 from lensprobe.interventions.ablation import check_ablation_positions
 from lensprobe.interventions.replacement import METHODS, Method, ablation_source, check_method

@@ -55,7 +55,7 @@ from lensprobe.core.hooks.forward import as_prompts
 from lensprobe.core.hooks.heads import head_label, hook_z_name
 from lensprobe.core.lazy import pandas
 from lensprobe.core.measures.forced import resolve_measures
-from lensprobe.experiments.atp import delta_z
+from lensprobe.experiments.atp_gradients import delta_z
 from lensprobe.experiments.attribution import Attribution, attribute_heads, prompt_positions
 from lensprobe.experiments.sweep import PREFIX_SAFE, chunk_cost, layer_chunks, sweep_prompt
 from lensprobe.experiments.verify import recall_bound

@@ -115,7 +115,7 @@ class FillerSetup:
 
     conditions: tuple[str | Condition, ...] = field(default=CONDITIONS, metadata={"cmd": False})  # --filler
     system: str | None = field(default=MATH_SYSTEM_PROMPT, metadata={"cmd": False})  # --system, --no-system
-    count: int = 55
+    count: int = field(default=55, metadata={"cmd": False})  # --filler-count: app's FillerCountOptions
     symbol: str = "/"
     word: str = "he"
     seed: int = 0

@@ -114,10 +114,10 @@ class MechanismConfig:
 
     layer: int = 0
     """0-based layer (0, as in the paper)"""
-    filler_count: int = field(default=55, metadata={"help": field_docs(FillerSetup)["count"]})
+    filler_count: int = field(default=55, metadata={"cmd": False, "help": field_docs(FillerSetup)["count"]})
     where: Literal["act_fn(gate)", "hook_post"] = "act_fn(gate)"
     """activation measured: act_fn(gate_proj(x)) (what ARM edits) or hook_post (act_fn(gate) * up)"""
-    arm_c: float | None = field(default=None, metadata={"help": ARM_C_HELP})
+    arm_c: float | None = field(default=None, metadata={"cmd": False, "help": ARM_C_HELP})
     eps: float | None = None
     """half-width of the near-zero band (default: 1.4826 * MAD(|a|) * c, c the ARM's c, else 0.1)"""
     bins: int = 60

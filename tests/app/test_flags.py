@@ -70,6 +70,80 @@ def test_no_two_fields_make_one_flag_in_any_command():
                 seen[flag] = action.dest
 
 
+def declaration(cls: type, name: str) -> str:
+    """Where field ``name`` of the option class ``cls`` is declared: the class it was made from (a class of given
+    settings: ``settings_of``, its ``prefix`` off the name), then the first class of its bases that declares the
+    field (``TraceConfig.top_p`` is ``GenerationConfig.top_p``)."""
+    origin = getattr(cls, "settings_of", None) or cls
+    name = name.removeprefix(getattr(cls, "prefix", "") or "")
+    owner = next(c for c in reversed(origin.__mro__) if name in c.__dict__.get("__annotations__", {}))
+    return f"{owner.__module__}.{owner.__qualname__}.{name}"
+
+
+def declarations() -> dict[str, dict[str, list[str]]]:
+    """``flag -> declaration -> commands``, every command's parser enumerated."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for command in COMMANDS:
+        default = PARSER.parse_args([command, *required(command)])
+        for action in options(command):
+            owner, name = action.dest.rsplit(".", 1)
+            where = declaration(type(_at(default, owner)), name)
+            for flag in action.option_strings:
+                found.setdefault(flag, {}).setdefault(where, []).append(command)
+    return found
+
+
+def test_each_flag_is_declared_once_across_commands():
+    found = declarations()
+    twice = {flag: where for flag, where in found.items() if len(where) > 1}
+    assert twice == {}, "flags declared by two fields: " + "; ".join(
+        f"{flag}: " + " | ".join(f"{w} ({', '.join(c)})" for w, c in where.items()) for flag, where in twice.items())
+    shared = {flag: next(iter(where)) for flag, where in found.items() if sum(map(len, where.values())) > 1}
+    assert shared["--arm-c"] == "lensprobe.interventions.arm.ARM.c"  # eval, reproduce and mechanism
+    assert shared["--filler-count"].endswith("FillerCountOptions.filler_count")  # attention and mechanism
+    assert shared["--limit"].endswith("LimitOptions.limit") and shared["--quick"].endswith("QuickOptions.quick")
+    assert shared["--max-new-tokens"] == "lensprobe.generation.config.GenerationConfig.max_new_tokens"
+    assert shared["--batch-size"] == "lensprobe.evals.running.config.EvalConfig.batch_size"
+    assert set(found["--max-new-tokens"][shared["--max-new-tokens"]]) == {"eval", "trace", "reproduce"}
+
+
+@dataclass(frozen=True)
+class _TwoMaxTokens:
+    max_new_tokens: int = 3
+    """tokens generated"""
+
+
+def test_the_declaration_walk_tells_two_declarations_apart():
+    from lensprobe.app.option_groups import RunSizeOptions
+    from lensprobe.evals.running.settings import EvalSettings
+    from lensprobe.studies.settings import TraceConfig
+
+    same = {declaration(c, "max_new_tokens") for c in (EvalSettings, TraceConfig, RunSizeOptions)}
+    assert same == {"lensprobe.generation.config.GenerationConfig.max_new_tokens"}
+    assert declaration(_TwoMaxTokens, "max_new_tokens").endswith("_TwoMaxTokens.max_new_tokens")
+
+
+def test_the_run_settings_of_reproduce_come_from_the_shared_options(capsys):
+    from lensprobe.app.commands.reproduce import given_settings
+    from lensprobe.app.recipe import ReproduceConfig
+
+    args = PARSER.parse_args(["reproduce", "arm-table1", "--limit", "5", "--quick", "--max-new-tokens", "7",
+                              "--batch-size", "2", "--runs", "3"])
+    got = given_settings(args)
+    assert got == ReproduceConfig(limit=5, quick=True, max_new_tokens=7, batch_size=2, runs=3)
+    assert given_settings(PARSER.parse_args(["reproduce", "arm-table1"])).given() == {}  # the recipe's, then
+    mech = PARSER.parse_args(["mechanism", "--question", "x", "--filler-count", "7", "--arm-c", "0.2"])
+    assert (mech.FillerCountOptions.filler_count, mech.arm.arm_c) == (7, 0.2)
+    att = PARSER.parse_args(["attention", "--question", "x", "--filler-count", "9"])
+    assert att.FillerCountOptions.filler_count == 9 and not hasattr(att.filler_setup, "filler_count")
+    assert PARSER.parse_args(["eval", "--limit", "4"]).LimitOptions.limit == 4
+    assert PARSER.parse_args(["demo", "--quick"]).QuickOptions.quick is True
+    for argv, flag in [(["reproduce", "x", "--batch-size", "0"], "--batch-size"),
+                       (["mechanism", "--question", "x", "--filler-count", "0"], "--filler-count")]:
+        assert main(argv) == 2
+        assert f"{flag}: expected a whole number" in capsys.readouterr().err
+
+
 @dataclass(frozen=True)
 class _Prompt:
     system: str | None = None
@@ -151,7 +225,8 @@ def test_settings_shared_by_commands_are_one_class_each():
                         "--tokens": "MetricSettings", "--system": "SystemOptions", "--filler": "FillerOptions",
                         "--reference": "ReferenceOptions", "--model": "ModelOptions", "--out": "OutputOptions",
                         "--heads-per-forward": "AblationBatch", "--random-heads": "RecallCheck", "--grader": "GraderOptions",
-                        "--question": "QuestionOptions", "--answer": "AnswerOptions"}.items():
+                        "--question": "QuestionOptions", "--answer": "AnswerOptions", "--limit": "LimitOptions",
+                        "--quick": "QuickOptions", "--filler-count": "FillerCountOptions", "--arm-c": "arm"}.items():
         assert owners[flag] == {owner}, (flag, owners[flag])
 
 
@@ -211,3 +286,23 @@ def test_commands_read_their_settings_from_the_objects():
     eval_args = PARSER.parse_args(["eval", "--system", "S"])
     assert eval_args.SystemOptions.system == "S"  # the same class as every other command's
     assert dataclasses.is_dataclass(eval_args.SystemOptions)
+
+
+def test_a_flag_is_negated_by_one_no_and_the_negation_parses(capsys):
+    """Bool options read ``--no-system`` (never ``--nono-system``) and ``--sample`` / ``--no-sample``, in the help
+    and in the parser."""
+    for command, sub in COMMANDS.items():
+        strings = {s for a in sub._actions for s in a.option_strings}
+        doubled = sorted(s for s in strings if s.startswith(("--nono", "--no-no")))
+        assert doubled == [], f"{command}: {doubled}"
+        with pytest.raises(SystemExit):
+            PARSER.parse_args([command, "--help"])
+        shown = capsys.readouterr().out
+        assert "--nono" not in shown and "--no-no-" not in shown, command
+    assert "--no-system" in COMMANDS["mechanism"].format_help()
+    args = PARSER.parse_args(["mechanism", "--question", "x", "--no-system"])
+    assert args.SystemOptions.no_system is True
+    assert PARSER.parse_args(["mechanism", "--question", "x"]).SystemOptions.no_system is False
+    assert PARSER.parse_args(["trace", "--question", "x", "--sample", "--no-sample"]).config.do_sample is False
+    assert PARSER.parse_args(["trace", "--question", "x", "--sample"]).config.do_sample is True
+    assert "--nosample" not in {s for a in COMMANDS["trace"]._actions for s in a.option_strings}

@@ -113,7 +113,9 @@ def test_a_recipe_and_the_same_command_line_give_equal_configurations(tmp_path):
                       'max_new_tokens = 64\ndata = ["aime2024=a.jsonl"]\n')
     from_recipe = load_recipe(str(recipe)).settings
     argv = ["reproduce", str(recipe), "--limit", "5", "--quick", "--max-new-tokens", "64", "--benchmark-data", "aime2024=a.jsonl"]
-    from_command_line = build_parser().parse_args(argv).config
+    from lensprobe.app.commands.reproduce import given_settings
+
+    from_command_line = given_settings(build_parser().parse_args(argv))  # --limit, --quick, ...: the shared options
     assert from_recipe == from_command_line == ReproduceConfig(limit=5, quick=True, max_new_tokens=64,
                                                               benchmark_data=["aime2024=a.jsonl"])
     assert ReproduceConfig(limit=9).over(from_recipe) == dataclasses.replace(from_recipe, limit=9)  # given wins

@@ -218,3 +218,25 @@ def test_published_only_rows_and_the_papers_dashes(tmp_path):
     t4 = beside_published(empty, lp.load_recipe("arm-table4"))
     assert [c for c in t4.columns if "Table 4" in c] == ["model not named (Table 4)"]
     assert "w/ Mless (random position)" in set(t4["condition"])
+
+
+def test_arm_facts_take_the_preset_of_the_models_configuration_not_its_name(tiny):
+    """The preset beside a cell is the one the run took (``ARM.preset`` of the loaded model: its configuration
+    first), whatever name the rows are recorded under."""
+    import dataclasses
+
+    from lensprobe.app.provenance import arm_facts
+    from lensprobe.core.models.facts import model_facts
+    from lensprobe.interventions.arm_presets import PRESET_ARCHITECTURES
+
+    part = {"labels": {"interventions": [{"type": "ARM", "c": 0.1, "percentile": 95, "source": "code"}]}}
+    facts = model_facts(tiny)
+    qwen = dataclasses.replace(facts, name="my-run", architecture=PRESET_ARCHITECTURES["qwen2.5-math-7b"])
+    found = arm_facts(part, qwen, "math500")  # no preset has this name; the configuration is Qwen2.5-Math-7B's
+    assert found is not None and found["preset"] is not None
+    assert (found["preset"]["c"], found["preset"]["percentile"]) == (lp.ARM.preset(qwen, "math500").c, 95)
+    gemma = dataclasses.replace(facts, name=QWEN7, architecture=PRESET_ARCHITECTURES["gemma-3-27b-it"])
+    found = arm_facts(part, gemma, "aime2024")  # Qwen's name, Gemma 3 27B's configuration: Gemma's preset
+    assert found is not None and found["preset"]["variant"] == "gemma" == lp.ARM.preset(gemma, "aime2024").variant
+    assert found["preset"]["c"] == 0.25 != arm_facts(part, QWEN7, "aime2024")["preset"]["c"]  # type: ignore[index]
+    assert arm_facts(part, facts, "math500")["preset"] is None  # type: ignore[index]  # the tiny model: none

@@ -65,6 +65,51 @@ def test_a_hook_reading_a_global_is_refused_until_declared_and_a_new_version_is_
     assert generations(fresh) != generations(first)  # which the old folder's would have hidden
 
 
+class OwnIdentity:
+    """Declares its identity by its settings alone (``VERSION``: none, until the test gives one); its helper reads
+    the global SHIFT."""
+
+    VERSION: str | None = None
+
+    def __init__(self, by: float) -> None:
+        self.by, self.cache = by, {}
+
+    def hooks(self, model):
+        return [("blocks.0.hook_resid_post", lambda act, hook: helper(act) + self.by)]
+
+    def __lensprobe_identity__(self):
+        return {"by": self.by} if self.VERSION is None else {"by": self.by, "version": self.VERSION}
+
+
+def test_a_user_class_declaring_its_identity_without_a_version_is_refused_until_it_gives_one(tiny, tmp_path,
+                                                                                              monkeypatch):
+    folder = tmp_path / "run"
+    cond = lp.Condition("own", interventions=(OwnIdentity(0.0),))
+    with pytest.raises(lp.LensprobeError, match=r"cannot identify .*OwnIdentity at condition 'own' interventions"
+                                                r"\[0\]: its __lensprobe_identity__\(\) returns no 'version'.*user code"
+                                                r".*\{'version': '1', \.\.\.\}.*lp.interventions.declare\(OwnIdentity, "
+                                                r"name='OwnIdentity', version='1'\)"):
+        run(tiny, [cond], folder)
+    assert not folder.exists()  # refused before compute: nothing written
+    assert len(run(tiny, [cond], None)) == 2  # kept in memory: nothing to reuse, no identity needed
+    monkeypatch.setattr(OwnIdentity, "VERSION", "1")
+    first = run(tiny, [cond], folder)
+    before = snapshot(folder)
+    monkeypatch.setattr(__import__(__name__), "SHIFT", 30.0)  # the helper now computes something else ...
+    monkeypatch.setattr(OwnIdentity, "VERSION", "2")  # ... and the class says so
+    with pytest.raises(lp.LensprobeError, match=r"already holds condition 'own' with a different definition:"
+                                                r"\n.*version: folder has '1', this run has '2'"):
+        run(tiny, [cond], folder)
+    assert snapshot(folder) == before
+    fresh = run(tiny, [cond], tmp_path / "fresh")
+    assert generations(fresh) != generations(first)
+    monkeypatch.setattr(OwnIdentity, "VERSION", None)  # no version, but the class declared: accepted
+    monkeypatch.setattr(OwnIdentity, lp.core.storage.declared.DECLARED, ("own", "2"), raising=False)
+    assert generations(run(tiny, [cond], tmp_path / "declared")) == generations(fresh)
+    prompt = lp.build_prompt(tiny, "What?", template="raw")  # lensprobe's own class: its version is lensprobe's
+    assert "version" not in prompt.__lensprobe_identity__() and lp.core.storage.identity.identity(prompt)[".identity"]
+
+
 def test_weights_edited_through_data_are_another_model(tmp_path):
     model = tiny_model(seed=0)
     folder = tmp_path / "run"

@@ -272,7 +272,7 @@ def test_the_residual_stream_path_of_the_qk_fix_gives_the_same_numbers(tiny, pro
     """Models without a hook at the attention input (HookedTransformer) add the QK fix's rows to the
     whole residual stream and go back to one row after the layer: the same numbers."""
     want = attribute_heads(tiny, prompts[0], "entropy", method="atp*")
-    monkeypatch.setattr("lensprobe.experiments.atp._input_hook",
+    monkeypatch.setattr("lensprobe.experiments.atp_qkfix._input_hook",
                         lambda model, layer: (f"blocks.{layer}.hook_resid_pre", True))
     got = attribute_heads(tiny, prompts[0], "entropy", method="atp*", batch_size=3)
     torch.testing.assert_close(got.estimates, want.estimates, rtol=1e-5, atol=1e-9)

@@ -16,6 +16,7 @@ from lensprobe.app.common import (
 from lensprobe.app.examples import describe
 from lensprobe.app.option_groups import (
     ComparedFillerOptions,
+    FillerCountOptions,
     ModelOptions,
     OutputOptions,
     QuestionOptions,
@@ -40,8 +41,9 @@ def add_attention(subparsers) -> None:
                     "attention each position receives (aligned and with the filler span shaded) as HTML "
                     "figures, a circuitsvis view, and the numbers as CSV/JSON. Layers and heads are "
                     "0-based (TransformerLens); papers count from 1."))
-    add_inputs(p, ModelOptions, QuestionOptions, ComparedFillerOptions, SystemOptions, HeadSelection, OutputOptions)
-    add_config(p, FillerSetup, "filler_setup", prefix="filler-")  # --filler-count, --filler-seed, ...
+    add_inputs(p, ModelOptions, QuestionOptions, ComparedFillerOptions, FillerCountOptions, SystemOptions, HeadSelection,
+               OutputOptions)
+    add_config(p, FillerSetup, "filler_setup", prefix="filler-")  # --filler-seed, --filler-symbol, ...
     add_config(p, AttentionConfig, "config")
     p.set_defaults(func=run_attention)
 
@@ -51,7 +53,8 @@ def run_attention(args) -> int:
     args.out = check_out_dir(out_of(args, "attention"), "attention")  # before the model loads
     compare = args.ComparedFillerOptions.compare
     conditions = ("w/o",) if compare == "w/o" else ("w/o", compare)
-    setup = replace(args.filler_setup, conditions=conditions, system=system_of(args))
+    setup = replace(args.filler_setup, conditions=conditions, system=system_of(args),
+                    count=args.FillerCountOptions.filler_count)
     with writing_out_dir(args.out, "attention") as files:
         return _attention(args, setup, files)
 

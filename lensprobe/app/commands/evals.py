@@ -24,6 +24,7 @@ from lensprobe.app.option_groups import (
     ConditionOptions,
     EvalRunOptions,
     GraderOptions,
+    LimitOptions,
     ModelOptions,
     OutputOptions,
     ProblemOptions,
@@ -61,7 +62,7 @@ def add_eval(subparsers) -> None:
                     "the problems. At the end the accuracy table, paired McNemar tests and figures are "
                     "written to --out/report. A generation setting not given comes from --protocol, else the "
                     "paper format and the model's generation config (--prompt-format paper), else lp.EvalConfig."))
-    add_inputs(p, ModelOptions, ProblemOptions, ConditionOptions, SystemOptions, EvalRunOptions, GraderOptions,
+    add_inputs(p, ModelOptions, ProblemOptions, LimitOptions, ConditionOptions, SystemOptions, EvalRunOptions, GraderOptions,
                OutputOptions)
     add_config(p, EvalSettings, "settings")
     add_config(p, ArmSettings, "arm")
@@ -121,12 +122,13 @@ def problems_from_args(args) -> list:
             apply to problem files.
     """
     p: ProblemOptions = args.ProblemOptions
+    limit = args.LimitOptions.limit
     if p.problems != "arithmetic":
-        return load_math500(p.data, subjects=p.subjects, levels=p.levels, limit=p.limit, seed=p.shuffle_seed)
+        return load_math500(p.data, subjects=p.subjects, levels=p.levels, limit=limit, seed=p.shuffle_seed)
     if p.data is not None or p.subjects is not None:
         raise LensprobeError("--problems arithmetic generates its problems: drop --data and --subjects "
                              "(--limit, --levels and --shuffle-seed choose the set).")
-    return arithmetic_problems(n=p.limit if p.limit is not None else 300,
+    return arithmetic_problems(n=limit if limit is not None else 300,
                                seed=p.shuffle_seed if p.shuffle_seed is not None else 0, levels=p.levels)
 
 

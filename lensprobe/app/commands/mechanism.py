@@ -1,7 +1,7 @@
 """``lensprobe mechanism``: how filler tokens rescale one layer's attention, and where its MLP activations go."""
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from lensprobe.app.common import (
     add_inputs,
@@ -14,7 +14,13 @@ from lensprobe.app.common import (
     writing_out_dir,
 )
 from lensprobe.app.examples import describe
-from lensprobe.app.option_groups import ModelOptions, OutputOptions, QuestionOptions, SystemOptions
+from lensprobe.app.option_groups import (
+    FillerCountOptions,
+    ModelOptions,
+    OutputOptions,
+    QuestionOptions,
+    SystemOptions,
+)
 from lensprobe.app.parsing import add_config
 from lensprobe.app.sections.mechanism import MECHANISM_ARM
 from lensprobe.core.models.loading import check_layers, model_label
@@ -23,6 +29,7 @@ from lensprobe.core.storage.jsonable import stable_repr, to_jsonable
 from lensprobe.core.storage.store import atomic_file, atomic_write_json
 from lensprobe.experiments.head_settings import HeadSelection
 from lensprobe.interventions.arm import ARM
+from lensprobe.interventions.arm_settings import ArmSettings
 from lensprobe.studies.mechanism import (
     activation_stats,
     affine_fit_summary,
@@ -44,8 +51,9 @@ def add_mechanism(subparsers) -> None:
                     "out_with = lambda * out_without + bias; and the MLP activation histograms over the question "
                     "(w/o, w/ Mless, and w/o + ARM) with the share near zero. Tables as CSV, figures as HTML. "
                     "Layers and heads are 0-based (TransformerLens); papers count from 1."))
-    add_inputs(p, ModelOptions, QuestionOptions, SystemOptions, HeadSelection, OutputOptions)
+    add_inputs(p, ModelOptions, QuestionOptions, SystemOptions, FillerCountOptions, HeadSelection, OutputOptions)
     add_config(p, MechanismConfig, "config")
+    add_config(p, ArmSettings, "arm")  # --arm-c, as eval and reproduce take it
     p.set_defaults(func=run_mechanism)
 
 
@@ -58,15 +66,16 @@ def run_mechanism(args) -> int:
 
 def _mechanism(args, files: list[Path]) -> int:
     model = load_cli_model(args)
-    config: MechanismConfig = args.config
+    config: MechanismConfig = replace(args.config, filler_count=args.FillerCountOptions.filler_count,
+                                      arm_c=args.arm.arm_c)
     layer = check_layers(model, [config.layer])[0]
     heads = heads_in_layers(model, args.HeadSelection.spec(), [layer])
     question = args.QuestionOptions.one("mechanism")
     prompts = mechanism_prompts(model, question, system=system_of(args), count=config.filler_count)
     fit = filler_affine_fit(model, prompts["w/ Mless"], prompts["w/o"], layer=layer, heads=heads)
     summary = affine_fit_summary(fit)
-    given: dict[str, Any] = {"c": config.arm_c} if config.arm_c is not None else {}
-    arm = None if config.no_arm else ARM.preset(model, fallback=MECHANISM_ARM, layer=layer, seed=config.arm_seed, **given)
+    arm = None if config.no_arm else ARM.preset(model, fallback=MECHANISM_ARM, layer=layer, seed=config.arm_seed,
+                                                source=args.arm.source, **args.arm.settings())
     c = config.band_c(arm)
     runs = dict(prompts)
     ivs = {}

@@ -7,12 +7,20 @@ Examples:
     lensprobe reproduce my-recipe.toml --model tiny --out repro/mine
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 from lensprobe.app.checks import check_common
 from lensprobe.app.common import add_inputs, check_out_dir, load_cli_model, writing_out_dir
 from lensprobe.app.examples import describe
-from lensprobe.app.option_groups import ModelOptions, OutputOptions, RecipeOptions
+from lensprobe.app.option_groups import (
+    LimitOptions,
+    ModelOptions,
+    OutputOptions,
+    QuickOptions,
+    RecipeOptions,
+    RunSizeOptions,
+)
 from lensprobe.app.parsing import add_config
 from lensprobe.app.recipe import ReproduceConfig, list_recipes, load_recipe
 from lensprobe.app.reproduce import check_reproduce, reproduce
@@ -32,8 +40,9 @@ def add_reproduce(subparsers) -> None:
                     "Evaluation rows are kept under OUT/runs, so a rerun resumes. The options of the run "
                     "(--limit, --max-new-tokens, --batch-size, --quick, --benchmark-data) can also be a recipe's [settings] "
                     "table; the options given win."))
-    add_inputs(p, RecipeOptions, ModelOptions, OutputOptions)
-    add_config(p, ReproduceConfig, "config")
+    add_inputs(p, RecipeOptions, ModelOptions, LimitOptions, QuickOptions, OutputOptions)
+    add_config(p, RunSizeOptions, "run_size")  # --max-new-tokens, --batch-size: eval's
+    add_config(p, ReproduceConfig, "config")  # --runs, --benchmark-data
     add_config(p, ArmSettings, "arm")
     p.set_defaults(func=run_reproduce, interrupted="evaluation rows are saved in OUT/runs; rerun the same command "
                                                    "to resume")
@@ -54,6 +63,11 @@ def data_from_args(values: list[str] | None, *, tasks: bool = False) -> dict[str
     return data
 
 
+def given_settings(args) -> ReproduceConfig:
+    """The run's settings as the command line gives them (``None``: not given), read from each option's one class."""
+    return replace(args.config, limit=args.LimitOptions.limit, quick=args.QuickOptions.quick, **args.run_size.given())
+
+
 def _list_text() -> str:
     rows = [(r.name, r.kind, f"arXiv {r.arxiv}" + (f" Table {r.table}" if r.table else ""), r.title)
             for r in list_recipes()]
@@ -69,7 +83,7 @@ def run_reproduce(args) -> int:
         raise LensprobeError("name a recipe (lensprobe reproduce --list shows them) or give a .toml file.")
     check_common(args)  # every argument is checked before the model loads
     recipe = load_recipe(args.RecipeOptions.recipe)
-    args.config = args.config.over(recipe.settings)  # the recipe's settings, the options given on top
+    args.config = given_settings(args).over(recipe.settings)  # the recipe's settings, the options given on top
     data = data_from_args(args.config.benchmark_data, tasks=recipe.kind == "lm-eval")
     given = args.OutputOptions.out
     out = given if given is not None else Path(f"reproduce-{recipe.name}")

@@ -5,7 +5,9 @@ what it depends on (the model, prompts, interventions, metrics, settings) and re
 whose identity differs. Identities describe content, never ``repr()`` or names:
 
 - an object that declares its own identity: its ``__lensprobe_identity__()`` (JSON-able data
-  that determines its results), under its type's qualified name;
+  that determines its results), under its type's qualified name; a user class's data holds a
+  ``"version"`` (or the class is declared with :func:`~lensprobe.core.storage.declared.declare`), else
+  it is refused;
 - a dataclass: its type's qualified name and every field, defaults included (so a folder
   written under an old default never matches a run under a new one), each by identity; a field
   declared ``field(..., metadata={"identity": False})`` (labels that cannot change results) is
@@ -188,7 +190,7 @@ def _describe(obj: Any, where: str, active: frozenset[int]) -> Any:
         return int(obj) if obj.is_integer() and abs(obj) < 2**53 else obj
     declared = getattr(type(obj), IDENTITY_METHOD, None)
     if declared is not None and not isinstance(obj, type):
-        return {".type": _qualname(type(obj)), ".identity": _describe(declared(obj), where, active)}
+        return _self_declared(obj, declared(obj), where, active)
     content = _content(obj)
     if content is not None:
         return content
@@ -208,6 +210,28 @@ def _describe(obj: Any, where: str, active: frozenset[int]) -> Any:
     if isinstance(state, dict):
         return _instance(obj, state, where, active)
     raise _refuse(obj, where, "it has no declared identity and no attributes to describe it by")
+
+
+def _self_declared(obj: Any, data: Any, where: str, active: frozenset[int]) -> dict:
+    """An object by its own ``__lensprobe_identity__()`` data. A user class (neither lensprobe's, whose version its
+    code is, nor a known library's) must say which version of its code made the data: a ``"version"`` in it, or
+    the class declared (:func:`~lensprobe.core.storage.declared.declare`); else it is refused, as an undeclared
+    user function is."""
+    cls = type(obj)
+    out = {".type": _qualname(cls), ".identity": _describe(data, where, active)}
+    declared = declared_as(cls)
+    if declared is not None:
+        return {**out, ".declared": declared[0], "version": declared[1]}
+    if not (_ours(cls.__module__) or _library(cls.__module__)) and not (isinstance(data, Mapping) and "version" in data):
+        short = cls.__name__
+        at = f" at {where}" if where else ""
+        raise IdentityError(
+            f"cannot identify {_qualname(cls)}{at}: its {IDENTITY_METHOD}() returns no 'version', and it is user "
+            "code (neither lensprobe's nor a known library's), so a change of its code would reuse rows computed by "
+            f"the old one. Return a version with its data ({{'version': '1', ...}}, changed whenever its results "
+            f"change), or declare the class: lp.interventions.declare({short}, name={short!r}, version='1'); or run "
+            "with out=None (kept in memory, nothing reused).")
+    return out
 
 
 def _content(obj: Any) -> Any:
