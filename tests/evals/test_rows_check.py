@@ -159,7 +159,7 @@ def test_a_folder_with_rows_but_no_config_is_refused_not_given_a_new_identity(co
     (copy / "config.json").unlink()
     before = results_file(copy, 0).read_bytes()
     refused = (r"holds result rows \(results-rank0\.jsonl line 1, \.\.\.\) but no config\.json: the run they belong "
-               r"to cannot be checked, so they are neither counted nor resumed\. Restore config\.json")
+               r"to cannot be checked, so they are neither counted nor resumed\. Use a new output folder, or delete this one")
     with pytest.raises(lp.LensprobeError, match=refused):
         read_rows(copy)
     with pytest.raises(lp.LensprobeError, match=refused):
