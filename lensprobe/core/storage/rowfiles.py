@@ -28,6 +28,7 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.storage.files import DATA_LIMIT, read_bytes
 from lensprobe.core.storage.jsonable import json_digest
 from lensprobe.core.storage.locks import FileLock
+from lensprobe.core.storage.writer import open_in
 
 __all__ = ["ROW_DIGEST", "RowWriter", "read_row_file", "read_row_files", "row_line"]
 
@@ -138,7 +139,10 @@ class RowWriter:
                      "run another output folder (sharded runs need distinct ranks).")
             self._lock.acquire()
         try:
-            self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            self._fd: int | None = open_in(self.path.parent, self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        except LensprobeError:
+            self._release_lock()
+            raise
         except OSError as err:
             self._release_lock()
             raise LensprobeError(f"cannot open {self.path} for writing ({err.strerror}): choose an output folder "
