@@ -6,7 +6,10 @@ process its own file (``results-rank{R}.jsonl``, ``shard-rank{R}.jsonl``), writt
 :class:`RowWriter`: one ``os.write`` per row, ``fsync`` when its writer syncs (an evaluation
 after each batch, a sharded run after each row), a lock while open, a row cut short by a crash
 removed before new rows are appended. :func:`read_row_files` merges every rank's file, row by
-row, skipping a last line without its newline (cut short by a crash). The rest of the store
+row, skipping a last line without its newline (cut short by a crash). Every line carries
+:data:`ROW_DIGEST`, the digest of its row's canonical JSON (:func:`row_line`), checked on every read:
+a row edited by hand or damaged in the middle of the file is refused with its file and line, and a
+line without one (an older lensprobe's file) is refused with what to do. The rest of the store
 (atomic writes, settings, the wait) is :mod:`lensprobe.core.storage.store`.
 
 Example:
