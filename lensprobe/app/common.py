@@ -5,7 +5,6 @@ written files."""
 import argparse
 import contextlib
 import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from lensprobe.core.progress import tqdm
 from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT
 from lensprobe.core.storage.outfolder import lock_folder, replace_pages
 from lensprobe.core.storage.store import atomic_file
-from lensprobe.core.storage.writer import remove_empty_folder, remove_file
+from lensprobe.core.storage.writer import probe_write, remove_empty_folder
 from lensprobe.studies.settings import parse_layers as layer_list  # noqa: F401  (its old home)
 from lensprobe.viz.report import check_report_listing
 
@@ -120,9 +119,7 @@ def check_out_dir(out: str | os.PathLike, kind: str) -> Path:
         what = "is a file" if base == out else f"is inside {base}, which is a file"
         raise LensprobeError(f"--out {out} {what}: give a folder path (it is created if missing).")
     try:  # a real write: permissions, read-only mounts and full quotas all show here
-        fd, probe = tempfile.mkstemp(prefix=".lensprobe-write-test-", dir=base)
-        os.close(fd)
-        remove_file(base, probe)
+        probe_write(base)
     except OSError as err:
         raise LensprobeError(f"--out {out}: cannot write in {base} ({err.strerror}): choose a folder you can "
                              "write to.") from None

@@ -34,6 +34,7 @@ from lensprobe.core.lazy import pandas
 from lensprobe.core.measures.forced import resolve_measures
 from lensprobe.core.measures.measure import logits_needed, run_logits, run_measure
 from lensprobe.core.storage.identity import run_identity
+from lensprobe.core.storage.jsonable import prompt_ids_digest
 from lensprobe.core.storage.shards import check_shard, run_sharded
 
 __all__ = ["PatchHook", "PatchResult", "check_hook_names", "patch", "patch_hooks", "segment_alignment", "site_rows"]
@@ -191,8 +192,9 @@ def patch(model, source_prompt, target_prompt, hook_names: str | Sequence[str], 
 
     settings = run_identity(model, source=source_prompt, target=target_prompt, sites=list(groups), metric=metric,
                             answer=answer, tokens=tokens, continuation=continuation)
+    both = prompt_ids_digest(src_tokens, tgt_tokens)
     got = run_sharded(list(groups), compute, out=out, kind="patch", settings=settings, rank=rank,
-                      world_size=world_size)
+                      world_size=world_size, ids=dict.fromkeys(groups, both))
     clean = next((r["clean"] for r in got.values()), float("nan"))
     values = torch.tensor([clean, *(r["patched"] for r in got.values())], device="cpu")
     kl = torch.tensor([0.0, *(r["kl"] for r in got.values())], device="cpu")

@@ -38,6 +38,7 @@ from lensprobe.core.measures.measure import (
     run_measure,
 )
 from lensprobe.core.storage.identity import run_identity
+from lensprobe.core.storage.jsonable import prompt_ids_digest
 from lensprobe.core.storage.shards import check_shard, run_sharded
 from lensprobe.core.storage.store import atomic_file
 from lensprobe.interventions.ablation import RowHeadAblation
@@ -299,8 +300,9 @@ def ablation_sweep(model, prompts, metric: Any = "entropy", *, heads: Any = "all
     settings = {} if out is None else run_identity(
         model, prompts=items, metric=metric, answers=answers, tokens=tokens, continuation=continuation, heads=pairs, method=method, reference=source,
         positions=positions, batch_size=batch_size, share_prefix=share_prefix, interventions=list(interventions))
+    ids = {} if out is None else {unit: prompt_ids_digest(items[p]) for unit, (p, _) in units.items()}
     values = run_sharded(list(units), compute, out=out, kind="ablation sweep", settings=settings, rank=rank,
-                         world_size=world_size, progress="ablation sweep" if progress else False)
+                         world_size=world_size, progress="ablation sweep" if progress else False, ids=ids)
     baseline = torch.full((len(items),), float("nan"), device="cpu")
     ablated = torch.full((len(items), len(pairs)), float("nan"), device="cpu")
     for unit, flat in values.items():

@@ -6,6 +6,8 @@
 thinking), and replaces the newest position's input embedding with latent vectors.
 """
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -14,7 +16,7 @@ from lensprobe.core.hooks.attach import Hook, pattern_hook_name
 from lensprobe.core.models.kinds import is_hooked_transformer
 from lensprobe.generation.engines.threads import one_thread
 
-__all__ = ["StepRecorder", "final_hidden_hook"]
+__all__ = ["StepRecorder", "final_hidden_hook", "recorded_hook_names"]
 
 
 def final_hidden_hook(model) -> str:
@@ -38,6 +40,18 @@ def final_hidden_hook(model) -> str:
         if name in names:
             return name
     raise LensprobeError("this model has no ln_final hook point; LatentFusion needs the final hidden state.")
+
+
+def recorded_hook_names(model, layers: Sequence[int], latent: bool) -> list[str]:
+    """The hook points a trace's :class:`StepRecorder` attaches to (what its engine must serve):
+    ``hook_embed`` and the final hidden state for latent thinking, the attention patterns of ``layers``.
+
+    Example:
+        >>> recorded_hook_names(model, [0], latent=False)
+        ['blocks.0.attn.hook_pattern']
+    """
+    hidden = [final_hidden_hook(model)] if latent else []
+    return [*(["hook_embed"] if latent else []), *(pattern_hook_name(layer) for layer in layers), *hidden]
 
 
 class StepRecorder:

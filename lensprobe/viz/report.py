@@ -181,6 +181,24 @@ def _unique_slugs(sections: Sequence[Section]) -> list[str]:
     return slugs
 
 
+def _number_files(sections: Sequence[Section], slugs: list[str]) -> list[list[str]]:
+    """Every section's files (relative paths), checked before anything is written or deleted: two outputs
+    whose names give one file are refused while nothing has changed on disk."""
+    planned = [[f"{slug}/figure-{i}.json" for i in range(1, len(sec.figures) + 1)]
+               + [f"{slug}/{slugify(name)}.csv" for name in sec.tables]
+               + [f"{slug}/{slugify(name)}.json" for name in sec.data]
+               for sec, slug in zip(sections, slugs, strict=True)]
+    seen: dict[str, str] = {}
+    for sec, files in zip(sections, planned, strict=True):
+        for rel in files:
+            if rel in seen:
+                raise LensprobeError(f"section {sec.title!r} has two outputs named {rel} (names that give one file "
+                                     "name, e.g. 'a b' and 'a-b'): the second would overwrite the first; give them "
+                                     "different names. Nothing was written.")
+            seen[rel] = sec.title
+    return planned
+
+
 def _write_numbers(out: OutputFolder, sec: Section, slug: str) -> list[str]:
     """Write a section's tables (CSV), data (JSON) and figures (plotly JSON) into ``out/slug``; return their
     relative paths. Two of them whose names give one file are refused (neither overwrites the other)."""
@@ -260,6 +278,7 @@ def write_report(out_dir: str | Path, sections: Sequence[Section] | Section, *, 
     if isinstance(sections, Section):
         sections = [sections]
     slugs = _unique_slugs(sections)
+    _number_files(sections, slugs)
     out = OutputFolder(out_dir, what="report folder")
     _remove_previous(out)
     manifest: list[dict[str, Any]] = []

@@ -261,10 +261,10 @@ def _resume_and_check(kind: Kind, tiny, out: Path, clean, monkeypatch, pid: int,
     assert set(finished) <= set(left), f"units the killed run had finished are lost: {set(finished) - set(left)}"
     assert set(left) <= set(total) and len(left) < len(total), note
     assert left == {u: total[u] for u in left}, f"a unit on disk differs from the uninterrupted run's ({note})"
-    owned = {u: out / total[u] for u in left} if kind is TRACES else {}
+    owned = {u: out / total[u]["file"] for u in left} if kind is TRACES else {}
     # a recorded trace is on disk, whole: it loads and equals the uninterrupted run's
     _same_traces({u: lp.generation.load_trace(p) for u, p in owned.items()},
-                 {u: lp.generation.load_trace(clean_out / total[u]) for u in owned})
+                 {u: lp.generation.load_trace(clean_out / total[u]["file"]) for u in owned})
     kept = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in owned.values()}
     stale_lock = out / ".shard-rank0.lock"
     assert stale_lock.is_file()  # the killed run could not release its lock

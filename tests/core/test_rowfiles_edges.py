@@ -10,7 +10,12 @@ import pytest
 
 import lensprobe as lp
 import lensprobe.core.storage.rowfiles as rowfiles
-from lensprobe.core.storage.rowfiles import RowWriter, read_row_file, read_row_files
+from lensprobe.core.storage.rowfiles import RowWriter, read_row_file, read_row_files, row_line
+
+
+def line(**row) -> bytes:
+    """A row's line as the writer writes it (with its digest)."""
+    return row_line(row).encode("utf-8")
 
 
 # ----------------------------------------------------------------------------- reading
@@ -18,7 +23,7 @@ def test_blank_lines_are_skipped_but_counted_and_a_file_without_a_whole_line_has
     """Blank or space-only lines are skipped, the line numbers still count them; an empty file or one holding
     only a row cut short gives no rows."""
     path = tmp_path / "r.jsonl"
-    path.write_bytes(b'{"a": 1}\n\n  \n{"a": 2}\n')
+    path.write_bytes(line(a=1) + b'\n  \n' + line(a=2))
     assert list(read_row_file(path)) == [(1, {"a": 1}), (4, {"a": 2})]
     path.write_bytes(b"")
     assert list(read_row_file(path)) == []
@@ -26,14 +31,30 @@ def test_blank_lines_are_skipped_but_counted_and_a_file_without_a_whole_line_has
     assert list(read_row_file(path)) == []
 
 
+def test_a_row_edited_or_without_its_digest_is_refused_naming_the_line(tmp_path):
+    """A line whose content no longer matches its digest (edited by hand, damaged in the middle of the file) is
+    named; a line without a digest is an older lensprobe's, refused with what to do."""
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(line(a=1) + line(a=2).replace(b'"a": 2', b'"a": 3') + line(a=4))
+    with pytest.raises(lp.LensprobeError, match=r"r\.jsonl line 2 does not match its row_digest: the row was edited "
+                                                r"or damaged since it was written; delete that line"):
+        list(read_row_file(path))
+    path.write_bytes(line(a=1) + b'{"a": 2}\n')
+    with pytest.raises(lp.LensprobeError, match=r"r\.jsonl line 2 has no row_digest: it was written by an older "
+                                                r"lensprobe \(or by hand\).*Rerun into a new output folder"):
+        list(read_row_file(path))
+    path.write_bytes(line(a=1.5, b=[1, None], c="\u03c0") + line(t=(1, 2)))
+    assert list(read_row_file(path)) == [(1, {"a": 1.5, "b": [1, None], "c": "\u03c0"}), (2, {"t": [1, 2]})]
+
+
 def test_a_damaged_line_is_refused_naming_its_number_and_why(tmp_path):
     """Invalid JSON and bytes that are not UTF-8 are refused with the line number and the fix."""
     path = tmp_path / "r.jsonl"
-    path.write_bytes(b'{"a": 1}\n{"a": \n')
+    path.write_bytes(line(a=1) + b'{"a": \n')
     with pytest.raises(lp.LensprobeError, match=r"r\.jsonl line 2 is not valid JSON \(Expecting value\); the file "
                                                 r"was edited or damaged: delete that line to rerun the row\.$"):
         list(read_row_file(path))
-    path.write_bytes(b'{"a": 1}\n{"a": "\xff"}\n')
+    path.write_bytes(line(a=1) + b'{"a": "\xff"}\n')
     with pytest.raises(lp.LensprobeError, match=r"r\.jsonl line 2 is not valid JSON \(bytes that are not UTF-8\)"):
         list(read_row_file(path))
     with pytest.raises(lp.LensprobeError, match=r"^row file .*gone\.jsonl does not exist"):
@@ -43,7 +64,7 @@ def test_a_damaged_line_is_refused_naming_its_number_and_why(tmp_path):
 def test_row_files_are_read_in_file_name_order(tmp_path):
     """read_row_files reads only the files matching the pattern, sorted by name (as text: 10 before 2)."""
     for name, n in (("r-2.jsonl", 2), ("r-10.jsonl", 10), ("r-1.jsonl", 1), ("other.jsonl", 0)):
-        (tmp_path / name).write_bytes(b'{"n": %d}\n' % n)
+        (tmp_path / name).write_bytes(line(n=n))
     got = [(path.name, line, row["n"]) for path, line, row in read_row_files(tmp_path, "r-*.jsonl")]
     assert got == [("r-1.jsonl", 1, 1), ("r-10.jsonl", 1, 10), ("r-2.jsonl", 1, 2)]
 
@@ -80,7 +101,7 @@ def test_a_file_that_cannot_be_opened_is_refused_and_its_lock_released(tmp_path)
 def test_the_writer_appends_utf8_rows_counts_them_and_makes_the_file_readable_by_others(tmp_path):
     """Rows are appended as UTF-8 text (not escaped), counted as written then synced, in a file of mode 0644."""
     path = tmp_path / "results-rank0.jsonl"
-    path.write_bytes(b'{"old": 0}\n')
+    path.write_bytes(line(old=0))
     umask = os.umask(0)
     os.umask(umask)
     with RowWriter(path) as writer:
@@ -89,7 +110,8 @@ def test_the_writer_appends_utf8_rows_counts_them_and_makes_the_file_readable_by
         assert (writer.written, writer.synced) == (2, 0)
         writer.sync()
         assert (writer.written, writer.synced) == (2, 2)
-    assert path.read_bytes() == b'{"old": 0}\n{"q": "\xcf\x80"}\n{"n": [1, 2]}\n'
+    assert path.read_bytes() == line(old=0) + line(q="\u03c0") + line(n=[1, 2])
+    assert "\u03c0".encode() in path.read_bytes()  # UTF-8, not escaped
     fresh = tmp_path / "new.jsonl"
     RowWriter(fresh).close()
     assert fresh.stat().st_mode & 0o777 == 0o644 & ~umask
@@ -102,7 +124,7 @@ def test_short_writes_are_continued_until_the_row_is_whole(tmp_path, monkeypatch
     writer = RowWriter(path)
     monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data[:3])))
     writer.write({"a": 12345})
-    assert path.read_bytes() == b'{"a": 12345}\n'
+    assert path.read_bytes() == line(a=12345)
     monkeypatch.setattr(os, "write", lambda fd, data: 0)
     with pytest.raises(lp.LensprobeError, match=r"^writing to .*results-rank0\.jsonl failed \(the operating system "
                                                 r"wrote nothing\): 1 row\(s\) of this run are safely on disk\. Free "
@@ -110,7 +132,7 @@ def test_short_writes_are_continued_until_the_row_is_whole(tmp_path, monkeypatch
         writer.write({"b": 1})
     monkeypatch.undo()
     writer.close()
-    assert path.read_bytes() == b'{"a": 12345}\n'
+    assert path.read_bytes() == line(a=12345)
 
 
 def test_a_tail_cut_short_is_dropped_even_when_read_back_in_pieces(tmp_path, monkeypatch):
@@ -211,7 +233,7 @@ def test_a_failed_write_is_reported_even_when_the_cleanup_fails_too(tmp_path, mo
         writer.write({"a": 2})
     monkeypatch.undo()
     writer.close()
-    assert path.read_bytes() == b'{"a": 1}\n{"a"'  # the cut failed: the partial row stays for the next opening
+    assert path.read_bytes() == line(a=1) + line(a=2)[:4]  # the cut failed: the partial row stays for the next opening
 
 
 def test_a_results_file_replaced_by_another_is_refused_and_the_writer_stays_failed(tmp_path):
@@ -256,13 +278,14 @@ def test_a_file_that_ends_sooner_than_its_size_is_cut_at_the_last_whole_row_read
     """When reading the tail gives nothing more before the size said (the file was cut meanwhile), the file is cut
     after the last whole row read and the writer appends after it."""
     path = tmp_path / "results-rank0.jsonl"
-    path.write_bytes(b'{"a": 1}\n{"a": 2}\n{"a')
+    path.write_bytes(line(a=1) + line(a=2) + b'{"a')
     real_read, given = os.read, []
+    first = len(line(a=1))
 
     def read(fd, n):
         if n == 1:  # the last byte
             return real_read(fd, n)
-        chunk = real_read(fd, min(n, 9 - sum(given)))
+        chunk = real_read(fd, min(n, first - sum(given)))
         given.append(len(chunk))
         return chunk
 
@@ -271,4 +294,4 @@ def test_a_file_that_ends_sooner_than_its_size_is_cut_at_the_last_whole_row_read
     monkeypatch.undo()
     writer.write({"b": 1})
     writer.close()
-    assert path.read_bytes() == b'{"a": 1}\n{"b": 1}\n'
+    assert path.read_bytes() == line(a=1) + line(b=1)

@@ -8,12 +8,13 @@ from identities import old_folder, snapshot, two_files_folder
 
 import lensprobe as lp
 from lensprobe.core.storage.identity import IDENTITY_VERSION
+from lensprobe.core.storage.jsonable import json_digest
 from lensprobe.core.storage.runconfig import CONFIG_FILE, LAYOUT, open_run, read_run, run_hash
 from lensprobe.core.storage.shards import ShardStore, run_sharded
 from lensprobe.evals.problems.load import Problem
 from lensprobe.evals.results.folder import read_config
 
-LAYOUT_KEYS = ["layout", "kind", "hash", "settings", "parts", "labels"]
+LAYOUT_KEYS = ["layout", "kind", "hash", "settings", "parts", "labels", "digest"]
 PROBLEMS = [Problem(id="q0", problem="What is 1+1?", answer="2", level=1, subject="S")]
 
 
@@ -48,7 +49,8 @@ def test_every_kind_of_run_writes_the_same_layout(tiny, prompt, tmp_path):
     assert list(evaluation["parts"]) == ["w/o"] and evaluation["labels"] == {"model": "tiny"}
     assert {row["config_hash"] for row in lp.evals.load_results(tmp_path / "eval").to_dict("records")} == \
         {evaluation["hash"]}
-    assert all(recorded(tmp_path / name)["parts"] == {} for name in ("sweep", "patch", "traces"))
+    assert all(recorded(tmp_path / name)["parts"] == {} for name in ("sweep", "patch"))
+    assert list(recorded(tmp_path / "traces")["parts"]) == ["engine"]  # the engine that ran, "auto" resolved
 
 
 def test_one_check_lists_every_setting_that_differs_nested(tmp_path):
@@ -76,7 +78,7 @@ def test_one_check_lists_every_setting_that_differs_nested(tmp_path):
     assert snapshot(tmp_path) == before
     grown = open_run(tmp_path, "evaluation", settings, parts={"w/ Mful": {"hash": "c"}}, labels={"model": "renamed"})
     assert list(grown["parts"]) == ["w/o", "w/ Mful"] and grown["labels"] == {"model": "m"}  # labels of the first run
-    assert recorded(tmp_path) == grown and grown["hash"] == first["hash"]
+    assert recorded(tmp_path) == {**grown, "digest": json_digest(grown)} and grown["hash"] == first["hash"]
 
 
 def test_rows_without_their_settings_file_are_refused_for_every_kind(tmp_path):
@@ -101,13 +103,30 @@ def test_a_folder_of_another_kind_is_named_when_read(tiny, prompt, tmp_path):
     assert read_run(tmp_path / "sweep")["kind"] == "ablation sweep"
 
 
-@pytest.mark.parametrize("damage", ["[1, 2]", '{"layout": 1, "kind": "demo"}', '{"layout": 1, "kind": "demo", '])
+@pytest.mark.parametrize("damage", ["[1, 2]", '{"layout": 1, "kind": "demo", '])
 def test_a_damaged_settings_file_is_refused_with_the_fix(tmp_path, damage):
     run_sharded(["a"], len, out=tmp_path, kind="demo", settings={"v": 1})
     (tmp_path / CONFIG_FILE).write_text(damage, encoding="utf-8")
-    with pytest.raises(lp.LensprobeError, match=r"config\.json (is not|lacks).*restore it from a copy, or delete the "
-                                                "folder to start over"):
+    with pytest.raises(lp.LensprobeError, match=r"config\.json (is not|lacks).*use a new output folder, or delete this "
+                                                "one to start over"):
         run_sharded(["a"], len, out=tmp_path, kind="demo", settings={"v": 1})
+
+
+def test_a_settings_file_edited_or_without_its_digest_is_refused(tmp_path):
+    """config.json is checked whole: an edit anywhere (here a label, never compared) breaks its digest; a file
+    without one is an older lensprobe's. Neither message offers a repair that could adopt another run's rows."""
+    run_sharded(["a"], len, out=tmp_path, kind="demo", settings={"v": 1})
+    config = recorded(tmp_path)
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({**config, "labels": {"model": "x"}}), encoding="utf-8")
+    with pytest.raises(lp.LensprobeError, match=r"config\.json does not match its digest: it was edited or damaged "
+                                                r"since it was written.*Use a new output folder, or delete this one"):
+        run_sharded(["a"], len, out=tmp_path, kind="demo", settings={"v": 1})
+    del config["digest"]
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(lp.LensprobeError, match=r"config\.json has no digest of its content: it was written by an "
+                                                r"older lensprobe.*Rerun into a new output folder") as refused:
+        read_run(tmp_path)
+    assert "copy" not in str(refused.value)
 
 
 def test_a_settings_file_of_another_layout_is_refused(tmp_path):
@@ -118,7 +137,7 @@ def test_a_settings_file_of_another_layout_is_refused(tmp_path):
         open_run(tmp_path, "demo", {"v": 1})
 
 
-def test_folders_of_the_two_files_layout_are_refused_with_why_and_evaluations_still_read(tiny, prompt, tmp_path):
+def test_folders_of_the_two_files_layout_are_refused_with_why(tiny, prompt, tmp_path):
     sweep = two_files_folder("sweep", tmp_path)
     before = snapshot(sweep)
     with pytest.raises(lp.LensprobeError, match=r"written by an older lensprobe, which kept a run's settings in "
@@ -132,9 +151,10 @@ def test_folders_of_the_two_files_layout_are_refused_with_why_and_evaluations_st
                                                 "output folder"):
         lp.evaluate(tiny, PROBLEMS, "w/o", out=evaluation, max_new_tokens=3, progress=False)
     assert snapshot(evaluation) == before
-    rows = lp.evals.load_results(evaluation)  # read, never resumed: its rows are checked against its own hash
-    assert len(rows) == 1 and read_config(evaluation)["kind"] == "evaluation"
-    assert set(rows["config_hash"]) == {json.loads((evaluation / CONFIG_FILE).read_text())["config_hash"]}
+    assert read_config(evaluation)["kind"] == "evaluation"
+    with pytest.raises(lp.LensprobeError, match=r"results-rank0\.jsonl line 1 has no row_digest: it was written by an "
+                                                r"older lensprobe.*Rerun into a new output folder"):
+        lp.evals.load_results(evaluation)  # its rows cannot be checked whole: refused, never counted
 
 
 def test_repr_era_folders_still_get_the_identity_message(tiny, prompt, tmp_path):

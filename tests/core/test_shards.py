@@ -132,6 +132,7 @@ def test_atomic_file_leaves_the_old_file_when_writing_fails(tmp_path):
         raise RuntimeError("disk gone")
     assert json.loads(path.read_text()) == {"a": 0.1}
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary file left
+    run_sharded(["b"], len, out=tmp_path, kind="demo", settings={})
     (tmp_path / "shard-rank0.jsonl").write_text('{"unit": "a", "result": 1\n')  # edited by hand
     with pytest.raises(lp.LensprobeError, match="shard-rank0.jsonl line 1 is not valid JSON"):
         run_sharded(["a"], len, out=tmp_path, kind="demo", settings={})
@@ -242,5 +243,5 @@ def test_sweep_and_trace_commands_take_their_share_from_the_environment(tiny, tm
         a, b = lp.generation.load_trace(single / name), lp.generation.load_trace(sharded / name)
         assert torch.equal(a.entropy_rows, b.entropy_rows) and a.texts == b.texts
     assert lp.generation.load_trace(single / "trace-pause.parquet").thinking.any()  # the thinking settings did think
-    assert shard_units(sharded / "shards" / "shard-rank1.jsonl") == {
+    assert {u: r["file"] for u, r in shard_units(sharded / "shards" / "shard-rank1.jsonl").items()} == {
         "Pause": "traces/trace-00001.parquet"}

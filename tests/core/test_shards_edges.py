@@ -2,7 +2,6 @@
 local GPU on a CPU-only machine, run_sharded's orders and refusals, and the rank files read by rank
 number; no model is loaded."""
 
-import json
 import os
 import re
 import socket
@@ -14,6 +13,7 @@ from test_store_edges import Clock
 import lensprobe as lp
 import lensprobe.core.storage.shards as shards
 from lensprobe.core.storage import store as storage
+from lensprobe.core.storage.rowfiles import read_row_file, row_line
 from lensprobe.core.storage.shards import (
     ShardStore,
     bind_local_gpu,
@@ -118,10 +118,10 @@ def test_the_ranks_of_a_two_process_run_return_their_share_then_everything(tmp_p
 
 def test_rank_files_are_merged_by_rank_number_and_other_names_are_ignored(tmp_path):
     """shard-rank10 comes after shard-rank2 (the first complete row wins); shard-rankx.jsonl is not a rank."""
-    with ShardStore(tmp_path, "demo", {}, rank=0):
-        pass
-    (tmp_path / "shard-rank2.jsonl").write_text('{"unit": "a", "result": 2}\n', encoding="utf-8")
-    (tmp_path / "shard-rank10.jsonl").write_text('{"unit": "a", "result": 10}\n', encoding="utf-8")
+    with ShardStore(tmp_path, "demo", {}, rank=0) as store:
+        run = store.config["hash"]
+    (tmp_path / "shard-rank2.jsonl").write_text(row_line({"unit": "a", "result": 2, "run": run}), encoding="utf-8")
+    (tmp_path / "shard-rank10.jsonl").write_text(row_line({"unit": "a", "result": 10, "run": run}), encoding="utf-8")
     (tmp_path / "shard-rankx.jsonl").write_text("not json\n", encoding="utf-8")
     with ShardStore(tmp_path, "demo", {}, rank=0) as store, pytest.raises(
             lp.LensprobeError, match=r"two results for 'a' disagree: .*shard-rank2\.jsonl unit 'a' \(line 1\) and "
@@ -129,13 +129,14 @@ def test_rank_files_are_merged_by_rank_number_and_other_names_are_ignored(tmp_pa
         store.done()
 
 
-@pytest.mark.parametrize("row", ['["a", 1]', '{"unit": 1, "result": 1}', '{"unit": "a"}'])
+@pytest.mark.parametrize("row", [{"unit": 1, "result": 1}, {"unit": "a"}])
 def test_a_row_that_is_not_a_finished_unit_is_refused(tmp_path, row):
-    """A row that is not a mapping, has no text unit, or has no result is refused with its line and the fix."""
+    """A row that has no text unit or no result is refused with its line and the fix (one that is not a mapping
+    has no digest: refused before)."""
     with ShardStore(tmp_path, "demo", {}, rank=0) as store:
         store.record("ok", 1)
     with open(tmp_path / "shard-rank0.jsonl", "a", encoding="utf-8") as fh:
-        fh.write(row + "\n")
+        fh.write(row_line(row))
     with ShardStore(tmp_path, "demo", {}, rank=0) as store, pytest.raises(
             lp.LensprobeError, match=r"shard-rank0\.jsonl line 2 is not a finished unit \(\{\"unit\": \.\.\., "
                                      r"\"result\": \.\.\.\}\): the file was edited or damaged; delete that line to "
@@ -153,8 +154,8 @@ def test_a_rank_is_held_by_one_store_until_closed_and_its_file_made_at_the_first
     assert not (tmp_path / "shard-rank3.jsonl").exists()
     assert store.record("t", (1, 2)) == [1, 2]
     store.close()
-    assert [json.loads(line) for line in (tmp_path / "shard-rank3.jsonl").read_text().splitlines()] == [
-        {"unit": "t", "result": [1, 2]}]
+    assert [row for _, row in read_row_file(tmp_path / "shard-rank3.jsonl")] == [
+        {"unit": "t", "result": [1, 2], "run": store.config["hash"], "ids": None}]
     with ShardStore(tmp_path, "demo", {}, rank=3) as again:
         assert again.wait(["t"], 4, stall_timeout=1) == {"t": [1, 2]}
 
@@ -227,8 +228,9 @@ def test_rank_files_without_the_runs_settings_are_refused_not_resumed(tmp_path):
     refuses it (the rows are not counted as done), naming the file and both ways out."""
     (tmp_path / "shard-rank3.jsonl").write_text('{"unit": "u", "result": 1}\n')
     expected = (f"{tmp_path} holds result rows (shard-rank3.jsonl line 1, ...) but no config.json: the run they "
-                "belong to cannot be checked, so they are neither counted nor resumed. Restore config.json (a copy "
-                "of the run's), or move the shard-rank*.jsonl files away (or use a new output folder) to start over.")
+                "belong to cannot be checked, so they are neither counted nor resumed. Use a new output folder, or delete "
+                "this one (or move the shard-rank*.jsonl files away) to start over.")
+    assert "copy" not in expected  # a copy of another run's config.json would adopt its rows
     with pytest.raises(lp.LensprobeError, match=f"^{re.escape(expected)}$"):
         ShardStore(tmp_path, "demo", {}, rank=0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shard-rank3.jsonl"]

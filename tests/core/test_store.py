@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import lensprobe as lp
-from lensprobe.core.storage.rowfiles import RowWriter, read_row_files
+from lensprobe.core.storage.rowfiles import RowWriter, read_row_file, read_row_files, row_line
 from lensprobe.core.storage.shards import ShardStore, run_sharded
 from lensprobe.core.storage.store import (
     diff_lines,
@@ -194,9 +194,10 @@ def test_recording_units_appends_one_row_each_and_never_rewrites_earlier_ones(tm
             data = path.read_bytes()
             assert data.startswith(first) and len(data) > sizes[-1]  # earlier rows untouched, the file only grows
             sizes.append(len(data))
-    lines = path.read_bytes().splitlines()
-    assert len(lines) == 6 and json.loads(lines[0]) == {"unit": "u0", "result": {"v": [1, 2]}}
-    assert json.loads(lines[5]) == {"unit": "u5", "result": [5, 5 / 3]}
+    rows = [row for _, row in read_row_file(path)]
+    run = store.config["hash"]
+    assert len(rows) == 6 and rows[0] == {"unit": "u0", "result": {"v": [1, 2]}, "run": run, "ids": None}
+    assert rows[5] == {"unit": "u5", "result": [5, 5 / 3], "run": run, "ids": None}
     assert not (tmp_path / "shard-rank0.json").exists()
 
 
@@ -210,7 +211,8 @@ def test_a_row_torn_by_a_crash_is_skipped_then_cut_off_before_the_rank_appends_a
         assert store.done() == {"a": 1}
         store.record("b", 2)
         assert store.done() == {"a": 1, "b": 2}
-    assert path.read_bytes() == kept + b'{"unit": "b", "result": 2}\n'
+    assert path.read_bytes() == kept + row_line({"unit": "b", "result": 2, "run": store.config["hash"],
+                                                 "ids": None}).encode()
 
 
 def test_a_folder_with_shard_files_of_the_older_format_is_refused(tmp_path):

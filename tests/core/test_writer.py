@@ -2,14 +2,17 @@
 an edited listing says, and two outputs of one run never share a name."""
 
 import json
+import os
 
 import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.storage.locks import FileLock
 from lensprobe.core.storage.outfolder import PAGES_FILE, replace_pages
-from lensprobe.core.storage.writer import OutputFolder
+from lensprobe.core.storage.rowfiles import RowWriter
+from lensprobe.core.storage.writer import OutputFolder, open_in
 from lensprobe.viz.report import Section, write_report
 
 
@@ -65,9 +68,38 @@ def test_writing_into_a_section_folder_that_links_out_is_refused(tmp_path):
     Section("S", tables={"a b": pd.DataFrame({"a": [1]}), "a-b": pd.DataFrame({"a": [2]})}),
     Section("S", figures=[go.Figure()], data={"figure 1": {"x": 1}}),
 ])
-def test_two_outputs_of_one_section_on_one_name_are_refused(tmp_path, section):
-    with pytest.raises(LensprobeError, match="written twice by one run"):
+def test_two_outputs_of_one_section_on_one_name_are_refused_before_anything_is_written(tmp_path, section):
+    with pytest.raises(LensprobeError, match=r"section 'S' has two outputs named s/\S+ .*Nothing was written"):
         _report(tmp_path / "rep", [section])
+    assert not (tmp_path / "rep").exists()
+    _report(tmp_path / "old", [Section("S", tables={"t": pd.DataFrame({"a": [1]})})])
+    before = sorted(p.name for p in (tmp_path / "old").rglob("*"))
+    with pytest.raises(LensprobeError, match="Nothing was written"):  # the earlier report is left whole
+        _report(tmp_path / "old", [section])
+    assert sorted(p.name for p in (tmp_path / "old").rglob("*")) == before
+
+
+def test_row_and_lock_files_are_opened_inside_their_folder_never_through_a_link(tmp_path):
+    """open_in, the one way a file is written in place (row files, lock files), refuses a path outside its
+    folder and a link; RowWriter and FileLock go through it."""
+    victim = tmp_path / "victim.jsonl"
+    victim.write_text("mine\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(LensprobeError, match=r"outside the run folder"):
+        open_in(run, run / ".." / "victim.jsonl", os.O_RDWR | os.O_APPEND)
+    (run / "results-rank0.jsonl").symlink_to(victim)
+    with pytest.raises(LensprobeError, match=r"results-rank0\.jsonl is a symbolic link: lensprobe does not write "
+                                             "through links"):
+        RowWriter(run / "results-rank0.jsonl")
+    assert not (run / ".results-rank0.jsonl.lock").exists()  # the lock taken first was released
+    (run / ".x.lock").symlink_to(victim)
+    with pytest.raises(LensprobeError, match=r"\.x\.lock is a symbolic link"):
+        FileLock(run / ".x.lock").acquire()
+    assert victim.read_text() == "mine\n"
+    fd = open_in(run, run / "new.jsonl", os.O_RDWR | os.O_CREAT)
+    os.close(fd)
+    assert (run / "new.jsonl").is_file()
 
 
 def test_a_rewritten_report_removes_its_own_earlier_files(tmp_path):

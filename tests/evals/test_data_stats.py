@@ -10,6 +10,7 @@ import pytest
 
 import lensprobe as lp
 from lensprobe.core.storage.identity import IDENTITY_VERSION
+from lensprobe.core.storage.rowfiles import row_line
 from lensprobe.evals import (
     BUILTIN_CONDITIONS,
     accuracy,
@@ -246,7 +247,7 @@ def test_partial_last_line_is_ignored_and_repaired(tmp_path):
     h1 = prepare_folder(tmp_path, {"x": 1}, {"c": {"hash": "a"}})["hash"]
     path = tmp_path / "results-rank0.jsonl"
     good = {"condition": "c", "problem_id": "p1", "sample": 0, "config_hash": h1, "condition_hash": "a"}
-    path.write_text(json.dumps(good) + "\n" + '{"condition": "c", "problem_id": "p2", "sa', encoding="utf-8")
+    path.write_text(row_line(good) + '{"condition": "c", "problem_id": "p2", "sa', encoding="utf-8")
     assert read_rows(tmp_path) == [good]
     assert len(load_results(tmp_path)) == 1
     with RowWriter(path) as w:  # a resumed run cuts the partial row before appending
@@ -257,8 +258,8 @@ def test_partial_last_line_is_ignored_and_repaired(tmp_path):
 
 def test_damaged_middle_line_is_an_error(tmp_path):
     h1 = prepare_folder(tmp_path, {"x": 1}, {"c": {"hash": "a"}})["hash"]
-    row = json.dumps({"condition": "c", "problem_id": "p1", "sample": 0, "config_hash": h1, "condition_hash": "a"})
-    (tmp_path / "results-rank0.jsonl").write_text(f"{row}\nnot json\n{row}\n", encoding="utf-8")
+    row = row_line({"condition": "c", "problem_id": "p1", "sample": 0, "config_hash": h1, "condition_hash": "a"})
+    (tmp_path / "results-rank0.jsonl").write_text(f"{row}not json\n{row}", encoding="utf-8")
     with pytest.raises(lp.LensprobeError, match="line 2 is not valid JSON"):
         read_rows(tmp_path)
 

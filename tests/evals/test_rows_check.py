@@ -4,6 +4,7 @@ both, and rows of another run (or without the folder's config.json) are refused.
 
 import json
 import math
+import re
 import shutil
 
 import pandas as pd
@@ -11,6 +12,7 @@ import pytest
 
 import lensprobe as lp
 from lensprobe.app.cli import main
+from lensprobe.core.storage.rowfiles import ROW_DIGEST, row_line
 from lensprobe.evals import Problem
 from lensprobe.evals.results.folder import load_results, read_rows, results_file
 from lensprobe.evals.results.rows_check import check_row, check_verdict_column, is_verdict
@@ -42,10 +44,19 @@ def lines(out) -> list[str]:
     return results_file(out, 0).read_text(encoding="utf-8").splitlines()
 
 
+def seal(text: str) -> str:
+    """A row's JSON text as lensprobe writes it (with its digest, so the row's own checks are reached); a value
+    that is not an object stays as it is."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        return text
+    return row_line({k: v for k, v in value.items() if k != ROW_DIGEST}).rstrip("\n")
+
+
 def edit(out, line_no: int, change) -> None:
-    """Replace row ``line_no`` (1-based) of the results file by ``change(row)`` (a JSON text)."""
+    """Replace row ``line_no`` (1-based) of the results file by ``change(row)`` (a JSON text), sealed."""
     rows = lines(out)
-    rows[line_no - 1] = change(json.loads(rows[line_no - 1]))
+    rows[line_no - 1] = seal(change(json.loads(rows[line_no - 1])))
     results_file(out, 0).write_text("\n".join(rows) + "\n", encoding="utf-8")
 
 
@@ -63,15 +74,26 @@ def test_a_field_of_the_wrong_type_is_refused_with_file_line_and_fix(copy, key, 
         load_results(copy)
 
 
-@pytest.mark.parametrize("text,what", [("null", "it holds null"), ("[1, 2, 3]", "it holds a list"),
-                                       ("{}", "it has no 'condition', 'problem_id', 'sample' field"),
-                                       ('"row"', "it holds a string")])
+@pytest.mark.parametrize("text,what", [
+    ("null", "has no row_digest"), ("[1, 2, 3]", "has no row_digest"), ('"row"', "has no row_digest"),
+    ("{}", "is not a result row: it has no 'condition', 'problem_id', 'sample' field")])
 def test_a_line_that_is_not_a_row_is_refused_by_eval_report_in_one_line(copy, text, what, capsys):
     edit(copy, 3, lambda row: text)
     assert main(["eval-report", str(copy)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "results-rank0.jsonl line 3 is not a result row: " + what in err, err
-    assert "delete that line to run the row again" in err
+    assert err.count("\n") == 1 and "results-rank0.jsonl line 3 " + what in err, err
+    assert ("delete that line to run the row again" in err) == (text == "{}")
+
+
+def test_a_row_edited_by_hand_is_refused_naming_its_line(copy, capsys):
+    """An edit that keeps the row well-formed (a number changed) is caught by the line's digest."""
+    rows = lines(copy)
+    edited = re.sub(r'"seconds": [0-9.e-]+', '"seconds": 123.5', rows[1])
+    assert edited != rows[1]
+    rows[1] = edited
+    results_file(copy, 0).write_text("\n".join(rows) + "\n", encoding="utf-8")
+    assert main(["eval-report", str(copy)]) == 2
+    assert "results-rank0.jsonl line 2 does not match its row_digest" in capsys.readouterr().err
 
 
 def test_a_row_without_problem_id_stops_a_resume_before_generating(copy, tiny):
@@ -112,10 +134,10 @@ def test_a_nan_verdict_is_a_missing_verdict_left_out_named_and_retried(copy, tin
 def test_rows_written_twice_with_different_verdicts_are_refused_naming_both_lines(copy, capsys):
     first = json.loads(lines(copy)[0])
     with results_file(copy, 0).open("a", encoding="utf-8") as f:
-        f.write(json.dumps({**first, "seconds": 9.0}) + "\n")  # a copy with the same verdicts: the first counts
+        f.write(seal(json.dumps({**first, "seconds": 9.0})) + "\n")  # a copy with the same verdicts: the first counts
     assert len(read_rows(copy)) == 4 and len(load_results(copy)) == 3
     with results_file(copy, 1).open("a", encoding="utf-8") as f:  # another rank's file disagrees
-        f.write(json.dumps({**first, "math-verify": not first["math-verify"]}) + "\n")
+        f.write(seal(json.dumps({**first, "math-verify": not first["math-verify"]})) + "\n")
     with pytest.raises(lp.LensprobeError, match=r"two results for \('w/o', 'q0', 0\) disagree: .*results-rank0\.jsonl "
                                                 r"line 1 and .*results-rank1\.jsonl line 1\. Which one is right cannot "
                                                 r"be told from the files: delete the wrong line"):
@@ -159,7 +181,7 @@ def test_a_folder_with_rows_but_no_config_is_refused_not_given_a_new_identity(co
     (copy / "config.json").unlink()
     before = results_file(copy, 0).read_bytes()
     refused = (r"holds result rows \(results-rank0\.jsonl line 1, \.\.\.\) but no config\.json: the run they belong "
-               r"to cannot be checked, so they are neither counted nor resumed\. Restore config\.json")
+               r"to cannot be checked, so they are neither counted nor resumed\. Use a new output folder, or delete this one")
     with pytest.raises(lp.LensprobeError, match=refused):
         read_rows(copy)
     with pytest.raises(lp.LensprobeError, match=refused):

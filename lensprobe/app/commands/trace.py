@@ -21,6 +21,7 @@ from lensprobe.app.parsing import add_config
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.prompts.prompt import build_prompt
 from lensprobe.core.storage.identity import run_identity
+from lensprobe.core.storage.jsonable import prompt_ids_digest
 from lensprobe.core.storage.shards import bind_local_gpu, shard_info
 from lensprobe.core.storage.store import atomic_file
 from lensprobe.generation.thinking.latent import LatentFusion, add_thinking_token
@@ -95,7 +96,8 @@ def _trace(args, settings: dict, shard: tuple[int, int], files: list) -> int:
         jobs = {label: partial(_trace_setting, model, prompt, label, t, generation) for label, t in settings.items()}
         given = {k: _identity_part(v) for k, v in vars(args).items() if k not in ("func", "out", "OutputOptions")}
         described = run_identity(model, prompt=prompt, arguments=given)
-        traces = trace_jobs(jobs, out=args.out / "shards", settings=described, progress="trace")
+        traces = trace_jobs(jobs, out=args.out / "shards", settings=described, progress="trace",
+                            ids=dict.fromkeys(jobs, prompt_ids_digest(prompt)))
         if rank != 0:
             print(f"rank {rank} of {world}: its traces are in {(args.out / 'shards').resolve()}; rank 0 writes the "
                   "summary")

@@ -6,6 +6,7 @@
   addresses), a label for people; never an identity (two objects with the same repr can differ:
   runs are identified by :mod:`lensprobe.core.storage.identity`);
 - :func:`digest` and :func:`json_digest`: short content hashes (same content, same digest);
+  :func:`prompt_ids_digest`: the digest of the token ids a resumable run's row was computed from;
 - :func:`describe_setting`: a setting as JSON for people (what a generation trace's ``meta`` records).
 """
 
@@ -89,6 +90,25 @@ def json_digest(data: Any, length: int = 16) -> str:
         True
     """
     return digest(json.dumps(data, sort_keys=True), length=length)
+
+
+def prompt_ids_digest(*prompts: Any) -> str:
+    """The digest of the token ids a row was computed from, which every row of a resumable run records
+    and a resumed run checks (one prompt: its ids; several, e.g. patching's source and target: the list).
+
+    Each prompt is a :class:`~lensprobe.core.prompts.prompt.Prompt` (its ``tokens``), a tensor or a list of ids.
+
+    Example:
+        >>> prompt_ids_digest([1, 2, 3]) == prompt_ids_digest(torch.tensor([[1, 2, 3]]))
+        True
+    """
+    ids = [_flat_ids(p) for p in prompts]
+    return json_digest(ids[0] if len(ids) == 1 else ids)
+
+
+def _flat_ids(prompt: Any) -> list:
+    tokens = getattr(prompt, "tokens", prompt)
+    return tokens.reshape(-1).tolist() if hasattr(tokens, "reshape") else [int(t) for t in tokens]
 
 
 def describe_setting(value: Any, structured: tuple[type, ...] = ()) -> Any:

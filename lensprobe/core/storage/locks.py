@@ -36,6 +36,7 @@ from types import ModuleType
 from typing import Any
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.storage.writer import open_in, remove_file
 
 try:  # POSIX: the lock file is also flock-ed while held
     import fcntl as _fcntl
@@ -79,7 +80,7 @@ def _open_lock(path: Path | str | os.PathLike, flags: int) -> int:
     """Open the lock file without waiting (``O_NONBLOCK``); anything but a regular file (a FIFO, a device,
     a folder) is refused at once, naming the file to delete."""
     try:
-        fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = open_in(Path(path).parent, path, flags | os.O_NONBLOCK)
     except IsADirectoryError:
         fd = -1
     if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -221,7 +222,7 @@ class FileLock:
         try:
             with contextlib.suppress(OSError):
                 if self._same_file(fd):
-                    os.unlink(self.path)  # while still locked: a waiting process then retries on a new file
+                    remove_file(self.path.parent, self.path)  # still locked: a waiting process retries on a new file
         finally:
             os.close(fd)  # closing the descriptor drops the flock
 

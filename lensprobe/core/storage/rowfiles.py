@@ -6,7 +6,10 @@ process its own file (``results-rank{R}.jsonl``, ``shard-rank{R}.jsonl``), writt
 :class:`RowWriter`: one ``os.write`` per row, ``fsync`` when its writer syncs (an evaluation
 after each batch, a sharded run after each row), a lock while open, a row cut short by a crash
 removed before new rows are appended. :func:`read_row_files` merges every rank's file, row by
-row, skipping a last line without its newline (cut short by a crash). The rest of the store
+row, skipping a last line without its newline (cut short by a crash). Every line carries
+:data:`ROW_DIGEST`, the digest of its row's canonical JSON (:func:`row_line`), checked on every read:
+a row edited by hand or damaged in the middle of the file is refused with its file and line, and a
+line without one (an older lensprobe's file) is refused with what to do. The rest of the store
 (atomic writes, settings, the wait) is :mod:`lensprobe.core.storage.store`.
 
 Example:
@@ -26,18 +29,51 @@ from typing import Any
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.storage.files import DATA_LIMIT, read_bytes
+from lensprobe.core.storage.jsonable import json_digest
 from lensprobe.core.storage.locks import FileLock
+from lensprobe.core.storage.writer import open_in
 
-__all__ = ["RowWriter", "read_row_file", "read_row_files"]
+__all__ = ["ROW_DIGEST", "RowWriter", "read_row_file", "read_row_files", "row_line"]
+
+
+ROW_DIGEST = "row_digest"
+"""The field of every line that holds the digest of the line's own row (:func:`row_line`)."""
+
+
+def row_line(row: dict[str, Any]) -> str:
+    """The line a row is written as: its JSON with :data:`ROW_DIGEST`, the digest of the row's canonical
+    JSON (sorted keys), which :func:`read_row_file` checks, so a row edited by hand or damaged is named.
+
+    Example:
+        >>> row_line({"unit": "a", "result": 1})
+        '{"unit": "a", "result": 1, "row_digest": "..."}\n'
+    """
+    row = json.loads(json.dumps(row))  # as it reads back (tuples become lists): what the digest covers
+    return json.dumps({**row, ROW_DIGEST: json_digest(row)}, ensure_ascii=False) + "\n"
+
+
+def _checked_row(value: Any, path: Path, line_no: int) -> dict[str, Any]:
+    """The row of one line, its digest checked and removed."""
+    if not isinstance(value, dict) or ROW_DIGEST not in value:
+        raise LensprobeError(f"{path} line {line_no} has no {ROW_DIGEST}: it was written by an older lensprobe (or "
+                             "by hand), so its content cannot be checked. Rerun into a new output folder (or delete "
+                             "this one to start over).")
+    row = {k: v for k, v in value.items() if k != ROW_DIGEST}
+    if json_digest(row) != value[ROW_DIGEST]:
+        raise LensprobeError(f"{path} line {line_no} does not match its {ROW_DIGEST}: the row was edited or damaged "
+                             "since it was written; delete that line to compute its row again.")
+    return row
 
 
 def read_row_file(path: Path) -> Iterator[tuple[int, Any]]:
     """``(line number, row)`` for every complete line of a row file (a last line without its
-    newline was cut short by a crash: it is skipped).
+    newline was cut short by a crash: it is skipped), each line's digest checked (:func:`row_line`)
+    and removed from the row.
 
     Raises:
-        LensprobeError: a complete line is not valid JSON (the file was edited or damaged), or the
-            path is not a regular file of at most :data:`~lensprobe.core.storage.files.DATA_LIMIT` bytes.
+        LensprobeError: a complete line is not valid JSON, lacks its digest (an older lensprobe's
+            file) or does not match it (the file was edited or damaged), or the path is not a
+            regular file of at most :data:`~lensprobe.core.storage.files.DATA_LIMIT` bytes.
 
     Example:
         >>> list(read_row_file(Path("runs/x/results-rank0.jsonl")))
@@ -59,7 +95,7 @@ def read_row_file(path: Path) -> Iterator[tuple[int, Any]]:
                 f"{path} line {line_no} is not valid JSON ({why}); the file was edited or damaged: "
                 "delete that line to rerun the row."
             ) from None
-        yield line_no, row
+        yield line_no, _checked_row(row, path, line_no)
 
 
 def read_row_files(folder: Path, pattern: str) -> Iterator[tuple[Path, int, Any]]:
@@ -106,7 +142,10 @@ class RowWriter:
                      "run another output folder (sharded runs need distinct ranks).")
             self._lock.acquire()
         try:
-            self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            self._fd: int | None = open_in(self.path.parent, self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        except LensprobeError:
+            self._release_lock()
+            raise
         except OSError as err:
             self._release_lock()
             raise LensprobeError(f"cannot open {self.path} for writing ({err.strerror}): choose an output folder "
@@ -161,7 +200,7 @@ class RowWriter:
         if self._failed:
             raise LensprobeError(f"{self.path} had a write error earlier: rerun the command to resume.")
         self._check_still_there()
-        data = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+        data = row_line(row).encode("utf-8")
         view = memoryview(data)
         try:
             while view:

@@ -11,7 +11,8 @@ run computes in ``config.json``, in one layout::
       "settings": {"identity": 2, ...},     # every resolved setting, by content
       "parts": {"w/o": {..., "hash": ...}}, # parts a run may add to later (an evaluation's
                                             # conditions); {} for the others
-      "labels": {"model": "..."}            # names for people, beside the identity, never compared
+      "labels": {"model": "..."},           # names for people, beside the identity, never compared
+      "digest": "9a0e2b..."                 # digest of the file's own content (the keys above)
     }
 
 The settings are identities by content (:mod:`lensprobe.core.storage.identity`); every row a run
@@ -30,6 +31,10 @@ kind), :func:`read_run` reads it. A folder is refused, before anything is comput
   identity rule): its results cannot be checked against this run's, so they are not reused; the
   message says so and to rerun into a new folder (the old folder is left as it is). An evaluation
   folder of the earlier layout is still read (:func:`read_run`: its rows, reports), never resumed.
+
+The file is checked whole before it is used: ``digest`` is the
+:func:`~lensprobe.core.storage.jsonable.json_digest` of the rest of the file, so a file edited by hand
+or damaged is refused, and a file without it (an older lensprobe's) is refused with what to do.
 
 The file is replaced atomically (:func:`~lensprobe.core.storage.store.atomic_write_json`): readers
 see the old file or the new one.
@@ -52,8 +57,9 @@ from pathlib import Path
 from typing import Any
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.storage.files import DATA_LIMIT, read_bytes
 from lensprobe.core.storage.identity import check_identity_rule, identity_digest
-from lensprobe.core.storage.rowfiles import read_row_files
+from lensprobe.core.storage.jsonable import json_digest
 from lensprobe.core.storage.store import (
     NEW_FOLDER_FIX,
     atomic_write_json,
@@ -153,7 +159,7 @@ def open_run(out: str | os.PathLike, kind: str, settings: Mapping[str, Any], *, 
             _refuse_rows_without_config(out, rows)
         config = {"layout": LAYOUT, "kind": kind, "hash": digest, "settings": settings, "parts": parts,
                   "labels": _as_json(labels or {})}
-        atomic_write_json(out / CONFIG_FILE, config, indent=2)
+        _write(out, config)
         return config
     if old["kind"] != kind:
         raise other_run_error(f"{out} holds results of {_a(old['kind'])} run, this is {_a(kind)} run")
@@ -171,8 +177,25 @@ def open_run(out: str | os.PathLike, kind: str, settings: Mapping[str, Any], *, 
     if merged == old["parts"]:
         return old
     config = {**old, "parts": merged}
-    atomic_write_json(out / CONFIG_FILE, config, indent=2)
+    _write(out, config)
     return config
+
+
+def _write(out: Path, config: dict) -> None:
+    """Write ``config.json`` with the digest of its own content."""
+    atomic_write_json(out / CONFIG_FILE, {**config, "digest": json_digest(config)}, indent=2)
+
+
+def _checked_digest(config: dict, path: Path) -> dict:
+    """The file's content without its digest, the digest checked over the whole content."""
+    content = {k: v for k, v in config.items() if k != "digest"}
+    if "digest" not in config:
+        raise LensprobeError(f"{path} has no digest of its content: it was written by an older lensprobe, {_OLDER}")
+    if config["digest"] != json_digest(content):
+        raise LensprobeError(f"{path} does not match its digest: it was edited or damaged since it was written, so "
+                             "the folder's results cannot be checked against it. Use a new output folder, or delete "
+                             "this one to start over.")
+    return content
 
 
 def _recorded(out: Path, *, reading: bool = False) -> dict | None:
@@ -190,10 +213,10 @@ def _recorded(out: Path, *, reading: bool = False) -> dict | None:
                              f"{LAYOUT}), {_OLDER}")
     if not path.exists() and not path.is_symlink():  # a FIFO or a link to a device is refused by read_json
         return None
-    config = read_json(path, fix="restore it from a copy, or delete the folder to start over")
+    config = read_json(path, fix="use a new output folder, or delete this one to start over")
     if not isinstance(config, dict):
-        raise LensprobeError(f"{path} is not a run's settings (a JSON object): it was edited or damaged; restore it "
-                             "from a copy, or delete the folder to start over.")
+        raise LensprobeError(f"{path} is not a run's settings (a JSON object): it was edited or damaged; use a new "
+                             "output folder, or delete this one to start over.")
     if "layout" not in config and "config_hash" in config:  # an evaluation folder of an older lensprobe
         if reading:
             return {"layout": LAYOUT, "kind": "evaluation", "hash": config["config_hash"],
@@ -205,10 +228,11 @@ def _recorded(out: Path, *, reading: bool = False) -> dict | None:
         raise LensprobeError(f"{out} was written by an older lensprobe ({CONFIG_FILE} of "
                              f"{'another layout' if 'layout' in config else 'an older layout'}; this lensprobe "
                              f"writes layout {LAYOUT}), {_OLDER}")
+    config = _checked_digest(config, path)
     missing = [k for k in ("kind", "hash", "settings", "parts", "labels") if k not in config]
     if missing or not isinstance(config["settings"], dict) or not isinstance(config["parts"], dict):
         raise LensprobeError(f"{path} lacks {', '.join(missing) or 'a well-formed settings or parts entry'}: it was "
-                             "edited or damaged; restore it from a copy, or delete the folder to start over.")
+                             "edited or damaged; use a new output folder, or delete this one to start over.")
     if "identity" in config["settings"] and not reading:
         check_identity_rule(config["settings"], out)
     return config
@@ -217,11 +241,15 @@ def _recorded(out: Path, *, reading: bool = False) -> dict | None:
 def _refuse_rows_without_config(out: Path, rows: str) -> None:
     """Refuse a folder that holds rows but no ``config.json``: whose rows they are cannot be checked,
     and a new ``config.json`` would adopt them as this run's."""
-    for path, line_no, _ in read_row_files(out, rows):
+    for path in sorted(out.glob(rows)):
+        lines = read_bytes(path, "row file", DATA_LIMIT).split(b"\n")[:-1]  # complete lines only
+        line_no = next((n for n, line in enumerate(lines, start=1) if line.strip()), None)
+        if line_no is None:
+            continue
         raise LensprobeError(
             f"{out} holds result rows ({path.name} line {line_no}, ...) but no {CONFIG_FILE}: the run they belong to "
-            f"cannot be checked, so they are neither counted nor resumed. Restore {CONFIG_FILE} (a copy of the run's), "
-            f"or move the {rows} files away (or use a new output folder) to start over.")
+            f"cannot be checked, so they are neither counted nor resumed. Use a new output folder, or delete this "
+            f"one (or move the {rows} files away) to start over.")
 
 
 def _without_hash(part: Mapping[str, Any]) -> dict:

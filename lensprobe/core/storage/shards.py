@@ -39,7 +39,7 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.progress import tqdm
 from lensprobe.core.storage.locks import FileLock
 from lensprobe.core.storage.rowfiles import RowWriter, read_row_file
-from lensprobe.core.storage.runconfig import OLD_SETTINGS_FILE, open_run
+from lensprobe.core.storage.runconfig import CONFIG_FILE, OLD_SETTINGS_FILE, open_run
 from lensprobe.core.storage.store import (
     POLL_SECONDS,
     merge_rows,
@@ -149,7 +149,8 @@ def bind_local_gpu() -> int | None:
 
 def run_sharded(units: Sequence[str], compute: Callable[[str], Any], *, out: str | os.PathLike | None,
                 kind: str, settings: Mapping[str, Any], rank: int | None = None, world_size: int | None = None,
-                progress: bool | str = False, stall_timeout: float | None = None) -> dict[str, Any]:
+                progress: bool | str = False, stall_timeout: float | None = None,
+                ids: Mapping[str, str] | None = None, parts: Mapping[str, dict] | None = None) -> dict[str, Any]:
     """Compute ``compute(unit)`` for every unit, spread over the processes of a launcher, resumably.
 
     Args:
@@ -165,6 +166,11 @@ def run_sharded(units: Sequence[str], compute: Callable[[str], Any], *, out: str
         stall_timeout: how long rank 0 waits without news from the other ranks (default
             :func:`~lensprobe.core.storage.store.stall_limit`: ``$LENSPROBE_STALL_TIMEOUT``, else
             :data:`~lensprobe.core.storage.store.STALL_TIMEOUT` seconds).
+        ids: unit -> the digest of the token ids it is computed from
+            (:func:`~lensprobe.core.storage.jsonable.prompt_ids_digest`), recorded in its row and
+            checked when the run resumes (see :class:`ShardStore`).
+        parts: what the run resolved beside its settings (a trace set's engine), recorded in
+            ``config.json``'s parts (:func:`~lensprobe.core.storage.runconfig.open_run`).
 
     Returns:
         unit -> result, in the order of ``units``: every unit on rank 0 (after waiting for the
@@ -189,7 +195,7 @@ def run_sharded(units: Sequence[str], compute: Callable[[str], Any], *, out: str
     if out is None:
         with tqdm(units, desc=label, unit="unit", disable=not progress) as bar:
             return {u: compute(u) for u in bar}
-    with ShardStore(out, kind, settings, rank=rank) as store:
+    with ShardStore(out, kind, settings, rank=rank, ids=ids, parts=parts) as store:
         done = store.done()
         mine = my_units(units, rank, world_size)
         todo = [u for u in mine if u not in done]
@@ -208,12 +214,18 @@ class ShardStore:
 
     ``config.json`` holds what the run computes and its hash
     (:func:`~lensprobe.core.storage.runconfig.open_run`, the one layout of every run's settings); each rank appends one row per
-    finished unit, ``{"unit": name, "result": value}``, to ``shard-rank{R}.jsonl`` (a
+    finished unit, ``{"unit": name, "result": value, "run": hash, "ids": digest}``, to ``shard-rank{R}.jsonl`` (a
     :class:`~lensprobe.core.storage.rowfiles.RowWriter`: one ``os.write`` per row, ``fsync``
     before :meth:`record` returns), so a finished unit survives a kill and a crash loses at most
     the unit being computed (a row cut short is skipped by readers and cut off before this rank
     appends again). Rows are never rewritten: recording a unit costs the same however many are
     on disk.
+
+    Every row records the run that wrote it (``run``: the ``hash`` of ``config.json``) and, when
+    the unit is computed from token ids, their digest (``ids``); a row read back is refused, naming
+    its file, line and unit, when its run is not the folder's (a ``config.json`` replaced by another
+    run's, a row edited or copied in) or its ids are not this run's (another tokenizer or prompt):
+    rows of another run are never adopted. A new kind of run gets these checks by writing its rows here.
 
     Args:
         out: the folder (created if missing); every process of the run passes the same one.
@@ -221,6 +233,9 @@ class ShardStore:
         settings: JSON-able description of everything that changes the results; a folder
             holding another kind or other settings is refused.
         rank: this process's rank; it alone appends to ``shard-rank{rank}.jsonl`` (locked while open).
+        ids: unit -> the digest of its token ids (recorded and checked; units not named record none).
+        parts: name -> identity (with a ``"hash"``) recorded in ``config.json``'s parts; a part of
+            the same name with another hash is refused.
 
     Raises:
         LensprobeError: the folder holds another run (the settings that differ are listed), rows
@@ -234,11 +249,13 @@ class ShardStore:
         {'a': 1.5}
     """
 
-    def __init__(self, out: str | os.PathLike, kind: str, settings: Mapping[str, Any], *, rank: int = 0) -> None:
+    def __init__(self, out: str | os.PathLike, kind: str, settings: Mapping[str, Any], *, rank: int = 0,
+                 ids: Mapping[str, str] | None = None, parts: Mapping[str, dict] | None = None) -> None:
         self.out = open_folder(out)
         self.rank = rank
+        self.ids = dict(ids or {})
         self._refuse_old_files()
-        self.config = open_run(self.out, kind, settings, rows=_RANK_FILE.format("*"))
+        self.config = open_run(self.out, kind, settings, rows=_RANK_FILE.format("*"), parts=parts)
         self._lock = FileLock(self.out / f".shard-rank{rank}.lock",
                               busy=f"rank {rank} of {self.out} is being run by another process ({{holder}}): wait "
                                    "for it, or give each process its own rank (start them with a launcher such as "
@@ -277,14 +294,34 @@ class ShardStore:
                     raise LensprobeError(f"{path} line {line_no} is not a finished unit ({{\"unit\": ..., "
                                          "\"result\": ...}): the file was edited or damaged; delete that line to "
                                          "compute its unit again.")
+                self._check_row(row, path, line_no)
                 located.append((f"{path} unit {row['unit']!r} (line {line_no})", row["unit"], row["result"]))
         merged = merge_rows(located, fix="delete that unit's line from one of the files (or delete the file)")
         return {str(unit): result for unit, result in merged.items()}
 
+    def _check_row(self, row: dict, path: Path, line_no: int) -> None:
+        """Refuse a row of another run (its ``run`` is not the folder's hash) or of other token ids."""
+        where = f"{path} line {line_no} (unit {row['unit']!r})"
+        fix = ("rows of another run are never adopted: use a new output folder, or delete this one to start over "
+               "(deleting that line computes its unit again).")
+        if "run" not in row:
+            raise LensprobeError(f"{where} records no run: it was written by an older lensprobe, so whose row it is "
+                                 "cannot be checked. Rerun into a new output folder (or delete this one to start "
+                                 "over).")
+        if row["run"] != self.config["hash"]:
+            raise LensprobeError(f"{where} records run {row['run']!r}, but the folder's {CONFIG_FILE} is run "
+                                 f"{self.config['hash']!r}: {fix}")
+        want = self.ids.get(row["unit"])
+        if want is not None and row.get("ids") != want:
+            raise LensprobeError(f"{where} was computed from token ids with digest {row.get('ids')!r}, but this run's "
+                                 f"are {want!r} (another tokenizer or prompt): {fix}")
+
     def record(self, unit: str, result: Any) -> Any:
-        """Append one finished unit's JSON-able result to this rank's file, on disk (fsynced) when
-        this returns; returns the result as read back from JSON."""
-        row = json.loads(json.dumps({"unit": unit, "result": result}))
+        """Append one finished unit's JSON-able result to this rank's file (with the run's hash and the
+        unit's token ids digest), on disk (fsynced) when this returns; returns the result as read back
+        from JSON."""
+        row = json.loads(json.dumps({"unit": unit, "result": result, "run": self.config["hash"],
+                                     "ids": self.ids.get(unit)}))
         if self._writer is None:
             self._writer = RowWriter(self.out / _RANK_FILE.format(self.rank), locked=True)
         self._writer.write(row)

@@ -27,7 +27,9 @@ way:
   :class:`~lensprobe.core.storage.shards.ShardStore`, fsynced before the unit counts as recorded) or ``results-rank{R}.jsonl``
   (an evaluation's rows, fsynced after each batch). Rows are never rewritten; a row cut short by
   a crash is skipped by readers and cut off before the rank appends again. Reading merges every
-  rank's file.
+  rank's file. Every row records its run (the hash of ``config.json``) and, when computed from
+  token ids, their digest; every line carries the digest of its own content: a row of another
+  run, of other ids, or edited is refused, never adopted.
 - **One merge rule** (:func:`merge_rows`), for the ranks' files and for reruns: rows are keyed
   (a unit's name; an evaluation's condition, problem and sample); the first complete row for a
   key wins, in reading order (rank files by rank, lines in order); an incomplete row (an

@@ -8,6 +8,8 @@
   through a symbolic link is refused with a :class:`~lensprobe.core.errors.LensprobeError` naming
   the path and the fix. A name is written once per object: a second output of one run under the
   same name (two tables whose names give one file) is refused instead of overwriting the first.
+- :func:`open_in` opens a file written in place (a row file, a lock file) inside its run folder,
+  never through a link; :func:`probe_write` checks a folder can be written before any work.
 - :func:`remove_file` and :func:`remove_tree` are the only deletions (a path that is not inside its
   stated folder is never removed).
 
@@ -30,13 +32,15 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from lensprobe.core.errors import LensprobeError
 
-__all__ = ["OutputFolder", "atomic_file", "remove_empty_folder", "remove_file", "remove_tree", "rename_into_place"]
+__all__ = ["OutputFolder", "atomic_file", "open_in", "probe_write", "remove_empty_folder", "remove_file", "remove_tree",
+           "rename_into_place"]
 
 
 @contextlib.contextmanager
@@ -65,6 +69,43 @@ def _inside(folder: Path, path: Path) -> bool:
     """Whether ``path`` (its folder resolved, links followed) is inside ``folder``."""
     real = folder.resolve()
     return (path.parent.resolve() / path.name).is_relative_to(real) and path.name not in ("", "..")
+
+
+def open_in(folder: str | os.PathLike, path: str | os.PathLike, flags: int) -> int:
+    """A descriptor of ``path``, a file inside ``folder`` that lensprobe writes in place (a row file, a lock
+    file), opened with ``flags`` (``os.O_CREAT`` creates it, mode 0644): its folder is resolved and must be
+    inside ``folder``, and the file itself is never followed when it is a link (``O_NOFOLLOW``).
+
+    Raises:
+        LensprobeError: ``path`` is outside ``folder`` (through ``..`` or a linked folder) or is a link.
+        OSError: what the operating system refused otherwise (the caller names the file and the fix).
+
+    Example:
+        >>> fd = open_in("runs/x", "runs/x/results-rank0.jsonl", os.O_RDWR | os.O_CREAT | os.O_APPEND)
+    """
+    path = Path(path)
+    if not _inside(Path(folder), path):
+        raise LensprobeError(f"{path} is outside the run folder {folder}: lensprobe writes only inside it; give a "
+                             "path inside the folder.")
+    try:
+        return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as err:
+        if path.is_symlink():
+            raise LensprobeError(f"{path} is a symbolic link: lensprobe does not write through links (it could "
+                                 "lead out of the run folder); delete the link and rerun.") from None
+        raise err from None
+
+
+def probe_write(folder: str | os.PathLike) -> None:
+    """Create and delete a temporary file in ``folder``: permissions, read-only mounts and full quotas show
+    here, before any work.
+
+    Raises:
+        OSError: the folder cannot be written to.
+    """
+    fd, probe = tempfile.mkstemp(prefix=".lensprobe-write-test-", dir=folder)
+    os.close(fd)
+    remove_file(folder, probe)
 
 
 def remove_file(folder: str | os.PathLike, path: str | os.PathLike) -> bool:

@@ -25,7 +25,7 @@ from lensprobe.core.lazy import pandas
 from lensprobe.core.models.facts import ModelFacts, model_facts
 from lensprobe.core.progress import tqdm
 from lensprobe.core.prompts.conditions import QUESTION_PLACEHOLDER, Condition
-from lensprobe.core.storage.jsonable import json_digest
+from lensprobe.core.storage.jsonable import json_digest, prompt_ids_digest
 from lensprobe.core.storage.rowfiles import RowWriter
 from lensprobe.evals.grading.extract import extract_answer
 from lensprobe.evals.grading.grade import GRADERS, PaperGraderError, grade_all, grade_paper_exact
@@ -41,7 +41,7 @@ from lensprobe.generation.rows import FinishedRow
 
 __all__ = ["PAPER_EXACT", "ROW_COLUMNS", "ErrorRowsWarning", "Item", "RunInfo", "check_done_prompts", "condition_engine",
            "finished_rows", "generation_calls", "make_row", "plan_chunk", "plan_rows", "problem_hash",
-           "prompt_ids_digest", "result_table", "run_plan", "tally_rows"]
+           "result_table", "run_plan", "tally_rows"]
 
 
 def problem_hash(problem: Problem) -> str:
@@ -108,11 +108,6 @@ def condition_engine(model, cond: Condition) -> str:
         return engine_name(model, cond.generate_kwargs.get("engine", "auto"), interventions=bound)
     except LensprobeError as err:
         raise LensprobeError(f"condition {cond.name!r}: {err}") from None
-
-
-def prompt_ids_digest(prompt) -> str:
-    """The digest of a prompt's token ids that every row records (checked when a run resumes)."""
-    return json_digest(prompt.tokens.reshape(-1).tolist())
 
 
 def check_done_prompts(model, conds: list[Condition], done: dict, problems: list[Problem], out: Path) -> None:

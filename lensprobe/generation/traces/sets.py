@@ -25,14 +25,20 @@ from typing import Any
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.forward import as_prompts
 from lensprobe.core.models.facts import ModelFacts, model_facts
+from lensprobe.core.models.loading import check_layers
+from lensprobe.core.storage.files import file_sha256
 from lensprobe.core.storage.identity import run_identity
+from lensprobe.core.storage.jsonable import prompt_ids_digest
 from lensprobe.core.storage.shards import run_sharded
 from lensprobe.core.storage.store import atomic_file
 from lensprobe.generation.config import GenerationConfig, generation_config
+from lensprobe.generation.engines.choose import engine_name
 from lensprobe.generation.loop import trace_generation
+from lensprobe.generation.recording import recorded_hook_names
+from lensprobe.generation.thinking.latent import LatentFusion
 from lensprobe.generation.traces.trace import GenerationTrace, load_trace
 
-__all__ = ["TRACE_FOLDER", "trace_jobs", "trace_prompts"]
+__all__ = ["TRACE_FOLDER", "trace_engine", "trace_jobs", "trace_prompts"]
 
 TRACE_FOLDER = "traces"
 """Subfolder of ``out`` that holds the trace files."""
@@ -40,7 +46,8 @@ TRACE_FOLDER = "traces"
 
 def trace_jobs(jobs: Mapping[str, Callable[[], GenerationTrace]], *, out: str | os.PathLike | None = None,
                settings: Mapping[str, Any] | None = None, rank: int | None = None, world_size: int | None = None,
-               progress: bool | str = False) -> dict[str, GenerationTrace]:
+               progress: bool | str = False, ids: Mapping[str, str] | None = None,
+               engine: str | None = None) -> dict[str, GenerationTrace]:
     """Run named jobs that each return a :class:`~lensprobe.generation.GenerationTrace`, sharded and resumable.
 
     Args:
@@ -53,6 +60,13 @@ def trace_jobs(jobs: Mapping[str, Callable[[], GenerationTrace]], *, out: str | 
         rank, world_size: this process's shard; default from the environment
             (:func:`~lensprobe.core.storage.shards.shard_info`). With ``world_size > 1``, ``out`` is required.
         progress: a progress bar over the jobs this process runs (a string: its label).
+        ids: job -> the digest of the token ids it traces
+            (:func:`~lensprobe.core.storage.jsonable.prompt_ids_digest`), recorded in its row and
+            checked when the run resumes.
+        engine: the engine the jobs run on, resolved (``"hf"``, ``"bridge"``, ``"hooked"``: never
+            ``"auto"``), recorded in ``config.json``'s parts; a job whose trace ran on another engine
+            is refused. Every row records the engine its trace ran on (``trace.meta["engine"]``) and the
+            SHA-256 of its trace file, checked before the file is read.
 
     Returns:
         Name -> trace, in the order of ``jobs``: every job on rank 0 (and when not sharded),
@@ -79,15 +93,32 @@ def trace_jobs(jobs: Mapping[str, Callable[[], GenerationTrace]], *, out: str | 
     folder = Path(out).expanduser()
     files = {n: f"{TRACE_FOLDER}/trace-{i:05d}.parquet" for i, n in enumerate(names)}
 
-    def compute(name: str) -> str:
+    def compute(name: str) -> dict[str, str]:
+        trace = jobs[name]()
+        ran = str(trace.meta.get("engine"))
+        if engine is not None and ran != engine:
+            raise LensprobeError(f"trace {name!r} ran on engine {ran!r}, but the trace set records {engine!r}: "
+                                 "pass engine='bridge' or 'hf' to trace_prompts to choose one.")
         with atomic_file(folder / files[name]) as tmp:
-            jobs[name]().save(tmp)
-        return files[name]
+            trace.save(tmp)
+        return {"file": files[name], "engine": ran, "sha256": file_sha256(folder / files[name], "trace file")}
 
     settings = {**(settings or {}), "jobs": names}
+    parts = None if engine is None else {"engine": {"name": engine, "hash": engine}}
     saved = run_sharded(names, compute, out=folder, kind="trace set", settings=settings, rank=rank,
-                        world_size=world_size, progress=label if progress else False)
-    return {name: load_trace(folder / file) for name, file in saved.items()}
+                        world_size=world_size, progress=label if progress else False, ids=ids, parts=parts)
+    return {name: _checked_trace(folder, row) for name, row in saved.items()}
+
+
+def _checked_trace(folder: Path, row: dict[str, str]) -> GenerationTrace:
+    """The trace a row names, its whole file checked against the SHA-256 the row records."""
+    path = folder / row["file"]
+    got = file_sha256(path, "trace file")
+    if got != row["sha256"]:
+        raise LensprobeError(f"{path} is not the trace its row recorded (SHA-256 {got[:16]}..., recorded "
+                             f"{row['sha256'][:16]}...): it was edited or replaced. Delete it and its row (or the "
+                             "folder) to trace it again.")
+    return load_trace(path)
 
 
 def trace_prompts(model, prompts, config: GenerationConfig | None = None, *, out: str | os.PathLike | None = None,
@@ -146,9 +177,23 @@ def trace_prompts(model, prompts, config: GenerationConfig | None = None, *, out
     described = None if out is None else run_identity(
         model, prompts=items, generation=cfg, track=track, interventions=list(interventions), layers=layers,
         engine=engine)
+    ids = {name: prompt_ids_digest(item) for name, item in by_name.items()}
+    ran = None if out is None else trace_engine(model, cfg, interventions, layers, engine)
     traces = trace_jobs({name: job(name) for name in by_name}, out=out, settings=described, rank=rank,
-                        world_size=world_size, progress="trace set" if progress else False)
+                        world_size=world_size, progress="trace set" if progress else False, ids=ids, engine=ran)
     return {key: traces[str(key)] for key in keys if str(key) in traces}
+
+
+def trace_engine(model, cfg: GenerationConfig, interventions: Sequence = (), layers: Any = None,
+                 engine: str = "auto") -> str:
+    """The engine a trace of these settings runs on, ``"auto"`` resolved (what a trace set records).
+
+    Example:
+        >>> trace_engine(model, lp.GenerationConfig(max_new_tokens=8))
+        'hf'
+    """
+    names = recorded_hook_names(model, check_layers(model, layers), isinstance(cfg.thinking, LatentFusion))
+    return engine_name(model, engine, interventions=list(interventions), hook_names=names)
 
 
 def _trace_one(model, facts: ModelFacts, prompt, cfg: GenerationConfig, track, interventions, layers, engine
