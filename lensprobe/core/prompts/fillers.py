@@ -8,11 +8,15 @@ Example:
 
 from dataclasses import dataclass
 
+from lensprobe.core.checks import count as checked_count
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.prompts.randomtext import random_sentence_text
 from lensprobe.core.prompts.text import check_text
 
-__all__ = ["Filler"]
+__all__ = ["MAX_FILLER_COUNT", "Filler"]
+
+MAX_FILLER_COUNT = 10_000_000
+"""No model's context holds more filler repetitions: a larger count is a typo, refused before any text is built."""
 
 
 @dataclass(frozen=True)
@@ -68,8 +72,7 @@ class Filler:
 
 def _repeat(item: str, count: int, sep: str) -> str:
     """``item`` repeated ``count`` times, joined by ``sep`` (both checked)."""
-    if not isinstance(count, int) or count <= 0:
-        raise LensprobeError(f"filler count must be a positive integer, got {count!r}.")
-    if not item:
+    checked_count("count", count, 1, MAX_FILLER_COUNT)  # bounded before the text is built
+    if not isinstance(item, str) or not item:
         raise LensprobeError("filler symbol/word is empty: pass a non-empty string.")
     return sep.join([item] * count)
