@@ -30,7 +30,7 @@ TABLE = [
     ("eval", "--max-new-tokens {}", ["0", "-5", "1000000000000", "x"], "--max-new-tokens"),
     ("eval", "--batch-size {}", ["0", "-1"], "--batch-size"),
     ("eval", "--n-samples {}", ["0"], "--n-samples"),
-    ("eval", "--n-samples {}", ["2"], "n_samples=2 with greedy decoding"),
+    ("eval", "--n-samples {}", ["2"], "--n-samples=2 with greedy decoding"),
     ("eval", "--conditions {}", ["bogus", "''", "w/o,w/o", "ARM+bogus"], "condition"),
     ("eval", "--sample --temperature {}", ["0", "-1", "nan", "inf", "1e-40"], "--temperature"),
     ("eval", "--sample --top-p {}", ["0", "1.5", "nan"], "--top-p"),

@@ -209,7 +209,7 @@ def test_empty_question(tiny, question):
      lambda: Filler.meaningful(count=0), lambda: Filler.meaningless(count=2.5)],
 )
 def test_filler_count_must_be_positive(make):
-    with pytest.raises(LensprobeError, match="filler count must be a positive integer"):
+    with pytest.raises(LensprobeError, match="count: expected a whole number between 1 and 10,000,000"):
         make()
 
 
