@@ -75,9 +75,10 @@ def count(field: str, value: Any, lo: int = 0, hi: int | None = None) -> int:
 
 
 def finite_number(field: str, value: Any, lo: float | None = None, hi: float | None = None, *,
-                  lo_open: bool = False, hi_open: bool = False) -> float:
+                  lo_open: bool = False, hi_open: bool = False, allow_inf: bool = False) -> float:
     """``value`` if it is a finite real number (not a bool, NaN or an infinity) within the bounds given
-    (``lo_open``/``hi_open``: the bound itself excluded).
+    (``lo_open``/``hi_open``: the bound itself excluded; ``allow_inf``: an infinity within them is taken, for a
+    threshold that ``inf`` turns off; NaN never is).
 
     Example:
         >>> finite_number("top_p", 0.9, 0, 1, lo_open=True)
@@ -86,9 +87,9 @@ def finite_number(field: str, value: Any, lo: float | None = None, hi: float | N
     left = "" if lo is None else f"{'>' if lo_open else '>='} {lo:g}"
     right = "" if hi is None else f"{'<' if hi_open else '<='} {hi:g}"
     bound = " and ".join(b for b in (left, right) if b)
-    wanted = f"a finite number{' ' + bound if bound else ''}"
+    wanted = f"{'a number (inf allowed)' if allow_inf else 'a finite number'}{' ' + bound if bound else ''}"
     if (isinstance(value, bool) or type(value).__name__ == "bool_" or not isinstance(value, numbers.Real)
-            or not math.isfinite(value)):
+            or math.isnan(value) or (math.isinf(value) and not allow_inf)):
         raise SettingError(field, f"expected {wanted}, got {_shown(value)}")
     below = lo is not None and (value <= lo if lo_open else value < lo)
     above = hi is not None and (value >= hi if hi_open else value > hi)
@@ -109,19 +110,19 @@ def choice(field: str, value: Any, choices: Collection[Any]) -> Any:
     return value
 
 
-def _matches(field: str, value: Any, kind: Any) -> bool:
+def _matches(field: str, value: Any, kind: Any, allow_inf: bool) -> bool:
     """Whether ``value`` has the type ``kind`` (a bool is not an int, a float not an int)."""
     try:
-        typed(field, value, kind)
+        typed(field, value, kind, allow_inf=allow_inf)
     except SettingError:
         return False
     return True
 
 
-def typed(field: str, value: Any, annotation: Any) -> Any:
+def typed(field: str, value: Any, annotation: Any, *, allow_inf: bool = False) -> Any:
     """``value`` checked against a field's annotation: ``bool``, ``int``, ``float`` (finite), ``str``,
     ``Literal[...]``, a union (``X | None``), ``tuple[int, ...]``, a class (``isinstance``); ``Any``
-    and what is none of these pass.
+    and what is none of these pass. ``allow_inf``: a ``float`` may be infinite (never NaN).
 
     Example:
         >>> typed("min_p", None, float | None) is None
@@ -139,12 +140,12 @@ def typed(field: str, value: Any, annotation: Any) -> Any:
     if annotation is int:
         integer(field, value)
     elif annotation is float:
-        finite_number(field, value)
+        finite_number(field, value, allow_inf=allow_inf)
     elif origin is Literal:
         choice(field, value, get_args(annotation))
     elif origin in (Union, types.UnionType):
         kinds = get_args(annotation)
-        if not any(_matches(field, value, kind) for kind in kinds):
+        if not any(_matches(field, value, kind, allow_inf) for kind in kinds):
             names = " or ".join("None" if k is type(None) else getattr(k, "__name__", str(k)) for k in kinds)
             raise SettingError(field, f"expected {names}, got {_shown(value)}")
     elif origin is tuple and isinstance(value, tuple):
@@ -153,7 +154,7 @@ def typed(field: str, value: Any, annotation: Any) -> Any:
         if len(kinds) != len(value):
             raise SettingError(field, f"expected {len(kinds)} values, got {_shown(value)}")
         for item, kind in zip(value, kinds, strict=True):
-            typed(field, item, kind)
+            typed(field, item, kind, allow_inf=allow_inf)
     elif isinstance(annotation, type) and origin is None and not isinstance(value, annotation):
         raise SettingError(field, f"expected {annotation.__name__}, got {_shown(value)}")
     elif origin is not None and isinstance(origin, type) and not isinstance(value, origin):
@@ -162,7 +163,8 @@ def typed(field: str, value: Any, annotation: Any) -> Any:
 
 
 def check_annotated(config: Any) -> None:
-    """Every field of the dataclass instance ``config`` checked against its annotation (:func:`typed`).
+    """Every field of the dataclass instance ``config`` checked against its annotation (:func:`typed`); a
+    ``float`` field whose metadata says ``{"infinite": True}`` may be infinite (a threshold ``inf`` turns off).
 
     Raises:
         SettingError: the first field whose value is not of its type, named.
@@ -172,4 +174,4 @@ def check_annotated(config: Any) -> None:
     """
     hints = get_type_hints(type(config))
     for f in dataclasses.fields(config):
-        typed(f.name, getattr(config, f.name), hints.get(f.name, Any))
+        typed(f.name, getattr(config, f.name), hints.get(f.name, Any), allow_inf=f.metadata.get("infinite", False))

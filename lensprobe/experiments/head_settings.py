@@ -298,7 +298,7 @@ class FindHeadsConfig:
 
     top: int = 20
     """how many heads to find"""
-    flag: float = 0.07
+    flag: float = field(default=0.07, metadata={"infinite": True})
     """ablate exactly every head whose ablation moves the residual stream by more than this share of its norm"""
     step: int = 5
     """heads verified per step on every prompt, in AtP's order"""
@@ -308,7 +308,7 @@ class FindHeadsConfig:
     def __post_init__(self) -> None:
         check_annotated(self)
         count("top", self.top, 1)
-        finite_number("flag", self.flag, 0)  # a share of the residual stream's norm, e.g. 0.07
+        finite_number("flag", self.flag, 0, allow_inf=True)  # a share of the residual stream's norm; inf: none
         for name in ("step", "refine"):
             count(name, getattr(self, name), 0 if name == "refine" else 1)
 
