@@ -91,11 +91,12 @@ def finite_number(field: str, value: Any, lo: float | None = None, hi: float | N
     if (isinstance(value, bool) or type(value).__name__ == "bool_" or not isinstance(value, numbers.Real)
             or math.isnan(value) or (math.isinf(value) and not allow_inf)):
         raise SettingError(field, f"expected {wanted}, got {_shown(value)}")
-    below = lo is not None and (value <= lo if lo_open else value < lo)
-    above = hi is not None and (value >= hi if hi_open else value > hi)
+    number = float(value)
+    below = lo is not None and (number <= lo if lo_open else number < lo)
+    above = hi is not None and (number >= hi if hi_open else number > hi)
     if below or above:
         raise SettingError(field, f"expected {wanted}, got {value!r}")
-    return float(value)
+    return number
 
 
 def choice(field: str, value: Any, choices: Collection[Any]) -> Any:
@@ -150,10 +151,10 @@ def typed(field: str, value: Any, annotation: Any, *, allow_inf: bool = False) -
             raise SettingError(field, f"expected {names}, got {_shown(value)}")
     elif origin is tuple and isinstance(value, tuple):
         args = get_args(annotation)
-        kinds = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis else list(args)
-        if len(kinds) != len(value):
-            raise SettingError(field, f"expected {len(kinds)} values, got {_shown(value)}")
-        for item, kind in zip(value, kinds, strict=True):
+        each = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis else list(args)
+        if len(each) != len(value):
+            raise SettingError(field, f"expected {len(each)} values, got {_shown(value)}")
+        for item, kind in zip(value, each, strict=True):
             typed(field, item, kind, allow_inf=allow_inf)
     elif isinstance(annotation, type) and origin is None and not isinstance(value, annotation):
         raise SettingError(field, f"expected {annotation.__name__}, got {_shown(value)}")

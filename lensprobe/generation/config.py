@@ -15,10 +15,11 @@ from typing import Any
 
 from lensprobe.core.checks import check_annotated, count, finite_number
 from lensprobe.core.errors import LensprobeError, SettingError
+from lensprobe.core.models.facts import ModelFacts
 from lensprobe.generation.thinking.latent import LatentFusion, Pause
 from lensprobe.generation.thinking.schedule import check_rule, emitted
 
-__all__ = ["MAX_NEW_TOKENS", "MIN_TEMPERATURE", "GenerationConfig", "generation_config"]
+__all__ = ["MAX_NEW_TOKENS", "MIN_TEMPERATURE", "GenerationConfig", "check_end_ids", "generation_config"]
 
 MAX_NEW_TOKENS = 10_000_000
 """No model's context holds more tokens: a larger ``max_new_tokens`` is a typo."""
@@ -121,6 +122,19 @@ class GenerationConfig:
         if changes.get("thinking", self.thinking) is None and "think_when" not in changes:
             changes["think_when"] = None  # a default schedule goes with the thinking it was made for
         return dataclasses.replace(self, **changes)
+
+
+def check_end_ids(config: GenerationConfig, facts: ModelFacts) -> None:
+    """Refuse end ids of ``config`` outside the model's vocabulary (known when a run starts, from its facts):
+    such an id can never be generated, so the row would never stop at it.
+
+    Raises:
+        SettingError: ``eos_token_id`` holds an id ``>= facts.d_vocab``, named with the vocabulary's size.
+    """
+    outside = [i for i in config.eos_token_id or () if i >= facts.d_vocab]  # type: ignore[union-attr]
+    if outside:
+        raise SettingError("eos_token_id", f"end id(s) {outside} lie outside the model's vocabulary of "
+                                           f"{facts.d_vocab:,} tokens: give ids below {facts.d_vocab:,}")
 
 
 def generation_config(config: GenerationConfig | None, settings: Mapping[str, Any]) -> GenerationConfig:

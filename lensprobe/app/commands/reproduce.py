@@ -42,7 +42,7 @@ def add_reproduce(subparsers) -> None:
 def data_from_args(values: list[str] | None, *, tasks: bool = False) -> dict[str, Path]:
     """``["aime2024=file.jsonl"]`` -> ``{"aime2024": Path("file.jsonl")}`` (names checked, files must exist;
     ``tasks``: the names are lm-eval task names, kept as given)."""
-    data = {}
+    data: dict[str, Path] = {}
     for value in values or []:
         name, sep, path = value.partition("=")
         if not sep or not path:
