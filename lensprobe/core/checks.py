@@ -33,6 +33,11 @@ def _shown(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
+def _is_bool(value: Any) -> bool:
+    """Python's bool or numpy's (``np.bool_``)."""
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"))
+
+
 def boolean(field: str, value: Any) -> bool:
     """``value`` if it is a bool (numpy's too); anything else (``"false"``, ``0``, ``None``) is refused.
 
@@ -40,7 +45,7 @@ def boolean(field: str, value: Any) -> bool:
         >>> boolean("stop_at_eos", True)
         True
     """
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if _is_bool(value):
         return bool(value)
     raise SettingError(field, f"expected true or false (a bool), got {_shown(value)}")
 
@@ -52,7 +57,7 @@ def integer(field: str, value: Any) -> int:
         >>> integer("seed", -3)
         -3
     """
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and type(value).__name__ != "bool_":
+    if isinstance(value, numbers.Integral) and not _is_bool(value):
         return int(value)
     raise SettingError(field, f"expected a whole number, got {_shown(value)}")
 
@@ -88,7 +93,7 @@ def finite_number(field: str, value: Any, lo: float | None = None, hi: float | N
     right = "" if hi is None else f"{'<' if hi_open else '<='} {hi:g}"
     bound = " and ".join(b for b in (left, right) if b)
     wanted = f"{'a number (inf allowed)' if allow_inf else 'a finite number'}{' ' + bound if bound else ''}"
-    if (isinstance(value, bool) or type(value).__name__ == "bool_" or not isinstance(value, numbers.Real)
+    if (_is_bool(value) or not isinstance(value, numbers.Real)
             or math.isnan(value) or (math.isinf(value) and not allow_inf)):
         raise SettingError(field, f"expected {wanted}, got {_shown(value)}")
     number = float(value)
