@@ -100,3 +100,28 @@ def test_compare_thinking_takes_a_config(tiny):
 def test_latent_fusion_refuses_a_flag_for_a_number(field):
     with pytest.raises(lp.LensprobeError, match=f"{field}: expected a finite number, got True"):
         lp.generation.LatentFusion(**{field: True})
+
+
+@pytest.mark.unchecked
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"do_sample": "false"}, r"do_sample: expected true or false \(a bool\), got 'false' \(str\)"),
+    ({"stop_at_eos": "no"}, r"stop_at_eos: expected true or false \(a bool\), got 'no' \(str\)"),
+    ({"n_samples": True}, r"n_samples: expected a whole number, got True \(bool\)"),
+    ({"max_new_tokens": 4.0}, r"max_new_tokens: expected a whole number, got 4.0 \(float\)"),
+    ({"n_samples": 2}, "n_samples=2 with greedy decoding gives 2 identical answers: set do_sample=True"),
+])
+def test_a_string_is_no_flag_a_flag_no_count_and_greedy_copies_are_refused(tiny, settings, message):
+    p = lp.build_prompt(tiny, "the cat")
+    with pytest.raises(lp.core.errors.SettingError, match=message):
+        lp.generate(tiny, p, **{"max_new_tokens": 2, **settings})
+    assert lp.generate(tiny, p, max_new_tokens=2, do_sample=True, n_samples=2, seed=0).n_rows == 2
+
+
+def test_an_end_id_outside_the_vocabulary_is_refused_when_the_run_starts(tiny):
+    p = lp.build_prompt(tiny, "the cat")
+    vocab = tiny.cfg.d_vocab
+    cfg = lp.GenerationConfig(2, eos_token_id=(1, vocab))  # the model is not known yet: taken
+    with pytest.raises(lp.core.errors.SettingError,
+                       match=rf"eos_token_id: end id\(s\) \[{vocab}\] lie outside the model's vocabulary of {vocab:,}"):
+        lp.generate(tiny, p, cfg)
+    assert lp.generate(tiny, p, cfg.replace(eos_token_id=vocab - 1)).n_rows == 1

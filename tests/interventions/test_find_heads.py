@@ -130,6 +130,8 @@ def test_cost_is_counted_as_documented(tiny, prompts):
     assert found.recall_kind == "sampled" and found.sampled == 2 and found.outside == 5
     with pytest.raises(lp.LensprobeError, match="top: expected a whole number >= 1"):
         find_heads(tiny, prompts, "entropy", top=0)
+    with pytest.raises(lp.LensprobeError, match=r"flag: expected a number \(inf allowed\) >= 0, got nan"):
+        find_heads(tiny, prompts, "entropy", flag=float("nan"))  # as the command line refuses it
 
 
 def test_figures_mark_why_each_head_was_ablated(tiny, prompts):
