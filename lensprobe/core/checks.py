@@ -151,6 +151,11 @@ def typed(field: str, value: Any, annotation: Any, *, allow_inf: bool = False) -
         choice(field, value, get_args(annotation))
     elif origin in (Union, types.UnionType):
         kinds = get_args(annotation)
+        if value is not None and len(kinds) == 2 and type(None) in kinds:  # X | None: X's own message
+            try:
+                return typed(field, value, next(k for k in kinds if k is not type(None)), allow_inf=allow_inf)
+            except SettingError as err:
+                raise SettingError(field, err.reason.replace(", got ", " or None, got ", 1)) from None
         if not any(_matches(field, value, kind, allow_inf) for kind in kinds):
             names = " or ".join("None" if k is type(None) else getattr(k, "__name__", str(k)) for k in kinds)
             raise SettingError(field, f"expected {names}, got {_shown(value)}")

@@ -38,9 +38,9 @@ def test_a_key_given_twice_in_a_recipe_is_refused(tmp_path):
 
 @pytest.mark.unchecked
 def test_a_recipe_setting_of_the_wrong_type_is_refused(tmp_path):
-    with pytest.raises(LensprobeError, match="settings.quick: expected bool or None, got 'yes'"):
+    with pytest.raises(LensprobeError, match=r"settings.quick: expected true or false \(a bool\) or None, got 'yes'"):
         recipe(tmp_path, '[define."w/ mine"]\nbase = "w/ Mless"\n[settings]\nquick = "yes"\n')
-    with pytest.raises(LensprobeError, match="settings.limit: expected int or None, got True"):
+    with pytest.raises(LensprobeError, match="settings.limit: expected a whole number or None, got True"):
         recipe(tmp_path, '[define."w/ mine"]\nbase = "w/ Mless"\n[settings]\nlimit = true\n')
 
 
