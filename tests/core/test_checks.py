@@ -28,7 +28,7 @@ NOT_SETTINGS = {
 }
 """Frozen dataclasses with a __post_init__ that are not configurations, and why."""
 
-REQUIRED = {"GenerationConfig": {"max_new_tokens": 4}, "ARM": {"c": 0.1, "percentile": 90}}
+REQUIRED = {"GenerationConfig": {"max_new_tokens": 4}, "ARM": {"c": 0.1, "percentile": 90}, "Filler": {"kind": "text"}}
 """What a configuration cannot be made without."""
 
 
@@ -74,7 +74,7 @@ def test_the_closer_finds_the_configurations():
     names = {cls.__name__ for cls, _, _ in CASES}
     assert {"GenerationConfig", "EvalConfig", "EvalSettings", "ARM", "ArmSettings", "FindHeadsConfig",
             "AttributionConfig", "FillerSetup", "MechanismConfig", "TraceConfig", "ReproduceConfig",
-            "LatentFusion"} <= names
+            "LatentFusion", "Filler"} <= names
     assert len(CASES) > 100
 
 

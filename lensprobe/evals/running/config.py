@@ -96,7 +96,7 @@ class EvalConfig(GenerationConfig):
         check_extract(self.extract)
         check_timeout(self.grade_timeout, "grade_timeout")
         if self.protocol is not None and get_protocol(self.protocol).settings["prompt_format"] != self.prompt_format:
-            raise SettingError("protocol", f"protocol {self.protocol!r} uses prompt_format='paper', got "
+            raise SettingError("protocol", f"{{setting}} {self.protocol!r} uses prompt_format='paper', got "
                                            f"{self.prompt_format!r}: drop prompt_format (the protocol sets it).")
         count("batch_size", self.batch_size, 1, MAX_BATCH_SIZE)
         super().__post_init__()
