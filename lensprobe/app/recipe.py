@@ -48,10 +48,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from lensprobe.core.checks import choice, count
 from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.core.given import Given
 from lensprobe.core.prompts.assembly import PLACEMENTS
 from lensprobe.core.prompts.conditions import paper_conditions
+from lensprobe.core.prompts.fillers import MAX_FILLER_COUNT
 from lensprobe.core.storage.files import read_text
 from lensprobe.evals.running.protocols import PROTOCOLS
 from lensprobe.interventions.arm_presets import benchmark_key
@@ -97,15 +99,21 @@ class ReproduceConfig(Given):
     still call it data"""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("limit", "max_new_tokens", "batch_size", "runs"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise SettingError(name, f"expected a whole number >= 1, got {value!r}")
         if self.quick is not None and not isinstance(self.quick, bool):
             raise SettingError("quick", f"expected true or false, got {self.quick!r}")
+        seen: set[str] = set()
         for value in self.benchmark_data or []:
             if not isinstance(value, str) or not value.partition("=")[1] or not value.partition("=")[2]:
                 raise SettingError("benchmark_data", f"{{setting}} takes BENCHMARK=FILE (e.g. aime2024=aime_2022_2024.jsonl), got {value!r}")
+            name = value.partition("=")[0].strip().lower()
+            if name in seen:  # one file per benchmark: the last would silently win
+                raise SettingError("benchmark_data", f"{{setting}} names {name} twice: give one file per benchmark")
+            seen.add(name)
 
     def over(self, other: "ReproduceConfig") -> "ReproduceConfig":
         """``other`` with the settings given here on top (a command line's over a recipe's)."""
@@ -287,9 +295,21 @@ def _defines(define: Any, where: str) -> dict[str, dict[str, Any]]:
         unknown = sorted(set(spec) - _DEFINE_FIELDS)
         if unknown:
             raise LensprobeError(f"{where}: define.{name!r} has unknown field(s) {unknown}; use {sorted(_DEFINE_FIELDS)}.")
-        if spec.get("placement", "between") not in PLACEMENTS:
-            raise LensprobeError(f"{where}: define.{name!r}: placement must be one of {PLACEMENTS}.")
+        try:
+            _check_define(spec)
+        except SettingError as err:
+            raise LensprobeError(f"{where}: define.{name!r}.{err}") from None
     return dict(define)
+
+
+def _check_define(spec: dict[str, Any]) -> None:
+    """A ``define`` table's values by type and range (``count = true`` is no count, ``count = 1e9`` no filler)."""
+    for key in ("base", "symbol", "word"):
+        if key in spec and (not isinstance(spec[key], str) or not spec[key].strip()):
+            raise SettingError(key, f"expected a non-empty string, got {spec[key]!r}")
+    if "count" in spec:
+        count("count", spec["count"], 1, MAX_FILLER_COUNT)
+    choice("placement", spec.get("placement", "between"), PLACEMENTS)
 
 
 def _own_names(define: dict[str, dict[str, Any]], conditions: tuple[str, ...], where: str

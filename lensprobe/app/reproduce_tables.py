@@ -13,6 +13,7 @@ from lensprobe.app.recipe import Recipe
 from lensprobe.core.errors import ContextLengthError, LensprobeError
 from lensprobe.core.lazy import pandas
 from lensprobe.core.models.loading import model_label
+from lensprobe.core.prompts.assembly import model_context
 from lensprobe.core.prompts.conditions import PromptFormat, paper_conditions, resolve_conditions
 from lensprobe.evals.problems.load import load_math500, load_problems
 from lensprobe.evals.results.published import paper_models, published_table
@@ -152,6 +153,7 @@ def recipe_conditions(recipe: Recipe, model, bench: str, arm: Any = None, *,
     builtins = dict(paper_conditions(prompt_format=fmt, **system))
     for name, spec in recipe.define.items():
         kwargs: dict[str, Any] = {k: spec[k] for k in ("symbol", "count", "word") if k in spec}
+        check_filler_fits(model, kwargs, f"{recipe.source}: define.{name!r}")
         base = paper_conditions(prompt_format=fmt, **system, **kwargs)
         if spec["base"] not in base:
             raise LensprobeError(f"{recipe.source}: define.{name!r}: base {spec['base']!r} is not a built-in "
@@ -171,6 +173,26 @@ def recipe_conditions(recipe: Recipe, model, bench: str, arm: Any = None, *,
     defined = {name: builtins[name] for name in recipe.define}  # names the built-in resolver does not know
     conds = [defined.get(n) or resolve_conditions(n, builtins=builtins, arm=arm)[0] for n in names]
     return conds, notes
+
+
+def check_filler_fits(model, spec: dict[str, Any], where: str) -> None:
+    """Refuse a filler of ``spec["count"]`` repetitions that cannot fit ``model``'s context, before its text is
+    built: each repetition takes at least the tokens of the shorter of its symbol and word (one at least).
+
+    Raises:
+        LensprobeError: the count times the tokens per repetition exceeds the context, naming both.
+    """
+    n_ctx, count = model_context(model), spec.get("count")
+    if n_ctx is None or count is None:
+        return
+    tokenizer = getattr(model, "tokenizer", None)
+    per = 1
+    if tokenizer is not None:
+        items = (" " + spec.get("symbol", "/"), " " + spec.get("word", "he"))
+        per = max(1, min(len(tokenizer.encode(item, add_special_tokens=False)) for item in items))
+    if count * per > n_ctx:
+        raise LensprobeError(f"{where}: count {count:,} x {per} token(s) per repetition exceeds the model's context "
+                             f"of {n_ctx:,} tokens: lower count.")
 
 
 def beside_published(run, recipe: Recipe):

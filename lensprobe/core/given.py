@@ -19,6 +19,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Optional, get_args, get_origin, get_type_hints
 
+from lensprobe.core.checks import check_annotated
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.fielddocs import field_docs
 
@@ -27,9 +28,13 @@ __all__ = ["Given", "given_settings", "seconds_from_env"]
 
 class Given:
     """The base of the classes :func:`given_settings` makes; ``settings_of`` is the configuration class whose
-    fields a made class takes (where each of its settings is declared)."""
+    fields a made class takes (where each of its settings is declared). Each field given is checked against its
+    type when made (:func:`~lensprobe.core.checks.check_annotated`)."""
 
     settings_of: Any = None
+
+    def __post_init__(self) -> None:
+        check_annotated(self)
 
     def given(self) -> dict[str, Any]:
         """``field -> value`` of the fields that were given (not ``None``).

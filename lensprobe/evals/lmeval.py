@@ -53,11 +53,13 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.checks import count
+from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.core.lazy import pandas
 from lensprobe.core.models.facts import ModelFacts, model_facts
 from lensprobe.core.models.kinds import require_bridge
 from lensprobe.core.models.loading import load_model
+from lensprobe.core.prompts.conditions import Condition
 from lensprobe.evals.lmeval_condition import (
     arm_of,
     batch_size_of,
@@ -67,6 +69,7 @@ from lensprobe.evals.lmeval_condition import (
     filler_text,
 )
 from lensprobe.evals.lmeval_scores import continuation_scores
+from lensprobe.generation.config import MAX_NEW_TOKENS
 from lensprobe.generation.loop import generate
 from lensprobe.interventions import ablate_heads
 
@@ -211,7 +214,7 @@ class LensprobeLM(TemplateLM):
     def _generate(self, contexts: list[str], kwargs: dict) -> list[str]:
         until = kwargs.pop("until", None) or []
         until = [until] if isinstance(until, str) else list(until)
-        max_gen = int(kwargs.pop("max_gen_toks", 256))
+        max_gen = count("max_gen_toks", kwargs.pop("max_gen_toks", 256), 1, MAX_NEW_TOKENS)  # 128.0 is no count
         unknown = sorted(set(kwargs) - set(_SAMPLING))
         if unknown:
             raise LensprobeError(f"generation setting(s) {unknown} are not supported by the lensprobe model: "
@@ -271,7 +274,10 @@ def lm_eval_accuracy(model: Any, tasks: Sequence[str] | str, conditions: Any = "
     Returns:
         A pandas DataFrame with columns ``task``, ``condition``, ``filter`` (lm-eval's filter: ``"none"``, or
         e.g. GSM8K's ``"strict-match"``), ``n`` (problems scored), ``accuracy`` and ``stderr`` (lm-eval's
-        standard error of the mean, or NaN).
+        standard error of the mean, ``<NA>`` where lm-eval gives none).
+
+    Raises:
+        SettingError: no task or condition, one twice, no metric name (before loading); a metric not reported.
 
     Example:
         >>> lm_eval_accuracy(model, ["arc_easy", "arc_challenge"], "w/o,w/ Mless", limit=100)
@@ -279,10 +285,11 @@ def lm_eval_accuracy(model: Any, tasks: Sequence[str] | str, conditions: Any = "
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    loaded = load_model(model, device=model_args.pop("device", None), dtype=model_args.pop("dtype", None))
-    facts = model_facts(loaded)  # loaded and read once, for every condition
     names = [tasks] if isinstance(tasks, str) else list(tasks)
     items = [s for s in conditions.split(",") if s.strip()] if isinstance(conditions, str) else list(conditions)
+    _check_run(names, items, metric)  # before the model loads
+    loaded = load_model(model, device=model_args.pop("device", None), dtype=model_args.pop("dtype", None))
+    facts = model_facts(loaded)  # loaded and read once, for every condition
     manager = TaskManager(include_path=include_path, include_defaults=include_defaults)
     rows = []
     for item in items:
@@ -293,14 +300,32 @@ def lm_eval_accuracy(model: Any, tasks: Sequence[str] | str, conditions: Any = "
             raise LensprobeError("lm-eval returned no results (not the main process of a distributed run).")
         for task in names:
             scores, n = result["results"][task], result["n-samples"][task]["effective"]
+            if not any(key.startswith(f"{metric},") for key in scores):
+                known = sorted({key.split(",")[0] for key in scores if "_stderr" not in key and "," in key})
+                raise SettingError("metric", f"task {task} reports no metric {metric!r}: use one of {known}")
             for key, value in scores.items():
                 if key.startswith(f"{metric},") and not key.startswith(f"{metric}_stderr,"):
                     filt = key.split(",", 1)[1]
                     err = scores.get(f"{metric}_stderr,{filt}")
                     rows.append({"task": task, "condition": lm.condition.name, "filter": filt, "n": int(n),
                                  "accuracy": float(value),
-                                 "stderr": float(err) if isinstance(err, (int, float)) else float("nan")})
-    return pandas().DataFrame(rows, columns=["task", "condition", "filter", "n", "accuracy", "stderr"])
+                                 "stderr": float(err) if isinstance(err, (int, float)) else None})
+    table = pandas().DataFrame(rows, columns=["task", "condition", "filter", "n", "accuracy", "stderr"])
+    return table.astype({"stderr": "Float64"})  # <NA> where lm-eval gives none ("N/A"), never NaN
+
+
+def _check_run(tasks: list, conditions: list, metric: Any) -> None:
+    """Tasks, conditions (none twice: its rows would mix with its twin's) and a metric name."""
+    if not tasks or not all(isinstance(t, str) and t.strip() for t in tasks):
+        raise SettingError("tasks", f"expected lm-eval task names such as arc_easy, got {tasks!r}")
+    if not conditions:
+        raise SettingError("conditions", "expected at least one condition, e.g. 'w/o' or 'w/o,w/ Mless', got none")
+    labels = [c.name if isinstance(c, Condition) else str(c).strip() for c in conditions]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:
+        raise SettingError("conditions", f"{twice[0]!r} is given twice: name each condition once")
+    if not isinstance(metric, str) or not metric.strip() or "," in metric:
+        raise SettingError("metric", f"expected an lm-eval metric name such as acc or exact_match, got {metric!r}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -4,6 +4,7 @@ generation cut at its stop strings."""
 
 from typing import Any
 
+from lensprobe.core.checks import count
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models.facts import ModelFacts
 from lensprobe.core.prompts.conditions import Condition, arm_base, resolve_conditions, with_arm
@@ -33,11 +34,8 @@ def cut_at(text: str, until: list[str]) -> str:
 
 
 def batch_size_of(value: Any) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise LensprobeError(f"batch_size must be an integer >= 1, got {value!r} (lensprobe has no 'auto').")
-    return value
+    """lm-eval's ``batch_size`` model argument (text on its command line) as a count >= 1 (no ``"auto"``)."""
+    return count("batch_size", int(value) if str(value).strip().isdigit() else value, 1)
 
 
 def arm_of(facts: ModelFacts, arm: Any, benchmark: str | None, source: str, **given: Any) -> Any:

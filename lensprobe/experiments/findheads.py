@@ -41,6 +41,7 @@ Example:
     >>> print(found.summary())
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -49,6 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lensprobe.core.checks import count, finite_number
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.attach import intervene, recording_hook
 from lensprobe.core.hooks.forward import as_prompts
@@ -77,9 +79,12 @@ class HeadSearch:
             ablated on), ``prompts``, ``why`` (``"flagged"``, ``"verified"``, ``"sampled"``, or
             ``"per prompt"``: ablated on some prompts only, in step 5), ``atp_rank`` (1 = AtP's first),
             ``exact_rank`` (1 = largest ``|exact|`` among the heads ablated on every prompt; empty for
-            the others). Heads ablated on every prompt come first.
-        exact: ``[prompt, head]`` exact changes of the heads of ``table``, in its order (NaN where a
-            head was not ablated on a prompt).
+            the others and for a head whose ablation made the metric NaN), ``nan_prompts`` (the prompts on
+            which its ablation made the metric NaN: such a head is reported, never ranked). Heads ablated
+            on every prompt come first.
+        exact: ``[prompt, head]`` exact changes of the heads of ``table``, in its order (meaningful where
+            ``ablated`` is true; NaN there only when the ablation made the metric NaN).
+        ablated: ``[prompt, head]`` bool, whether the head of ``table`` was ablated on the prompt.
         top: how many heads were asked for.
         per_prompt: per prompt, the labels of the ``top`` heads with the largest ``|exact|`` there
             (among the heads ablated exactly on it), largest first.
@@ -97,6 +102,7 @@ class HeadSearch:
 
     table: Any
     exact: Tensor
+    ablated: Tensor
     top: int
     per_prompt: list[list[str]]
     recall: float
@@ -142,11 +148,13 @@ class HeadSearch:
         """One line: what was ablated exactly, what it cost against the sweep, what is known of recall."""
         why = self.table["why"].value_counts()
         c = self.cost
+        nan = list(self.table.loc[self.table["nan_prompts"] > 0, "head_label"])
+        nan_text = f"; metric NaN when ablating {', '.join(nan)} (not ranked)" if nan else ""
         return (f"find_heads on {self.metric}: {len(self.table)} of {len(self.attribution.units)} heads ablated exactly "
                 f"({why.get('flagged', 0)} flagged, {why.get('verified', 0)} verified in {self.steps} steps, "
                 f"{why.get('sampled', 0)} sampled, {why.get('per prompt', 0)} more on single prompts); "
                 f"{c['total']:.1f} forward-equivalents per prompt, "
-                f"{c['total'] / c['sweep']:.2f} of the sweep's {c['sweep']:.1f}; {self.recall_text()}")
+                f"{c['total'] / c['sweep']:.2f} of the sweep's {c['sweep']:.1f}; {self.recall_text()}{nan_text}")
 
 
 def _write_ratios(model, items, measures, settings: dict, n_layers: int) -> Tensor:
@@ -198,15 +206,17 @@ def _ablate(model, items, measures, att: Attribution, pairs: list[tuple[int, int
 
 
 class _Search:
-    """The exact values found so far: ``values[prompt, unit]`` (NaN: not ablated on that prompt), the
-    clean values, why each unit was first ablated, and the forward-equivalents spent per prompt.
+    """The exact values found so far: ``values[prompt, unit]``, meaningful where ``ablated[prompt, unit]`` (a
+    NaN there is the metric's own), the clean values, why each unit was first ablated, and the
+    forward-equivalents spent per prompt.
     ``ablate(pairs, which, clean)`` runs the exact ablations, as :func:`_ablate` after its first four
     arguments."""
 
     def __init__(self, att: Attribution, pairs: list, n_prompts: int, top: int, batch_size: int,
                  ablate: Callable[..., tuple[Tensor, Tensor | None, float]]):
         self.att, self.pairs, self.top, self.batch_size, self.ablate = att, pairs, top, batch_size, ablate
-        self.values = torch.full((n_prompts, len(pairs)), float("nan"), device="cpu")
+        self.values = torch.zeros((n_prompts, len(pairs)), device="cpu")
+        self.ablated = torch.zeros((n_prompts, len(pairs)), dtype=torch.bool)
         self.clean: Tensor | None = None
         self.why: dict[int, str] = {}
         self.spent = torch.zeros(n_prompts, dtype=torch.float64)
@@ -219,21 +229,22 @@ class _Search:
             self.clean = base
         for j, i in enumerate(units):
             self.values[which, i] = values[:, j] - self.clean[which]  # type: ignore[index]
+            self.ablated[which, i] = True
             self.why.setdefault(i, reason)
         self.spent[which] += cost
 
     def everywhere(self) -> list[int]:
         """Units ablated on every prompt."""
-        return (~self.values.isnan()).all(0).nonzero().flatten().tolist()
+        return self.ablated.all(0).nonzero().flatten().tolist()
 
     def ranked(self, prompt: int | None = None) -> list[int]:
         """The ``top`` units with the largest ``|exact|``, largest first: mean over prompts (among units ablated on
-        every prompt), or on ``prompt``."""
+        every prompt), or on ``prompt``; a unit whose value is NaN (the metric's) is not ranked."""
         if prompt is None:
             units, value = self.everywhere(), self.values.mean(0)
         else:
-            units, value = (~self.values[prompt].isnan()).nonzero().flatten().tolist(), self.values[prompt]
-        return sorted(units, key=lambda i: -abs(float(value[i])))[: self.top]
+            units, value = self.ablated[prompt].nonzero().flatten().tolist(), self.values[prompt]
+        return sorted((i for i in units if not value[i].isnan()), key=lambda i: -abs(float(value[i])))[: self.top]
 
     def top_units(self, prompt: int | None = None) -> set[int]:
         return set(self.ranked(prompt))
@@ -243,10 +254,8 @@ def _check_settings(top: Any, sample: Any, batch_size: Any, step: Any, budget: A
     for name, value, low in (("top", top, 1), ("sample", sample, 0), ("batch_size", batch_size, 1),
                              ("step", 1 if step is None else step, 1), ("budget", 0 if budget is None else budget, 0),
                              ("refine", refine, 0)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise LensprobeError(f"{name} must be a whole number >= {low}, got {value!r}.")
-    if not isinstance(flag, (int, float)) or isinstance(flag, bool) or flag < 0:
-        raise LensprobeError(f"flag must be a share >= 0 of the residual stream's norm, got {flag!r}.")
+        count(name, value, low)
+    finite_number("flag", flag, 0, allow_inf=True)  # a share of the residual stream's norm; inf flags none
 
 
 def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablation: Any = "zero",
@@ -319,7 +328,7 @@ def _pipeline(search: _Search, write: Tensor, flag: float, step: int, refine: in
     if pick:
         search.run(pick, "sampled")
     mean = search.values.mean(0)
-    weakest = min(abs(float(mean[i])) for i in search.top_units())
+    weakest = min((abs(float(mean[i])) for i in search.top_units()), default=0.0)
     beat = sum(abs(float(mean[i])) > weakest for i in pick)
     known = recall_bound(1.0, top, len(rest), len(pick), beat)  # every head ablated: exact
     shared = float(search.spent[0])
@@ -336,7 +345,7 @@ def _pipeline(search: _Search, write: Tensor, flag: float, step: int, refine: in
 def _verify(search: _Search, order: list[int], step: int, budget: int | None, prompt: int | None) -> tuple[int, int]:
     """Ablate the units in ``order`` not yet ablated (on ``prompt``, or on every prompt), ``step`` at a time,
     until a step leaves the exact top as it was or ``budget`` units are spent; the steps run and units spent."""
-    done = (~search.values.isnan()).all(0) if prompt is None else ~search.values[prompt].isnan()
+    done = search.ablated.all(0) if prompt is None else search.ablated[prompt]
     queue = [i for i in order if not bool(done[i])]
     steps, spent = 0, 0
     while queue and (budget is None or spent < budget):
@@ -353,20 +362,20 @@ def _verify(search: _Search, order: list[int], step: int, budget: int | None, pr
 def _result(search: _Search, write: Tensor, order: list[int], recall: tuple, outside: int, sampled: int, beat: int,
             cost: dict, steps: int, n_layers: int) -> HeadSearch:
     att, pairs, values, top = search.att, search.pairs, search.values, search.top
-    seen = ~values.isnan()
-    everywhere = sorted(search.everywhere(), key=lambda i: -abs(float(values[:, i].mean())))
-    partial = sorted((i for i in search.why if i not in set(everywhere)),
-                     key=lambda i: -abs(float(values[:, i].nanmean())))
-    units = everywhere + partial
+    seen = search.ablated
+    exact = {i: float(values[seen[:, i], i].mean()) for i in search.why}  # NaN only when the metric was
+    ranked = sorted((i for i in search.everywhere() if not math.isnan(exact[i])), key=lambda i: -abs(exact[i]))
+    partial = sorted((i for i in search.why if i not in set(ranked)),
+                     key=lambda i: (math.isnan(exact[i]), 0.0 if math.isnan(exact[i]) else -abs(exact[i])))
+    units = ranked + partial
     atp_rank = {i: r + 1 for r, i in enumerate(order)}
     est = att.estimates
     table = pandas().DataFrame([
         {"layer": pairs[i][0], "head": pairs[i][1], "head_label": head_label(*pairs[i]),
          "estimate": float(est[seen[:, i], i].mean()), "score": float(att.scores[:, i].mean()), "write": float(write[i]),
-         "exact": float(values[:, i].nanmean()), "prompts": int(seen[:, i].sum()), "why": search.why[i],
-         "atp_rank": atp_rank[i]} for i in units])
-    table["exact_rank"] = pandas().array([r + 1 for r in range(len(everywhere))] + [None] * len(partial),
-                                         dtype="Int64")
+         "exact": exact[i], "prompts": int(seen[:, i].sum()), "why": search.why[i],
+         "atp_rank": atp_rank[i], "nan_prompts": int((seen[:, i] & values[:, i].isnan()).sum())} for i in units])
+    table["exact_rank"] = pandas().array([r + 1 for r in range(len(ranked))] + [None] * len(partial), dtype="Int64")
     per_prompt = [[head_label(*pairs[i]) for i in search.ranked(p)] for p in range(values.shape[0])]
     rows = [None, *pairs]
     batch = search.batch_size
@@ -374,5 +383,5 @@ def _result(search: _Search, write: Tensor, order: list[int], recall: tuple, out
     cost = {**cost, "total": cost["attribution"] + cost["flag"] + cost["exact"], "sweep": sweep,
             "one_at_a_time": float(seen.sum(1).double().mean()) + 1.0}
     value, low, high, kind = recall
-    return HeadSearch(table, values[:, units], top, per_prompt, value, kind, low, high, outside, sampled, beat, cost,
+    return HeadSearch(table, values[:, units], seen[:, units], top, per_prompt, value, kind, low, high, outside, sampled, beat, cost,
                       steps, att, att.metric)

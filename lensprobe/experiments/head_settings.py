@@ -18,6 +18,7 @@ Example:
 from dataclasses import dataclass, field
 from typing import Literal
 
+from lensprobe.core.checks import check_annotated, choice, count, finite_number
 from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.core.hooks.heads import parse_heads
 
@@ -75,17 +76,6 @@ def check_heads_setting(heads: str) -> str:
     return heads
 
 
-def _count(name: str, value: int, low: int, high: int | None = None) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
-        bound = f"between {low} and {high:,}" if high is not None else f">= {low}"
-        raise SettingError(name, f"expected a whole number {bound}, got {value!r}")
-
-
-def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise SettingError(name, f"expected one of {', '.join(choices)}, got {value!r}")
-
-
 def _check_tokens(metric: str, tokens: str | None) -> None:
     """``tokens`` is given exactly for ``logit_diff``, as two comma-separated tokens."""
     if metric == "logit_diff" and not tokens:
@@ -126,6 +116,7 @@ class HeadSelection:
     needs them named)"""
 
     def __post_init__(self) -> None:
+        check_annotated(self)
         if self.heads is not None:
             check_heads_setting(self.heads)
 
@@ -149,7 +140,8 @@ class AblationSettings:
     """ablation method: zero, mean (over the --reference questions) or resample (one --reference question)"""
 
     def __post_init__(self) -> None:
-        _choice("ablation", self.ablation, ABLATION_METHODS)
+        check_annotated(self)
+        choice("ablation", self.ablation, ABLATION_METHODS)
 
 
 GRADIENT_METRICS: tuple[str, ...] = ("entropy", "logprob", "logit_diff")
@@ -174,6 +166,7 @@ class MetricSettings:
     """the two tokens of --metric logit_diff, ids or text (e.g. 7,8)"""
 
     def __post_init__(self) -> None:
+        check_annotated(self)
         if not isinstance(self.metric, str) or not self.metric.strip():
             raise SettingError("metric", f"expected a metric name such as entropy, got {self.metric!r}")
         _check_tokens(self.metric, self.tokens)
@@ -211,7 +204,8 @@ class AblateConfig:
     """next tokens to list (at most 10,000 and the vocabulary)"""
 
     def __post_init__(self) -> None:
-        _count("show_tokens", self.show_tokens, 1, TOP_K_MAX)
+        check_annotated(self)
+        count("show_tokens", self.show_tokens, 1, TOP_K_MAX)
 
     def position_spec(self) -> str | list[int] | None:
         """``positions`` as :func:`~lensprobe.interventions.ablation.ablate_heads` takes it ("3,4" -> [3, 4])."""
@@ -236,7 +230,8 @@ class AblationBatch:
     """heads (or KV groups) handled per batched forward: single-head ablations, and AtP*'s QK fix"""
 
     def __post_init__(self) -> None:
-        _count("heads_per_forward", self.heads_per_forward, 1)
+        check_annotated(self)
+        count("heads_per_forward", self.heads_per_forward, 1)
 
 
 @dataclass(frozen=True)
@@ -255,8 +250,9 @@ class RecallCheck:
     find-heads 10)"""
 
     def __post_init__(self) -> None:
+        check_annotated(self)
         if self.random_heads is not None:
-            _count("random_heads", self.random_heads, 0)
+            count("random_heads", self.random_heads, 0)
 
     def count(self, default: int) -> int:
         """The heads to draw: those given, else ``default``."""
@@ -280,9 +276,10 @@ class AttributionConfig:
     """ablate the K top heads exactly to check the estimates (0: none)"""
 
     def __post_init__(self) -> None:
-        _choice("attribution", self.attribution, ATTRIBUTION_METHODS)
-        _choice("unit", self.unit, ("head", "kv"))
-        _count("verify", self.verify, 0)
+        check_annotated(self)
+        choice("attribution", self.attribution, ATTRIBUTION_METHODS)
+        choice("unit", self.unit, ("head", "kv"))
+        count("verify", self.verify, 0)
 
     def attribution_kwargs(self) -> dict:
         """The keywords of :func:`~lensprobe.experiments.attribution.attribute_heads` these settings give (the
@@ -301,7 +298,7 @@ class FindHeadsConfig:
 
     top: int = 20
     """how many heads to find"""
-    flag: float = 0.07
+    flag: float = field(default=0.07, metadata={"infinite": True})
     """ablate exactly every head whose ablation moves the residual stream by more than this share of its norm"""
     step: int = 5
     """heads verified per step on every prompt, in AtP's order"""
@@ -309,11 +306,11 @@ class FindHeadsConfig:
     """heads verified per step on each prompt alone, in its own AtP order (0: none)"""
 
     def __post_init__(self) -> None:
-        _count("top", self.top, 1)
-        if isinstance(self.flag, bool) or not isinstance(self.flag, (int, float)) or not self.flag >= 0:
-            raise SettingError("flag", f"expected a share >= 0 of the residual stream's norm (e.g. 0.07), got {self.flag!r}")
+        check_annotated(self)
+        count("top", self.top, 1)
+        finite_number("flag", self.flag, 0, allow_inf=True)  # a share of the residual stream's norm; inf: none
         for name in ("step", "refine"):
-            _count(name, getattr(self, name), 0 if name == "refine" else 1)
+            count(name, getattr(self, name), 0 if name == "refine" else 1)
 
     def find_kwargs(self) -> dict:
         """The keywords of :func:`~lensprobe.experiments.findheads.find_heads` these settings give (the random

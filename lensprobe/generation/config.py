@@ -9,17 +9,17 @@ config's.
 """
 
 import dataclasses
-import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.checks import check_annotated, count, finite_number
+from lensprobe.core.errors import LensprobeError, SettingError
+from lensprobe.core.models.facts import ModelFacts
 from lensprobe.generation.thinking.latent import LatentFusion, Pause
 from lensprobe.generation.thinking.schedule import check_rule, emitted
 
-__all__ = ["MAX_NEW_TOKENS", "MIN_TEMPERATURE", "GenerationConfig", "generation_config"]
+__all__ = ["MAX_NEW_TOKENS", "MIN_TEMPERATURE", "GenerationConfig", "check_end_ids", "generation_config"]
 
 MAX_NEW_TOKENS = 10_000_000
 """No model's context holds more tokens: a larger ``max_new_tokens`` is a typo."""
@@ -83,31 +83,25 @@ class GenerationConfig:
     think_when: Any = field(default=None, metadata={"cmd": False})
 
     def __post_init__(self) -> None:
-        if not _positive_int(self.max_new_tokens) or self.max_new_tokens > MAX_NEW_TOKENS:
-            raise LensprobeError(f"max_new_tokens must be an integer >= 1 (at most {MAX_NEW_TOKENS:,}), got "
-                                 f"{self.max_new_tokens!r}.")
-        if not _positive_int(self.n_samples):
-            raise LensprobeError(f"n_samples must be an integer >= 1, got {self.n_samples!r}.")
-        if not _number(self.temperature) or not MIN_TEMPERATURE <= self.temperature < math.inf:
-            raise LensprobeError(f"temperature must be a finite number >= {MIN_TEMPERATURE:g}, got {self.temperature!r} "
-                                 "(below it the scaled logits overflow; for greedy decoding use do_sample=False).")
-        if not _number(self.top_p) or not 0 < self.top_p <= 1:
-            raise LensprobeError(f"top_p must lie in (0, 1], got {self.top_p!r}.")
-        if not _int(self.top_k) or self.top_k < 0:
-            raise LensprobeError(f"top_k must be an integer >= 0 (0: no top-k cut), got {self.top_k!r}.")
-        object.__setattr__(self, "top_k", int(self.top_k))
-        if self.min_p is not None and (not _number(self.min_p) or not 0 <= self.min_p <= 1):
-            raise LensprobeError(f"min_p must lie in [0, 1] or be None, got {self.min_p!r}.")
-        if (not isinstance(self.repetition_penalty, (int, float)) or isinstance(self.repetition_penalty, bool)
-                or not 0 < self.repetition_penalty < float("inf")):
-            raise LensprobeError(f"repetition_penalty must be a finite number > 0 (1: off), got {self.repetition_penalty!r}.")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise LensprobeError(f"seed must be an integer or None, got {self.seed!r}.")
+        if isinstance(self.eos_token_id, list):  # a list of ids is taken as the tuple it is kept as
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+        check_annotated(self)  # every field by its type: "false" is no bool, True no count, NaN no number
+        count("max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS)
+        count("n_samples", self.n_samples, 1, MAX_NEW_TOKENS)
+        finite_number("temperature", self.temperature, MIN_TEMPERATURE)  # below it the scaled logits overflow
+        finite_number("top_p", self.top_p, 0, 1, lo_open=True)
+        object.__setattr__(self, "top_k", count("top_k", self.top_k, 0))
+        if self.min_p is not None:
+            finite_number("min_p", self.min_p, 0, 1)
+        finite_number("repetition_penalty", self.repetition_penalty, 0, lo_open=True)
         if self.eos_token_id is not None:
-            ids = self.eos_token_id if isinstance(self.eos_token_id, (list, tuple)) else (self.eos_token_id,)
-            if not ids or not all(_int(i) and i >= 0 for i in ids):
-                raise LensprobeError(f"eos_token_id must be a token id >= 0 or a tuple of them, got {self.eos_token_id!r}.")
-            object.__setattr__(self, "eos_token_id", tuple(int(i) for i in ids))
+            ids = self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
+            if not ids:
+                raise SettingError("eos_token_id", "expected a token id >= 0 or a tuple of them, got ()")
+            object.__setattr__(self, "eos_token_id", tuple(count("eos_token_id", i, 0) for i in ids))
+        if self.n_samples > 1 and not self.do_sample:
+            raise SettingError("n_samples", f"{{setting}}={self.n_samples} with greedy decoding gives {self.n_samples} "
+                                            "identical answers: set do_sample=True (e.g. --sample) or n_samples=1.")
         self._check_thinking()
 
     def _check_thinking(self) -> None:
@@ -128,6 +122,19 @@ class GenerationConfig:
         if changes.get("thinking", self.thinking) is None and "think_when" not in changes:
             changes["think_when"] = None  # a default schedule goes with the thinking it was made for
         return dataclasses.replace(self, **changes)
+
+
+def check_end_ids(config: GenerationConfig, facts: ModelFacts) -> None:
+    """Refuse end ids of ``config`` outside the model's vocabulary (known when a run starts, from its facts):
+    such an id can never be generated, so the row would never stop at it.
+
+    Raises:
+        SettingError: ``eos_token_id`` holds an id ``>= facts.d_vocab``, named with the vocabulary's size.
+    """
+    outside = [i for i in config.eos_token_id or () if i >= facts.d_vocab]  # type: ignore[union-attr]
+    if outside:
+        raise SettingError("eos_token_id", f"end id(s) {outside} lie outside the model's vocabulary of "
+                                           f"{facts.d_vocab:,} tokens: give ids below {facts.d_vocab:,}")
 
 
 def generation_config(config: GenerationConfig | None, settings: Mapping[str, Any]) -> GenerationConfig:
@@ -152,16 +159,3 @@ def _check_names(cls, settings: Mapping[str, Any]) -> None:
     if unknown:
         raise LensprobeError(f"unknown generation setting {unknown[0]!r}: the settings are {', '.join(fields)}.")
 
-
-def _int(value) -> bool:
-    """An integer (Python's or numpy's), not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _number(value) -> bool:
-    """A real number, not a bool (``temperature=True`` is a slip, not 1.0)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1

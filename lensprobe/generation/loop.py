@@ -65,7 +65,7 @@ from lensprobe.core.models.facts import ModelFacts, model_facts
 from lensprobe.core.models.loading import check_layers
 from lensprobe.core.prompts.prompt import Prompt
 from lensprobe.core.storage.jsonable import describe_setting
-from lensprobe.generation.config import GenerationConfig, generation_config
+from lensprobe.generation.config import GenerationConfig, check_end_ids, generation_config
 from lensprobe.generation.engines import ENGINE_NAMES, EngineName
 from lensprobe.generation.rows import FinishedRow, row_text
 from lensprobe.generation.run import Run
@@ -176,6 +176,7 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
                              f"got {batch_size!r}.")
     interventions = _as_interventions(interventions)
     facts = facts if facts is not None else model_facts(model)
+    check_end_ids(cfg, facts)
     items = _as_prompt_list(facts, prompts)
     prompt_caps = _caps(caps, len(items), cfg.max_new_tokens)
     rows = [(pi, j) for pi in range(len(items)) for j in range(cfg.n_samples)]

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lensprobe.core.checks import check_annotated
 from lensprobe.core.errors import LensprobeError, LensprobeWarning
 from lensprobe.core.hooks.attach import Capabilities, Hook
 from lensprobe.core.lazy import heavy
@@ -243,7 +244,8 @@ class ARM:
     source: str | None = field(default=None, compare=False, metadata={"identity": False, "cmd": False})
 
     def __post_init__(self) -> None:
-        if not isinstance(self.layer, int) or isinstance(self.layer, bool) or self.layer < 0:
+        check_annotated(self)  # every field by its type ("true" is no per_row, True no c), then the rule
+        if self.layer < 0:
             raise LensprobeError(f"layer must be a non-negative int (0-based), got {self.layer!r}.")
         if self.c is None or self.percentile is None:
             missing = " and ".join(n for n in ("c", "percentile") if getattr(self, n) is None)

@@ -30,6 +30,7 @@ class ArmSettingsBase(Given):
     arm_source: Any
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         given = self.settings()
         if "c" in given and "percentile" in given:
             ARM(**given)  # a whole setting: check it now

@@ -27,7 +27,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from lensprobe.core.errors import LensprobeError, SettingError
+from lensprobe.core.checks import check_annotated, choice
+from lensprobe.core.checks import count as checked_count
+from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.capabilities import bind_interventions
 from lensprobe.core.hooks.forward import attention_patterns
 from lensprobe.core.hooks.heads import head_label
@@ -45,6 +47,7 @@ from lensprobe.core.prompts.conditions import (
     paper_conditions,
     resolve_conditions,
 )
+from lensprobe.core.prompts.fillers import MAX_FILLER_COUNT
 from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT, Prompt, prompt_json
 
 if TYPE_CHECKING:
@@ -86,8 +89,8 @@ def normalize_conditions(conditions: Sequence[str | Condition] | str | Condition
     return tuple(out)
 
 
-MAX_COUNT = 10_000_000
-"""No model's context holds more filler tokens: a larger count is a typo."""
+MAX_COUNT = MAX_FILLER_COUNT
+"""No model's context holds more filler tokens: a larger count is a typo (the fillers' own bound)."""
 
 
 @dataclass(frozen=True)
@@ -124,11 +127,9 @@ class FillerSetup:
 
     def __post_init__(self):
         object.__setattr__(self, "conditions", normalize_conditions(self.conditions))
-        if not isinstance(self.count, int) or isinstance(self.count, bool) or not 0 < self.count <= MAX_COUNT:
-            raise SettingError("count", f"filler repetitions must be a positive integer (at most {MAX_COUNT:,}), "
-                                        f"got {self.count!r}")
-        if self.placement not in PLACEMENTS:
-            raise SettingError("placement", f"unknown placement {self.placement!r}: use one of {PLACEMENTS}.")
+        check_annotated(self)
+        checked_count("count", self.count, 1, MAX_COUNT)  # filler repetitions
+        choice("placement", self.placement, PLACEMENTS)
 
     def resolve(self) -> list[Condition]:
         """The :class:`~lensprobe.core.prompts.conditions.Condition` of each entry of ``conditions``, in order."""

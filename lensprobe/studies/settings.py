@@ -11,10 +11,10 @@ Example:
     ([0, 5], [1, 7])
 """
 
-import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from lensprobe.core.checks import check_annotated, choice, count, finite_number
 from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.core.fielddocs import field_docs
 from lensprobe.core.hooks.heads import parse_heads
@@ -62,17 +62,6 @@ def heads_in_layers(model, spec: str, layers: list[int]) -> list[int]:
     return check_heads(model, sorted(heads))
 
 
-def _whole(name: str, value: int, low: int, high: int | None = None) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
-        bound = f"between {low} and {high:,}" if high is not None else f">= {low}"
-        raise SettingError(name, f"expected a whole number {bound}, got {value!r}")
-
-
-def _positive(name: str, value: float | None) -> None:
-    if value is not None and (not isinstance(value, (int, float)) or not 0 < value < math.inf):
-        raise SettingError(name, f"expected a finite number > 0, got {value!r}")
-
-
 @dataclass(frozen=True)
 class AttentionConfig:
     """Which layers ``lensprobe attention`` records (0-based, as in TransformerLens).
@@ -88,6 +77,7 @@ class AttentionConfig:
     """0-based layers, e.g. 0 or 0,5,29, or all"""
 
     def __post_init__(self) -> None:
+        check_annotated(self)
         parse_layers(self.layers)
 
     def layer_list(self, model) -> list[int]:
@@ -128,13 +118,14 @@ class MechanismConfig:
     """seed of ARM's draws"""
 
     def __post_init__(self) -> None:
-        _whole("layer", self.layer, 0)
-        _whole("filler_count", self.filler_count, 1, 10_000_000)
-        if self.where not in ("act_fn(gate)", "hook_post"):
-            raise SettingError("where", f"expected act_fn(gate) or hook_post, got {self.where!r}")
-        _positive("arm_c", self.arm_c)
-        _positive("eps", self.eps)
-        _whole("bins", self.bins, 1)
+        check_annotated(self)
+        count("layer", self.layer, 0)
+        count("filler_count", self.filler_count, 1, 10_000_000)
+        choice("where", self.where, ("act_fn(gate)", "hook_post"))
+        for name in ("arm_c", "eps"):
+            if getattr(self, name) is not None:
+                finite_number(name, getattr(self, name), 0, lo_open=True)
+        count("bins", self.bins, 1)
 
     def band_c(self, arm) -> float:
         """The c of the near-zero band: ``arm_c`` when given, else ``arm``'s c (the default variant), else 0.1."""
@@ -181,10 +172,8 @@ class TraceConfig(GenerationConfig):
             parse_schedule(self.schedule)
         except LensprobeError as err:
             raise SettingError("schedule", str(err)) from None
-        if not isinstance(self.smooth, int) or isinstance(self.smooth, bool) or self.smooth < 1:
-            raise SettingError("smooth", f"expected a whole number >= 1, got {self.smooth!r}")
-        if self.format not in ("parquet", "json"):
-            raise SettingError("format", f"expected parquet or json, got {self.format!r}")
+        count("smooth", self.smooth, 1)
+        choice("format", self.format, ("parquet", "json"))
 
     def names(self) -> list[str]:
         """The thinking settings' names."""

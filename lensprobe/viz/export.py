@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lensprobe.core.checks import count, finite_number
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.given import seconds_from_env
 from lensprobe.core.storage.writer import atomic_file
@@ -65,6 +66,10 @@ def _format(path: Path) -> str:
     return suffix
 
 
+MAX_PIXELS = 100_000
+"""No figure is wider or taller than this many pixels, nor drawn at a larger scale: a larger value is a typo."""
+
+
 def save(fig, *paths: str | os.PathLike, scale: float = 2, width: int | None = None,
          height: int | None = None) -> Path | list[Path]:
     """Write a plotly figure to files, each in the format its suffix names.
@@ -84,6 +89,8 @@ def save(fig, *paths: str | os.PathLike, scale: float = 2, width: int | None = N
 
     Raises:
         LensprobeError: an unknown suffix, no path, or (static formats) no Chrome or Chromium to draw with.
+        SettingError: ``scale`` not a finite number > 0, ``width`` or ``height`` not a whole number of pixels
+            in ``[1, MAX_PIXELS]``.
 
     Example:
         >>> lp.viz.save(lp.viz.sweep_heatmap(sweep), "sweep.pdf", "sweep.png")
@@ -91,6 +98,10 @@ def save(fig, *paths: str | os.PathLike, scale: float = 2, width: int | None = N
     """
     if not paths:
         raise LensprobeError("save(fig, path, ...) needs at least one path, e.g. 'figure.pdf'.")
+    finite_number("scale", scale, 0, MAX_PIXELS, lo_open=True)  # checked before any file is written
+    for name, size in (("width", width), ("height", height)):
+        if size is not None:
+            count(name, size, 1, MAX_PIXELS)
     files = [Path(p).expanduser() for p in paths]
     formats = [_format(f) for f in files]
     static = [(f, fmt) for f, fmt in zip(files, formats, strict=True) if fmt in STATIC_FORMATS]

@@ -76,7 +76,7 @@ def test_find_heads_writes_what_the_library_finds(tmp_path, capsys, tiny):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--flag", "-1"], "argument --flag: expected a share >= 0"),
+    (["--flag", "-1"], "argument --flag: expected a number (inf allowed) >= 0"),
     (["--top", "0"], "argument --top: expected a whole number >= 1"),
     (["--ablation", "mean"], "--reference"),
     (["--metric", "logprob"], "--answer"),

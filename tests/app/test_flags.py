@@ -243,7 +243,7 @@ def test_a_renamed_flag_still_works_with_a_note_naming_the_new_one(command, old,
     flags = {s for a in options(command) for s in a.option_strings}
     assert new in flags and old not in flags  # hidden, and no flag of this command has its old spelling
     value = SAMPLE[new]
-    base = [command, *required(command)] + (["--reference", "x"] if new == "--ablation" else [])
+    base = [command, *required(command)] + (["--reference", "x"] if new == "--ablation" else []) + COMPANIONS.get(new, [])
     rewritten = renamed_flags([*base, old, value], list(COMMANDS))
     assert f"lensprobe: note: `{command} {old}` is now {new}" in capsys.readouterr().err
     assert rewritten == [*base, new, value]

@@ -92,17 +92,23 @@ def test_nan_in_a_weight_is_named_as_nan_logits_before_generation(monkeypatch, t
     assert "transformers<5.24" not in err
 
 
-def test_a_condition_that_fits_no_problem_is_refused_before_the_first_forward(monkeypatch, tmp_path, capsys):
+@pytest.mark.parametrize(("count", "message"), [
+    (200, "math500: condition 'w/ long' fits no problem in the model's context of 256 tokens (each of its prompts "
+          "alone exceeds it)"),
+    (400, "define.'w/ long': count 400 x 1 token(s) per repetition exceeds the model's context of 256 tokens: "
+          "lower count"),  # refused before its text is built
+])
+def test_a_condition_that_fits_no_problem_is_refused_before_the_first_forward(monkeypatch, tmp_path, capsys, count,
+                                                                              message):
     recipe = tmp_path / "long.toml"
     recipe.write_text('title = "long filler"\nkind = "table"\nbenchmarks = ["math500"]\n'
-                      'conditions = ["w/o", "w/ long"]\n[define."w/ long"]\nbase = "w/ Mless"\ncount = 400\n',
+                      f'conditions = ["w/o", "w/ long"]\n[define."w/ long"]\nbase = "w/ Mless"\ncount = {count}\n',
                       encoding="utf-8")
     from lensprobe.evals.running import harness
     monkeypatch.setattr(harness, "run_plan", lambda *a, **k: pytest.fail("generation started"))
     rc, err = run(f"reproduce {recipe} --model tiny --limit 2 --max-new-tokens 2 --no-progress "
                   f"--out {tmp_path / 'r'}", capsys)
     assert rc == 2 and err.count("\n") == 1, err
-    assert ("math500: condition 'w/ long' fits no problem in the model's context of 256 tokens (each of its prompts "
-            "alone exceeds it)") in err
+    assert message in err
     assert "share no answered problems" not in err
     assert not (tmp_path / "r" / "table.md").exists()

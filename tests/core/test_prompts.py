@@ -209,14 +209,16 @@ def test_empty_question(tiny, question):
      lambda: Filler.meaningful(count=0), lambda: Filler.meaningless(count=2.5)],
 )
 def test_filler_count_must_be_positive(make):
-    with pytest.raises(LensprobeError, match="filler count must be a positive integer"):
+    with pytest.raises(LensprobeError, match="count: expected a whole number between 1 and 10,000,000"):
         make()
 
 
 @pytest.mark.unchecked
 def test_other_bad_fillers(tiny):
-    with pytest.raises(LensprobeError, match="n_tokens > 0"):
+    with pytest.raises(LensprobeError, match="n_tokens: expected a whole number between 1 and 10,000,000, got 0"):
         Filler.random_sentence(0)
+    with pytest.raises(LensprobeError, match="n_tokens: expected a whole number, got True"):
+        Filler.random_sentence(True)
     with pytest.raises(LensprobeError, match="filler text is empty"):
         Filler.text("  ")
     with pytest.raises(LensprobeError, match="symbol/word is empty"):

@@ -210,7 +210,7 @@ def test_each_generation_call_keeps_its_batch_busy_and_conditions_take_turns(tin
 @pytest.mark.unchecked
 def test_batch_size_is_checked(tiny):
     for bad in (0, -1, True, 2.5):
-        with pytest.raises(lp.LensprobeError, match="batch_size must be a positive integer"):
+        with pytest.raises(lp.LensprobeError, match="batch_size: expected a whole number"):
             lp.evaluate(tiny, problems(2), "w/o", max_new_tokens=4, batch_size=bad, progress=False)
     big = lp.evaluate(tiny, problems(2), "w/o", max_new_tokens=4, batch_size=100, progress=False)
     assert len(big) == 2 and torch.tensor(big["generated_tokens"].tolist()).min() >= 1

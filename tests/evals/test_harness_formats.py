@@ -59,7 +59,7 @@ def test_the_chat_format_is_recorded_in_the_identity_as_every_default(tiny, tmp_
     assert cfg["settings"]["generation"]["prompt_format"] == "chat"
     assert identity(EvalConfig(max_new_tokens=4)) == identity(EvalConfig(max_new_tokens=4, prompt_format="chat"))
     assert identity(EvalConfig(max_new_tokens=4, prompt_format="paper"))["prompt_format"] == "paper"
-    with pytest.raises(lp.LensprobeError, match=r"unknown prompt_format 'raw': use one of \('chat', 'paper'\)"):
+    with pytest.raises(lp.LensprobeError, match=r"prompt_format: expected one of chat, paper, got 'raw'"):
         EvalConfig(prompt_format="raw")
 
 

@@ -257,3 +257,33 @@ def test_lm_eval_accuracy_loads_the_model_and_reads_its_facts_once(tiny, monkeyp
     assert (len(loads), len(made)) == (1, 1)
     with pytest.raises(lp.LensprobeError, match="facts= is for a model already loaded"):
         LensprobeLM(tiny, "w/o", device="cpu", facts=lmeval.model_facts(tiny))
+
+
+@pytest.mark.parametrize(("tasks", "conditions", "metric", "message"), [
+    (["lensprobe_mc"], "", "acc", "conditions: expected at least one condition"),
+    (["lensprobe_mc"], " , ", "acc", "conditions: expected at least one condition"),
+    (["lensprobe_mc"], "w/o,w/ Mless,w/o", "acc", "conditions: 'w/o' is given twice: name each condition once"),
+    ([], "w/o", "acc", "tasks: expected lm-eval task names"),
+    (["lensprobe_mc"], "w/o", "", "metric: expected an lm-eval metric name"),
+])
+def test_lm_eval_accuracy_refuses_bad_runs_before_the_model_loads(monkeypatch, tasks, conditions, metric, message):
+    from lensprobe.evals import lmeval
+
+    monkeypatch.setattr(lmeval, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(lp.core.errors.SettingError, match=message):
+        lm_eval_accuracy("tiny", tasks, conditions, metric=metric)
+
+
+def test_a_metric_a_task_does_not_report_is_refused_naming_those_it_does(tiny):
+    with pytest.raises(lp.core.errors.SettingError, match=r"metric: task lensprobe_mc reports no metric 'accuracy': "
+                                                          r"use one of \['acc'"):
+        lm_eval_accuracy(tiny, ["lensprobe_mc"], "w/o", include_path=str(TASKS), include_defaults=False,
+                         limit=2, metric="accuracy")
+
+
+@pytest.mark.unchecked
+def test_max_gen_toks_is_a_whole_number(tiny):
+    lm = LensprobeLM(tiny, "w/o")
+    with pytest.raises(lp.core.errors.SettingError, match=r"max_gen_toks: expected a whole number .*got 4.0 \(float\)"):
+        lm.generate_until([Request("Q:", {"until": ["\n"], "max_gen_toks": 4.0})])
+    assert len(lm.generate_until([Request("Q:", {"until": ["\n"], "max_gen_toks": 4})])) == 1

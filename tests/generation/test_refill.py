@@ -252,10 +252,11 @@ def test_current_step_publishes_each_batch_rows_row_step_and_positions(tiny, pro
 
 # ----- caps and batch_size ----------------------------------------------------------------------
 def test_caps_set_each_prompts_length(tiny, prompts):
-    out = refill(tiny, prompts, batch_size=3, n_samples=2)
+    out = refill(tiny, prompts, batch_size=3, n_samples=2, do_sample=True, seed=0)  # two samples: sampled
     assert out.lengths == [c for c in CAPS for _ in range(2)]
     assert out.finish_reasons == ["length"] * out.n_rows and out.meta["caps"] == CAPS  # per prompt, as given
-    full = lp.generate(tiny, prompts, max_new_tokens=MAX_NEW, stop_at_eos=False, batch_size=3, n_samples=2)
+    full = lp.generate(tiny, prompts, max_new_tokens=MAX_NEW, stop_at_eos=False, batch_size=3, n_samples=2,
+                       do_sample=True, seed=0)
     for r in range(out.n_rows):  # a cap cuts the row short and changes nothing before it
         assert out.generated_ids[r] == full.generated_ids[r][: out.lengths[r]]
 

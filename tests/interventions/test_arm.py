@@ -244,13 +244,13 @@ def test_presets_follow_the_authors_table():
     ({"c": 0.1, "percentile": 95, "p_min": 0.3, "p_max": 0.2}, r"p_min \(0\.3\) must not exceed p_max \(0\.2\)"),
     ({"c": 0.1, "percentile": 95, "p_max": 1.5}, r"p_max must be a fraction in \[0, 1\], got 1\.5"),
     ({"c": 0.1, "percentile": 95, "k": -1}, r"k must be a non-negative number, got -1"),
-    ({"c": 0.1, "percentile": 95, "mode": "scale"}, r"mode must be 'replace'.*or 'add'.*got 'scale'"),
-    ({"c": 0.1, "percentile": 95, "variant": "qwen"}, r"variant must be one of \('default', 'gemma'\), got 'qwen'"),
+    ({"c": 0.1, "percentile": 95, "mode": "scale"}, r"mode: expected one of replace, add, got 'scale'"),
+    ({"c": 0.1, "percentile": 95, "variant": "qwen"}, r"variant: expected one of default, gemma, got 'qwen'"),
     ({"c": 1.5, "percentile": 0.85, "variant": "gemma"}, r"variant='gemma', c is the fraction.*got 1\.5"),
     ({"c": 0.1, "percentile": 95, "layer": -1}, r"layer must be a non-negative int \(0-based\), got -1"),
-    ({"c": 0.1, "percentile": 95, "seed": 1.5}, r"seed must be an int or None, got 1\.5"),
-    ({"c": 0.1, "percentile": 95, "per_row": "yes"}, r"per_row must be True or False, got 'yes'"),
-    ({"c": True, "percentile": 95}, r"c must be a non-negative number, got True"),
+    ({"c": 0.1, "percentile": 95, "seed": 1.5}, r"seed: expected a whole number or None, got 1\.5"),
+    ({"c": 0.1, "percentile": 95, "per_row": "yes"}, r"per_row: expected true or false \(a bool\), got 'yes'"),
+    ({"c": True, "percentile": 95}, r"c: expected a finite number or None, got True"),
 ])
 def test_bad_settings_are_refused_up_front(kwargs, match):
     with pytest.raises(LensprobeError, match=match):

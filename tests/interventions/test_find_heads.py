@@ -4,6 +4,7 @@ and its cost is counted as the docstring counts it."""
 import itertools
 import random
 
+import pandas
 import pytest
 import torch
 
@@ -127,8 +128,10 @@ def test_cost_is_counted_as_documented(tiny, prompts):
     assert found.cost["total"] == pytest.approx(3.0 + 1.0 + want)
     assert found.cost["one_at_a_time"] == len(table) + 1
     assert found.recall_kind == "sampled" and found.sampled == 2 and found.outside == 5
-    with pytest.raises(lp.LensprobeError, match="top must be a whole number"):
+    with pytest.raises(lp.LensprobeError, match="top: expected a whole number >= 1"):
         find_heads(tiny, prompts, "entropy", top=0)
+    with pytest.raises(lp.LensprobeError, match=r"flag: expected a number \(inf allowed\) >= 0, got nan"):
+        find_heads(tiny, prompts, "entropy", flag=float("nan"))  # as the command line refuses it
 
 
 def test_figures_mark_why_each_head_was_ablated(tiny, prompts):
@@ -180,7 +183,7 @@ def test_each_prompt_goes_on_alone_in_its_own_atp_order(tiny, prompts, sweep):
     labels = [f"L{layer}H{head}" for layer, head in sweep.heads]
     for p, (seen, best) in enumerate(by_hand_refinement(found, sweep, 2, shared)):
         assert found.per_prompt[p] == best
-        on_p = {row.head_label for row, ok in zip(table.itertuples(), ~found.exact[p].isnan(), strict=True) if ok}
+        on_p = {row.head_label for row, ok in zip(table.itertuples(), found.ablated[p], strict=True) if ok}
         assert on_p == set(seen)
         for column, row in enumerate(table.itertuples()):
             if row.head_label in on_p:
@@ -193,7 +196,7 @@ def test_each_prompt_goes_on_alone_in_its_own_atp_order(tiny, prompts, sweep):
     assert not set(found.found["head_label"]) & set(partial["head_label"])
     for row in partial.itertuples():
         column = list(table["head_label"]).index(row.head_label)
-        assert row.exact == pytest.approx(float(found.exact[:, column].nanmean()), rel=1e-6)
+        assert row.exact == pytest.approx(float(found.exact[found.ablated[:, column], column].mean()), rel=1e-6)
     # every single-head batch of a 2-layer model costs one forward-equivalent (s/2 + (2-s)/2)
     extra = [len(seen) - len(shared) for seen, _ in by_hand_refinement(found, sweep, 2, shared)]
     assert found.cost["per_prompt"] == pytest.approx(sum(extra) / 2)
@@ -206,9 +209,35 @@ def test_budget_bounds_both_verification_phases_per_prompt(tiny, prompts, sweep)
     shared = list(table[table["why"] == "verified"]["head_label"])
     assert len(shared) <= 3
     for p, (seen, best) in enumerate(by_hand_refinement(found, sweep, 2, shared, budget=3)):
-        assert int((~found.exact[p].isnan()).sum()) == len(seen) <= 3
+        assert int(found.ablated[p].sum()) == len(seen) <= 3
         assert found.per_prompt[p] == best
     off = find_heads(tiny, prompts, "entropy", top=2, flag=float("inf"), step=2, refine=0, sample=0)
     assert "per prompt" not in set(off.table["why"]) and off.cost["per_prompt"] == 0
-    with pytest.raises(lp.LensprobeError, match="refine must be a whole number >= 0"):
+    with pytest.raises(lp.LensprobeError, match="refine: expected a whole number >= 0"):
         find_heads(tiny, prompts, "entropy", refine=-1)
+
+
+@pytest.mark.unchecked  # a stand-in for the Attribution: the search's bookkeeping alone
+def test_a_head_whose_ablation_makes_the_metric_nan_is_reported_not_lost():
+    """The search keeps which heads it ablated in a mask: a head whose ablation makes the metric NaN stays in
+    the table, counted in ``nan_prompts``, unranked, and named by the summary."""
+    from types import SimpleNamespace
+
+    from lensprobe.experiments.findheads import _pipeline, _Search
+
+    pairs = [(0, h) for h in range(4)]
+    effect = {(0, 0): 0.5, (0, 1): float("nan"), (0, 2): 2.0, (0, 3): 1.0}
+
+    def ablate(chosen, batch_size, which, clean):
+        values = torch.tensor([[effect[pair] for pair in chosen]] * len(which))
+        return values, (torch.zeros(2) if clean else None), 1.0
+
+    att = SimpleNamespace(scores=torch.tensor([[4.0, 3.0, 2.0, 1.0]] * 2), estimates=torch.ones(2, 4),
+                          units=[(layer, (head,)) for layer, head in pairs], metric="entropy")
+    search = _Search(att, pairs, 2, 2, 4, ablate)
+    found = _pipeline(search, torch.ones(4), 0.0, 2, 0, None, 0, 0, 1)  # flag 0: every head ablated
+    table = found.table.set_index("head_label")
+    assert found.ablated.all() and len(table) == 4  # every head ablated, none lost
+    assert table.loc["L0H1", "nan_prompts"] == 2 and pandas.isna(table.loc["L0H1", "exact_rank"])
+    assert list(found.found["head_label"]) == ["L0H2", "L0H3"]
+    assert "metric NaN when ablating L0H1 (not ranked)" in found.summary()

@@ -122,7 +122,7 @@ def test_condition_changes_and_ranking_by_hand(tiny):
 def test_bad_input_errors(tiny):
     with pytest.raises(lp.LensprobeError, match="unknown condition"):
         fs.FillerSetup(conditions=("w/o", "loud"))
-    with pytest.raises(lp.LensprobeError, match="positive integer"):
+    with pytest.raises(lp.LensprobeError, match="count: expected a whole number between 1 and 10,000,000, got 0"):
         fs.FillerSetup(count=0)
     with pytest.raises(lp.LensprobeError, match="placement"):
         fs.FillerSetup(placement="middle")

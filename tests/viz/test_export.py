@@ -47,6 +47,21 @@ def test_an_unknown_suffix_is_refused_before_anything_is_written(tmp_path):
     assert not (tmp_path / "f.html").exists()
 
 
+@pytest.mark.unchecked
+@pytest.mark.parametrize(("sizes", "message"), [
+    ({"scale": 0}, "scale: expected a finite number > 0 and <= 100000, got 0"),
+    ({"scale": float("nan")}, "scale: expected a finite number"),
+    ({"scale": True}, "scale: expected a finite number"),
+    ({"width": -5}, "width: expected a whole number between 1 and 100,000, got -5"),
+    ({"height": 0}, "height: expected a whole number between 1 and 100,000, got 0"),
+    ({"width": 600.5}, r"width: expected a whole number .*got 600.5 \(float\)"),
+])
+def test_a_bad_scale_or_size_is_refused_before_anything_is_written(tmp_path, sizes, message):
+    with pytest.raises(lp.core.errors.SettingError, match=message):
+        lp.viz.save(figure(), tmp_path / "f.html", **sizes)
+    assert not (tmp_path / "f.html").exists()
+
+
 def test_a_browser_that_never_answers_is_stopped_at_the_time_limit(tmp_path, monkeypatch):
     browser = tmp_path / "chromium"
     pidfile = tmp_path / "browser.pid"

@@ -25,7 +25,7 @@ from lensprobe.app.parsing import add_config
 from lensprobe.app.recipe import ReproduceConfig, list_recipes, load_recipe
 from lensprobe.app.reproduce import check_reproduce, reproduce
 from lensprobe.app.reproduce_tables import markdown_table
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.evals.running.protocols import arm_layer_defaults
 from lensprobe.interventions.arm_presets import benchmark_key
 from lensprobe.interventions.arm_settings import ArmSettings
@@ -51,7 +51,7 @@ def add_reproduce(subparsers) -> None:
 def data_from_args(values: list[str] | None, *, tasks: bool = False) -> dict[str, Path]:
     """``["aime2024=file.jsonl"]`` -> ``{"aime2024": Path("file.jsonl")}`` (names checked, files must exist;
     ``tasks``: the names are lm-eval task names, kept as given)."""
-    data = {}
+    data: dict[str, Path] = {}
     for value in values or []:
         name, sep, path = value.partition("=")
         if not sep or not path:
@@ -59,7 +59,11 @@ def data_from_args(values: list[str] | None, *, tasks: bool = False) -> dict[str
                                  f"{value!r}.")
         if not Path(path).expanduser().is_file():
             raise LensprobeError(f"--benchmark-data {value}: {path} does not exist.")
-        data[name.strip() if tasks else benchmark_key(name)] = Path(path).expanduser()
+        key = name.strip() if tasks else benchmark_key(name)
+        if key in data:  # one file per benchmark: the last would silently win
+            raise SettingError("benchmark_data", f"{{setting}} names {key} twice ({data[key]} and {path}): give "
+                                                 "one file per benchmark")
+        data[key] = Path(path).expanduser()
     return data
 
 

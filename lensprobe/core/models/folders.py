@@ -25,9 +25,10 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from lensprobe.core.errors import ModelLoadError
+from lensprobe.core.errors import LensprobeError, ModelLoadError
 from lensprobe.core.lazy import heavy
 from lensprobe.core.storage.files import check_file, read_text
+from lensprobe.core.storage.jsonable import unique_keys
 
 __all__ = ["TOKENIZER_FILES", "check_loading_info", "check_model_folder", "folder_load_error"]
 
@@ -65,10 +66,12 @@ def check_model_folder(folder: Path) -> None:
 def _check_config(folder: Path) -> None:
     path = folder / "config.json"
     try:
-        config = json.loads(read_text(path, "model settings file"))
+        config = json.loads(read_text(path, "model settings file"), object_pairs_hook=unique_keys)
     except json.JSONDecodeError as err:
         raise ModelLoadError(f"{path} is not valid JSON ({err.msg}): restore the folder's config.json from the "
                              "model's source.") from None
+    except LensprobeError as err:  # a key given twice
+        raise ModelLoadError(f"{path}: {err}: restore it from the model's source.") from None
     if not isinstance(config, dict):
         raise ModelLoadError(f"{path} holds a JSON {type(config).__name__}, not the model's settings (a JSON "
                              "object): restore it from the model's source.")

@@ -8,11 +8,19 @@ Example:
 
 from dataclasses import dataclass
 
+from lensprobe.core.checks import check_annotated, choice
+from lensprobe.core.checks import count as checked_count
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.prompts.randomtext import random_sentence_text
 from lensprobe.core.prompts.text import check_text
 
-__all__ = ["Filler"]
+__all__ = ["FILLER_KINDS", "MAX_FILLER_COUNT", "Filler"]
+
+MAX_FILLER_COUNT = 10_000_000
+"""No model's context holds more filler repetitions: a larger count is a typo, refused before any text is built."""
+
+FILLER_KINDS = ("meaningless", "meaningful", "random_sentence", "text")
+"""What a :class:`Filler` is: the paper's two fillers, its random-sentence control, or text of your own."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,11 @@ class Filler:
     content: str = ""
     n_tokens: int = 0
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_annotated(self)
+        choice("kind", self.kind, FILLER_KINDS)
+        checked_count("n_tokens", self.n_tokens, 1 if self.kind == "random_sentence" else 0, MAX_FILLER_COUNT)
 
     @classmethod
     def meaningless(cls, symbol: str = "/", count: int = 55, sep: str = " ") -> "Filler":
@@ -55,8 +68,6 @@ class Filler:
         tokenizer. To match another filler, pass its token count, e.g.
         ``len(prompt.positions("filler"))``.
         """
-        if not isinstance(n_tokens, int) or n_tokens <= 0:
-            raise LensprobeError(f"random_sentence needs n_tokens > 0, got {n_tokens!r}.")
         return cls("random_sentence", n_tokens=n_tokens, seed=seed)
 
     def resolve(self, tokenizer) -> str:
@@ -68,8 +79,7 @@ class Filler:
 
 def _repeat(item: str, count: int, sep: str) -> str:
     """``item`` repeated ``count`` times, joined by ``sep`` (both checked)."""
-    if not isinstance(count, int) or count <= 0:
-        raise LensprobeError(f"filler count must be a positive integer, got {count!r}.")
-    if not item:
+    checked_count("count", count, 1, MAX_FILLER_COUNT)  # bounded before the text is built
+    if not isinstance(item, str) or not item:
         raise LensprobeError("filler symbol/word is empty: pass a non-empty string.")
     return sep.join([item] * count)

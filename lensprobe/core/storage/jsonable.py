@@ -7,7 +7,9 @@
   runs are identified by :mod:`lensprobe.core.storage.identity`);
 - :func:`digest` and :func:`json_digest`: short content hashes (same content, same digest);
   :func:`prompt_ids_digest`: the digest of the token ids a resumable run's row was computed from;
-- :func:`describe_setting`: a setting as JSON for people (what a generation trace's ``meta`` records).
+- :func:`describe_setting`: a setting as JSON for people (what a generation trace's ``meta`` records);
+- :func:`unique_keys`: the ``object_pairs_hook`` of every JSON input read, refusing a key given twice in one
+  object (``json`` keeps the last one silently; TOML refuses it already).
 """
 
 import dataclasses
@@ -136,3 +138,23 @@ def describe_setting(value: Any, structured: tuple[type, ...] = ()) -> Any:
         return f"{type(value).__name__} {value.__name__}"
     text = stable_repr(value)
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's ``(key, value)`` pairs as a dict, refusing a key given twice (``json.loads(text,
+    object_pairs_hook=unique_keys)``): which of two values was meant is not known, so neither is taken.
+
+    Raises:
+        LensprobeError: a key appears twice in one object, named.
+
+    Example:
+        >>> json.loads('{"a": 1, "b": 2}', object_pairs_hook=unique_keys)
+        {'a': 1, 'b': 2}
+    """
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise LensprobeError(f"the key {key!r} is given twice in one JSON object ({out[key]!r} and {value!r}): "
+                                 "keep one")
+        out[key] = value
+    return out

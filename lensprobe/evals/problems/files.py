@@ -12,6 +12,7 @@ from pathlib import Path
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import heavy
 from lensprobe.core.storage.files import DATA_LIMIT, check_file, read_text
+from lensprobe.core.storage.jsonable import unique_keys
 
 __all__ = ["FORMATS", "check_problem_file", "format_of", "jsonl_rows", "read_rows"]
 
@@ -32,21 +33,25 @@ def jsonl_rows(path: Path, text: str | None = None) -> list[tuple[int, object]]:
         if not line.strip():
             continue
         try:
-            rows.append((line_no, json.loads(line)))
+            rows.append((line_no, json.loads(line, object_pairs_hook=unique_keys)))
         except json.JSONDecodeError as err:
             raise LensprobeError(
                 f"{path} line {line_no} is not valid JSON ({err.msg} at column {err.colno}): "
                 "fix or remove that line; the file must hold one JSON object per line."
             ) from None
+        except LensprobeError as err:
+            raise LensprobeError(f"{path} line {line_no}: {err}") from None
     return rows
 
 
 def _json_array_rows(path: Path, text: str) -> list[tuple[int, object]]:
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as err:
         raise LensprobeError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}): fix the file, "
                              "or write one JSON object per line (JSONL).") from None
+    except LensprobeError as err:
+        raise LensprobeError(f"{path}: {err}") from None
     if not isinstance(data, list):
         raise LensprobeError(f"{path} holds a JSON {type(data).__name__}, not a list of rows: write one "
                              "JSON object per line (JSONL), or a JSON list of objects.")

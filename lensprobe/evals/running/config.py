@@ -13,7 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.checks import check_annotated, choice, count
+from lensprobe.core.errors import SettingError
 from lensprobe.core.prompts.conditions import (
     PROMPT_FORMATS,
     PromptFormat,
@@ -27,6 +28,9 @@ __all__ = ["PAPER_MAX_NEW_TOKENS", "TRANSFORMERS4_TOP_K", "EvalConfig", "applied
            "model_samples", "paper_generation_settings", "with_format_defaults"]
 
 PAPER_MAX_NEW_TOKENS = 2048
+
+MAX_BATCH_SIZE = 1_000_000
+"""No device holds more rows at once: a larger ``batch_size`` is a typo."""
 
 
 @dataclass(frozen=True)
@@ -87,23 +91,15 @@ class EvalConfig(GenerationConfig):
         return cls(**with_format_defaults(model, {**settings, "prompt_format": "paper"}))
 
     def __post_init__(self) -> None:
-        if self.prompt_format not in PROMPT_FORMATS:
-            raise LensprobeError(f"unknown prompt_format {self.prompt_format!r}: use one of {PROMPT_FORMATS}.")
+        check_annotated(self)  # every field by its type, then the bounds
+        choice("prompt_format", self.prompt_format, PROMPT_FORMATS)
         check_extract(self.extract)
         check_timeout(self.grade_timeout, "grade_timeout")
         if self.protocol is not None and get_protocol(self.protocol).settings["prompt_format"] != self.prompt_format:
-            raise LensprobeError(f"protocol {self.protocol!r} uses prompt_format='paper', got {self.prompt_format!r}: "
-                                 "drop prompt_format (the protocol sets it).")
-        if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size <= 0:
-            raise LensprobeError(f"batch_size must be a positive integer, got {self.batch_size!r}.")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise LensprobeError(f"seed must be an integer, got {self.seed!r}.")
+            raise SettingError("protocol", f"{{setting}} {self.protocol!r} uses prompt_format='paper', got "
+                                           f"{self.prompt_format!r}: drop prompt_format (the protocol sets it).")
+        count("batch_size", self.batch_size, 1, MAX_BATCH_SIZE)
         super().__post_init__()
-        if self.n_samples > 1 and not self.do_sample:
-            raise LensprobeError(
-                f"n_samples={self.n_samples} with greedy decoding gives {self.n_samples} identical "
-                "answers: set do_sample=True (e.g. --sample) or n_samples=1."
-            )
 
     def generation(self) -> GenerationConfig:
         """The settings :func:`lensprobe.generate` runs with (the seed only when sampling)."""

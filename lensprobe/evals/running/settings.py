@@ -32,6 +32,7 @@ class EvalSettingsBase(Given):
     """What :data:`EvalSettings` adds to its fields: the check when made, and :meth:`resolve`."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         given = self.given()
         if given.get("protocol") is None and given.get("prompt_format", "chat") == "chat":
             EvalConfig(**given)  # every setting is known: check them all

@@ -33,6 +33,7 @@ from jaxtyping import Float
 from tokenizers import AddedToken
 from torch import Tensor
 
+from lensprobe.core.checks import check_annotated
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.models.kinds import is_hooked_transformer
 
@@ -73,6 +74,7 @@ class LatentFusion:
     token: str = THINKING_TOKEN
 
     def __post_init__(self):
+        check_annotated(self)
         if not isinstance(self.alpha, (int, float)) or isinstance(self.alpha, bool) or not 0.0 <= self.alpha <= 1.0:
             raise LensprobeError(f"LatentFusion alpha must lie in [0, 1], got {self.alpha!r} "
                                  "(1 = Coconut, 0 = Soft-Thinking).")
@@ -123,6 +125,7 @@ class Pause:
     token: str = THINKING_TOKEN
 
     def __post_init__(self):
+        check_annotated(self)
         _check_token_str(self.token)
 
     @property
