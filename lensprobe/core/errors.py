@@ -39,3 +39,13 @@ class SettingError(LensprobeError):
         super().__init__(reason.replace("{setting}", setting) if "{setting}" in reason else f"{setting}: {reason}")
         self.setting = setting
         self.reason = reason
+
+
+class UnexpectedError(LensprobeError):
+    """An exception lensprobe did not foresee, raised inside a public function and turned into one line
+    naming the function, the input and the fix (:mod:`lensprobe.core.boundary`); chained ``from`` the
+    original, and also an instance of the original's class where Python allows (``except KeyError``
+    still catches a missing key)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
