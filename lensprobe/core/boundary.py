@@ -58,13 +58,15 @@ def public_function(fn: Callable, where: str) -> Callable:
     return _WRAPPERS[fn]
 
 
-def translated(err: Exception, where: str) -> UnexpectedError:
-    """``err``, raised inside ``where``, as one line naming the input and the fix."""
+def translated(err: Exception, where: str, fix: str | None = None) -> UnexpectedError:
+    """``err``, raised inside ``where``, as one line naming the input and the fix (``fix``: what to check,
+    instead of the general advice for an exception of its kind)."""
     error = _error_class(type(err))
+    message = f"{where}: {type(err).__name__}: {_first_line(err)}: {fix}" if fix else _message(err, where)
     try:
-        out = error(_message(err, where))
+        out = error(message)
     except TypeError:  # a class whose constructor needs more than a message (UnicodeDecodeError)
-        out = UnexpectedError(_message(err, where))
+        out = UnexpectedError(message)
     if isinstance(err, OSError) and isinstance(out, OSError):
         out.errno, out.strerror, out.filename = err.errno, err.strerror, err.filename
     return out

@@ -27,6 +27,7 @@ from typing import Any
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.storage.files import DATA_LIMIT, read_bytes
 from lensprobe.core.storage.locks import FileLock
+from lensprobe.core.storage.nesting import parse_json
 
 __all__ = ["RowWriter", "read_row_file", "read_row_files"]
 
@@ -52,7 +53,7 @@ def read_row_file(path: Path) -> Iterator[tuple[int, Any]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = parse_json(line, f"results file {path} line {line_no}")
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             why = err.msg if isinstance(err, json.JSONDecodeError) else "bytes that are not UTF-8"
             raise LensprobeError(
