@@ -24,6 +24,7 @@ Example:
 """
 
 from lensprobe import evals, experiments, generation, interventions, metrics, models, prompts, studies
+from lensprobe.core.boundary import guard_public, public_function
 from lensprobe.core.errors import LensprobeError, LensprobeWarning
 from lensprobe.core.hooks.attach import intervene
 from lensprobe.core.hooks.forward import attention_patterns, forward
@@ -100,6 +101,8 @@ __all__ = [
     "LensprobeWarning",
 ]
 
+guard_public(globals())  # public functions raise one LensprobeError (lensprobe.core.boundary)
+
 _LAZY_SUBMODULES = ("viz",)
 _LAZY_FUNCTIONS = {"reproduce": "lensprobe.app.reproduce", "list_recipes": "lensprobe.app.recipe",
                    "load_recipe": "lensprobe.app.recipe"}
@@ -113,7 +116,7 @@ def __getattr__(name: str):
     if name in _LAZY_SUBMODULES:
         return import_module(f"lensprobe.{name}")
     if name in _LAZY_FUNCTIONS:
-        return getattr(import_module(_LAZY_FUNCTIONS[name]), name)
+        return public_function(getattr(import_module(_LAZY_FUNCTIONS[name]), name), f"lp.{name}")
     raise AttributeError(f"module 'lensprobe' has no attribute {name!r}")
 
 

@@ -7,6 +7,7 @@ Example:
     >>> lp.metrics.measure_once(model, lp.metrics.NextTokenEntropy(), prompt)
 """
 
+from lensprobe.core.boundary import guard_public
 from lensprobe.core.measures.forced import METRIC_NAMES, ContinuationEntropy, ContinuationLogProb, LogitDiff
 from lensprobe.core.measures.measure import AnswerLogProb, AttentionTo, NextTokenEntropy, measure_once
 from lensprobe.core.measures.metrics import (
@@ -20,3 +21,5 @@ from lensprobe.core.measures.metrics import (
 __all__ = ["DEFAULT_TOKEN_CLASSES", "METRIC_NAMES", "AnswerLogProb", "AttentionTo", "ContinuationEntropy",
            "ContinuationLogProb", "LogitDiff", "NextTokenEntropy", "attention_by_token_class", "attention_proportion",
            "average_attention_received", "entropy", "measure_once"]
+
+guard_public(globals())  # public functions raise one LensprobeError (lensprobe.core.boundary)

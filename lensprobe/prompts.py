@@ -5,6 +5,7 @@ Example:
     >>> p.positions("filler")[:3]
 """
 
+from lensprobe.core.boundary import guard_public
 from lensprobe.core.prompts.conditions import PROMPT_FORMATS, Condition, paper_conditions, with_arm
 from lensprobe.core.prompts.prompt import (
     MATH_SYSTEM_PROMPT,
@@ -17,3 +18,5 @@ from lensprobe.core.prompts.prompt import (
 
 __all__ = ["MATH_SYSTEM_PROMPT", "PAPER_SYSTEM_PROMPT", "PROMPT_FORMATS", "Condition", "Filler", "Prompt",
            "build_prompt", "paper_conditions", "prompt_json", "with_arm"]
+
+guard_public(globals())  # public functions raise one LensprobeError (lensprobe.core.boundary)

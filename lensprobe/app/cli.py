@@ -6,7 +6,8 @@ function ``(args) -> int`` that calls the library. Errors of lensprobe
 (:class:`~lensprobe.core.errors.LensprobeError`) and operating-system errors on files (a full
 disk, a folder without write permission) print one line on stderr and exit with code 2; so
 does bad command-line input. Any other exception is a bug: one line names it and the log file
-holding its traceback (exit code 1); ``--debug`` prints tracebacks instead.
+holding its traceback (exit code 1); ``--debug`` (or the environment variable ``LENSPROBE_DEBUG=1``)
+prints tracebacks instead.
 
 The options of each subcommand are read from its configuration dataclasses by simple-parsing
 (:mod:`lensprobe.app.parsing`); a configuration's ``__post_init__`` checks the values while the command
@@ -76,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-DEBUG_HELP = "print the full traceback of an error (by default: one line, and unexpected errors are logged)"
+DEBUG_HELP = ("print the full traceback of an error (by default: one line, and unexpected errors are logged; "
+              "also LENSPROBE_DEBUG=1)")
 
 
 def subcommand_names(parser: argparse.ArgumentParser) -> list[str]:
@@ -122,6 +124,16 @@ def _os_error_line(err: OSError) -> str:
             "disk space.")
 
 
+DEBUG_VAR = "LENSPROBE_DEBUG"
+"""Environment variable: ``1`` prints full tracebacks, as ``--debug`` does."""
+
+
+def debug_wanted(argv: Sequence[str], args: argparse.Namespace | None = None) -> bool:
+    """``--debug`` given (parsed, or seen in ``argv`` when parsing failed) or ``LENSPROBE_DEBUG=1``."""
+    given = bool(getattr(args, "debug", False)) if args is not None else "--debug" in argv
+    return given or os.environ.get(DEBUG_VAR, "").strip().lower() in ("1", "true", "yes")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lensprobe`` console script; returns the exit code."""
     parser = build_parser()
@@ -129,16 +141,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(renamed_flags(argv, subcommand_names(parser)))
     except SystemExit as exc:  # bad arguments (code 2) or --help/--version (code 0)
-        return int(exc.code or 0)
+        return int(exc.code or 0) if isinstance(exc.code, int) or exc.code is None else 2
     except LensprobeError as err:  # a configuration refused a value while the command line was read
-        if "--debug" in argv:
+        if debug_wanted(argv):
             traceback.print_exc()
         print(f"lensprobe: error: {one_line(setting_message(err, option_strings(parser, argv)))}", file=sys.stderr)
         return 2
+    except Exception as err:  # a bug while the command line was read
+        return _unexpected(err, argv, debug_wanted(argv))
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
-    debug = bool(getattr(args, "debug", False))
+    debug = debug_wanted(argv, args)
     try:
         check_common(args)  # text, --device, --system: before any model loads
         return int(args.func(args) or 0)
@@ -153,19 +167,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lensprobe: error: {line}", file=sys.stderr)
         return 2
     except Exception as err:  # a bug: one line and a log of the traceback
-        if debug:
-            traceback.print_exc()
-            print(f"lensprobe: unexpected error: {type(err).__name__}: {_first_line(err)}", file=sys.stderr)
-            return 1
-        command = " ".join(["lensprobe", *(sys.argv[1:] if argv is None else argv)])
-        try:
-            log = f"the traceback is in {write_error_log(command, traceback.format_exc())}"
-        except OSError:
-            log = "no log could be written"
-        print(f"lensprobe: unexpected error: {type(err).__name__}: {_first_line(err)} ({log}; rerun with --debug to "
-              "print it, and please report it)", file=sys.stderr)
-        return 1
+        return _unexpected(err, argv, debug)
 
+
+def _unexpected(err: Exception, argv: Sequence[str], debug: bool) -> int:
+    """An exception lensprobe did not foresee: one line naming it and where its traceback is (exit code 1)."""
+    if debug:
+        traceback.print_exc()
+        print(f"lensprobe: unexpected error: {type(err).__name__}: {_first_line(err)}", file=sys.stderr)
+        return 1
+    try:
+        log = f"the traceback is in {write_error_log(' '.join(['lensprobe', *argv]), traceback.format_exc())}"
+    except (OSError, LensprobeError):
+        log = "no log could be written"
+    print(f"lensprobe: unexpected error: {type(err).__name__}: {one_line(_first_line(err))} ({log}; rerun with "
+          f"--debug or {DEBUG_VAR}=1 to print it, and please report it)", file=sys.stderr)
+    return 1
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,7 +12,6 @@ Example:
 """
 
 import inspect
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 from lensprobe.app.sections import attribution, evals, filler, heads, mechanism, thinking
 from lensprobe.core.models.loading import is_hooked_model, load_model, model_label
 from lensprobe.core.progress import tqdm
+from lensprobe.core.storage.nesting import parse_json
 from lensprobe.viz.report import Section, write_report
 
 
@@ -101,7 +101,7 @@ def report_contents(index: str | Path) -> str:
         >>> print(report_contents("lensprobe-report/index.html"))
     """
     index = Path(index).resolve()
-    listing = json.loads((index.parent / "report.json").read_text(encoding="utf-8"))
+    listing = parse_json((index.parent / "report.json").read_text(encoding="utf-8"), "report listing")
     sections = listing["sections"]
     n_files = sum(len(s["files"]) for s in sections)
     lines = [f"report: {index} (one page, opens offline in a browser)",

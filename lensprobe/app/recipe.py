@@ -55,6 +55,8 @@ from lensprobe.core.prompts.assembly import PLACEMENTS
 from lensprobe.core.prompts.conditions import paper_conditions
 from lensprobe.core.prompts.fillers import MAX_FILLER_COUNT
 from lensprobe.core.storage.files import read_text
+from lensprobe.core.storage.nesting import parse_toml
+from lensprobe.evals.results.published import check_published_table
 from lensprobe.evals.running.protocols import PROTOCOLS
 from lensprobe.interventions.arm_presets import benchmark_key
 
@@ -195,7 +197,7 @@ def load_recipe(name_or_path: str | os.PathLike) -> Recipe:
         raise LensprobeError(f"unknown recipe {text_name!r}: use one of {sorted(shipped)} (lensprobe reproduce "
                              "--list) or a path to your own .toml recipe.")
     try:
-        data = tomllib.loads(text)
+        data = parse_toml(text, str(where))
     except tomllib.TOMLDecodeError as err:
         raise LensprobeError(f"{where} is not valid TOML ({err}): fix the file.") from None
     return _recipe(data, where, default)
@@ -262,6 +264,11 @@ def _check_extras(data: dict, kind: str, protocol: str | None, benchmarks: tuple
         if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()) \
                 or set(value) - set(benchmarks):
             raise LensprobeError(f"{where}: {key} must be a table of {list(benchmarks)} -> text, got {value!r}.")
+    if kind == "table" and data.get("table") is not None:  # refused now, not after the evaluation ran
+        try:
+            check_published_table(str(data["table"]), str(data.get("arxiv", "2510.01032")))
+        except LensprobeError as err:
+            raise LensprobeError(f"{where}: {err}") from None
 
 
 def _settings(table: Any, where: str) -> ReproduceConfig:

@@ -45,3 +45,13 @@ class ContextLengthError(LensprobeError):
     """A prompt longer than the model's context: callers that pass over such prompts (a check that some
     prompt of a condition fits) catch this one, so any other refusal (a control token in the text) keeps
     its own message."""
+
+
+class UnexpectedError(LensprobeError):
+    """An exception lensprobe did not foresee, raised inside a public function and turned into one line
+    naming the function, the input and the fix (:mod:`lensprobe.core.boundary`); chained ``from`` the
+    original, and also an instance of the original's class where Python allows (``except KeyError``
+    still catches a missing key)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

@@ -33,6 +33,7 @@ Example:
 May import: :mod:`lensprobe.core`, :mod:`lensprobe.interventions`, :mod:`lensprobe.generation`.
 """
 
+from lensprobe.core.boundary import guard_public
 from lensprobe.core.prompts.conditions import (
     BUILTIN_CONDITIONS,
     MatchedRandomSentence,
@@ -111,3 +112,5 @@ __all__ = [
     "shard_info",
     "wilson_interval",
 ]
+
+guard_public(globals())  # public functions raise one LensprobeError (lensprobe.core.boundary)

@@ -53,6 +53,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from lensprobe.core.boundary import PASSED_THROUGH, translated
 from lensprobe.core.checks import count
 from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.core.lazy import pandas
@@ -294,8 +295,15 @@ def lm_eval_accuracy(model: Any, tasks: Sequence[str] | str, conditions: Any = "
     rows = []
     for item in items:
         lm = LensprobeLM(loaded, item, batch_size=batch_size, facts=facts, **model_args)
-        result = lm_eval.simple_evaluate(model=lm, tasks=names, limit=limit, task_manager=manager,
-                                         log_samples=False)
+        try:
+            result = lm_eval.simple_evaluate(model=lm, tasks=names, limit=limit, task_manager=manager,
+                                             log_samples=False)
+        except PASSED_THROUGH:
+            raise
+        except Exception as failure:  # lm-eval's own errors (an unknown task, a task file it cannot read): one line
+            raise translated(failure, f"lm-eval on {', '.join(names)} under {lm.condition.name!r}",
+                             "check the task names (`lm_eval --tasks list`) and the task files given "
+                             "(include_path)") from failure
         if result is None:
             raise LensprobeError("lm-eval returned no results (not the main process of a distributed run).")
         for task in names:

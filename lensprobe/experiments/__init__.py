@@ -7,6 +7,7 @@ identifies itself by content and saves into the results store.
 May import: :mod:`lensprobe.core`, :mod:`lensprobe.interventions` and :mod:`lensprobe.generation`.
 """
 
+from lensprobe.core.boundary import guard_public
 from lensprobe.experiments.attribution import Attribution, attribute_heads
 from lensprobe.experiments.findheads import HeadSearch, find_heads
 from lensprobe.experiments.headpatch import HeadPatch, patch_heads
@@ -16,3 +17,5 @@ from lensprobe.experiments.verify import Verification, verify_attribution
 
 __all__ = ["Attribution", "HeadPatch", "HeadSearch", "PatchResult", "SweepResult", "Verification", "ablation_sweep",
            "attribute_heads", "find_heads", "patch", "patch_heads", "verify_attribution"]
+
+guard_public(globals())  # public functions raise one LensprobeError (lensprobe.core.boundary)

@@ -5,6 +5,7 @@ forward (the TransformerBridge, or a plain Hugging Face view of the same weights
 May import: :mod:`lensprobe.core` (interventions are passed in as objects, never imported).
 """
 
+from lensprobe.core.boundary import guard_public
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.loop import generate, trace_generation
 from lensprobe.generation.rows import FinishedRow
@@ -18,3 +19,5 @@ from lensprobe.generation.traces.tracking import SPECIAL_SETS
 __all__ = ["SPECIAL_SETS", "FinishedRow", "GenerationConfig", "GenerationTrace", "LatentFusion", "Pause",
            "add_thinking_token", "generate", "load_trace", "schedule", "trace_generation", "trace_jobs",
            "trace_prompts", "trace_summary"]
+
+guard_public(globals())  # public functions raise one LensprobeError (lensprobe.core.boundary)

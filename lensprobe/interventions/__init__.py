@@ -9,6 +9,7 @@ mutated.
 May import: :mod:`lensprobe.core`.
 """
 
+from lensprobe.core.boundary import guard_public
 from lensprobe.core.hooks.attach import (
     ActivationRecorder,
     AttentionRecorder,
@@ -26,3 +27,5 @@ from lensprobe.interventions.replacement import HeadMeans, head_means
 __all__ = ["ARM", "ActivationRecorder", "AttentionRecorder", "Capabilities", "HeadAblation", "HeadMeans", "HookSite",
            "Intervention", "StepContext", "ablate_heads", "ablate_kv_group", "arm_redistribute", "declare",
            "head_means", "intervene", "matching_hook_names"]
+
+guard_public(globals())  # public functions raise one LensprobeError (lensprobe.core.boundary)

@@ -8,6 +8,7 @@ settings). They compute and return tables and results; figures and reports live 
 May import: :mod:`lensprobe.core`, :mod:`lensprobe.interventions`, :mod:`lensprobe.generation`.
 """
 
+from lensprobe.core.boundary import guard_public
 from lensprobe.studies.filler import (
     FillerSetup,
     attention_received_by_condition,
@@ -37,3 +38,5 @@ __all__ = ["THINKING_SETTINGS", "AblationEffect", "ActivationStats", "FillerSetu
            "compare_thinking", "compare_token_class_attention", "condition_changes", "filler_affine_fit",
            "filler_vs_random", "head_attention_over_generation", "heads_by_change", "mechanism_prompts",
            "segment_attention", "thinking_setting", "with_thinking_token"]
+
+guard_public(globals())  # public functions raise one LensprobeError (lensprobe.core.boundary)

@@ -11,6 +11,7 @@ May import: :mod:`lensprobe.core` (names, labels, JSON), :mod:`lensprobe.evals` 
 result folders) and plotting libraries; never a study or the app.
 """
 
+from lensprobe.core.boundary import guard_public
 from lensprobe.viz.ablation import head_attention_figure, next_token_figure, patch_figure, sweep_heatmap
 from lensprobe.viz.attention import (
     attention_received_figure,
@@ -59,3 +60,5 @@ __all__ = [
     "sweep_heatmap",
     "token_class_figure",
 ]
+
+guard_public(globals())  # public functions raise one LensprobeError (lensprobe.core.boundary)

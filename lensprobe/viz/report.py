@@ -29,6 +29,7 @@ from plotly.offline import get_plotlyjs
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.storage.files import read_text
 from lensprobe.core.storage.jsonable import to_jsonable
+from lensprobe.core.storage.nesting import parse_json
 from lensprobe.core.storage.writer import OutputFolder
 from lensprobe.core.version import __version__
 from lensprobe.viz.embed import figure_div
@@ -122,7 +123,7 @@ def _figure_html(fig, div_id: str, json_file: str) -> str:
 def _listed_files(out: OutputFolder) -> list[tuple[str, list[str]]]:
     """The sections and files an earlier report listed in ``report.json`` (none when it is unreadable)."""
     try:
-        old = json.loads(read_text(out.root / "report.json", "report listing"))
+        old = parse_json(read_text(out.root / "report.json", "report listing"), "report listing")
         return [(str(sec["slug"]), [str(rel) for rel in sec["files"]]) for sec in old["sections"]]
     except (LensprobeError, OSError, ValueError, KeyError, TypeError):
         return []

@@ -31,7 +31,6 @@ Example:
 """
 
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -46,6 +45,7 @@ from lensprobe.core.given import seconds_from_env
 from lensprobe.core.storage.files import file_sha256, read_text
 from lensprobe.core.storage.jsonable import json_digest
 from lensprobe.core.storage.locks import FileLock, lock_holder
+from lensprobe.core.storage.nesting import parse_json
 from lensprobe.core.storage.store import atomic_write_json
 from lensprobe.core.storage.writer import remove_tree, rename_into_place
 
@@ -152,7 +152,7 @@ def folder_intact(folder: Path) -> bool:
         True
     """
     try:
-        manifest = json.loads(read_text(folder / MANIFEST, "model cache manifest"))
+        manifest = parse_json(read_text(folder / MANIFEST, "model cache manifest"), "model cache manifest")
         files = manifest["files"]
         return bool(files) and manifest.get("format") == MANIFEST_FORMAT and all(
             (folder / name).stat().st_size == entry["size"] and file_digest(folder / name) == entry["sha256"]

@@ -28,7 +28,7 @@ from typing import Any
 from lensprobe.core.errors import LensprobeError, ModelLoadError
 from lensprobe.core.lazy import heavy
 from lensprobe.core.storage.files import check_file, read_text
-from lensprobe.core.storage.jsonable import unique_keys
+from lensprobe.core.storage.nesting import parse_json
 
 __all__ = ["TOKENIZER_FILES", "check_loading_info", "check_model_folder", "folder_load_error"]
 
@@ -66,7 +66,7 @@ def check_model_folder(folder: Path) -> None:
 def _check_config(folder: Path) -> None:
     path = folder / "config.json"
     try:
-        config = json.loads(read_text(path, "model settings file"), object_pairs_hook=unique_keys)
+        config = parse_json(read_text(path, "model settings file"), f"model settings file {path}")
     except json.JSONDecodeError as err:
         raise ModelLoadError(f"{path} is not valid JSON ({err.msg}): restore the folder's config.json from the "
                              "model's source.") from None
@@ -89,7 +89,7 @@ def _weight_files(folder: Path) -> list[Path]:
     index = folder / _INDEX
     if index.exists():
         try:
-            listed = json.loads(read_text(index, "weights index"))["weight_map"].values()
+            listed = parse_json(read_text(index, "weights index"), f"weights index {index}")["weight_map"].values()
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
             raise ModelLoadError(f"{index} is not a safetensors index (a JSON object with a 'weight_map'): restore "
                                  "it from the model's source.") from None
@@ -116,7 +116,7 @@ def _check_safetensors(path: Path) -> None:
                              "download it again.")
     header_len, header = _header(path, size)
     try:
-        tensors = json.loads(header)
+        tensors = parse_json(header, f"weights file {path}")
         end = max((int(t["data_offsets"][1]) for k, t in tensors.items() if k != "__metadata__"), default=0)
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         raise ModelLoadError(f"{path} has a damaged safetensors header: copy or download it again.") from None

@@ -36,6 +36,7 @@ from types import ModuleType
 from typing import Any
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.core.storage.nesting import parse_json
 from lensprobe.core.storage.writer import open_in, remove_file
 
 try:  # POSIX: the lock file is also flock-ed while held
@@ -98,7 +99,7 @@ def _read_holder(fd: int) -> dict[str, Any] | None:
     if not data.strip():
         return None
     try:
-        holder = json.loads(data)
+        holder = parse_json(data, "lock file")
     except ValueError:
         return {"pid": None, "host": None, "raw": data[:80].decode("utf-8", "replace")}
     return holder if isinstance(holder, dict) else {"pid": None, "host": None}

@@ -31,6 +31,7 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.storage.files import DATA_LIMIT, read_bytes
 from lensprobe.core.storage.jsonable import json_digest
 from lensprobe.core.storage.locks import FileLock
+from lensprobe.core.storage.nesting import parse_json
 from lensprobe.core.storage.writer import open_in
 
 __all__ = ["ROW_DIGEST", "RowWriter", "read_row_file", "read_row_files", "row_line"]
@@ -88,7 +89,7 @@ def read_row_file(path: Path) -> Iterator[tuple[int, Any]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = parse_json(line, f"results file {path} line {line_no}")
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             why = err.msg if isinstance(err, json.JSONDecodeError) else "bytes that are not UTF-8"
             raise LensprobeError(

@@ -230,12 +230,21 @@ def _recorded(out: Path, *, reading: bool = False) -> dict | None:
                              f"writes layout {LAYOUT}), {_OLDER}")
     config = _checked_digest(config, path)
     missing = [k for k in ("kind", "hash", "settings", "parts", "labels") if k not in config]
-    if missing or not isinstance(config["settings"], dict) or not isinstance(config["parts"], dict):
-        raise LensprobeError(f"{path} lacks {', '.join(missing) or 'a well-formed settings or parts entry'}: it was "
-                             "edited or damaged; use a new output folder, or delete this one to start over.")
+    if missing or _malformed(config):
+        raise LensprobeError(f"{path} lacks {', '.join(missing) or _malformed(config)}: it was edited or damaged; "
+                             "use a new output folder, or delete this one to start over.")
     if "identity" in config["settings"] and not reading:
         check_identity_rule(config["settings"], out)
     return config
+
+
+def _malformed(config: dict) -> str:
+    """What of a ``config.json`` holding every entry is not of its type (``""``: nothing)."""
+    bad = [f"a text {k!r}" for k in ("kind", "hash") if not isinstance(config[k], str)]
+    bad += [f"an object {k!r}" for k in ("settings", "parts", "labels") if not isinstance(config[k], dict)]
+    if isinstance(config["parts"], dict):
+        bad += [f"an object for part {name!r}" for name, part in config["parts"].items() if not isinstance(part, dict)]
+    return ", ".join(bad)
 
 
 def _refuse_rows_without_config(out: Path, rows: str) -> None:

@@ -59,6 +59,7 @@ from typing import Any, TypeVar
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.storage.files import read_text
+from lensprobe.core.storage.nesting import parse_json
 from lensprobe.core.storage.writer import atomic_file
 
 __all__ = ["NEW_FOLDER_FIX", "POLL_SECONDS", "STALL_TIMEOUT", "STALL_TIMEOUT_VAR", "atomic_file",
@@ -155,7 +156,7 @@ def read_json(path: Path, fix: str = "delete it to compute its units again") -> 
         'demo'
     """
     try:
-        return json.loads(read_text(path, "settings file"))
+        return parse_json(read_text(path, "settings file"), f"settings file {path}")
     except json.JSONDecodeError as err:
         raise LensprobeError(f"{path} is not valid JSON ({err.msg}): it was edited or damaged; {fix}.") from None
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import heavy
 from lensprobe.core.storage.files import DATA_LIMIT, check_file, read_text
-from lensprobe.core.storage.jsonable import unique_keys
+from lensprobe.core.storage.nesting import parse_json
 
 __all__ = ["FORMATS", "check_problem_file", "format_of", "jsonl_rows", "read_rows"]
 
@@ -33,7 +33,7 @@ def jsonl_rows(path: Path, text: str | None = None) -> list[tuple[int, object]]:
         if not line.strip():
             continue
         try:
-            rows.append((line_no, json.loads(line, object_pairs_hook=unique_keys)))
+            rows.append((line_no, parse_json(line, f"{path} line {line_no}")))
         except json.JSONDecodeError as err:
             raise LensprobeError(
                 f"{path} line {line_no} is not valid JSON ({err.msg} at column {err.colno}): "
@@ -46,7 +46,7 @@ def jsonl_rows(path: Path, text: str | None = None) -> list[tuple[int, object]]:
 
 def _json_array_rows(path: Path, text: str) -> list[tuple[int, object]]:
     try:
-        data = json.loads(text, object_pairs_hook=unique_keys)
+        data = parse_json(text, f"problem file {path}")
     except json.JSONDecodeError as err:
         raise LensprobeError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}): fix the file, "
                              "or write one JSON object per line (JSONL).") from None

@@ -20,13 +20,14 @@ from importlib import resources
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
+from lensprobe.core.storage.nesting import parse_toml
 
 if sys.version_info >= (3, 11):
-    import tomllib
+    pass
 else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+    pass
 
-__all__ = ["PAPERS", "PublishedNumber", "paper_models", "published_numbers", "published_table"]
+__all__ = ["PAPERS", "PublishedNumber", "check_published_table", "paper_models", "published_numbers", "published_table"]
 
 PAPERS = {"2510.01032": "arm-2510.01032.toml"}
 """arXiv id -> the data file of its published numbers (in ``lensprobe/evals/papers``)."""
@@ -65,7 +66,7 @@ def _load(arxiv: str, files: tuple[tuple[str, str], ...] = tuple(PAPERS.items())
     if arxiv not in names:
         raise LensprobeError(f"no published numbers for arXiv {arxiv!r}: lensprobe has {tuple(names)}.")
     text = resources.files("lensprobe.evals").joinpath("papers").joinpath(names[arxiv]).read_text(encoding="utf-8")
-    return tomllib.loads(text)
+    return parse_toml(text, f"published numbers {names[arxiv]}")
 
 
 def _cells(arxiv: str, table: str, spec: dict) -> list[PublishedNumber]:
@@ -111,12 +112,25 @@ def published_table(table: str, arxiv: str = "2510.01032"):
     """
     pd = pandas()
     data = _load(arxiv)
-    if str(table) not in data["tables"]:
-        raise LensprobeError(f"no table {table!r} in lensprobe's data of arXiv {arxiv}: use one of "
-                             f"{tuple(data['tables'])} (Table 9 is lensprobe.interventions.arm_presets).")
+    check_published_table(table, arxiv)
     cells = _cells(arxiv, str(table), data["tables"][str(table)])
     return pd.DataFrame([{k: getattr(c, k) for k in ("table", "model", "benchmark", "condition", "value", "text")}
                          for c in cells])
+
+
+def check_published_table(table: str, arxiv: str = "2510.01032") -> None:
+    """Refuse a table the paper's published numbers in lensprobe's data do not hold (before anything runs).
+
+    Raises:
+        LensprobeError: no such paper or table, naming the tables there are.
+
+    Example:
+        >>> check_published_table("1")
+    """
+    tables = _load(arxiv)["tables"]
+    if str(table) not in tables:
+        raise LensprobeError(f"no table {table!r} in lensprobe's data of arXiv {arxiv}: use one of "
+                             f"{tuple(tables)} (Table 9 is lensprobe.interventions.arm_presets).")
 
 
 def paper_models(arxiv: str = "2510.01032") -> dict[str, dict]:

@@ -26,6 +26,7 @@ from torch import Tensor
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import heavy
 from lensprobe.core.storage.files import DATA_LIMIT, check_file, read_text
+from lensprobe.core.storage.nesting import parse_json
 from lensprobe.core.storage.store import atomic_file
 
 __all__ = ["FORMAT", "VERSION", "read_trace", "write_trace"]
@@ -95,7 +96,7 @@ def read_trace(path: str | Path) -> dict[str, Any]:
     if not path.exists():
         raise LensprobeError(f"trace file not found: {path}.")
     if path.suffix.lower() == ".json":
-        body = json.loads(read_text(path, "trace file", DATA_LIMIT))
+        body = parse_json(read_text(path, "trace file", DATA_LIMIT), f"trace file {path}")
         _check_header(body, path)
         head = body
         R, T = body["n_rows"], body["n_steps"]
@@ -111,7 +112,7 @@ def read_trace(path: str | Path) -> dict[str, Any]:
         check_file(path, "trace file", DATA_LIMIT)
         table = pq.read_table(path)
         raw = (table.schema.metadata or {}).get(b"lensprobe")
-        head = json.loads(raw) if raw else {}
+        head = parse_json(raw, f"trace file {path}") if raw else {}
         _check_header(head, path)
         R, T = head["n_rows"], head["n_steps"]
         L, H = len(head["layers"]), head["n_heads"]
