@@ -9,13 +9,18 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 import lensprobe as lp
 from lensprobe.app.cli import main
 from lensprobe.app.reproduce_figures import FIGURES
 from lensprobe.app.reproduce_samples import best_of_name
 from lensprobe.app.sections.evals import build_math500_section
 from lensprobe.evals.grading.grade import grade_paper_exact
-from lensprobe.evals.results.published import published_numbers, tomllib
+from lensprobe.evals.results.published import published_numbers
 
 ROOT = Path(__file__).resolve().parents[2]
 

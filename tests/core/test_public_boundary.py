@@ -12,6 +12,7 @@ import lensprobe as lp
 from lensprobe.app.cli import main
 from lensprobe.core.boundary import public_function
 from lensprobe.core.errors import LensprobeError, UnexpectedError
+from lensprobe.core.storage.jsonable import json_digest
 from lensprobe.core.storage.nesting import MAX_NESTING, parse_json, parse_toml
 from lensprobe.core.storage.runconfig import open_run, read_run
 
@@ -92,8 +93,9 @@ def test_a_deep_config_json_a_problem_file_and_a_recipe_are_refused(tmp_path):
                                          ({"labels": "x"}, "an object 'labels'")])
 def test_a_config_json_with_entries_of_the_wrong_type_is_refused(tmp_path, edit, named):
     open_run(tmp_path, "patch", {"n": 1}, parts={"a": {"x": 1}})
-    config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, **edit}))
+    config = {k: v for k, v in json.loads((tmp_path / "config.json").read_text()).items() if k != "digest"}
+    edited = {**config, **edit}  # edited with its digest made again, so the check of each entry's type is reached
+    (tmp_path / "config.json").write_text(json.dumps({**edited, "digest": json_digest(edited)}))
     with pytest.raises(LensprobeError, match=f"lacks {named}: it was edited or damaged"):
         open_run(tmp_path, "patch", {"n": 1})
 

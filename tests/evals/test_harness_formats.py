@@ -9,6 +9,7 @@ import lensprobe as lp
 from lensprobe.core.prompts.conditions import paper_conditions
 from lensprobe.core.prompts.prompt import PAPER_SYSTEM_PROMPT
 from lensprobe.core.storage.identity import identity
+from lensprobe.core.storage.rowfiles import row_line
 from lensprobe.evals import Problem, load_results
 from lensprobe.evals.grading.grade import grade_paper_exact
 from lensprobe.evals.results.folder import read_rows, results_file
@@ -130,7 +131,7 @@ def test_rows_without_the_paper_exact_column_still_read_and_resume(tiny, tmp_pat
     lp.evaluate(tiny, problems(2), "w/o", out=tmp_path, max_new_tokens=4, progress=False)
     path = results_file(tmp_path, 0)
     old = [{k: v for k, v in r.items() if k != "paper-exact"} for r in read_rows(tmp_path)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in old), encoding="utf-8")
+    path.write_text("".join(row_line(r) for r in old), encoding="utf-8")  # rows of 0.4, each with its digest
     df = lp.evaluate(tiny, problems(4), "w/o", out=tmp_path, max_new_tokens=4, progress=False)
     assert len(df) == 4
     assert list(df["paper-exact"].iloc[:2]) == [None, None]
