@@ -25,7 +25,7 @@ from lensprobe.app.reproduce_tables import RUN_N
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.prompts.conditions import resolve_conditions
 from lensprobe.core.storage.files import read_text
-from lensprobe.core.storage.identity import model_identity
+from lensprobe.core.storage.runidentity import model_identity
 from lensprobe.interventions.arm import ARM
 
 __all__ = ["LMEVAL_COLUMNS", "check_lmeval_data", "lmeval_cells"]

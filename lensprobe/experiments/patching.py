@@ -33,8 +33,8 @@ from lensprobe.core.hooks.attach import ActivationRecorder, resolve_hooks
 from lensprobe.core.lazy import pandas
 from lensprobe.core.measures.forced import resolve_measures
 from lensprobe.core.measures.measure import logits_needed, run_logits, run_measure
-from lensprobe.core.storage.identity import run_identity
 from lensprobe.core.storage.jsonable import prompt_ids_digest
+from lensprobe.core.storage.runidentity import run_identity
 from lensprobe.core.storage.shards import check_shard, run_sharded
 
 __all__ = ["PatchHook", "PatchResult", "check_hook_names", "patch", "patch_hooks", "segment_alignment", "site_rows"]

@@ -37,8 +37,8 @@ from lensprobe.core.measures.measure import (
     NextTokenEntropy,
     run_measure,
 )
-from lensprobe.core.storage.identity import run_identity
 from lensprobe.core.storage.jsonable import prompt_ids_digest
+from lensprobe.core.storage.runidentity import run_identity
 from lensprobe.core.storage.shards import check_shard, run_sharded
 from lensprobe.core.storage.store import atomic_file
 from lensprobe.interventions.ablation import RowHeadAblation

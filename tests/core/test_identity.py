@@ -12,15 +12,9 @@ import torch
 
 import lensprobe as lp
 from lensprobe.core.models.testing import tiny_model
-from lensprobe.core.storage.identity import (
-    IDENTITY_VERSION,
-    check_identity_rule,
-    identity,
-    identity_digest,
-    model_identity,
-    weights_digest,
-)
+from lensprobe.core.storage.identity import IDENTITY_VERSION, identity, identity_digest, weights_digest
 from lensprobe.core.storage.jsonable import stable_repr
+from lensprobe.core.storage.runidentity import check_identity_rule, model_identity
 
 
 @functools.partial(lp.interventions.declare, name="add-vector", version="1")

@@ -20,8 +20,8 @@ from lensprobe.app.option_groups import ModelOptions, OutputOptions, QuestionOpt
 from lensprobe.app.parsing import add_config
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.prompts.prompt import build_prompt
-from lensprobe.core.storage.identity import run_identity
 from lensprobe.core.storage.jsonable import prompt_ids_digest
+from lensprobe.core.storage.runidentity import run_identity
 from lensprobe.core.storage.shards import bind_local_gpu, shard_info
 from lensprobe.core.storage.store import atomic_file
 from lensprobe.generation.thinking.latent import LatentFusion, add_thinking_token

@@ -1,4 +1,5 @@
-"""The identity of anything a run depends on, by content: :func:`identity` and :func:`identity_digest`.
+"""The identity of anything a run depends on, by content: :func:`identity` and :func:`identity_digest`
+(a run's whole identity, and the rule it was identified under: :mod:`lensprobe.core.storage.runidentity`).
 
 Every resumable run (evaluations, ablation sweeps, patching, trace sets) records the identity of
 what it depends on (the model, prompts, interventions, metrics, settings) and refuses a folder
@@ -57,8 +58,7 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.storage.declared import declared_as
 from lensprobe.core.version import __version__
 
-__all__ = ["IDENTITY_METHOD", "IDENTITY_VERSION", "IdentityError", "check_identity_rule", "identity",
-           "identity_digest", "model_identity", "run_identity", "weights_digest"]
+__all__ = ["IDENTITY_METHOD", "IDENTITY_VERSION", "IdentityError", "identity", "identity_digest", "weights_digest"]
 
 IDENTITY_VERSION = 2
 """The identity rule folders record (``"identity"`` in their settings); folders written before it
@@ -107,34 +107,6 @@ def identity_digest(obj: Any, length: int = 16) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
-def model_identity(model) -> dict:
-    """A model's identity: a digest of every parameter and buffer (:func:`weights_digest`), with its
-    type, dtype and shape beside as labels (they follow from the weights and configuration).
-
-    Example:
-        >>> model_identity(model)["n_layers"]
-        30
-    """
-    return identity(model)
-
-
-def run_identity(model, **parts: Any) -> dict:
-    """What a resumable run records as its settings: the identity rule, the model's identity (its
-    weights hashed now, at the start of the run) and every part (prompts, interventions, metric,
-    settings, defaults included) by :func:`identity`.
-
-    Raises:
-        LensprobeError: a part that cannot be identified, such as undeclared user code (the message
-            names it and says how to declare it: :func:`~lensprobe.core.storage.declared.declare`).
-
-    Example:
-        >>> run_identity(model, prompts=[prompt], metric="entropy")["identity"]
-        2
-    """
-    return {"identity": IDENTITY_VERSION, "model": model_identity(model),
-            **{name: identity(value, name) for name, value in parts.items()}}
-
-
 def weights_digest(module: torch.nn.Module) -> str:
     """A digest of every parameter and buffer of ``module``: names, shapes, dtypes and values.
 
@@ -152,30 +124,6 @@ def weights_digest(module: torch.nn.Module) -> str:
         h.update(f"{name}{tuple(t.shape)}{t.dtype};".encode())
         h.update(_tensor_bytes(t))
     return h.hexdigest()[:16]
-
-
-def check_identity_rule(recorded: Mapping[str, Any], folder: Any) -> None:
-    """Refuse a folder whose settings ``recorded`` were identified under another identity rule.
-
-    Raises:
-        LensprobeError: the folder was written before identities were by content (or under
-            another rule): its results cannot be checked against this run's, so they are never
-            reused; the message says to rerun into a new folder.
-
-    Example:
-        >>> check_identity_rule({"identity": IDENTITY_VERSION}, "runs/x")   # no error
-    """
-    got = recorded.get("identity")
-    if got == IDENTITY_VERSION:
-        return
-    before = "an older lensprobe, which identified runs by repr() and the model's name" if got is None else \
-        f"identity rule {got!r}"
-    raise LensprobeError(
-        f"{folder} was written by {before}; this lensprobe identifies every run by content (identity rule "
-        f"{IDENTITY_VERSION}: model weights, prompts, interventions and metrics by value), so the folder's results "
-        "cannot be checked against this run and are not reused. Rerun into a new output folder (or delete this one "
-        "to start over); the old folder stays as it is."
-    )
 
 
 # ----------------------------------------------------------------------------- describing

@@ -58,8 +58,9 @@ from typing import Any
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.storage.files import DATA_LIMIT, read_bytes
-from lensprobe.core.storage.identity import check_identity_rule, identity_digest
+from lensprobe.core.storage.identity import identity_digest
 from lensprobe.core.storage.jsonable import json_digest
+from lensprobe.core.storage.runidentity import check_identity_rule
 from lensprobe.core.storage.store import (
     NEW_FOLDER_FIX,
     atomic_write_json,

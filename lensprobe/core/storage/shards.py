@@ -159,8 +159,8 @@ def run_sharded(units: Sequence[str], compute: Callable[[str], Any], *, out: str
         out: the folder where the processes' results meet (see :class:`ShardStore`);
             ``None`` computes every unit in memory (no sharding, no resuming).
         kind, settings: what the run computes, for refusing a folder of another run. Settings
-            built by :func:`~lensprobe.core.storage.identity.run_identity` name their identity rule, and a
-            folder written under another rule is refused (:func:`~lensprobe.core.storage.identity.check_identity_rule`).
+            built by :func:`~lensprobe.core.storage.runidentity.run_identity` name their identity rule, and a
+            folder written under another rule is refused (:func:`~lensprobe.core.storage.runidentity.check_identity_rule`).
         rank, world_size: this process's shard; default from the environment (:func:`shard_info`).
         progress: a progress bar over the units this process computes (a string: its label).
         stall_timeout: how long rank 0 waits without news from the other ranks (default

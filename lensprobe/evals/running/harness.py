@@ -84,9 +84,10 @@ from lensprobe.core.prompts.conditions import (
     resolve_conditions,
 )
 from lensprobe.core.prompts.text import blank, check_text
-from lensprobe.core.storage.identity import IdentityError, identity_digest, run_identity
+from lensprobe.core.storage.identity import IdentityError, identity_digest
 from lensprobe.core.storage.jsonable import describe_setting
 from lensprobe.core.storage.runconfig import run_hash
+from lensprobe.core.storage.runidentity import run_identity
 from lensprobe.core.storage.shards import check_shard, my_units
 from lensprobe.core.storage.shards import (
     shard_info as shard_info,  # its old home: lensprobe.evals.running.harness.shard_info

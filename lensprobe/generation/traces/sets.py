@@ -27,8 +27,8 @@ from lensprobe.core.hooks.forward import as_prompts
 from lensprobe.core.models.facts import ModelFacts, model_facts
 from lensprobe.core.models.loading import check_layers
 from lensprobe.core.storage.files import file_sha256
-from lensprobe.core.storage.identity import run_identity
 from lensprobe.core.storage.jsonable import prompt_ids_digest
+from lensprobe.core.storage.runidentity import run_identity
 from lensprobe.core.storage.shards import run_sharded
 from lensprobe.core.storage.store import atomic_file
 from lensprobe.generation.config import GenerationConfig, generation_config
