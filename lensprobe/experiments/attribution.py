@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
@@ -97,12 +97,22 @@ class Attribution:
                                                  "n_prompts"])
 
     def grid(self) -> Float[Tensor, "layer head"]:
-        """Mean estimate as a ``[layer, head]`` tensor (``[layer, kv_head]`` for groups; NaN where not estimated)."""
-        width = self.n_heads if self.unit == "head" else self.n_heads // self.group_size
-        out = torch.full((self.n_layers, width), float("nan"), device="cpu")
+        """Mean estimate as a ``[layer, head]`` tensor (``[layer, kv_head]`` for groups; NaN where not estimated:
+        :meth:`measured` tells a unit not estimated from one whose estimate is NaN)."""
+        out = torch.full(self._grid_shape(), float("nan"), device="cpu")
         for (layer, heads), value in zip(self.units, self.estimates.mean(0).tolist(), strict=True):
             out[layer, heads[0] if self.unit == "head" else heads[0] // self.group_size] = value
         return out
+
+    def measured(self) -> Bool[Tensor, "layer head"]:
+        """Which cells of :meth:`grid` were estimated: a NaN where this is ``True`` is the estimate's own value."""
+        out = torch.zeros(self._grid_shape(), dtype=torch.bool)
+        for layer, heads in self.units:
+            out[layer, heads[0] if self.unit == "head" else heads[0] // self.group_size] = True
+        return out
+
+    def _grid_shape(self) -> tuple[int, int]:
+        return self.n_layers, (self.n_heads if self.unit == "head" else self.n_heads // self.group_size)
 
     def top(self, k: int = 10):
         """The ``k`` units with the largest score (the candidates to verify), as a table."""

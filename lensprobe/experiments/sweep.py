@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
@@ -85,11 +85,20 @@ class SweepResult:
         return self.ablated - self.baseline[:, None]
 
     def grid(self) -> Float[Tensor, "layer head"]:
-        """Mean change over prompts as a ``[layer, head]`` tensor (NaN where not swept)."""
+        """Mean change over prompts as a ``[layer, head]`` tensor (NaN where not swept: :meth:`measured` tells a
+        head not swept from one whose ablation made the metric NaN)."""
         out = torch.full((self.n_layers, self.n_heads), float("nan"), device="cpu")
         mean = self.changes.mean(0)
         for (layer, head), value in zip(self.heads, mean.tolist(), strict=True):
             out[layer, head] = value
+        return out
+
+    def measured(self) -> Bool[Tensor, "layer head"]:
+        """Which cells of :meth:`grid` were swept: a NaN where this is ``True`` is the metric's own value, never
+        a marker for a head left out."""
+        out = torch.zeros((self.n_layers, self.n_heads), dtype=torch.bool)
+        for layer, head in self.heads:
+            out[layer, head] = True
         return out
 
     @property

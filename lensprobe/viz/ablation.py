@@ -14,6 +14,7 @@ from lensprobe.viz.style import (
     CLEAN_COLOR,
     GENERATED_COLOR,
     INDEX_NOTE,
+    cell_labels,
     condition_colors,
     condition_label,
     grid_layout,
@@ -102,7 +103,7 @@ def sweep_heatmap(result, *, title: str | None = None, zmax: float | None = None
 
     Returns:
         A plotly ``Figure``; red = the metric rises when the head is ablated, blue = it falls;
-        blank cells were not swept.
+        blank cells were not swept (hover: "not swept"; a swept head whose metric is NaN says so).
 
     Example:
         >>> fig = sweep_heatmap(lp.ablation_sweep(model, prompt, "entropy"))
@@ -115,7 +116,7 @@ def sweep_heatmap(result, *, title: str | None = None, zmax: float | None = None
     heads = [int(v) for v in table.columns]
     finite = values[values == values]  # drop NaN
     lim = zmax if zmax is not None else (float(abs(finite).max()) if finite.size else 1.0) or 1.0
-    text = [[f"L{lay}H{h}" for h in heads] for lay in layers]
+    text = cell_labels(result, layers, heads, "H", "not swept")
     fig = go.Figure(go.Heatmap(
         z=values.tolist(), x=heads, y=layers, text=text, zmin=-lim, zmax=lim, zmid=0.0,
         colorscale="RdBu_r", colorbar=dict(title=dict(text=f"Δ {metric}")),

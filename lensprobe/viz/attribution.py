@@ -8,7 +8,7 @@ head 14").
 
 import plotly.graph_objects as go
 
-from lensprobe.viz.style import ABLATED_COLOR, CLEAN_COLOR, INDEX_NOTE, grid_layout
+from lensprobe.viz.style import ABLATED_COLOR, CLEAN_COLOR, INDEX_NOTE, cell_labels, grid_layout
 
 __all__ = ["attribution_heatmap", "attribution_scatter", "find_heads_heatmap", "find_heads_scatter"]
 
@@ -37,7 +37,7 @@ def attribution_heatmap(attribution, *, title: str | None = None, zmax: float | 
     finite = grid[grid == grid]
     lim = zmax if zmax is not None else (float(finite.abs().max()) if finite.numel() else 1.0) or 1.0
     kv = attribution.unit == "kv"
-    text = [[f"L{lay}{'KV' if kv else 'H'}{h}" for h in range(grid.shape[1])] for lay in range(grid.shape[0])]
+    text = cell_labels(attribution, range(grid.shape[0]), range(grid.shape[1]), "KV" if kv else "H", "not estimated")
     method = {"atp": "AtP", "atp*": "AtP*"}.get(attribution.method, attribution.method)
     fig = go.Figure(go.Heatmap(
         z=values, x=list(range(grid.shape[1])), y=list(range(grid.shape[0])), text=text, zmin=-lim, zmax=lim,

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from lensprobe.core.prompts.conditions import canonical_condition_name
 
 __all__ = ["ABLATED_COLOR", "CLASS_COLORS", "CLEAN_COLOR", "CONDITION_COLORS", "CONDITION_LABELS", "GENERATED_COLOR",
-           "INDEX_NOTE", "NEAR_ZERO_COLOR", "PALETTE", "SPAN_COLOR", "TRACE_COLORS", "color", "condition_colors",
+           "INDEX_NOTE", "NEAR_ZERO_COLOR", "PALETTE", "SPAN_COLOR", "TRACE_COLORS", "cell_labels", "color", "condition_colors",
            "condition_label", "filler_span", "header", "rgba", "same_condition", "table_of", "table_spelling", "unique",
            "vspacing"]
 
@@ -127,6 +127,22 @@ def wrap_note(note: str, width_px: float, char_px: float = 6.0) -> list[str]:
         else:
             lines.append(word)
     return [line.strip() for line in lines]
+
+
+def cell_labels(result, rows, cols, unit: str, missing: str) -> list[list[str]]:
+    """Hover labels of a ``[layer, head]`` grid (``L0H3``): a cell the result has no value for says ``missing``
+    and a measured cell whose value is NaN says so (read from ``result.measured()`` when it has one)."""
+    measured = result.measured() if callable(getattr(result, "measured", None)) else None
+    grid = result.grid() if measured is not None else None
+
+    def label(lay: int, h: int) -> str:
+        if measured is None or grid is None:
+            return f"L{lay}{unit}{h}"
+        if not bool(measured[lay, h]):
+            return f"L{lay}{unit}{h} ({missing})"
+        return f"L{lay}{unit}{h} (NaN)" if grid[lay, h] != grid[lay, h] else f"L{lay}{unit}{h}"
+
+    return [[label(int(lay), int(h)) for h in cols] for lay in rows]
 
 
 def grid_layout(title: str, note: str, n_rows: int, n_cols: int) -> dict:

@@ -198,3 +198,15 @@ def test_a_sweep_refuses_arm_over_the_whole_batch(tiny, prompts):
     with pytest.raises(LensprobeError, match=r"ARM computes over the whole batch .* per_row=True, the default"):
         ablation_sweep(tiny, prompts[0], heads=[(0, 1)], progress=False,
                        interventions=[lp.ARM(c=0.5, percentile=95, per_row=False)])
+
+
+def test_a_head_whose_ablation_makes_the_metric_nan_is_told_from_a_head_not_swept():
+    from lensprobe.experiments.sweep import SweepResult
+    from lensprobe.viz import sweep_heatmap
+
+    result = SweepResult([(0, 0), (0, 1)], torch.tensor([1.0]), torch.tensor([[float("nan"), 3.0]]), "m", "zero", 2, 2)
+    grid = result.grid()
+    assert grid[0, 1] == 2.0 and grid[0, 0] != grid[0, 0] and grid[1, 1] != grid[1, 1]  # NaN in both ...
+    assert result.measured().tolist() == [[True, True], [False, False]]  # ... only one of them swept
+    text = sweep_heatmap(result).data[0].text
+    assert text[0][0] == "L0H0 (NaN)" and text[0][1] == "L0H1" and text[1][1] == "L1H1 (not swept)"

@@ -39,3 +39,14 @@ def test_scatter_points_by_choice_and_diagonal():
     unknown = Verification(table.iloc[:2], 2, 1.0, 1.0, float("nan"), table.iloc[:0], "atp*", "entropy",
                            recall_kind="unknown", outside=1)
     assert "recall not measured" in attribution_scatter(unknown).layout.title.text
+
+
+def test_a_nan_estimate_is_told_from_a_unit_not_estimated():
+    units = [(0, (0,)), (0, (1,))]
+    est = torch.tensor([[float("nan"), 1.0]])
+    att = Attribution(units, est, est.abs(), torch.zeros(1), "atp", "entropy", "head", 2, 2)
+    grid, measured = att.grid(), att.measured()
+    assert grid[0, 0] != grid[0, 0] and grid[1, 0] != grid[1, 0]  # both NaN in the grid ...
+    assert measured.tolist() == [[True, True], [False, False]]  # ... but only one was estimated
+    text = attribution_heatmap(att).data[0].text
+    assert text[0][0] == "L0H0 (NaN)" and text[0][1] == "L0H1" and text[1][0] == "L1H0 (not estimated)"
