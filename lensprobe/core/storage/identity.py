@@ -63,7 +63,7 @@ __all__ = ["IDENTITY_METHOD", "IDENTITY_VERSION", "IdentityError", "identity", "
 IDENTITY_VERSION = 2
 """The identity rule folders record (``"identity"`` in their settings); folders written before it
 identified runs by ``repr()`` and the model's name (rule 1: by code and by the settings that
-differ from their defaults), and are refused (:func:`check_identity_rule`)."""
+differ from their defaults), and are refused (:func:`lensprobe.core.storage.runidentity.check_identity_rule`)."""
 IDENTITY_METHOD = "__lensprobe_identity__"
 LIBRARIES = ("builtins", "math", "cmath", "operator", "_operator", "functools", "itertools", "statistics",
              "torch", "numpy", "einops", "transformers", "transformer_lens")
