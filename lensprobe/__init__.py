@@ -47,7 +47,7 @@ from lensprobe.experiments import (
     patch_heads,
     verify_attribution,
 )
-from lensprobe.generation import GenerationConfig, generate, trace_generation
+from lensprobe.generation import GenerationConfig, Record, generate, trace_generation
 from lensprobe.interventions import ARM, ablate_heads
 
 __all__ = [
@@ -70,6 +70,7 @@ __all__ = [
     "generate",
     "trace_generation",
     "GenerationConfig",
+    "Record",
     # experiments
     "ablation_sweep",
     "patch",

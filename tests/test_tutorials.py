@@ -445,7 +445,8 @@ def test_notebook_runs_as_a_notebook(name, tmp_path):
     seconds = execute(nb, tmp_path, kernel_env())
     assert seconds < NOTEBOOK_BUDGET, f"{name} took {seconds:.0f} s; the budget is {NOTEBOOK_BUDGET} s"
     assert all(c.execution_count is not None for c in nb.cells if c.cell_type == "code")
-    assert nb.cells[-1].outputs[0].text.startswith("MODEL = None | DTYPE = torch.float32"), "offline: embedded model"
+    printed = "".join(o.text for o in nb.cells[-1].outputs if o.output_type == "stream")  # a kernel may split a print
+    assert printed.startswith("MODEL = None | DTYPE = torch.float32"), "offline: embedded model"
     install = nb.cells[1 + next(i for i, c in enumerate(cells) if c.cell_type == "code")]
     assert install.outputs == [], f"the install cell printed {install.outputs}"
     assert len(_displayed(nb, PLOTLY_MIME)) == n_shows, "every fig.show() displays one plotly figure"
@@ -479,4 +480,4 @@ importlib.util.find_spec = lambda name, *args: None  # nothing looks installed''
         nbformat.v4.new_code_cell(f"assert calls == {wanted!r} * {len(NOTEBOOKS)}, calls\nprint(len(calls))"),
     ]
     execute(nb, tmp_path, kernel_env(LENSPROBE_SKIP_INSTALL="1"))
-    assert nb.cells[-1].outputs[0].text.strip() == str(2 * len(NOTEBOOKS))
+    assert "".join(o.text for o in nb.cells[-1].outputs if o.output_type == "stream").strip() == str(2 * len(NOTEBOOKS))

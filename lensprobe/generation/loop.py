@@ -59,7 +59,13 @@ import torch
 from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks.attach import HookSite, StepContext, check_positions
+from lensprobe.core.hooks.attach import (
+    ActivationRecorder,
+    AttentionRecorder,
+    HookSite,
+    StepContext,
+    check_positions,
+)
 from lensprobe.core.hooks.forward import as_prompts, as_tokens, outside_vocabulary
 from lensprobe.core.models.facts import ModelFacts, model_facts
 from lensprobe.core.models.loading import check_layers
@@ -71,6 +77,13 @@ from lensprobe.generation.rows import FinishedRow, row_text
 from lensprobe.generation.run import Run
 from lensprobe.generation.thinking.latent import LatentFusion, Pause, thinking_token_id
 from lensprobe.generation.thinking.schedule import Rule
+from lensprobe.generation.traces.activations import (
+    ActivationSteps,
+    as_records,
+    kept_prompt_positions,
+    ran_steps,
+    resolve_names,
+)
 from lensprobe.generation.traces.trace import GenerationTrace
 from lensprobe.generation.traces.tracking import SPECIAL_SETS, TrackSpec, resolve_track
 
@@ -85,7 +98,7 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
              longest_first: bool = True, caps: Iterable[SupportsIndex] | None = None,
              on_row: Callable[[FinishedRow], Any] | None = None,
              on_error: Literal["raise", "row"] = "raise", facts: ModelFacts | None = None,
-             **settings) -> GenerationTrace:
+             record=None, **settings) -> GenerationTrace:
     """Generate from one or several prompts with a KV cache; record entropy (and attention if asked).
 
     Args:
@@ -144,6 +157,11 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
         facts: the model's facts (:func:`~lensprobe.core.models.facts.model_facts`: tokenizer, context
             length, vocabulary, end ids, device), when the caller has read them once for a run, as
             :func:`lensprobe.evaluate` does for all its generations; ``None`` (default): read here.
+        record: activations to keep at every step, at each row's newest position: hook names or
+            patterns (``"blocks.*.hook_resid_post"``), a :class:`~lensprobe.Record` (with ``reduce=``
+            applied inside the hook, and prompt positions kept once), or a list of those; the trace's
+            ``activations_rows[name]`` is ``[row, step, ...]`` (:mod:`lensprobe.generation.traces.activations`).
+            The plain engine serves ``hook_resid_pre``/``hook_resid_post``; other hook points run on the bridge.
         **settings: :class:`~lensprobe.GenerationConfig` fields as keywords
             (``max_new_tokens=64, do_sample=True, seed=0, n_samples=4, thinking=...,
             think_when=...``); they override ``config``'s. ``max_new_tokens`` is required
@@ -196,8 +214,12 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
             "with lp.generation.trace_prompts."
         )
     rec_layers = check_layers(model, layers) if sets else []
+    wanted = resolve_names(model, as_records(record))
+    acts = (ActivationSteps(wanted, len(rows), cfg.max_new_tokens, kept_prompt_positions(wanted, items, rows))
+            if wanted else None)
     run = Run(model, cfg, items, rows, prompt_caps, failed, interventions, sets, rec_layers,
-              think_id, batch_size, refill, longest_first, on_row, keep_going=on_error == "row", facts=facts)
+              think_id, batch_size, refill, longest_first, on_row, keep_going=on_error == "row", facts=facts,
+              acts=acts)
     with torch.inference_mode():
         ran = run.execute(engine, progress)
     return _trace(model, cfg, run, ran.describe(), think_id, track, interventions, caps is not None)
@@ -207,7 +229,7 @@ def trace_generation(model, prompt, config: GenerationConfig | None = None, *,
                      track: Mapping[str, TrackSpec] | Sequence[TrackSpec] | None = None,
                      interventions: Sequence = (), layers: Sequence[int] | int | None = None,
                      progress: bool | str = False, engine: EngineName = "auto", facts: ModelFacts | None = None,
-                     **settings) -> GenerationTrace:
+                     record=None, **settings) -> GenerationTrace:
     """Trace a KV-cached generation: per step, entropy and attention onto tracked token sets.
 
     Same loop and arguments as :func:`generate`, with attention recording on: with
@@ -236,7 +258,7 @@ def trace_generation(model, prompt, config: GenerationConfig | None = None, *,
     if not track:
         track["prompt"] = "prompt"
     return generate(model, prompt, cfg, interventions=interventions, track=track, layers=layers,
-                    progress=progress, engine=engine, facts=facts)
+                    progress=progress, engine=engine, facts=facts, record=record)
 
 # ----- checks and normalisation, before any forward -------------------------------------
 def _as_interventions(interventions) -> list:
@@ -244,7 +266,14 @@ def _as_interventions(interventions) -> list:
         return []
     if (not isinstance(interventions, (list, tuple))
             or (len(interventions) == 2 and isinstance(interventions[0], str) and callable(interventions[1]))):
-        return [interventions]  # one intervention or one (hook_name, fn) pair
+        interventions = [interventions]  # one intervention or one (hook_name, fn) pair
+    for item in interventions:
+        if isinstance(item, (ActivationRecorder, AttentionRecorder)):
+            raise LensprobeError(
+                f"{type(item).__name__} keeps one forward, and a generation runs one per step: pass "
+                "record=[hook names] to lp.generate / lp.trace_generation (every step of every row, "
+                "trace.activations_rows), or track=... for attention onto token sets."
+            )
     return list(interventions)
 
 
@@ -325,16 +354,22 @@ def _trace(model, cfg: GenerationConfig, run: Run, engine_meta: dict, think_id, 
     if out.errors:
         meta["errors"] = {str(r): m for r, m in sorted(out.errors.items())}
     lengths = [len(run.items[pi][0]) for pi, _ in run.rows]
+    recorded: dict[str, Any] = {}
+    if run.acts is not None:
+        steps, prompt = run.acts.results(ran_steps(token_ids, out.finish))
+        recorded = {"activations_rows": steps, "prompt_activations": prompt,
+                    "prompt_positions": {n: run.acts.prompt_positions[n] for n in prompt}}
+        meta["record"] = [{"name": n, "reduce": _describe(r.reduce), "prompt": r.prompt} for n, r in run.acts.wanted]
     return GenerationTrace(
         token_ids_rows=token_ids, entropy_rows=entropy, chosen_prob_rows=chosen_prob, thinking_rows=thinking,
         attention_rows=run.attention(token_ids.shape[1]), **_texts(run.facts.tokenizer, token_ids, out.finish),
         prompt_index=[pi for pi, _ in run.rows], sample_index=[j for _, j in run.rows],
         prompt_lengths=lengths, finish_reasons=list(out.finish), layers=list(run.layers),
-        n_heads=run.facts.n_heads, meta=meta,
+        n_heads=run.facts.n_heads, meta=meta, **recorded,
     )
 
 
-def _texts(tokenizer, token_ids: Tensor, finish: list[str]) -> dict[str, list]:
+def _texts(tokenizer, token_ids: Tensor, finish: list[str]) -> dict[str, Any]:
     """Per row: the generated tokens as strings and the text (the final EOS left out)."""
     str_tokens, texts = [], []
     for r in range(token_ids.shape[0]):

@@ -53,6 +53,7 @@ from lensprobe.generation.recording import StepRecorder, final_hidden_hook
 from lensprobe.generation.rows import FinishedRow, RowOutputs
 from lensprobe.generation.step import Step
 from lensprobe.generation.thinking.latent import LatentFusion
+from lensprobe.generation.traces.activations import ActivationSteps
 from lensprobe.generation.traces.tracking import TrackedSet, add_position, set_masks
 
 __all__ = ["Run", "row_fault"]
@@ -74,18 +75,20 @@ class Run:
             decode step that fails so).
         facts: the model's facts (tokenizer, pad and end ids, device, heads), read once by the caller
             (``None``: read here).
+        acts: the buffers and hooks of ``record=`` (``None``: nothing recorded).
     """
 
     def __init__(self, model, cfg: GenerationConfig, items, rows: list[tuple[int, int]], caps: list[int],
                  failed: dict[int, str], interventions: list, sets: list[TrackedSet], layers: list[int],
                  think_id: int | None, batch_size: int | None, refill: bool, longest_first: bool,
-                 on_row: Callable[[FinishedRow], Any] | None, keep_going: bool, facts: ModelFacts | None = None) -> None:
+                 on_row: Callable[[FinishedRow], Any] | None, keep_going: bool, facts: ModelFacts | None = None,
+                 acts: ActivationSteps | None = None) -> None:
         self.model, self.cfg, self.items, self.rows = model, cfg, items, rows
         self.facts = facts if facts is not None else model_facts(model)
         self.prompt_caps = list(caps)
         self.caps = [self.prompt_caps[pi] for pi, _ in rows]  # per row
         self.interventions, self.sets, self.layers, self.think_id = interventions, sets, layers, think_id
-        self.keep_going = keep_going
+        self.keep_going, self.acts = keep_going, acts
         self.device = self.facts.device
         self.out = RowOutputs.start(len(rows), cfg.max_new_tokens)
         for r, message in failed.items():
@@ -108,7 +111,7 @@ class Run:
     # ----- running -------------------------------------------------------------------------
     def execute(self, engine_name: str, progress: bool | str) -> Engine:
         """Run every row; returns the engine that ran (its ``describe()`` goes in the trace's meta)."""
-        hooks = self.rec.hooks(self.model)
+        hooks = [*self.rec.hooks(self.model), *(self.acts.hooks() if self.acts is not None else [])]
         engine = choose_engine(self.model, engine_name, interventions=self.interventions,
                                hook_names=[name for name, _ in hooks], rows=self.scheduler.batch_size)
         bar = _progress_bar(progress, sum(self.caps[r] for r in self.scheduler.order))

@@ -28,7 +28,7 @@ NOT_SETTINGS = {
 }
 """Frozen dataclasses with a __post_init__ that are not configurations, and why."""
 
-REQUIRED = {"GenerationConfig": {"max_new_tokens": 4}, "ARM": {"c": 0.1, "percentile": 90}, "Filler": {"kind": "text"}}
+REQUIRED = {"GenerationConfig": {"max_new_tokens": 4}, "Record": {"names": "blocks.0.hook_resid_post"}, "ARM": {"c": 0.1, "percentile": 90}, "Filler": {"kind": "text"}}
 """What a configuration cannot be made without."""
 
 

@@ -27,7 +27,8 @@ def test_auto_takes_the_bridge_for_interventions_and_unserved_hooks(tiny):
     ablation = lp.ablate_heads("L0H1")
     assert isinstance(_choose(tiny), PlainEngine)
     assert isinstance(_choose(tiny, interventions=[ablation]), BridgeEngine)
-    assert isinstance(_choose(tiny, hook_names=["blocks.0.hook_resid_post"]), BridgeEngine)
+    assert isinstance(_choose(tiny, hook_names=["blocks.0.attn.hook_z"]), BridgeEngine)
+    assert isinstance(_choose(tiny, hook_names=["blocks.0.hook_resid_post", "blocks.1.hook_out"]), PlainEngine)
     with pytest.raises(lp.LensprobeError, match="engine='hf' cannot run here: interventions run on"):
         _choose(tiny, "hf", interventions=[ablation])
     with pytest.raises(lp.LensprobeError, match="engine must be 'auto', 'bridge' or 'hf', got 'vllm'"):

@@ -213,8 +213,18 @@ def recording_hook(store: dict, key: Any, *, reduce: Callable[[Tensor], Tensor] 
     copy of the activation (``copy=True``), or the model's own tensor (``copy=False``).
     The activation is detached first and never edited; a half-precision activation (bf16,
     fp16) is recorded in float32, so reductions and metrics over it accumulate in float32.
+
+    It keeps one forward: a forward that continues a KV cache (a generation's decode step, or a manual
+    loop) is refused with a pointer to ``record=`` of :func:`lensprobe.generate`, which keeps every step.
     """
     def record(act: Tensor, hook) -> None:
+        step = getattr(hook, "step", None)
+        if step is not None and step.step > 0:
+            raise LensprobeError(
+                f"a recorder keeps one forward, but {getattr(hook, 'name', key)} fired in a forward that continues a "
+                f"KV cache (step {step.step}): to record every step of a generation pass record=[hook names] to "
+                "lp.generate / lp.trace_generation (trace.activations_rows)."
+            )
         value = act.detach()
         if value.dtype in (torch.float16, torch.bfloat16):
             value = value.float()  # recorded values accumulate in float32 whatever the model's dtype

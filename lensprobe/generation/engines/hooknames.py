@@ -10,6 +10,8 @@ Served names, as torch hooks on the view's modules:
   ``act_fn(gate) * up``) of a gated MLP; a returned tensor replaces the activation, as on
   the bridge.
 - ``ln_final.hook_out`` / ``ln_final.hook_normalized``: the input of the unembedding (read only).
+- ``blocks.{l}.hook_resid_pre`` and ``blocks.{l}.hook_resid_post``: the decoder layer's input and output
+  hidden states (read only; what ``record=`` and the logit lens read).
 
 :func:`editable` tells whether every name is one whose hooks may return a replacement, so interventions that
 use only those run on a plain view (:func:`lensprobe.generation.engines.choose.choose_engine`).
@@ -31,20 +33,21 @@ import torch
 from torch import nn
 
 from lensprobe.core.errors import LensprobeError
-from lensprobe.generation.engines.view import attention_modules, mlp_modules
+from lensprobe.generation.engines.view import attention_modules, block_modules, mlp_modules
 
 __all__ = ["PLAIN_HOOKS", "attached", "editable", "plain_names", "servable", "supports"]
 
 
 PLAIN_HOOKS = ("hook_embed", "blocks.{layer}.attn.hook_pattern", "blocks.{layer}.mlp.hook_pre",
                "blocks.{layer}.mlp.hook_pre_linear", "blocks.{layer}.mlp.hook_post", "ln_final.hook_out",
-               "ln_final.hook_normalized")
+               "ln_final.hook_normalized", "blocks.{layer}.hook_resid_pre", "blocks.{layer}.hook_resid_post")
 """TransformerLens hook names a plain view can serve."""
 
 
 _FINAL = ("ln_final.hook_out", "ln_final.hook_normalized")
 _PATTERN = re.compile(r"blocks\.(\d+)\.attn\.hook_pattern")
 _MLP = re.compile(r"blocks\.(\d+)\.mlp\.(hook_pre|hook_pre_linear|hook_post)")
+_RESID = re.compile(r"blocks\.(\d+)\.hook_resid_(pre|post)")
 _MLP_PARTS = {"hook_pre": "gate_proj", "hook_pre_linear": "up_proj", "hook_post": "down_proj"}
 
 
@@ -68,7 +71,7 @@ def plain_names(model, hook_names: Sequence[str]) -> list[str]:
 def supports(hook_names: Sequence[str]) -> bool:
     """Whether every hook name is one a plain view can serve (read or edit)."""
     return all(name == "hook_embed" or name in _FINAL or _PATTERN.fullmatch(name) or _MLP.fullmatch(name)
-               for name in hook_names)
+               or _RESID.fullmatch(name) for name in hook_names)
 
 
 def editable(hook_names: Sequence[str]) -> bool:
@@ -105,16 +108,18 @@ def attached(model, view: nn.Module, hooks: Sequence[tuple[str, Callable[[torch.
     handles = []
     attention = attention_modules(model, view) if any(_PATTERN.fullmatch(n) for n, _ in hooks) else {}
     mlps = mlp_modules(model, view) if any(_MLP.fullmatch(n) for n, _ in hooks) else {}
+    blocks = block_modules(model, view) if any(_RESID.fullmatch(n) for n, _ in hooks) else {}
     try:
         for name, fn in hooks:
-            handles.append(_attach(view, attention, mlps, name, fn))
+            handles.append(_attach(view, attention, mlps, blocks, name, fn))
         yield view
     finally:
         for handle in handles:
             handle.remove()
 
 
-def _attach(view: nn.Module, attention: dict[int, nn.Module], mlps: dict[int, nn.Module], name: str, fn):
+def _attach(view: nn.Module, attention: dict[int, nn.Module], mlps: dict[int, nn.Module],
+            blocks: dict[int, nn.Module], name: str, fn):
     if name == "hook_embed":
         embed = view.get_input_embeddings()  # type: ignore[operator]  # HF method; torch: Tensor | Module
         return embed.register_forward_hook(lambda _m, _args, out: fn(out, None))
@@ -124,6 +129,9 @@ def _attach(view: nn.Module, attention: dict[int, nn.Module], mlps: dict[int, nn
 
         unembed = view.get_output_embeddings()  # type: ignore[operator]  # HF method; torch: Tensor | Module
         return unembed.register_forward_pre_hook(before_unembed)
+    match = _RESID.fullmatch(name)
+    if match:
+        return _attach_resid(blocks[int(match.group(1))], match.group(2), fn)
     match = _MLP.fullmatch(name)
     if match:
         return _attach_mlp(mlps[int(match.group(1))], match.group(2), name, fn)
@@ -155,3 +163,17 @@ def _attach_mlp(mlp: nn.Module, point: str, name: str, fn):
 
         return part.register_forward_pre_hook(before_down)
     return part.register_forward_hook(lambda _m, _args, out: fn(out, None))
+
+
+def _attach_resid(block: nn.Module, point: str, fn):
+    """A decoder layer's input (``pre``) or output (``post``) hidden states, read only."""
+    if point == "pre":
+        def before(_m, args, kwargs):
+            fn(args[0] if args else kwargs["hidden_states"], None)
+
+        return block.register_forward_pre_hook(before, with_kwargs=True)
+
+    def after(_m, _args, out):
+        fn(out[0] if isinstance(out, tuple) else out, None)
+
+    return block.register_forward_hook(after)

@@ -48,7 +48,7 @@ from torch.nn.modules import module as torch_module
 from lensprobe.core.errors import LensprobeError
 from lensprobe.generation.engines.attention import ATTENTIONS, register_sdpa_last
 
-__all__ = ["attention_modules", "has_user_hooks", "mlp_modules", "plain_model"]
+__all__ = ["attention_modules", "block_modules", "has_user_hooks", "mlp_modules", "plain_model"]
 
 _WRAP = "._original_component"
 _LIBRARY_HOOKS = ("transformer_lens.", "transformers.")
@@ -222,12 +222,18 @@ def mlp_modules(model, view: nn.Module) -> dict[int, nn.Module]:
     return _wrapped_modules(model, view, "mlp")
 
 
+def block_modules(model, view: nn.Module) -> dict[int, nn.Module]:
+    """Layer -> the view's decoder layer (the module the bridge's ``blocks[l]`` wraps)."""
+    return _wrapped_modules(model, view, "")
+
+
 def _wrapped_modules(model, view: nn.Module, part: str) -> dict[int, nn.Module]:
     names = {id(m): n for n, m in model.original_model.named_modules()}
     out = {}
     for layer, block in enumerate(model.blocks):
-        name = names.get(id(getattr(getattr(block, part, None), "original_component", None)))
+        wrapper = getattr(block, part, None) if part else block
+        name = names.get(id(getattr(wrapper, "original_component", None)))
         if name is None:
-            raise LensprobeError(f"layer {layer}: the {part} module was not found in the plain model.")
+            raise LensprobeError(f"layer {layer}: the {part or 'decoder layer'} module was not found in the plain model.")
         out[layer] = view.get_submodule(name.replace(_WRAP, ""))
     return out

@@ -36,6 +36,7 @@ from lensprobe.generation.engines.choose import engine_name
 from lensprobe.generation.loop import trace_generation
 from lensprobe.generation.recording import recorded_hook_names
 from lensprobe.generation.thinking.latent import LatentFusion
+from lensprobe.generation.traces.activations import as_records, resolve_names
 from lensprobe.generation.traces.trace import GenerationTrace, load_trace
 
 __all__ = ["TRACE_FOLDER", "trace_engine", "trace_jobs", "trace_prompts"]
@@ -124,14 +125,14 @@ def _checked_trace(folder: Path, row: dict[str, str]) -> GenerationTrace:
 def trace_prompts(model, prompts, config: GenerationConfig | None = None, *, out: str | os.PathLike | None = None,
                   rank: int | None = None, world_size: int | None = None, progress: bool = False,
                   track: Any = None, interventions: Sequence = (), layers: Any = None, engine: str = "auto",
-                  **settings) -> dict[int | str, GenerationTrace]:
+                  record: Any = None, **settings) -> dict[int | str, GenerationTrace]:
     """Trace every prompt on its own with :func:`~lensprobe.generation.loop.trace_generation`.
 
     Args:
         model: a TransformerLens model.
         prompts: a list of prompts (:class:`~lensprobe.Prompt`, token ids, or question strings,
             built with the chat template), or ``{name: prompt}``.
-        config, track, interventions, layers, engine, **settings: as in
+        config, track, interventions, layers, engine, record, **settings: as in
             :func:`~lensprobe.trace_generation`, the same for every prompt
             (``max_new_tokens=64, do_sample=True, seed=0, n_samples=4, ...``).
         out: a folder where every trace is saved as Parquet as soon as it is done; a rerun
@@ -172,20 +173,20 @@ def trace_prompts(model, prompts, config: GenerationConfig | None = None, *, out
     by_name = dict(zip(map(str, keys), items, strict=True))
 
     def job(name: str) -> Callable[[], GenerationTrace]:
-        return lambda: _trace_one(model, facts, by_name[name], cfg, track, interventions, layers, engine)
+        return lambda: _trace_one(model, facts, by_name[name], cfg, track, interventions, layers, engine, record)
 
     described = None if out is None else run_identity(
         model, prompts=items, generation=cfg, track=track, interventions=list(interventions), layers=layers,
-        engine=engine)
+        engine=engine, record=as_records(record))
     ids = {name: prompt_ids_digest(item) for name, item in by_name.items()}
-    ran = None if out is None else trace_engine(model, cfg, interventions, layers, engine)
+    ran = None if out is None else trace_engine(model, cfg, interventions, layers, engine, record)
     traces = trace_jobs({name: job(name) for name in by_name}, out=out, settings=described, rank=rank,
                         world_size=world_size, progress="trace set" if progress else False, ids=ids, engine=ran)
     return {key: traces[str(key)] for key in keys if str(key) in traces}
 
 
 def trace_engine(model, cfg: GenerationConfig, interventions: Sequence = (), layers: Any = None,
-                 engine: str = "auto") -> str:
+                 engine: str = "auto", record: Any = None) -> str:
     """The engine a trace of these settings runs on, ``"auto"`` resolved (what a trace set records).
 
     Example:
@@ -193,13 +194,14 @@ def trace_engine(model, cfg: GenerationConfig, interventions: Sequence = (), lay
         'hf'
     """
     names = recorded_hook_names(model, check_layers(model, layers), isinstance(cfg.thinking, LatentFusion))
+    names += [name for name, _ in resolve_names(model, as_records(record))]
     return engine_name(model, engine, interventions=list(interventions), hook_names=names)
 
 
-def _trace_one(model, facts: ModelFacts, prompt, cfg: GenerationConfig, track, interventions, layers, engine
-               ) -> GenerationTrace:
+def _trace_one(model, facts: ModelFacts, prompt, cfg: GenerationConfig, track, interventions, layers, engine,
+               record) -> GenerationTrace:
     return trace_generation(model, prompt, cfg, track=track, interventions=interventions, layers=layers,
-                            engine=engine, facts=facts)
+                            engine=engine, facts=facts, record=record)
 
 
 def _one_prompt(facts: ModelFacts, prompt, name: str):

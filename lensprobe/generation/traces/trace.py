@@ -40,6 +40,7 @@ from torch import Tensor
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
+from lensprobe.generation.traces.activations import ran_steps
 from lensprobe.generation.traces.files import read_trace, write_trace
 
 if TYPE_CHECKING:
@@ -71,6 +72,12 @@ class GenerationTrace:
         layers: the layers of the attention arrays (0-based).
         n_heads: query heads per layer.
         meta: the generation settings (JSON-able).
+        activations_rows: hook name -> ``[row, step, ...]`` float32 values recorded at each row's newest
+            position (``record=``, :mod:`lensprobe.generation.traces.activations`); ``NaN`` where
+            :attr:`recorded_rows` is False.
+        prompt_activations: hook name -> per row, ``[position, ...]`` values at the prompt positions kept
+            (``Record(prompt=...)``).
+        prompt_positions: hook name -> per row, the absolute prompt positions of ``prompt_activations``.
     """
 
     token_ids_rows: Int[Tensor, "row step"]
@@ -87,6 +94,9 @@ class GenerationTrace:
     layers: list[int] = field(default_factory=list)
     n_heads: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
+    activations_rows: dict[str, Tensor] = field(default_factory=dict)
+    prompt_activations: dict[str, list[Tensor]] = field(default_factory=dict)
+    prompt_positions: dict[str, list[list[int]]] = field(default_factory=dict)
 
     # ----- shape helpers -------------------------------------------------------------
     @property
@@ -135,6 +145,17 @@ class GenerationTrace:
         return {k: self._squeeze(v) for k, v in self.attention_rows.items()}
 
     @property
+    def recorded_rows(self) -> Bool[Tensor, "row step"]:
+        """``[row, step]``: whether the row ran the step's forward (its recorded values are real, even
+        when non-finite); False after the row stopped and for error rows."""
+        return ran_steps(self.token_ids_rows, self.finish_reasons)
+
+    @property
+    def activations(self) -> dict[str, Tensor]:
+        """Hook name -> ``[step, ...]`` (one row) or ``[row, step, ...]`` recorded values (``record=``)."""
+        return {k: self._squeeze(v) for k, v in self.activations_rows.items()}
+
+    @property
     def text(self) -> str | list[str]:
         """The generated text (one row) or a list of texts."""
         return self.texts[0] if self.n_rows == 1 else list(self.texts)
@@ -163,6 +184,9 @@ class GenerationTrace:
             prompt_index=[self.prompt_index[i]], sample_index=[self.sample_index[i]],
             prompt_lengths=[self.prompt_lengths[i]], finish_reasons=[self.finish_reasons[i]],
             layers=list(self.layers), n_heads=self.n_heads, meta=dict(self.meta),
+            activations_rows={k: v[sl, :n] for k, v in self.activations_rows.items()},
+            prompt_activations={k: [v[i]] for k, v in self.prompt_activations.items()},
+            prompt_positions={k: [v[i]] for k, v in self.prompt_positions.items()},
         )
 
     # ----- reductions ----------------------------------------------------------------
