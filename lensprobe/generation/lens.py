@@ -117,7 +117,7 @@ def final_head(model) -> Callable[[Tensor], Tensor]:
         norm = _tl_norm(model)
         W_U, b_U = model.unembed.W_U, model.unembed.b_U
         cap = getattr(model.cfg, "output_logits_soft_cap", None)
-        return lambda x: _capped(torch.addmm(b_U, norm(x), W_U).float(), cap)
+        return lambda x: _capped(torch.addmm(b_U, norm(x.to(W_U.device)), W_U).float(), cap)
     return _bridge_head(model)
 
 
@@ -132,7 +132,7 @@ def _bridge_head(model) -> Callable[[Tensor], Tensor]:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     cap = getattr(text, "final_logit_softcapping", None)
     weight, bias = head.weight, getattr(head, "bias", None)
-    return lambda x: _capped(_unembed(norm(x), weight, bias).float(), cap)
+    return lambda x: _capped(_unembed(norm(x.to(weight.device)), weight, bias).float(), cap)
 
 
 def _unembed(h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:

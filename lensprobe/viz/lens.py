@@ -8,6 +8,7 @@ probability and the chosen token's rank and probability. Nothing is computed her
 
 import html
 import math
+from typing import Any
 
 import plotly.graph_objects as go
 
@@ -67,7 +68,7 @@ def logit_lens(trace, row: int = 0, *, color: str = "entropy", title: str | None
                for t in range(n)] for i in range(len(layers))]
     z = {"entropy": entropy, "kl": kl, "rank": [[math.log10(1 + r) if r >= 0 else None for r in ranks]
                                                 for ranks in rank]}[color]
-    bar = dict(title=dict(text=LENS_LABELS[color]))
+    bar: dict[str, Any] = {"title": {"text": LENS_LABELS[color]}}
     if color == "rank":
         top_rank = max((r for ranks in rank for r in ranks), default=0)
         ticks = sorted({v for v in (0, 1, 10, 100, 1_000, 10_000, 100_000) if v < top_rank} | {top_rank})

@@ -1,4 +1,4 @@
-"""The logit lens of a generation, per row, step and layer: :attr:`GenerationTrace.lens <lensprobe.generation.traces.trace.GenerationTrace.lens>`.
+"""The logit lens of a generation, per row, step and layer: ``trace.lens`` of :func:`lensprobe.generate`.
 
 ``lp.generate(..., lens="logit")`` (or a translator, :mod:`lensprobe.generation.lens`) reads every chosen
 layer's residual stream at each row's newest position, applies the model's own final norm and unembedding,
