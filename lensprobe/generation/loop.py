@@ -73,6 +73,7 @@ from lensprobe.core.prompts.prompt import Prompt
 from lensprobe.core.storage.jsonable import describe_setting
 from lensprobe.generation.config import GenerationConfig, check_end_ids, generation_config
 from lensprobe.generation.engines import ENGINE_NAMES, EngineName
+from lensprobe.generation.lens import logit_lens
 from lensprobe.generation.rows import FinishedRow, row_text
 from lensprobe.generation.run import Run
 from lensprobe.generation.thinking.latent import LatentFusion, Pause, thinking_token_id
@@ -98,7 +99,8 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
              longest_first: bool = True, caps: Iterable[SupportsIndex] | None = None,
              on_row: Callable[[FinishedRow], Any] | None = None,
              on_error: Literal["raise", "row"] = "raise", facts: ModelFacts | None = None,
-             record=None, **settings) -> GenerationTrace:
+             record=None, lens: str | Callable | None = None, lens_top_k: int = 5,
+             lens_layers: Sequence[int] | int | None = None, **settings) -> GenerationTrace:
     """Generate from one or several prompts with a KV cache; record entropy (and attention if asked).
 
     Args:
@@ -162,6 +164,12 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
             applied inside the hook, and prompt positions kept once), or a list of those; the trace's
             ``activations_rows[name]`` is ``[row, step, ...]`` (:mod:`lensprobe.generation.traces.activations`).
             The plain engine serves ``hook_resid_pre``/``hook_resid_post``; other hook points run on the bridge.
+        lens: the logit lens at every step (:mod:`lensprobe.generation.lens`): ``"logit"`` (each layer's
+            residual stream through the model's own final norm and unembedding), a translator
+            ``fn(layer, resid) -> resid`` applied before the final norm (a tuned lens, e.g.
+            :class:`~lensprobe.generation.lens.AffineLens`), or ``None`` (default): ``trace.lens``.
+        lens_top_k: tokens the lens keeps per row, step and layer (default 5).
+        lens_layers: layers the lens reads (default: all).
         **settings: :class:`~lensprobe.GenerationConfig` fields as keywords
             (``max_new_tokens=64, do_sample=True, seed=0, n_samples=4, thinking=...,
             think_when=...``); they override ``config``'s. ``max_new_tokens`` is required
@@ -217,9 +225,10 @@ def generate(model, prompts, config: GenerationConfig | None = None, *, interven
     wanted = resolve_names(model, as_records(record))
     acts = (ActivationSteps(wanted, len(rows), cfg.max_new_tokens, kept_prompt_positions(wanted, items, rows))
             if wanted else None)
+    lens_rec = logit_lens(model, lens, lens_top_k, lens_layers, len(rows), cfg.max_new_tokens)
     run = Run(model, cfg, items, rows, prompt_caps, failed, interventions, sets, rec_layers,
               think_id, batch_size, refill, longest_first, on_row, keep_going=on_error == "row", facts=facts,
-              acts=acts)
+              acts=acts, lens=lens_rec)
     with torch.inference_mode():
         ran = run.execute(engine, progress)
     return _trace(model, cfg, run, ran.describe(), think_id, track, interventions, caps is not None)
@@ -229,7 +238,8 @@ def trace_generation(model, prompt, config: GenerationConfig | None = None, *,
                      track: Mapping[str, TrackSpec] | Sequence[TrackSpec] | None = None,
                      interventions: Sequence = (), layers: Sequence[int] | int | None = None,
                      progress: bool | str = False, engine: EngineName = "auto", facts: ModelFacts | None = None,
-                     record=None, **settings) -> GenerationTrace:
+                     record=None, lens: str | Callable | None = None, lens_top_k: int = 5,
+                     lens_layers: Sequence[int] | int | None = None, **settings) -> GenerationTrace:
     """Trace a KV-cached generation: per step, entropy and attention onto tracked token sets.
 
     Same loop and arguments as :func:`generate`, with attention recording on: with
@@ -258,7 +268,8 @@ def trace_generation(model, prompt, config: GenerationConfig | None = None, *,
     if not track:
         track["prompt"] = "prompt"
     return generate(model, prompt, cfg, interventions=interventions, track=track, layers=layers,
-                    progress=progress, engine=engine, facts=facts, record=record)
+                    progress=progress, engine=engine, facts=facts, record=record, lens=lens, lens_top_k=lens_top_k,
+                    lens_layers=lens_layers)
 
 # ----- checks and normalisation, before any forward -------------------------------------
 def _as_interventions(interventions) -> list:
@@ -360,6 +371,9 @@ def _trace(model, cfg: GenerationConfig, run: Run, engine_meta: dict, think_id, 
         recorded = {"activations_rows": steps, "prompt_activations": prompt,
                     "prompt_positions": {n: run.acts.prompt_positions[n] for n in prompt}}
         meta["record"] = [{"name": n, "reduce": _describe(r.reduce), "prompt": r.prompt} for n, r in run.acts.wanted]
+    if run.lens is not None:
+        recorded["lens"] = run.lens.results(ran_steps(token_ids, out.finish), run.facts.tokenizer)
+        meta["lens"] = run.lens.describe()
     return GenerationTrace(
         token_ids_rows=token_ids, entropy_rows=entropy, chosen_prob_rows=chosen_prob, thinking_rows=thinking,
         attention_rows=run.attention(token_ids.shape[1]), **_texts(run.facts.tokenizer, token_ids, out.finish),

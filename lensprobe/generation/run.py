@@ -49,6 +49,7 @@ from lensprobe.generation.batching.rowstate import Live, Running
 from lensprobe.generation.batching.scheduler import Scheduler
 from lensprobe.generation.config import GenerationConfig
 from lensprobe.generation.engines import Engine, choose_engine
+from lensprobe.generation.lens import LogitLens
 from lensprobe.generation.recording import StepRecorder, final_hidden_hook
 from lensprobe.generation.rows import FinishedRow, RowOutputs
 from lensprobe.generation.step import Step
@@ -76,19 +77,20 @@ class Run:
         facts: the model's facts (tokenizer, pad and end ids, device, heads), read once by the caller
             (``None``: read here).
         acts: the buffers and hooks of ``record=`` (``None``: nothing recorded).
+        lens: the logit lens of ``lens=`` (``None``: none).
     """
 
     def __init__(self, model, cfg: GenerationConfig, items, rows: list[tuple[int, int]], caps: list[int],
                  failed: dict[int, str], interventions: list, sets: list[TrackedSet], layers: list[int],
                  think_id: int | None, batch_size: int | None, refill: bool, longest_first: bool,
                  on_row: Callable[[FinishedRow], Any] | None, keep_going: bool, facts: ModelFacts | None = None,
-                 acts: ActivationSteps | None = None) -> None:
+                 acts: ActivationSteps | None = None, lens: LogitLens | None = None) -> None:
         self.model, self.cfg, self.items, self.rows = model, cfg, items, rows
         self.facts = facts if facts is not None else model_facts(model)
         self.prompt_caps = list(caps)
         self.caps = [self.prompt_caps[pi] for pi, _ in rows]  # per row
         self.interventions, self.sets, self.layers, self.think_id = interventions, sets, layers, think_id
-        self.keep_going, self.acts = keep_going, acts
+        self.keep_going, self.acts, self.lens = keep_going, acts, lens
         self.device = self.facts.device
         self.out = RowOutputs.start(len(rows), cfg.max_new_tokens)
         for r, message in failed.items():
@@ -103,7 +105,7 @@ class Run:
                                 self._width(runnable) + cfg.max_new_tokens, self.device) if sets else None)
         self.rec = StepRecorder(layers, n_rec, len(sets), self.facts.n_heads, cfg.max_new_tokens, self.masks,
                                 hidden, self.device)
-        self.step = Step(model, cfg, items, rows, self.out, self.rec, think_id, on_row, self.device, self.facts)
+        self.step = Step(model, cfg, items, rows, self.out, self.rec, think_id, on_row, self.device, self.facts, lens)
 
     def _width(self, rows: list[int]) -> int:
         return max((len(self.items[self.rows[r][0]][0]) for r in rows), default=0)
@@ -111,7 +113,8 @@ class Run:
     # ----- running -------------------------------------------------------------------------
     def execute(self, engine_name: str, progress: bool | str) -> Engine:
         """Run every row; returns the engine that ran (its ``describe()`` goes in the trace's meta)."""
-        hooks = [*self.rec.hooks(self.model), *(self.acts.hooks() if self.acts is not None else [])]
+        hooks = [*self.rec.hooks(self.model), *(self.acts.hooks() if self.acts is not None else []),
+                 *(self.lens.hooks(self.model) if self.lens is not None else [])]
         engine = choose_engine(self.model, engine_name, interventions=self.interventions,
                                hook_names=[name for name, _ in hooks], rows=self.scheduler.batch_size)
         bar = _progress_bar(progress, sum(self.caps[r] for r in self.scheduler.order))

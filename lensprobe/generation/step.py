@@ -23,6 +23,7 @@ from lensprobe.core.measures.metrics import nonfinite_rows
 from lensprobe.core.models.facts import ModelFacts
 from lensprobe.generation.batching.rowstate import Live, RowStatus
 from lensprobe.generation.config import GenerationConfig
+from lensprobe.generation.lens import LogitLens
 from lensprobe.generation.recording import StepRecorder
 from lensprobe.generation.rows import FinishedRow, RowOutputs, choose, row_generator, row_text
 from lensprobe.generation.thinking.schedule import StepState
@@ -44,12 +45,14 @@ class Step:
         on_row: called with a :class:`~lensprobe.generation.rows.FinishedRow` as each row ends.
         device: the model's device.
         facts: the model's facts (tokenizer, pad and end ids), read once per run.
+        lens: the logit lens of ``lens=`` (:mod:`lensprobe.generation.lens`), or ``None``.
     """
 
     def __init__(self, model, cfg: GenerationConfig, items, rows: list[tuple[int, int]], out: RowOutputs,
                  rec: StepRecorder, think_id: int | None, on_row: Callable[[FinishedRow], Any] | None,
-                 device, facts: ModelFacts) -> None:
+                 device, facts: ModelFacts, lens: LogitLens | None = None) -> None:
         self.model, self.cfg, self.items, self.rows, self.out, self.rec = model, cfg, items, rows, out, rec
+        self.lens = lens
         self.think_id, self.on_row, self.device = think_id, on_row, device
         self.facts = facts
         self.pad_id = facts.pad_id
@@ -67,6 +70,7 @@ class Step:
     def __call__(self, live: Live, last: Tensor, bar) -> tuple[Tensor, Tensor]:
         """Choose each live row's token from its logits, record it, end rows (EOS, cap, non-finite)."""
         cfg = self.cfg
+        ran = live.active  # the rows this forward ran (the lens's rows, non-finite ones included)
         broken = nonfinite_rows(last)  # NaN/+inf or all -inf: no distribution (as lp.metrics.entropy)
         if bool(broken.any()):
             if bool((broken & live.active).any()):
@@ -87,6 +91,8 @@ class Step:
         idx = on.nonzero().flatten()
         self.out.write(live.rows[idx], live.steps[idx], choice.cpu()[idx], ent.cpu()[idx],
                        probs.gather(-1, choice[:, None])[:, 0].cpu()[idx], think.cpu()[idx])
+        if self.lens is not None:
+            self.lens.record(live.rows, live.steps, ran, logp, choice, ran & ~live.active)
         if self.rec.attn is not None:
             self.rec.end_rows(int(live.steps[0]), ~live.active)
         if bar is not None:

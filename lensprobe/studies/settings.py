@@ -164,6 +164,8 @@ class TraceConfig(GenerationConfig):
     record: str = ""
     """hook points to record at every step (the newest position), comma-separated names or patterns, e.g.
     'blocks.*.hook_resid_post'; kept in the trace files"""
+    lens: Literal["none", "logit"] = "none"
+    """the logit lens at every step and layer ('logit'): kept in the trace files, drawn as lens-<setting>.html"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -177,6 +179,7 @@ class TraceConfig(GenerationConfig):
             raise SettingError("schedule", str(err)) from None
         count("smooth", self.smooth, 1)
         choice("format", self.format, ("parquet", "json"))
+        choice("lens", self.lens, ("none", "logit"))
 
     def names(self) -> list[str]:
         """The thinking settings' names."""

@@ -30,6 +30,7 @@ from lensprobe.viz.attribution import (
 from lensprobe.viz.eval_report import results_section, write_eval_report
 from lensprobe.viz.evals import accuracy_bars, accuracy_by_level
 from lensprobe.viz.export import save
+from lensprobe.viz.lens import logit_lens
 from lensprobe.viz.mechanism import activation_histogram_figure, affine_fit_figure
 from lensprobe.viz.report import Section, write_report
 from lensprobe.viz.trace import generation_trace_figure
@@ -54,6 +55,7 @@ __all__ = [
     "filler_vs_random_figure",
     "generation_trace_figure",
     "head_attention_figure",
+    "logit_lens",
     "next_token_figure",
     "patch_figure",
     "segment_attention_figure",

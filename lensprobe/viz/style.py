@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from lensprobe.core.prompts.conditions import canonical_condition_name
 
 __all__ = ["ABLATED_COLOR", "CLASS_COLORS", "CLEAN_COLOR", "CONDITION_COLORS", "CONDITION_LABELS", "GENERATED_COLOR",
-           "INDEX_NOTE", "NEAR_ZERO_COLOR", "PALETTE", "SPAN_COLOR", "TRACE_COLORS", "cell_labels", "color", "condition_colors",
+           "INDEX_NOTE", "LENS_COLORS", "LENS_LABELS", "NEAR_ZERO_COLOR", "PALETTE", "SPAN_COLOR", "TRACE_COLORS", "cell_labels", "color", "condition_colors",
            "condition_label", "filler_span", "header", "rgba", "same_condition", "table_of", "table_spelling", "unique",
            "vspacing"]
 
@@ -185,3 +185,11 @@ def rgba(hex_color: str, alpha: float) -> str:
     h = hex_color.lstrip("#")
     r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
     return f"rgba({r},{g},{b},{alpha})"
+
+
+LENS_COLORS = {"entropy": "Viridis", "rank": "Magma_r", "kl": "Cividis"}
+"""Colour scales of the logit-lens heatmap, by what it colours (:func:`lensprobe.viz.lens.logit_lens`)."""
+
+
+LENS_LABELS = {"entropy": "entropy (nats)", "rank": "chosen token's rank", "kl": "KL (nats)"}
+"""Colour-bar titles of the logit-lens heatmap, by what it colours."""

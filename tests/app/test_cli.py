@@ -225,6 +225,20 @@ def test_cli_trace_records_hook_points_per_step(tmp_path, capsys):
     assert "no hook point of this model is named 'blocks.0.hook_nothing'" in capsys.readouterr().err
 
 
+def test_cli_trace_keeps_the_logit_lens_and_draws_it(tmp_path, capsys):
+    out = tmp_path / "t"
+    assert main(["trace", "--model", "tiny", "--question", "Hi", "--max-new-tokens", "4", "--think", "none",
+                 "--lens", "logit", "--out", str(out)]) == 0
+    assert "the logit lens of 2 layers" in capsys.readouterr().out
+    trace = lp.generation.load_trace(out / "trace-no-thinking.parquet")
+    assert trace.lens.entropy.shape == (trace.lengths[0], 2)
+    assert torch.allclose(trace.lens.entropy[:, -1], trace.entropy, atol=1e-5)
+    assert "logit lens" in (out / "lens-no-thinking.html").read_text(encoding="utf-8").lower()
+    assert main(["trace", "--model", "tiny", "--question", "Hi", "--max-new-tokens", "4", "--think", "none",
+                 "--lens", "tuned", "--out", str(tmp_path / "u")]) == 2
+    assert "--lens" in capsys.readouterr().err
+
+
 def test_device_and_dtype_arguments_reach_load_model():
     import torch
 

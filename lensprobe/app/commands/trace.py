@@ -29,6 +29,7 @@ from lensprobe.generation.traces.sets import trace_jobs
 from lensprobe.generation.traces.summary import trace_summary
 from lensprobe.studies.settings import TraceConfig
 from lensprobe.studies.thinking import compare_thinking, texts_table
+from lensprobe.viz.lens import logit_lens
 from lensprobe.viz.trace import generation_trace_figure
 
 
@@ -60,9 +61,9 @@ def _identity_part(value):
     return {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.name not in ("format", "smooth")}
 
 
-def _trace_setting(model, prompt, label: str, thinking, generation: dict, record: list[str]):
+def _trace_setting(model, prompt, label: str, thinking, generation: dict, record: list[str], lens=None):
     """The trace of one thinking setting, as :func:`compare_thinking` makes it among several."""
-    return compare_thinking(model, prompt, {label: thinking}, record=record or None, **generation)[label]
+    return compare_thinking(model, prompt, {label: thinking}, record=record or None, lens=lens, **generation)[label]
 
 
 def run_trace(args) -> int:
@@ -91,10 +92,12 @@ def _trace(args, settings: dict, shard: tuple[int, int], files: list) -> int:
     generation = config.generation()
     track = generation["track"]
     record = config.recorded()
+    lens = "logit" if config.lens == "logit" else None
     if world == 1:
-        traces = compare_thinking(model, prompt, settings, **generation, progress=True, record=record or None)
+        traces = compare_thinking(model, prompt, settings, **generation, progress=True, record=record or None,
+                                  lens=lens)
     else:  # one unit per setting: the same traces as compare_thinking's, whatever the number of processes
-        jobs = {label: partial(_trace_setting, model, prompt, label, t, generation, record)
+        jobs = {label: partial(_trace_setting, model, prompt, label, t, generation, record, lens)
                 for label, t in settings.items()}
         given = {k: _identity_part(v) for k, v in vars(args).items() if k not in ("func", "out", "OutputOptions")}
         described = run_identity(model, prompt=prompt, arguments=given)
@@ -119,9 +122,13 @@ def _trace(args, settings: dict, shard: tuple[int, int], files: list) -> int:
     fig_path = out / "trace.html"
     write_figure(fig, fig_path)
     files.append(fig_path)
+    for label, tr in traces.items() if lens else ():
+        files.append(out / f"lens-{_slug(label)}.html")
+        write_figure(logit_lens(tr, row=0, title=f"Logit lens, {label}: each layer's entropy"), files[-1])
     print_files(out, files)
     for label, tr in traces.items():
         print(f"{label}: {tr.lengths[0]} steps, {int(tr.thinking_rows[0].sum())} thinking, "
               f"mean entropy {float(tr.entropy_rows.nanmean()):.3f} nats"
-              + (f", {len(tr.activations_rows)} hook points recorded per step" if tr.activations_rows else ""))
+              + (f", {len(tr.activations_rows)} hook points recorded per step" if tr.activations_rows else "")
+              + (f", the logit lens of {len(tr.lens.layers)} layers" if tr.lens is not None else ""))
     return 0

@@ -28,13 +28,14 @@ from lensprobe.core.lazy import heavy
 from lensprobe.core.storage.files import DATA_LIMIT, check_file, read_text
 from lensprobe.core.storage.nesting import parse_json
 from lensprobe.core.storage.store import atomic_file
-from lensprobe.generation.traces import activations
+from lensprobe.generation.traces import activations, lens
 
 __all__ = ["FORMAT", "VERSION", "read_trace", "write_trace"]
 
 FORMAT = "lensprobe.generation.GenerationTrace"
-VERSION = 2
-"""2: recorded activations (``record=``) beside the other arrays; version 1 files read unchanged."""
+VERSION = 3
+"""2: recorded activations (``record=``) beside the other arrays; 3: the logit lens (``lens=``). Files of
+earlier versions read unchanged."""
 
 
 def write_trace(trace, path: str | Path) -> Path:
@@ -57,7 +58,7 @@ def _header(trace) -> dict[str, Any]:
             "tracked": trace.tracked, "texts": list(trace.texts), "prompt_index": list(trace.prompt_index),
             "sample_index": list(trace.sample_index), "prompt_lengths": list(trace.prompt_lengths),
             "finish_reasons": list(trace.finish_reasons), "meta": trace.meta,
-            "n_rows": trace.n_rows, "n_steps": trace.n_steps, **activations.header(trace)}
+            "n_rows": trace.n_rows, "n_steps": trace.n_steps, **activations.header(trace), **lens.header(trace)}
 
 
 def _json_body(trace) -> dict[str, Any]:
@@ -69,6 +70,7 @@ def _json_body(trace) -> dict[str, Any]:
     body["str_tokens"] = trace.str_tokens_rows
     body["attention"] = {s: _nan_to_none(v.tolist()) for s, v in trace.attention_rows.items()}
     body.update(activations.json_fields(trace))
+    body.update(lens.json_fields(trace))
     return body
 
 
@@ -90,6 +92,7 @@ def _arrow_table(trace):
         flat = pa.array(v.reshape(-1).numpy(), pa.float32())
         cols[f"attention:{s}"] = pa.FixedSizeListArray.from_arrays(flat, LH) if LH else pa.nulls(R * T)
     cols.update(activations.arrow_columns(trace, pa))
+    cols.update(lens.arrow_columns(trace, pa))
     return pa.table(cols).replace_schema_metadata({"lensprobe": json.dumps(_header(trace))})
 
 
@@ -111,7 +114,7 @@ def read_trace(path: str | Path) -> dict[str, Any]:
         thinking = torch.tensor(body["thinking"], dtype=torch.bool, device="cpu").reshape(R, T)
         attention = {s: _tensor(body["attention"][s]).reshape(R, T, L, H) for s in body["tracked"]}
         str_tokens = body["str_tokens"]
-        recorded = activations.read_json(body)
+        recorded = {**activations.read_json(body), **lens.read_json(body)}
     elif path.suffix.lower() == ".parquet":
         pa, pq = _pyarrow()
         check_file(path, "trace file", DATA_LIMIT)
@@ -132,7 +135,7 @@ def read_trace(path: str | Path) -> dict[str, Any]:
             attention[s] = torch.tensor(flat, dtype=torch.float32, device="cpu").reshape(R, T, L, H)
         tok_col = table["token"].to_pylist()
         str_tokens = [[tok_col[r * T + t] for t in range(T) if token_ids[r, t] >= 0] for r in range(R)]
-        recorded = activations.read_arrow(table, head)
+        recorded = {**activations.read_arrow(table, head), **lens.read_arrow(table, head)}
     else:
         raise LensprobeError(f"cannot read a trace from {path.name!r}: expected a .parquet or .json file.")
     return dict(token_ids_rows=token_ids, entropy_rows=entropy, chosen_prob_rows=chosen, thinking_rows=thinking,

@@ -125,14 +125,15 @@ def _checked_trace(folder: Path, row: dict[str, str]) -> GenerationTrace:
 def trace_prompts(model, prompts, config: GenerationConfig | None = None, *, out: str | os.PathLike | None = None,
                   rank: int | None = None, world_size: int | None = None, progress: bool = False,
                   track: Any = None, interventions: Sequence = (), layers: Any = None, engine: str = "auto",
-                  record: Any = None, **settings) -> dict[int | str, GenerationTrace]:
+                  record: Any = None, lens: Any = None, lens_top_k: int = 5, lens_layers: Any = None,
+                  **settings) -> dict[int | str, GenerationTrace]:
     """Trace every prompt on its own with :func:`~lensprobe.generation.loop.trace_generation`.
 
     Args:
         model: a TransformerLens model.
         prompts: a list of prompts (:class:`~lensprobe.Prompt`, token ids, or question strings,
             built with the chat template), or ``{name: prompt}``.
-        config, track, interventions, layers, engine, record, **settings: as in
+        config, track, interventions, layers, engine, record, lens, lens_top_k, lens_layers, **settings: as in
             :func:`~lensprobe.trace_generation`, the same for every prompt
             (``max_new_tokens=64, do_sample=True, seed=0, n_samples=4, ...``).
         out: a folder where every trace is saved as Parquet as soon as it is done; a rerun
@@ -173,11 +174,13 @@ def trace_prompts(model, prompts, config: GenerationConfig | None = None, *, out
     by_name = dict(zip(map(str, keys), items, strict=True))
 
     def job(name: str) -> Callable[[], GenerationTrace]:
-        return lambda: _trace_one(model, facts, by_name[name], cfg, track, interventions, layers, engine, record)
+        return lambda: _trace_one(model, facts, by_name[name], cfg, track, interventions, layers, engine, record,
+                                  lensing)
 
+    lensing = {} if lens is None else {"lens": lens, "lens_top_k": lens_top_k, "lens_layers": lens_layers}
     described = None if out is None else run_identity(
         model, prompts=items, generation=cfg, track=track, interventions=list(interventions), layers=layers,
-        engine=engine, record=as_records(record))
+        engine=engine, record=as_records(record), **lensing)
     ids = {name: prompt_ids_digest(item) for name, item in by_name.items()}
     ran = None if out is None else trace_engine(model, cfg, interventions, layers, engine, record)
     traces = trace_jobs({name: job(name) for name in by_name}, out=out, settings=described, rank=rank,
@@ -199,9 +202,9 @@ def trace_engine(model, cfg: GenerationConfig, interventions: Sequence = (), lay
 
 
 def _trace_one(model, facts: ModelFacts, prompt, cfg: GenerationConfig, track, interventions, layers, engine,
-               record) -> GenerationTrace:
+               record, lensing: dict) -> GenerationTrace:
     return trace_generation(model, prompt, cfg, track=track, interventions=interventions, layers=layers,
-                            engine=engine, facts=facts, record=record)
+                            engine=engine, facts=facts, record=record, **lensing)
 
 
 def _one_prompt(facts: ModelFacts, prompt, name: str):

@@ -42,6 +42,7 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.lazy import pandas
 from lensprobe.generation.traces.activations import ran_steps
 from lensprobe.generation.traces.files import read_trace, write_trace
+from lensprobe.generation.traces.lens import LensTrace
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -78,6 +79,8 @@ class GenerationTrace:
         prompt_activations: hook name -> per row, ``[position, ...]`` values at the prompt positions kept
             (``Record(prompt=...)``).
         prompt_positions: hook name -> per row, the absolute prompt positions of ``prompt_activations``.
+        lens: the logit lens per row, step and layer (``lens=``, :mod:`lensprobe.generation.traces.lens`), or
+            ``None`` when none was asked for.
     """
 
     token_ids_rows: Int[Tensor, "row step"]
@@ -97,6 +100,7 @@ class GenerationTrace:
     activations_rows: dict[str, Tensor] = field(default_factory=dict)
     prompt_activations: dict[str, list[Tensor]] = field(default_factory=dict)
     prompt_positions: dict[str, list[list[int]]] = field(default_factory=dict)
+    lens: LensTrace | None = None
 
     # ----- shape helpers -------------------------------------------------------------
     @property
@@ -187,6 +191,7 @@ class GenerationTrace:
             activations_rows={k: v[sl, :n] for k, v in self.activations_rows.items()},
             prompt_activations={k: [v[i]] for k, v in self.prompt_activations.items()},
             prompt_positions={k: [v[i]] for k, v in self.prompt_positions.items()},
+            lens=self.lens.row(i, n) if self.lens is not None else None,
         )
 
     # ----- reductions ----------------------------------------------------------------
