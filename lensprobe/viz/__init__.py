@@ -32,6 +32,12 @@ from lensprobe.viz.evals import accuracy_bars, accuracy_by_level
 from lensprobe.viz.export import save
 from lensprobe.viz.mechanism import activation_histogram_figure, affine_fit_figure
 from lensprobe.viz.report import Section, write_report
+from lensprobe.viz.sinks import (
+    activation_norm_figure,
+    massive_activation_figure,
+    sink_heatmap,
+    sink_steps_figure,
+)
 from lensprobe.viz.trace import generation_trace_figure
 
 __all__ = [
@@ -43,6 +49,7 @@ __all__ = [
     "accuracy_bars",
     "accuracy_by_level",
     "activation_histogram_figure",
+    "activation_norm_figure",
     "affine_fit_figure",
     "attention_received_figure",
     "attention_view_html",
@@ -54,9 +61,12 @@ __all__ = [
     "filler_vs_random_figure",
     "generation_trace_figure",
     "head_attention_figure",
+    "massive_activation_figure",
     "next_token_figure",
     "patch_figure",
     "segment_attention_figure",
+    "sink_heatmap",
+    "sink_steps_figure",
     "sweep_heatmap",
     "token_class_figure",
 ]
