@@ -95,8 +95,9 @@ def _check_segments(names: tuple[str, ...]) -> None:
 
 @dataclass(frozen=True)
 class SinkConfig(AttentionConfig):
-    """What ``lensprobe sinks`` measures (the layers as :class:`~lensprobe.studies.settings.AttentionConfig`
-    takes them, every layer by default).
+    """What ``lensprobe sinks`` measures: the layers (every one by default), the segments, the entries kept.
+
+    The layers are read as :class:`~lensprobe.studies.settings.AttentionConfig` reads them.
 
     Example:
         >>> SinkConfig(segments="filler,question").segment_names()
@@ -107,7 +108,7 @@ class SinkConfig(AttentionConfig):
     segments: str = "filler"
     """prompt segments whose attention mass is measured beside the first token's, comma-separated (e.g.
     filler,question), or none; a condition whose prompt lacks one has no rows for it"""
-    entries: int = 3
+    entries: int = 4
     """largest |residual stream| entries kept per layer (and generation step), against the median |entry|"""
     all_conditions: bool = False
     """run all four conditions (w/o, w/ Mless, w/ Mful, random sentence) instead of w/o and --compare"""
@@ -203,7 +204,7 @@ def is_first(position: int, token_id: int) -> bool:
 def attention_sinks(model, question: str, *, system: str | None = MATH_SYSTEM_PROMPT,
                     conditions: Sequence[str | Condition] | str | Condition = CONDITIONS,
                     layers: int | Sequence[int] | None = None, segments: Sequence[str] | str | None = None,
-                    max_new_tokens: int = 32, entries: int = 3, setup: FillerSetup | None = None,
+                    max_new_tokens: int = 32, entries: int = 4, setup: FillerSetup | None = None,
                     engine: EngineName = "auto", progress: bool = False, **generation: Any) -> AttentionSinks:
     """Attention sinks and massive activations under each filler condition, over the prompt and per step.
 
