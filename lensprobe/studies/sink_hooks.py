@@ -92,17 +92,19 @@ def prompt_sink_rows(condition: str, masses: Mapping[int, Tensor], targets: Mapp
     """``(per head, per query)`` rows of one condition's prompt from its ``{layer: [target, head, query]}``
     masses: a target's queries are the positions from its end on (those that see all of it)."""
     pd = pandas()
-    means, queries = [], []
+    means: list[tuple] = []
+    queries = []
     for layer, mass in masses.items():
         for t, (target, (_, end)) in enumerate(targets.items()):
-            seen = mass[t, :, end:].double()
+            seen = mass[t, list(heads), end:].double()  # [head, query]
             n = int(seen.shape[-1])
             mean = seen.mean(-1).tolist() if n else [float("nan")] * len(heads)
-            for h in heads:
-                means.append((condition, layer, h, head_label(layer, h), target, float(mean[h]), n))
-                queries.append(pd.DataFrame({
-                    "condition": condition, "layer": layer, "head": h, "target": target,
-                    "query": range(end, end + n), "mass": seen[h].tolist()}))
+            means.extend((condition, layer, h, head_label(layer, h), target, float(m), n)
+                         for h, m in zip(heads, mean, strict=True))
+            queries.append(pd.DataFrame({
+                "condition": condition, "layer": layer, "head": [h for h in heads for _ in range(n)],
+                "target": target, "query": list(range(end, end + n)) * len(heads),
+                "mass": seen.reshape(-1).tolist()}))
     cols = ["condition", "layer", "head", "head_label", "target", "mass", "queries"]
     return pd.DataFrame(means, columns=cols), pd.concat(queries, ignore_index=True)
 
@@ -138,18 +140,17 @@ def step_positions(trace: Any, prompt_len: int, prompt_tokens: Sequence[str]) ->
 def step_sink_rows(condition: str, trace: Any, targets: Sequence[str], positions: list[int], tokens: list[str]
                    ) -> "pd.DataFrame":
     """Rows of one condition's per-step masses from a one-row trace's ``attention_rows[target]``
-    ``[row, step, layer, head]``."""
+    ``[row, step, layer, head]`` (steps, then layers, then heads, per target)."""
     pd = pandas()
-    frames = []
-    n_heads = trace.n_heads
-    for target in targets:
-        a = trace.attention_rows[target][0, : trace.n_steps]  # [step, layer, head]
-        for s in range(a.shape[0]):
-            for li, layer in enumerate(trace.layers):
-                frames.append(pd.DataFrame({
-                    "condition": condition, "step": s, "position": positions[s], "token": tokens[s], "layer": layer,
-                    "head": range(n_heads), "head_label": [head_label(layer, h) for h in range(n_heads)],
-                    "target": target, "mass": a[s, li].tolist()}))
+    n_steps, layers, n_heads = trace.n_steps, list(trace.layers), trace.n_heads
+    step = [s for s in range(n_steps) for _ in range(len(layers) * n_heads)]
+    layer = [layer for _ in range(n_steps) for layer in layers for _ in range(n_heads)]
+    head = list(range(n_heads)) * (n_steps * len(layers))
+    labels = [head_label(a, h) for a, h in zip(layer, head, strict=True)]
+    frames = [pd.DataFrame({
+        "condition": condition, "step": step, "position": [positions[s] for s in step],
+        "token": [tokens[s] for s in step], "layer": layer, "head": head, "head_label": labels, "target": target,
+        "mass": trace.attention_rows[target][0, :n_steps].reshape(-1).tolist()}) for target in targets]
     return pd.concat(frames, ignore_index=True)
 
 

@@ -257,6 +257,10 @@ def attention_sinks(model, question: str, *, system: str | None = MATH_SYSTEM_PR
     layers = check_layers(model, layers)
     setup = _setup(setup, system, conditions)
     conds = setup.resolve()
+    odd = [c.name for c in conds if c.generate_kwargs]
+    if odd:
+        raise LensprobeError(f"condition {odd[0]!r} has generate_kwargs, which attention_sinks does not apply: "
+                             "pass generation settings as keywords of attention_sinks, for every condition.")
     prompts = {c.name: c.prompt_builder(model)(question) for c in conds}
     targets = {name: _targets(p, seg) for name, p in prompts.items()}
     if explicit:

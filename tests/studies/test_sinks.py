@@ -149,6 +149,44 @@ def test_step_massive_activations_equal_the_hidden_states_by_hand(tiny, tiny_hf,
     assert (largest["rank"] == 0).all() and len(largest) == 2 * 2 * 4  # conditions x layers x steps
 
 
+def test_a_conditions_ablation_reaches_the_prompt_pass_and_every_step(tiny, tiny_hf):
+    """A Condition that zero-ablates L0H1: the masses of layer 1 equal the plain model's with that head's slice
+    of layer 0's o_proj input zeroed by hand."""
+    ablated = lp.Condition("w/o, L0H1 ablated", interventions=(lp.ablate_heads("L0H1"),))
+    res = attention_sinks(tiny, QUESTION, conditions=[ablated], setup=SMALL, layers=[1], max_new_tokens=3,
+                          stop_at_eos=False)
+    p, trace = res.prompts[ablated.name], res.traces[ablated.name]
+    d_head = tiny.cfg.d_head
+
+    def zero_head(_m, args):
+        x = args[0].clone()
+        x[..., d_head:2 * d_head] = 0
+        return (x,)
+
+    handle = tiny_hf.model.layers[0].self_attn.o_proj.register_forward_pre_hook(zero_head)
+    try:
+        att, resid = hf_run(tiny_hf, p.tokens[0].tolist() + trace.generated_ids[0])
+    finally:
+        handle.remove()
+    clean, _ = hf_run(tiny_hf, p.tokens[0].tolist() + trace.generated_ids[0])
+    n = len(p)
+    for head in range(tiny.cfg.n_heads):
+        got = float(sel(res.prompt, layer=1, head=head, target=FIRST)["mass"].iloc[0])
+        assert got == pytest.approx(float(att[1][head, 1:n, 0].mean()), abs=1e-6)
+        assert got != pytest.approx(float(clean[1][head, 1:n, 0].mean()), abs=1e-6)  # the ablation mattered
+        for step in range(3):
+            row = sel(res.steps, layer=1, head=head, target=FIRST, step=step)
+            assert float(row["mass"].iloc[0]) == pytest.approx(float(att[1][head, n - 1 + step, 0]), abs=1e-5)
+    top = sel(res.massive, phase="prompt", layer=1, rank=0)
+    assert float(top["magnitude"].iloc[0]) == pytest.approx(by_hand_top(resid[1][:n], 1)[0][0], abs=1e-5)
+
+
+def test_a_condition_with_generation_settings_of_its_own_is_refused(tiny):
+    odd = lp.Condition("sampled", generate_kwargs={"do_sample": True})
+    with pytest.raises(lp.LensprobeError, match="has generate_kwargs"):
+        attention_sinks(tiny, QUESTION, conditions=[odd], max_new_tokens=1)
+
+
 def test_the_reducer_keeps_only_k_entries_and_the_median():
     x = torch.tensor([[1.0, -5.0, 2.0, 0.5], [0.0, 0.0, 3.0, -1.0]])
     got = MassiveEntries(2)(x)
