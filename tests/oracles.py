@@ -156,3 +156,22 @@ def assert_greedy_with_the_edit(twin, prompts, token_rows: list[list[int]]) -> N
         for token in generated:
             assert int(edited_twin_logits(twin, tokens)[0, -1].argmax()) == token
             tokens = torch.cat([tokens, torch.tensor([[token]])], dim=-1)
+
+
+def layer_io(twin, ids: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Each decoder layer's input and output hidden states ``[pos, d_model]`` of ``ids``, one uncached
+    forward of the plain model."""
+    ins, outs, handles = [], [], []
+    for layer in twin.model.layers:
+        handles.append(layer.register_forward_pre_hook(
+            lambda _m, args, kwargs: ins.append((args[0] if args else kwargs["hidden_states"])[0].detach().clone()),
+            with_kwargs=True))
+        handles.append(layer.register_forward_hook(
+            lambda _m, _a, out: outs.append((out[0] if isinstance(out, tuple) else out)[0].detach().clone())))
+    try:
+        with torch.no_grad():
+            twin(torch.tensor([ids]))
+    finally:
+        for h in handles:
+            h.remove()
+    return ins, outs

@@ -410,6 +410,9 @@ def check_04(cwd: Path, nb) -> None:
         steps[label] = int(tr.thinking_rows.sum())
     assert steps["LatentFusion"] > 0 and steps["no_thinking"] == 0
     assert (cwd / "trace.html").stat().st_size > 10_000
+    inside = lp.generation.load_trace(cwd / "traces" / "inside.parquet")  # record=: every layer, every step
+    assert len(inside.activations) == 30 and inside.activations["blocks.29.hook_resid_post"].shape == (inside.n_steps,)
+    assert bool(inside.thinking.any()) and bool((inside.activations["blocks.29.hook_resid_post"] > 0).all())
 
 
 def check_05(cwd: Path, nb) -> None:

@@ -161,6 +161,9 @@ class TraceConfig(GenerationConfig):
     """moving-average window of the figure, in steps"""
     format: Literal["parquet", "json"] = "parquet"
     """trace file format"""
+    record: str = ""
+    """hook points to record at every step (the newest position), comma-separated names or patterns, e.g.
+    'blocks.*.hook_resid_post'; kept in the trace files"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -184,6 +187,10 @@ class TraceConfig(GenerationConfig):
         return {SETTING_LABELS.get(n, n): thinking_setting(n, alpha=fusion.alpha, top_p=fusion.top_p,
                                                           temperature=fusion.temperature, token=fusion.token)
                 for n in self.names()}
+
+    def recorded(self) -> list[str]:
+        """The hook names or patterns ``record`` lists."""
+        return [s.strip() for s in self.record.split(",") if s.strip()]
 
     def tracked(self) -> dict[str, str]:
         """The extra tracked sets, name -> spec."""

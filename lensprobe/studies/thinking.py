@@ -76,7 +76,7 @@ def with_thinking_token(model, token: str = THINKING_TOKEN):
 
 def compare_thinking(model, prompts, settings: Sequence[str] | Mapping[str, object],
                      config: GenerationConfig | None = None, *, track: Mapping | None = None, layers=None,
-                     progress: bool = False, **generation) -> dict[str, GenerationTrace]:
+                     progress: bool = False, record=None, **generation) -> dict[str, GenerationTrace]:
     """Trace the same prompts under several thinking settings with one schedule.
 
     Args:
@@ -85,7 +85,7 @@ def compare_thinking(model, prompts, settings: Sequence[str] | Mapping[str, obje
         settings: names from :data:`THINKING_SETTINGS`, or ``{label: LatentFusion | Pause | None}``.
         config: a :class:`~lensprobe.GenerationConfig`; its ``thinking`` is replaced by each
             setting's. Default schedule (``think_when``): ``every(8)``.
-        track, layers: as in :func:`lensprobe.trace_generation`; ``"thinking"`` is tracked for
+        track, layers, record: as in :func:`lensprobe.trace_generation`; ``"thinking"`` is tracked for
             the thinking settings.
         progress: a progress bar (tokens per second) per setting.
         **generation: :class:`~lensprobe.GenerationConfig` fields as keywords
@@ -104,7 +104,7 @@ def compare_thinking(model, prompts, settings: Sequence[str] | Mapping[str, obje
     for label, thinking in settings.items():
         cfg = base.replace(thinking=thinking, think_when=think_when if thinking is not None else None)
         out[label] = trace_generation(model, prompts, cfg, track=dict(track or {}), layers=layers,
-                                      progress=label if progress else False)
+                                      progress=label if progress else False, record=record)
     return out
 
 

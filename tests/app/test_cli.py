@@ -212,6 +212,19 @@ def test_cli_trace_json_and_bad_input(tmp_path, capsys):
     assert "exceeds the model's context" in capsys.readouterr().err
 
 
+def test_cli_trace_records_hook_points_per_step(tmp_path, capsys):
+    out = tmp_path / "t"
+    assert main(["trace", "--model", "tiny", "--question", "Hi", "--max-new-tokens", "4", "--think", "none",
+                 "--record", "blocks.*.hook_resid_post", "--out", str(out)]) == 0
+    assert "2 hook points recorded per step" in capsys.readouterr().out
+    trace = lp.generation.load_trace(out / "trace-no-thinking.parquet")
+    assert sorted(trace.activations) == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+    assert trace.activations["blocks.1.hook_resid_post"].shape == (trace.lengths[0], 64)
+    assert main(["trace", "--model", "tiny", "--question", "Hi", "--max-new-tokens", "4", "--think", "none",
+                 "--record", "blocks.0.hook_nothing", "--out", str(tmp_path / "u")]) == 2
+    assert "no hook point of this model is named 'blocks.0.hook_nothing'" in capsys.readouterr().err
+
+
 def test_device_and_dtype_arguments_reach_load_model():
     import torch
 

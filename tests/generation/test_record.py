@@ -5,30 +5,12 @@ samples, an ablation applied to the twin by hand, and the files."""
 
 import pytest
 import torch
+from oracles import layer_io
 
 import lensprobe as lp
 from lensprobe.generation.traces.activations import Record
 
 TOL = 1e-5
-
-
-def layer_io(twin, ids: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Each decoder layer's input and output hidden states ``[pos, d_model]`` of ``ids``, one uncached
-    forward of the plain model."""
-    ins, outs, handles = [], [], []
-    for layer in twin.model.layers:
-        handles.append(layer.register_forward_pre_hook(
-            lambda _m, args, kwargs: ins.append((args[0] if args else kwargs["hidden_states"])[0].detach().clone()),
-            with_kwargs=True))
-        handles.append(layer.register_forward_hook(
-            lambda _m, _a, out: outs.append((out[0] if isinstance(out, tuple) else out)[0].detach().clone())))
-    try:
-        with torch.no_grad():
-            twin(torch.tensor([ids]))
-    finally:
-        for h in handles:
-            h.remove()
-    return ins, outs
 
 
 def assert_row_matches_twin(trace, r: int, twin, prompt_ids: list[int], names=("pre", "post")) -> None:
@@ -220,3 +202,23 @@ def test_the_embedded_models_residual_stream_per_step(smol, smol_hf):
     for layer in (0, 14, 29):
         got = out.activations[f"blocks.{layer}.hook_resid_post"]
         assert torch.allclose(got, outs[layer][at], atol=1e-4, rtol=1e-4), layer
+
+
+def test_a_heads_z_per_step_runs_on_the_bridge_and_equals_the_plain_model(tiny, tiny_hf):
+    ids = [5, 17, 3, 99, 42]
+    out = lp.generate(tiny, ids, max_new_tokens=4, stop_at_eos=False,
+                      record=lp.Record("blocks.1.attn.hook_z", reduce=lambda z: z[:, [2]]))
+    assert out.meta["engine"] == "bridge"  # the plain engine serves the residual stream only
+    kept = {}
+    handle = tiny_hf.model.layers[1].self_attn.o_proj.register_forward_pre_hook(
+        lambda _m, args: kept.__setitem__("x", args[0].detach().clone()))
+    try:
+        with torch.no_grad():
+            tiny_hf(torch.tensor([ids + out.generated_ids[0]]))
+    finally:
+        handle.remove()
+    d_head = tiny.cfg.d_head
+    z = kept["x"][0].view(-1, tiny.cfg.n_heads, d_head)  # [pos, head, d_head]: the heads o_proj sums
+    at = len(ids) - 1 + torch.arange(4)
+    assert out.activations["blocks.1.attn.hook_z"].shape == (4, 1, d_head)
+    assert torch.allclose(out.activations["blocks.1.attn.hook_z"][:, 0], z[at, 2], atol=TOL)

@@ -60,9 +60,9 @@ def _identity_part(value):
     return {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.name not in ("format", "smooth")}
 
 
-def _trace_setting(model, prompt, label: str, thinking, generation: dict):
+def _trace_setting(model, prompt, label: str, thinking, generation: dict, record: list[str]):
     """The trace of one thinking setting, as :func:`compare_thinking` makes it among several."""
-    return compare_thinking(model, prompt, {label: thinking}, **generation)[label]
+    return compare_thinking(model, prompt, {label: thinking}, record=record or None, **generation)[label]
 
 
 def run_trace(args) -> int:
@@ -90,10 +90,12 @@ def _trace(args, settings: dict, shard: tuple[int, int], files: list) -> int:
     config: TraceConfig = args.config
     generation = config.generation()
     track = generation["track"]
+    record = config.recorded()
     if world == 1:
-        traces = compare_thinking(model, prompt, settings, **generation, progress=True)
+        traces = compare_thinking(model, prompt, settings, **generation, progress=True, record=record or None)
     else:  # one unit per setting: the same traces as compare_thinking's, whatever the number of processes
-        jobs = {label: partial(_trace_setting, model, prompt, label, t, generation) for label, t in settings.items()}
+        jobs = {label: partial(_trace_setting, model, prompt, label, t, generation, record)
+                for label, t in settings.items()}
         given = {k: _identity_part(v) for k, v in vars(args).items() if k not in ("func", "out", "OutputOptions")}
         described = run_identity(model, prompt=prompt, arguments=given)
         traces = trace_jobs(jobs, out=args.out / "shards", settings=described, progress="trace",
@@ -120,5 +122,6 @@ def _trace(args, settings: dict, shard: tuple[int, int], files: list) -> int:
     print_files(out, files)
     for label, tr in traces.items():
         print(f"{label}: {tr.lengths[0]} steps, {int(tr.thinking_rows[0].sum())} thinking, "
-              f"mean entropy {float(tr.entropy_rows.nanmean()):.3f} nats")
+              f"mean entropy {float(tr.entropy_rows.nanmean()):.3f} nats"
+              + (f", {len(tr.activations_rows)} hook points recorded per step" if tr.activations_rows else ""))
     return 0
