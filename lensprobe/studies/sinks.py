@@ -210,9 +210,10 @@ def attention_sinks(model, question: str, *, system: str | None = MATH_SYSTEM_PR
 
     Per condition: one forward over the prompt (stopped after the last layer asked for, with the
     condition's interventions) whose hooks reduce each layer's attention pattern to the mass on each
-    target and its residual stream to its largest entries; then a greedy generation of ``max_new_tokens``
-    (:func:`lensprobe.trace_generation`, on ``engine``) tracking the first token and the segments, and
-    recording each layer's :class:`~lensprobe.studies.sink_hooks.MassiveEntries` at the newest position.
+    target and its residual stream to its largest entries; then a generation of ``max_new_tokens`` (greedy
+    unless ``do_sample=True``) through :func:`lensprobe.trace_generation` on ``engine``, tracking the first
+    token and the segments, and recording each layer's
+    :class:`~lensprobe.studies.sink_hooks.MassiveEntries` at the newest position.
 
     Args:
         model: a TransformerLens model (``lp.load_model()``; eager attention, so that
@@ -291,7 +292,7 @@ def attention_sinks(model, question: str, *, system: str | None = MATH_SYSTEM_PR
             frames["steps"].append(step_sink_rows(name, trace, list(tg), positions, tokens))
             frames["massive"].append(step_massive_rows(name, trace, names, entries, positions, tokens))
     pd = pandas()
-    tables = {k: pd.concat(v, ignore_index=True) for k, v in frames.items()}
+    tables = {k: pd.concat(v, ignore_index=True) if v else pd.DataFrame() for k, v in frames.items()}
     return AttentionSinks(**tables, prompts=prompts, traces=traces, model_name=model_label(model),
                           question=question, layers=list(layers), setup=setup)
 
