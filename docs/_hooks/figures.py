@@ -39,6 +39,9 @@ def _figures() -> dict:
                                 interventions={"w/o + ARM": [lp.ARM(c=0.1, percentile=95, seed=0)]})
     figs["activation_histogram"] = lp.viz.activation_histogram_figure(stats)
 
+    sinks = lp.studies.attention_sinks(model, QUESTION, conditions=["w/o", "w/ Mless"], max_new_tokens=4)
+    figs["sinks"] = lp.viz.sink_heatmap(sinks)
+
     sweep = lp.ablation_sweep(model, [p0], "entropy", progress=False)
     figs["sweep"] = lp.viz.sweep_heatmap(sweep)
 

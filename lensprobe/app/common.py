@@ -78,6 +78,7 @@ OUTPUT_KINDS: dict[str, tuple[str, ...]] = {
     "find_heads": ("find_heads.json",),
     "trace": ("summary.csv", "texts.csv"),
     "mechanism": ("mechanism.json",),
+    "sinks": ("sinks.json",),
     "eval": ("config.json",),
     "report": ("report.json",),
     "reproduce": ("table.md", "figure.md"),

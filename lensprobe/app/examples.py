@@ -11,6 +11,7 @@ EXAMPLES: dict[str, str] = {
     "attention": "lensprobe attention --question 'What is 12+7?' --compare 'w/ Mless' --layers 0 --heads L0H1,L0H3 "
                  "--out attn",
     "mechanism": "lensprobe mechanism --question 'What is 12+7?' --layer 0 --heads 0,2 --out mech",
+    "sinks": "lensprobe sinks --question 'What is 12+7?' --compare 'w/ Mless' --layers 0,1 --max-new-tokens 8 --out sinks",
     "eval": "lensprobe eval --problems arithmetic --limit 4 --conditions 'w/o,w/ Mless' --max-new-tokens 16 "
             "--out runs/arith",
     "eval-report": "lensprobe eval-report runs/arith --out runs/arith-report",
@@ -25,7 +26,7 @@ EXAMPLES: dict[str, str] = {
 """Command -> an example command line (the ``Example:`` at the end of its ``--help``)."""
 
 STUDIES: dict[str, tuple[str, ...]] = {
-    "meaningless tokens (arXiv 2510.01032)": ("attention", "mechanism", "eval", "eval-report", "reproduce"),
+    "meaningless tokens (arXiv 2510.01032)": ("attention", "mechanism", "sinks", "eval", "eval-report", "reproduce"),
     "attention heads": ("ablate", "sweep", "attribute", "find-heads"),
     "latent thinking tokens (arXiv 2602.10229)": ("trace",),
     "all of them": ("demo",),

@@ -33,6 +33,12 @@ from lensprobe.viz.export import save
 from lensprobe.viz.lens import logit_lens
 from lensprobe.viz.mechanism import activation_histogram_figure, affine_fit_figure
 from lensprobe.viz.report import Section, write_report
+from lensprobe.viz.sinks import (
+    activation_norm_figure,
+    massive_activation_figure,
+    sink_heatmap,
+    sink_steps_figure,
+)
 from lensprobe.viz.trace import generation_trace_figure
 
 __all__ = [
@@ -44,6 +50,7 @@ __all__ = [
     "accuracy_bars",
     "accuracy_by_level",
     "activation_histogram_figure",
+    "activation_norm_figure",
     "affine_fit_figure",
     "attention_received_figure",
     "attention_view_html",
@@ -56,9 +63,12 @@ __all__ = [
     "generation_trace_figure",
     "head_attention_figure",
     "logit_lens",
+    "massive_activation_figure",
     "next_token_figure",
     "patch_figure",
     "segment_attention_figure",
+    "sink_heatmap",
+    "sink_steps_figure",
     "sweep_heatmap",
     "token_class_figure",
 ]

@@ -104,7 +104,7 @@ def test_each_flag_is_declared_once_across_commands():
     assert shared["--limit"].endswith("LimitOptions.limit") and shared["--quick"].endswith("QuickOptions.quick")
     assert shared["--max-new-tokens"] == "lensprobe.generation.config.GenerationConfig.max_new_tokens"
     assert shared["--batch-size"] == "lensprobe.evals.running.config.EvalConfig.batch_size"
-    assert set(found["--max-new-tokens"][shared["--max-new-tokens"]]) == {"eval", "trace", "reproduce"}
+    assert set(found["--max-new-tokens"][shared["--max-new-tokens"]]) == {"eval", "trace", "reproduce", "sinks"}
 
 
 @dataclass(frozen=True)
