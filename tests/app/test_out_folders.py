@@ -22,9 +22,10 @@ MINIMAL_ARGS = {
     "attribute": [],
     "find-heads": [],
     "mechanism": ["--question", "x"],
+    "sinks": ["--question", "x"],
     "reproduce": ["arm-table1"],
 }
-COMMAND_MODULES = ["attention", "attribution", "demo", "evals", "heads", "mechanism", "reproduce", "trace"]
+COMMAND_MODULES = ["attention", "attribution", "demo", "evals", "heads", "mechanism", "reproduce", "sinks", "trace"]
 
 
 def commands_with_out() -> set[str]:
