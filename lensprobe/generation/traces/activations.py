@@ -36,6 +36,7 @@ from torch import Tensor
 from lensprobe.core.checks import typed
 from lensprobe.core.errors import LensprobeError, SettingError
 from lensprobe.core.hooks.attach import Hook
+from lensprobe.core.storage.identity import identity
 
 __all__ = ["PROMPT", "ActivationSteps", "Record", "as_records", "kept_prompt_positions", "ran_steps", "resolve_names"]
 
@@ -77,8 +78,6 @@ class Record:
             raise SettingError("prompt", "expected 'prompt', a segment name or None, got ''")
 
     def __lensprobe_identity__(self) -> dict[str, Any]:
-        from lensprobe.core.storage.identity import identity
-
         return {"version": 1, "names": list(self.names), "reduce": identity(self.reduce), "prompt": self.prompt}
 
 
