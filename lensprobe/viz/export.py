@@ -20,11 +20,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from lensprobe.core.checks import count, finite_number
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.given import seconds_from_env
+from lensprobe.core.storage.locks import pid_alive
 from lensprobe.core.storage.writer import atomic_file
 
 __all__ = ["EXPORT_TIMEOUT", "EXPORT_TIMEOUT_VAR", "STATIC_FORMATS", "browser_path", "export_limit", "save"]
@@ -142,11 +144,18 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """Kill ``proc`` and every process it started (the browser runs in a session of its own)."""
-    for pid in [*_descendants(proc.pid), proc.pid]:
+    """Kill ``proc`` and every process it started (the browser runs in a session and process group of its
+    own, so one left behind by a parent that exited is reached too), and wait until they are gone."""
+    pids = [*_descendants(proc.pid), proc.pid]
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in pids:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     proc.communicate()
+    deadline = time.monotonic() + 5  # a SIGKILL is delivered, not awaited: give the kernel a moment
+    while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _run_child(job: dict, browser: str) -> None:
