@@ -21,7 +21,6 @@ from typing import Any
 
 from lensprobe.app.provenance import fact_columns, model_reasons, run_facts
 from lensprobe.app.recipe import Recipe
-from lensprobe.app.reproduce_tables import RUN_N
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.prompts.conditions import resolve_conditions
 from lensprobe.core.storage.files import read_text
@@ -30,6 +29,8 @@ from lensprobe.interventions.arm import ARM
 
 __all__ = ["LMEVAL_COLUMNS", "check_lmeval_data", "lmeval_cells"]
 
+RUN_N = "run: documents scored"
+"""The lm-eval task's documents scored (lm-eval's ``n``)."""
 LMEVAL_COLUMNS = (RUN_N, "run: accuracy (lm-eval)", "run: 95% CI low", "run: 95% CI high", "run: metric",
                   "run: comparable")
 """The run's columns of an lm-eval recipe (named so that none reads as the paper's)."""
