@@ -294,8 +294,10 @@ def fact_columns(facts: dict, cell: dict, reasons: list[str]) -> dict:
     }
 
 
-def _data_columns(data: dict | None) -> dict:
-    """The problems file a cell ran: its path, size and problems, and its SHA-256."""
+def _data_columns(data: dict | str | None) -> dict:
+    """The problems file a cell ran: its path, size and problems, and its SHA-256 (an lm-eval cell: its task file)."""
+    if isinstance(data, str):
+        return {"run: problems file": data, "run: problems file SHA-256": ""}
     if data is None:
         return {"run: problems file": "", "run: problems file SHA-256": ""}
     return {"run: problems file": f"{data['path']} ({data['problems']} problems, {data['size']} bytes)",

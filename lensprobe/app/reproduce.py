@@ -384,7 +384,9 @@ def _with_facts(table, cells: list[dict]):
         return table
     full = table.merge(facts, on=["benchmark", "condition"], how="left")
     for col in (c for c in COUNT_FACTS if c in full):  # counts stay integers beside the published-only rows' gaps
-        full[col] = pd.to_numeric(full[col]).astype("Int64")
+        numbers = pd.to_numeric(full[col], errors="coerce")
+        if numbers.notna().sum() == full[col].notna().sum():  # every value a count (an lm-eval cell's is words)
+            full[col] = numbers.astype("Int64")
     return full
 
 
