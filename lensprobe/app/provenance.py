@@ -24,13 +24,15 @@ import dataclasses
 import importlib.metadata
 
 from lensprobe.core.version import __version__
-from lensprobe.evals.results.published import paper_models
+from lensprobe.evals.results.benchdata import data_readings, data_reasons
+from lensprobe.evals.results.published import paper_models, table_protocol, table_readings
 from lensprobe.evals.running.config import EvalConfig, applied_sampling, with_format_defaults
+from lensprobe.evals.running.protocols import PROTOCOLS, get_protocol
 from lensprobe.interventions.arm import ARM
 from lensprobe.interventions.arm_presets import NoPresetError, arm_preset, model_key
 
-__all__ = ["BENCHMARK_TOTALS", "PAPER_DTYPE", "RUN_FACTS", "arm_facts", "fact_columns", "model_reasons",
-           "parameter_text", "run_facts", "verdict"]
+__all__ = ["BENCHMARK_TOTALS", "PAPER_DTYPE", "RUN_FACTS", "VERDICTS", "arm_facts", "fact_columns", "model_reasons",
+           "parameter_text", "readings", "run_facts", "verdict", "verdict_text", "weights_text"]
 
 BENCHMARK_TOTALS = {"math500": 500, "aime2024": 90, "aime2025": 30}
 """Problems in the authors' sets (their "AIME2024" is the 90 problems of AIME 2022-2024)."""
@@ -59,7 +61,7 @@ def run_facts(model, config: dict, *, name: str) -> dict:
         "dtype": str(ident.get("dtype", "")).removeprefix("torch."),
         "device": _device(model),
         "protocol": gen.protocol, "prompt_format": gen.prompt_format, "max_new_tokens": gen.max_new_tokens,
-        "sampling": applied_sampling(model, gen), "seed": gen.seed,
+        "sampling": applied_sampling(model, gen), "seed": gen.seed, "n_samples": gen.n_samples,
         "run_hash": config.get("hash"),
         "versions": {"lensprobe": __version__, "transformers": importlib.metadata.version("transformers")},
     }
@@ -110,18 +112,25 @@ def _arm_fields(settings: dict) -> dict:
 
 
 def verdict(facts: dict, cell: dict, model, *, paper_runs: int = 1, random: bool = False,
-            table_models: tuple[str, ...] | None = None) -> tuple[bool, list[str]]:
-    """``(comparable, reasons)`` for one cell: comparable only when nothing below differs from the paper's
-    protocol; else every reason, in words.
+            table_models: tuple[str, ...] | None = None, table: str | None = None,
+            arxiv: str = "2510.01032") -> tuple[bool, list[str]]:
+    """``(comparable, reasons)`` for one cell: comparable only when nothing below differs from the published table's
+    protocol and data; else every reason, in words.
 
     Args:
         facts: :func:`run_facts` of the run.
         cell: ``problems`` (run), ``of`` (the benchmark's total, ``None`` when unknown), ``runs``,
-            ``errors`` (rows without a verdict) and ``arm`` (:func:`arm_facts` or ``None``).
-        paper_runs: runs the paper averages for this table.
+            ``errors`` (rows without a verdict) and ``arm`` (:func:`arm_facts` or ``None``); with ``benchmark``,
+            ``data`` (:func:`~lensprobe.evals.results.benchdata.data_facts` of the problems run, ``None`` when not
+            recorded), compared with the benchmark's published file.
+        paper_runs: runs the paper averages (used without ``table``; with it, the table's own).
         random: whether the cell's rows depend on the seed (the model samples, or ARM draws).
         table_models: the models the compared table has numbers for (hub names); ``None``: not checked.
         model: the loaded model (the sampling applied is compared with its own generation config).
+        table: the published table the cell sits beside: its protocol
+            (:func:`~lensprobe.evals.results.published.table_protocol`) is what the run is compared with (prompt,
+            sampling, samples per problem, metric, max new tokens, runs); ``None``: the run's own protocol.
+        arxiv: the paper of ``table``.
     """
     reasons = model_reasons(facts["model"])
     keys = {model_key(m) for m in table_models or ()}
@@ -129,18 +138,68 @@ def verdict(facts: dict, cell: dict, model, *, paper_runs: int = 1, random: bool
         reasons.append(f"the table has no number for {facts['model']['name']} (it has {', '.join(table_models)})")
     if facts["dtype"] != PAPER_DTYPE:
         reasons.append(f"dtype {facts['dtype']}; the authors ran {PAPER_DTYPE}")
-    reasons += _protocol_reasons(facts, model)
+    published = table_protocol(table, arxiv) if table is not None else None
+    reasons += _protocol_reasons(facts, model, published, table)
+    if "benchmark" in cell:
+        reasons += data_reasons(cell["benchmark"], cell.get("data"), arxiv)
     if cell["of"] is None or cell["problems"] != cell["of"]:
         reasons.append(f"{cell['problems']} problems run of the benchmark's {cell['of'] or 'unknown number'}")
     if cell["errors"]:
-        reasons.append(f"{cell['errors']} error row(s) without a verdict, so n is {cell['errors']} lower")
-    if random and cell["runs"] != paper_runs:
-        reasons.append(f"{cell['runs']} run(s) of a cell that varies with the seed; the paper averages {paper_runs}")
+        reasons.append(f"{cell['errors']} error row(s) without a verdict, so {cell['errors']} sample(s) fewer are "
+                       "graded")
+    runs = published["runs"] if published is not None else paper_runs
+    if random and cell["runs"] != runs:
+        whose = f"Table {table}" if table is not None else "the paper"
+        reasons.append(f"{cell['runs']} run(s) of a cell that varies with the seed; {whose} averages {runs}")
     arm = cell.get("arm")
     if arm is not None and arm["settings"] != arm["preset"]:
         reasons.append(f"ARM settings {_settings_text(arm['settings'])} are not the authors' preset for this model "
                        f"and benchmark ({_settings_text(arm['preset']) if arm['preset'] else 'none'})")
     return not reasons, reasons
+
+
+def readings(facts: dict, *, benchmark: str, condition: str, table: str | None, random: bool = False,
+             arxiv: str = "2510.01032") -> list[str]:
+    """What a cell's comparison rests on that the paper does not say and lensprobe reads into it (the table's and
+    the condition's readings, shipped with the published numbers; the benchmark's data; the runs a table does not
+    state, for a cell that varies with the seed), and whether the weights were verified: every item a sentence.
+
+    Example:
+        >>> readings(facts, benchmark="math500", condition="w/o", table="4")[0][:33]
+        'Table 4 does not name its model: '
+    """
+    out = [*table_readings(table, condition, arxiv)] if table is not None else []
+    out += data_readings(benchmark, arxiv)
+    if table is not None and random and table_protocol(table, arxiv).get("runs_reading"):
+        out.append(table_protocol(table, arxiv)["runs_reading"])
+    weights = weights_text(facts["model"])
+    return out + ([weights] if weights else [])
+
+
+def weights_text(model: dict) -> str:
+    """For a model named after one of the paper's: whether its weights digest was compared with the published
+    checkpoint's (``weights_sha256`` in the paper's model data; none ships yet, so: not verified). ``""`` for
+    another model (its name already makes it not comparable)."""
+    paper = paper_models().get(model_key(model["name"]))
+    if paper is None:
+        return ""
+    if paper.get("weights"):
+        same = paper["weights"] == model.get("weights")
+        return "" if same else (f"the weights digest {model.get('weights')} is not {paper['hub']}'s published "
+                                f"{paper['weights']}")
+    return (f"the weights were not verified: lensprobe ships no digest of {paper['hub']}'s published weights to "
+            f"compare the run's ({model.get('weights') or 'not recorded'}) with; several of the paper's models share "
+            "one configuration")
+
+
+VERDICTS = ("comparable", "comparable, on lensprobe's reading", "not comparable")
+"""The words of ``run: comparable``."""
+
+
+def verdict_text(comparable: bool, rests_on: list[str]) -> str:
+    """``"comparable"``, ``"comparable, on lensprobe's reading"`` (it rests on a reading or unverified weights) or
+    ``"not comparable"``."""
+    return VERDICTS[2] if not comparable else VERDICTS[1] if rests_on else VERDICTS[0]
 
 
 def model_reasons(model: dict) -> list[str]:
@@ -157,17 +216,36 @@ def model_reasons(model: dict) -> list[str]:
     return []
 
 
-def _protocol_reasons(facts: dict, model) -> list[str]:
+def _protocol_reasons(facts: dict, model, published: dict | None = None, table: str | None = None) -> list[str]:
+    """Every way the run's protocol differs from ``published`` (a table's protocol; ``None``: the run's own)."""
     name = facts["protocol"]
+    want = published["lensprobe"] if published is not None else name
     reasons = [] if name else [f"prompt format {facts['prompt_format']!r} without the authors' protocol (their raw "
                                 "prompt and grading)"]
-    theirs = EvalConfig(**with_format_defaults(model, {"protocol": name} if name else {"prompt_format": "paper"}))
+    whose = f"Table {table}'s" if table is not None else "the authors'"
+    if published is not None and want not in PROTOCOLS:  # lm-eval tasks: not a generation protocol
+        return reasons + ([f"protocol {name}; {whose} numbers come from {published['format']} ({published['source']})"]
+                          if name else [])
+    if name and want and name != want:
+        reasons.append(f"protocol {name}; {whose} is {want} ({published['format'] if published else ''} prompt, "
+                       f"sampling {published['sampling'] if published else ''}, {published['metric'] if published else ''})")
+        if get_protocol(name).system != get_protocol(want).system:
+            reasons.append(f"instruction {get_protocol(name).system!r}; {whose} is {get_protocol(want).system!r}")
+        k, theirs_k = get_protocol(name).k, get_protocol(want).k
+        if k != theirs_k:
+            reasons.append(f"metric pass@{k or 1}; {whose} is {published['metric'] if published else f'pass@{theirs_k or 1}'}")
+    theirs = EvalConfig(**with_format_defaults(model, {"protocol": want} if want else {"prompt_format": "paper"}))
     if facts["max_new_tokens"] != theirs.max_new_tokens:
-        reasons.append(f"max_new_tokens {facts['max_new_tokens']}; the authors' is {theirs.max_new_tokens}")
+        reasons.append(f"max_new_tokens {facts['max_new_tokens']}; {whose} is {theirs.max_new_tokens}")
+    samples = facts.get("n_samples", 1)
+    if samples != theirs.n_samples:
+        reasons.append(f"{samples} sample(s) per problem; {whose} is {theirs.n_samples}")
     wanted = applied_sampling(model, theirs)
     diff = [f"{f}={v} (theirs {wanted.get(f)})" for f, v in facts["sampling"].items() if wanted.get(f) != v]
     if diff:
-        reasons.append("sampling " + ", ".join(diff) + ": not the model's own generation config as the authors ran it")
+        how = (f"{whose} ({published['sampling']}, on the model's generation config)" if published is not None
+               else "the model's own generation config as the authors ran it")
+        reasons.append("sampling " + ", ".join(diff) + ": not " + how)
     return reasons
 
 
@@ -211,5 +289,16 @@ def fact_columns(facts: dict, cell: dict, reasons: list[str]) -> dict:
         "run: problems": f"{cell['problems']} of {cell['of'] or 'an unknown number'}",
         "run: seeds": ", ".join(str(s) for s in cell["seeds"]), "run: error rows": cell["errors"],
         "run: ARM": _settings_text(arm["settings"]) if arm else "", "run: ARM source": arm["source"] if arm else "",
-        "run: why not comparable": "; ".join(reasons),
+        **_data_columns(cell.get("data")),
+        "run: why not comparable": "; ".join(reasons), "run: readings": "; ".join(cell.get("readings", [])),
     }
+
+
+def _data_columns(data: dict | str | None) -> dict:
+    """The problems file a cell ran: its path, size and problems, and its SHA-256 (an lm-eval cell: its task file)."""
+    if isinstance(data, str):
+        return {"run: problems file": data, "run: problems file SHA-256": ""}
+    if data is None:
+        return {"run: problems file": "", "run: problems file SHA-256": ""}
+    return {"run: problems file": f"{data['path']} ({data['problems']} problems, {data['size']} bytes)",
+            "run: problems file SHA-256": data["sha256"]}

@@ -236,6 +236,7 @@ def _recipe(data: dict, where: str, default_name: str) -> Recipe:
     if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
         raise LensprobeError(f"{where}: name {name!r} must be letters, digits, '.', '_' and '-' (it names the output "
                              "folder): e.g. name = \"my-table1\".")
+    _check_shipped_name(name, data, where)
     define, conditions = _own_names(_defines(data.get("define", {}), where), lists["conditions"], where)
     return Recipe(name=name, title=str(data.get("title", default_name)), kind=kind,
                   arxiv=str(data.get("arxiv", "2510.01032")), table=_opt(data.get("table")),
@@ -245,6 +246,19 @@ def _recipe(data: dict, where: str, default_name: str) -> Recipe:
                   settings=_settings(data.get("settings", {}), where), curve=data.get("curve"),
                   best_of=data.get("best_of"), metrics=dict(data.get("metrics", {})),
                   sources=dict(data.get("sources", {})))
+
+
+def _check_shipped_name(name: str, data: dict, where: str) -> None:
+    """Refuse a recipe file that takes a shipped recipe's name with other content: its table would pass for the
+    shipped run's (and a folder holding the shipped run would take it for its own)."""
+    shipped = _shipped().get(name)
+    if shipped is None or where == f"recipe {name!r}":
+        return
+    theirs = tomllib.loads(shipped.read_text(encoding="utf-8"))
+    if {k: v for k, v in data.items() if k != "name"} != {k: v for k, v in theirs.items() if k != "name"}:
+        raise LensprobeError(f"{where}: its name {name!r} is a shipped recipe's, but its content differs from the "
+                             f"shipped one: give it a name of its own (name = \"my-{name}\"), or run the shipped "
+                             f"recipe by its name.")
 
 
 def _check_extras(data: dict, kind: str, protocol: str | None, benchmarks: tuple[str, ...], where: str) -> None:

@@ -32,8 +32,10 @@ from lensprobe.app.provenance import (
     RUN_FACTS,
     arm_facts,
     fact_columns,
+    readings,
     run_facts,
     verdict,
+    verdict_text,
 )
 from lensprobe.app.recipe import Recipe, load_recipe
 from lensprobe.app.reproduce_figures import curve_sections, figure_sections
@@ -49,12 +51,13 @@ from lensprobe.app.reproduce_tables import (
     markdown_table,
     model_note,
     recipe_conditions,
-    recipe_problems,
+    recipe_data,
     run_numbers,
 )
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.capabilities import capabilities
 from lensprobe.core.lazy import pandas
+from lensprobe.core.models.facts import model_facts
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.storage.store import atomic_file, atomic_write_json, atomic_write_text, read_json
 from lensprobe.evals.results.folder import read_config
@@ -221,11 +224,12 @@ class _Run:
 
 def _table(run: _Run, out: Path | None, data: dict, limit) -> ReproduceResult:
     pd = pandas()
-    problem_sets, notes = recipe_problems(run.recipe, data, limit)
+    problem_sets, data_facts, notes = recipe_data(run.recipe, data, limit)
     samples = model_samples(run.model) or bool(run.recipe.protocol and
                                                get_protocol(run.recipe.protocol).settings.get("do_sample"))
     results, cells, sections = [], [], []
-    planned = {b: recipe_conditions(run.recipe, run.model, b, run.arm, arm_source=run.arm_source) for b in problem_sets}
+    planned = {b: recipe_conditions(run.recipe, run.model, b, run.arm, arm_source=run.arm_source, name=run.name)
+               for b in problem_sets}
     for bench, (conds, _) in planned.items():  # every benchmark's conditions, before the first forward
         check_fits(run.model, bench, problem_sets[bench], conds, run.settings)
     for bench, problems in problem_sets.items():
@@ -237,8 +241,8 @@ def _table(run: _Run, out: Path | None, data: dict, limit) -> ReproduceResult:
             rows = [rows for _, rows, _ in seeded if (rows["condition"] == cond.name).any()]
             for name, cell_runs, extra in sample_rows(run.recipe, cond.name, rows):
                 numbers = {**run_numbers(name, cell_runs), **extra}
-                cell = _cell(run, bench, cond.name, name, seeded, numbers, len(problems), varies)
-                numbers["run: comparable"] = "comparable" if cell["comparable"] else "not comparable"
+                cell = _cell(run, bench, cond.name, name, seeded, numbers, len(problems), varies, data_facts[bench])
+                numbers["run: comparable"] = cell["verdict"]
                 results.append({"benchmark": bench, "condition": name, **numbers})
                 cells.append(cell)
         notes += _runs_notes(run, bench, conds, samples)
@@ -298,18 +302,27 @@ def _varies(cond, samples: bool) -> bool:
 
 
 def _cell(run: _Run, bench: str, source: str, name: str, seeded: list, numbers: dict, n_problems: int,
-          varies: bool) -> dict:
+          varies: bool, data: dict | None = None) -> dict:
     """The cell of row ``name`` (condition ``source``'s own row, or a row computed from it: Best-of-N)."""
     seeds = [s for s, rows, _ in seeded if (rows["condition"] == source).any()]
     config = seeded[0][2]
     facts = run_facts(run.model, config, name=run.name)
-    arm = arm_facts(config["parts"].get(source, {}), run.model, bench)  # the preset that ran
-    cell = {"problems": n_problems, "of": BENCHMARK_TOTALS.get(bench), "runs": len(seeds), "seeds": seeds,
-            "errors": numbers.pop("errors"), "arm": arm}
+    arm = arm_facts(config["parts"].get(source, {}), _named(run), bench)  # the preset that ran
+    cell = {"benchmark": bench, "problems": n_problems, "of": BENCHMARK_TOTALS.get(bench), "runs": len(seeds),
+            "seeds": seeds, "errors": numbers.pop("errors"), "arm": arm, "data": data}
     comparable, reasons = verdict(facts, cell, run.model, paper_runs=run.recipe.runs, random=varies,
-                                  table_models=run.recipe.models)
-    return {"benchmark": bench, "condition": name, "facts": facts, **cell, "varies with the seed": varies,
-            "comparable": comparable, "reasons": reasons, "columns": fact_columns(facts, cell, reasons)}
+                                  table_models=run.recipe.models, table=run.recipe.table, arxiv=run.recipe.arxiv)
+    cell["readings"] = readings(facts, benchmark=bench, condition=name, table=run.recipe.table, random=varies,
+                                arxiv=run.recipe.arxiv)
+    return {"condition": name, "facts": facts, **cell, "varies with the seed": varies,
+            "comparable": comparable, "verdict": verdict_text(comparable, cell["readings"]), "reasons": reasons,
+            "columns": fact_columns(facts, cell, reasons)}
+
+
+def _named(run: _Run):
+    """The model as ARM presets see it: its facts under the name given (``model_name=``), so the preset and the
+    verdict are the same model's."""
+    return dataclasses.replace(model_facts(run.model), name=run.name)
 
 
 def _runs_notes(run: _Run, bench: str, conds, samples: bool) -> list[str]:
@@ -332,8 +345,10 @@ def _write_table(run: _Run, out: Path, table, cells: list[dict], sections: list,
              _metric_text(recipe) + _published_text(recipe),
              *([recipe.notes] if recipe.notes else []),
              *notes]
-    verdicts = [f"{c['benchmark']} / {c['condition']}: " + ("comparable" if c["comparable"] else
-                "not comparable: " + "; ".join(c["reasons"])) + f" (problems {c['columns']['run: problems']}, seeds "
+    verdicts = [f"{c['benchmark']} / {c['condition']}: " + c["verdict"]
+                + (": " + "; ".join(c["reasons"]) if c["reasons"] else "")
+                + ("; it rests on: " + "; ".join(c["readings"]) if c["readings"] else "")
+                + f" (problems {c['columns']['run: problems']}, seeds "
                 f"{c['columns']['run: seeds'] or 'none'}, error rows {c['errors']}"
                 + (f", ARM {c['columns']['run: ARM']} from {c['columns']['run: ARM source']}" if c["arm"] else "") + ")"
                 for c in cells]
@@ -365,7 +380,18 @@ def _with_facts(table, cells: list[dict]):
     """``table`` with each run cell's facts as ``run: ...`` columns (published-only rows leave them empty)."""
     pd = pandas()
     facts = pd.DataFrame([{"benchmark": c["benchmark"], "condition": c["condition"], **c["columns"]} for c in cells])
-    return table.merge(facts, on=["benchmark", "condition"], how="left") if cells else table
+    if not cells:
+        return table
+    full = table.merge(facts, on=["benchmark", "condition"], how="left")
+    for col in (c for c in COUNT_FACTS if c in full):  # counts stay integers beside the published-only rows' gaps
+        numbers = pd.to_numeric(full[col], errors="coerce")
+        if numbers.notna().sum() == full[col].notna().sum():  # every value a count (an lm-eval cell's is words)
+            full[col] = numbers.astype("Int64")
+    return full
+
+
+COUNT_FACTS = ("run: max new tokens", "run: error rows")
+"""The fact columns that are counts (written as integers, ``2`` never ``2.0``)."""
 
 
 def _json(recipe: Recipe, table, cells: list[dict], notes: list[str]) -> dict:

@@ -21,15 +21,17 @@ from typing import Any
 
 from lensprobe.app.provenance import fact_columns, model_reasons, run_facts
 from lensprobe.app.recipe import Recipe
-from lensprobe.app.reproduce_tables import RUN_N
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.prompts.conditions import resolve_conditions
 from lensprobe.core.storage.files import read_text
 from lensprobe.core.storage.runidentity import model_identity
+from lensprobe.evals.results.published import table_readings
 from lensprobe.interventions.arm import ARM
 
 __all__ = ["LMEVAL_COLUMNS", "check_lmeval_data", "lmeval_cells"]
 
+RUN_N = "run: documents scored"
+"""The lm-eval task's documents scored (lm-eval's ``n``)."""
 LMEVAL_COLUMNS = (RUN_N, "run: accuracy (lm-eval)", "run: 95% CI low", "run: 95% CI high", "run: metric",
                   "run: comparable")
 """The run's columns of an lm-eval recipe (named so that none reads as the paper's)."""
@@ -172,5 +174,7 @@ def _cell(recipe: Recipe, task: str, row: dict, facts: dict, arm: Any, arm_from:
     cell = {"problems": row["numbers"][RUN_N], "of": None, "runs": 1, "seeds": [], "errors": 0,
             "arm": {"settings": settings, "source": arm_from, "preset": None} if arm is not None else None,
             "data": str(where) if where else recipe.sources.get(task, f"lm-eval task {task}")}
+    cell["readings"] = table_readings(recipe.table, row["condition"], recipe.arxiv) if recipe.table else []
     return {"benchmark": task, "condition": row["condition"], "facts": facts, **cell, "varies with the seed": False,
-            "comparable": False, "reasons": reasons, "columns": fact_columns(facts, cell, reasons)}
+            "comparable": False, "verdict": "not comparable", "reasons": reasons,
+            "columns": fact_columns(facts, cell, reasons)}

@@ -12,10 +12,11 @@ from lensprobe.app.provenance import model_reasons, parameter_text
 from lensprobe.app.recipe import Recipe
 from lensprobe.core.errors import ContextLengthError, LensprobeError
 from lensprobe.core.lazy import pandas
+from lensprobe.core.models.facts import model_facts
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.prompts.assembly import model_context
 from lensprobe.core.prompts.conditions import PromptFormat, paper_conditions, resolve_conditions
-from lensprobe.evals.problems.load import load_math500, load_problems
+from lensprobe.evals.results.benchdata import load_benchmark
 from lensprobe.evals.results.published import paper_models, published_table
 from lensprobe.evals.results.stats import accuracy
 from lensprobe.evals.running.config import EvalConfig, with_format_defaults
@@ -23,15 +24,20 @@ from lensprobe.evals.running.protocols import arm_layer_defaults, get_protocol
 from lensprobe.interventions.arm import ARM
 from lensprobe.interventions.arm_presets import benchmark_key, model_key
 
-__all__ = ["RUN_COLUMNS", "RUN_N", "beside_published", "cell_text", "check_fits", "check_kind_settings", "markdown_table", "model_note", "recipe_conditions",
-           "recipe_problems", "run_numbers"]
+__all__ = ["RUN_COLUMNS", "RUN_N", "RUN_PROBLEMS", "beside_published", "cell_text", "check_fits", "check_kind_settings", "markdown_table", "model_note", "recipe_conditions",
+           "recipe_data", "recipe_problems", "run_numbers"]
 
-RUN_N = "run: n"
-"""The run's column of graded rows (its other columns: :data:`RUN_COLUMNS`)."""
-RUN_COLUMNS = (RUN_N, "run: accuracy (authors' grader)", "run: 95% CI low", "run: 95% CI high", "run: runs",
-               "run: sd over runs", "run: accuracy (math-verify)", "run: comparable")
-"""This run's columns, named so that none reads as the paper's: the authors' grader (``paper-exact``, the mean over
-the runs), its 95% Wilson interval (one run), the runs and their standard deviation, math-verify, the verdict."""
+RUN_N = "run: samples graded"
+"""The run's column of graded rows, one per sample of a problem (error rows left out; its other columns:
+:data:`RUN_COLUMNS`)."""
+RUN_PROBLEMS = "run: problems graded"
+"""The run's column of problems with at least one graded sample (``run: samples graded`` over the samples per
+problem, when none failed)."""
+RUN_COLUMNS = (RUN_PROBLEMS, "run: accuracy (authors' grader)", "run: 95% CI low", "run: 95% CI high", "run: runs",
+               "run: sd over runs", "run: accuracy (math-verify)", "run: comparable", RUN_N)
+"""This run's columns, named so that none reads as the paper's: problems graded, the authors' grader (``paper-exact``,
+the mean over the runs), its 95% Wilson interval (one run), the runs and their standard deviation, math-verify, the
+verdict, and samples graded."""
 BUILT_IN = ("math500",)
 """Benchmarks whose problems lensprobe ships; the others need a data file."""
 
@@ -57,7 +63,8 @@ def data_files(recipe: Recipe, data: dict[str, str | os.PathLike]) -> dict[str, 
 
 def recipe_problems(recipe: Recipe, data: dict[str, str | os.PathLike], limit: int | None
                     ) -> tuple[dict[str, list], list[str]]:
-    """``benchmark -> problems`` for the recipe's benchmarks that have data, and notes on the others.
+    """``benchmark -> problems`` for the recipe's benchmarks that have data, and notes on the others
+    (:func:`recipe_data` without what each set was read from).
 
     Raises:
         LensprobeError: a data file for a benchmark the recipe does not run, or a missing file.
@@ -67,19 +74,29 @@ def recipe_problems(recipe: Recipe, data: dict[str, str | os.PathLike], limit: i
         >>> list(sets), notes[0][:40]
         (['math500'], 'aime2024: no problems (lensprobe ships ')
     """
+    sets, _, notes = recipe_data(recipe, data, limit)
+    return sets, notes
+
+
+def recipe_data(recipe: Recipe, data: dict[str, str | os.PathLike], limit: int | None
+                ) -> tuple[dict[str, list], dict[str, dict], list[str]]:
+    """``benchmark -> problems`` for the recipe's benchmarks that have data, ``benchmark -> what they were read
+    from`` (:func:`~lensprobe.evals.results.benchdata.data_facts`: path, size, problems, SHA-256), and notes on the
+    benchmarks without data. Ids come from the benchmark named (:func:`~lensprobe.evals.results.benchdata.load_benchmark`).
+
+    Raises:
+        LensprobeError: a data file for a benchmark the recipe does not run, or a missing file.
+    """
     files = data_files(recipe, data)
-    sets, notes = {}, []
+    sets, facts, notes = {}, {}, []
     for bench in recipe.benchmarks:
-        if bench in files:
-            problems = load_problems(files[bench])
-        elif bench in BUILT_IN:
-            problems = load_math500()
-        else:
+        if bench not in files and bench not in BUILT_IN:
             notes.append(f"{bench}: no problems (lensprobe ships MATH-500 only): pass --benchmark-data {bench}=FILE "
                          "(data={'" + bench + "': FILE}) to run it; the published numbers are shown alone.")
             continue
+        problems, facts[bench] = load_benchmark(bench, files.get(bench))
         sets[bench] = problems[:limit] if limit is not None else problems
-    return sets, notes
+    return sets, facts, notes
 
 
 def check_kind_settings(recipe: Recipe, *, limit: int | None = None, runs: int | None = None,
@@ -139,11 +156,12 @@ def check_fits(model, bench: str, problems: list, conds: list, settings: dict) -
 
 
 def recipe_conditions(recipe: Recipe, model, bench: str, arm: Any = None, *,
-                      arm_source: str = "code") -> tuple[list, list[str]]:
+                      arm_source: str = "code", name: str | None = None) -> tuple[list, list[str]]:
     """The recipe's conditions on ``bench`` (its ``define`` entries built from the protocol's prompt),
     and notes: ARM conditions are dropped when the model has no preset there and no ``arm`` is given.
     ARM conditions attach ``arm`` (or ``arm[bench]``), else the model's preset on ``bench`` from
-    ``arm_source`` (``"code"`` or ``"paper"``; the decoder-layer defaults under a protocol that runs them).
+    ``arm_source`` (``"code"`` or ``"paper"``; the decoder-layer defaults under a protocol that runs them). ``name``:
+    the model's name as given (``model_name=``), which picks the preset where the configuration does not.
 
     Example:
         >>> conds, notes = recipe_conditions(load_recipe("arm-table3a"), model, "math500")
@@ -165,7 +183,8 @@ def recipe_conditions(recipe: Recipe, model, bench: str, arm: Any = None, *,
         arm = arm.get(bench)
     if arm is None and any(n == "ARM" or n.endswith("+ARM") for n in names):
         try:
-            arm = ARM.preset(model, bench, source=arm_source,  # type: ignore[arg-type]
+            named = dataclasses.replace(model_facts(model), name=name) if name else model
+            arm = ARM.preset(named, bench, source=arm_source,  # type: ignore[arg-type]
                              layer_defaults=arm_layer_defaults(recipe.protocol))
         except LensprobeError as err:
             names = [n for n in names if not (n == "ARM" or n.endswith("+ARM"))]
@@ -234,7 +253,7 @@ def _row_order(run, recipe: Recipe) -> dict:
 
 def _typed(table):
     """The run's counts as integers and its percentages as floats (``None`` where not measured)."""
-    for col in (c for c in (RUN_N, RUN_COLUMNS[4]) if c in table):  # counts (published-only rows have none)
+    for col in (c for c in (RUN_N, RUN_PROBLEMS, RUN_COLUMNS[4], "run: documents scored") if c in table):  # counts (published-only rows have none)
         table[col] = table[col].astype("Int64")
     percent = [c for c in table.columns if c in (*RUN_COLUMNS[1:4], *RUN_COLUMNS[5:7])
                or (c.startswith("run: ") and ("pass@" in c or "(lm-eval)" in c))]
@@ -244,26 +263,28 @@ def _typed(table):
 
 
 def run_numbers(name: str, runs: list) -> dict:
-    """One condition's numbers over its seeded runs (``runs``: each run's result rows): graded rows ``n``
-    (the first run's), the authors' grader's mean accuracy in percent, its 95% Wilson interval (one run
+    """One condition's numbers over its seeded runs (``runs``: each run's result rows): the first run's problems with
+    a graded sample and its graded samples (rows), the authors' grader's mean accuracy in percent, its 95% Wilson interval (one run
     only), the runs, their standard deviation (two or more), math-verify's mean, and ``errors`` (rows
     without a verdict, over all runs)."""
     exact: list[float] = []
     mv: list[float] = []
     n: int | None = None
+    problems: int | None = None
     errors, low, high = 0, 0.0, 0.0
     for rows in runs:
         mine = rows[rows["condition"] == name]
         graded = mine[mine["paper-exact"].notna()]
         errors += len(mine) - len(graded)
         n = len(graded) if n is None else n
+        problems = int(graded["problem_id"].nunique()) if problems is None else problems
         if len(graded):
             acc = accuracy(graded, "condition", grader="paper-exact").iloc[0]
             exact.append(100 * acc["accuracy"])
             low, high = 100 * acc["low"], 100 * acc["high"]
             mv.append(100 * graded["math-verify"].astype(float).mean())
     one = len(runs) == 1 and bool(exact)
-    return {RUN_N: n, RUN_COLUMNS[1]: _mean(exact), RUN_COLUMNS[2]: round(low, 1) if one else None,
+    return {RUN_PROBLEMS: problems, RUN_N: n, RUN_COLUMNS[1]: _mean(exact), RUN_COLUMNS[2]: round(low, 1) if one else None,
             RUN_COLUMNS[3]: round(high, 1) if one else None, RUN_COLUMNS[4]: len(runs),
             RUN_COLUMNS[5]: round(statistics.stdev(exact), 1) if len(exact) > 1 else None,
             RUN_COLUMNS[6]: _mean(mv), "errors": errors}

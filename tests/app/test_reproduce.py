@@ -76,11 +76,11 @@ def test_table_recipe_on_the_tiny_model(tmp_path, tiny):
         mine = [r for r in rows if r["condition"] == cond and r["finish"] != "error"]
         by_hand = [grade_paper_exact(r["prompt"] + r["generation"], r["answer"]) for r in mine]
         got = table[(table["benchmark"] == "math500") & (table["condition"] == cond)]
-        assert got["run: n"].item() == len(mine)
+        assert got["run: samples graded"].item() == len(mine)
         assert got["run: accuracy (authors' grader)"].item() == round(100 * sum(by_hand) / len(by_hand), 1)
         assert got["run: accuracy (math-verify)"].item() == round(
             100 * sum(bool(r["math-verify"]) for r in mine) / len(mine), 1)
-    assert table[table["benchmark"] == "aime2024"]["run: n"].isna().all()  # no AIME data given: published only
+    assert table[table["benchmark"] == "aime2024"]["run: samples graded"].isna().all()  # no AIME data given: published only
     assert any("aime2024: no problems" in n and "--benchmark-data aime2024=FILE" in n for n in res.notes)
     config = json.loads((out / "runs" / "math500" / "config.json").read_text())
     assert config["settings"]["generation"]["protocol"] == "arm-math500"
@@ -88,7 +88,7 @@ def test_table_recipe_on_the_tiny_model(tmp_path, tiny):
     md = (out / "table.md").read_text()
     assert "not one of the paper's models" in md and "| 63.9 |" in md
     csv = pd.read_csv(out / "table.csv")  # the table, then each cell's facts
-    pd.testing.assert_frame_equal(csv[table.columns], table.astype({"run: n": "float64", "run: runs": "float64"}),
+    pd.testing.assert_frame_equal(csv[table.columns], table.astype({"run: samples graded": "float64", "run: runs": "float64"}),
                                   check_dtype=False)
     assert (out / "report" / "index.html").is_file()
 
@@ -102,11 +102,11 @@ def test_a_users_own_recipe_file(tmp_path, tiny):
     # "w/ Mless ?" is Table 5's condition (55 "?"); 3 of them is another condition, renamed visibly, never shown
     # beside the paper's number, whose row stays on its own (published only)
     mine = "w/ Mless ? (own definition)"
-    run = res.table[res.table["run: n"].notna()]
+    run = res.table[res.table["run: samples graded"].notna()]
     assert list(run["condition"]) == [mine, "w/o"]
     assert run["Qwen2.5-Math-7b (Table 5)"].isna().tolist() == [True, False]
     paper = res.table[res.table["condition"] == "w/ Mless ?"]
-    assert paper["run: n"].isna().all() and paper["Qwen2.5-Math-7b (Table 5)"].tolist() == [69.6, 22.2]
+    assert paper["run: samples graded"].isna().all() and paper["Qwen2.5-Math-7b (Table 5)"].tolist() == [69.6, 22.2]
     rows = lp.evals.load_results(tmp_path / "o" / "runs" / "math500")
     prompt = rows[rows["condition"] == mine]["prompt"].item()
     assert prompt.startswith(lp.PAPER_SYSTEM_PROMPT + "? ? ?") and "? ? ? ?" not in prompt

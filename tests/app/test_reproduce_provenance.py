@@ -52,7 +52,7 @@ def test_every_cell_carries_the_facts_its_folder_records(tmp_path, tiny):
     lp.reproduce("arm-table1", tiny, out=out, limit=2, max_new_tokens=3, progress=False)
     config = json.loads((out / "runs" / "math500" / "config.json").read_text())
     csv = pd.read_csv(out / "table.csv", dtype={"run: seeds": str})
-    run = csv[csv["run: n"].notna()]
+    run = csv[csv["run: samples graded"].notna()]
     assert len(run) == 2
     for _, row in run.iterrows():
         assert row["run: weights digest"] == config["settings"]["model"]["weights"]
@@ -90,7 +90,7 @@ def test_the_verdict_names_each_difference_from_the_protocol(tiny):
         ({**facts, "dtype": "bfloat16"}, whole, {}, f"dtype bfloat16; the authors ran {PAPER_DTYPE}"),
         ({**facts, "max_new_tokens": 512}, whole, {}, "max_new_tokens 512; the authors' is 2048"),
         (facts, {**whole, "problems": 50}, {}, "50 problems run of the benchmark's 500"),
-        (facts, {**whole, "errors": 3}, {}, "3 error row(s) without a verdict, so n is 3 lower"),
+        (facts, {**whole, "errors": 3}, {}, "3 error row(s) without a verdict, so 3 sample(s) fewer are graded"),
         (facts, whole, {"paper_runs": 5, "random": True}, "1 run(s) of a cell that varies with the seed"),
         ({**facts, "model": {**facts["model"], "d_vocab": 1}}, whole, {}, "vocabulary 1 (published 152064)"),
         ({**facts, "model": {**facts["model"], "name": "my-org/other"}}, whole, {}, "not one of the paper's models"),
@@ -123,14 +123,14 @@ def test_seeded_runs_of_a_sampling_model_report_their_mean_and_spread(tmp_path):
         assert config["settings"]["generation"]["do_sample"] is True
         rows = _rows(folder)
         by_hand.append(100 * sum(r["paper-exact"] for r in rows) / len(rows))
-    row = res.table[res.table["run: n"].notna()].iloc[0]
-    assert row["run: runs"] == 3 and row["run: n"] == 3
+    row = res.table[res.table["run: samples graded"].notna()].iloc[0]
+    assert row["run: runs"] == 3 and row["run: samples graded"] == 3
     assert row["run: accuracy (authors' grader)"] == round(statistics.fmean(by_hand), 1)
     assert row["run: sd over runs"] == round(statistics.stdev(by_hand), 1)
     assert pd.isna(row["run: 95% CI low"])  # an interval of one run would misstate the mean of three
     cell = res.cells[0]
     assert cell["seeds"] == [0, 1, 2] and cell["varies with the seed"]
-    assert any("3 run(s) of a cell that varies with the seed; the paper averages 5" in r for r in cell["reasons"])
+    assert any("3 run(s) of a cell that varies with the seed; Table 1 averages 5" in r for r in cell["reasons"])
     assert not (out / "runs" / "math500.seed3").exists()
 
 
@@ -140,7 +140,7 @@ def test_a_greedy_model_runs_once_and_says_why_and_arm_runs_every_seed(tmp_path,
                       'conditions = ["w/o", "ARM"]\nruns = 3\n')
     arm = lp.ARM(c=0.05, percentile=90)
     res = lp.reproduce(str(recipe), tiny, out=tmp_path / "o", limit=2, max_new_tokens=3, arm=arm, progress=False)
-    ran = res.table[res.table["run: n"].notna()]
+    ran = res.table[res.table["run: samples graded"].notna()]
     runs = dict(zip(ran["condition"], ran["run: runs"], strict=True))
     assert runs["w/o"] == 1 and runs["ARM"] == 3  # ARM draws random numbers: its rows depend on the seed
     assert any("w/o ran once of 3 runs: the loaded model's generation config does not sample" in n
@@ -164,14 +164,14 @@ def test_graders_read_only_the_generated_text_of_a_chat_prompt(tmp_path, tiny):
     for r in rows:  # what would be the prompt's empty box, accepted for every problem, is never read
         assert r["paper-exact"] == grade_paper_exact(r["generation"], r["answer"])
     wo = [r for r in rows if r["condition"] == "w/o"]
-    got = res.table[res.table["run: n"].notna()].set_index("condition")
+    got = res.table[res.table["run: samples graded"].notna()].set_index("condition")
     assert got.loc["w/o", "run: accuracy (authors' grader)"] == round(
         100 * sum(r["paper-exact"] for r in wo) / len(wo), 1) < 100
     assert any("without the authors' protocol" in r for r in res.cells[0]["reasons"])
     # the error row: no verdict, n one lower, and the cell says so
-    assert got.loc["w/o", "run: n"] == 2 and got.loc["w/ Mless", "run: n"] == 1
+    assert got.loc["w/o", "run: samples graded"] == 2 and got.loc["w/ Mless", "run: samples graded"] == 1
     mless = next(c for c in res.cells if c["condition"] == "w/ Mless")
-    assert mless["errors"] == 1 and any("1 error row(s) without a verdict, so n is 1 lower" in r
+    assert mless["errors"] == 1 and any("1 error row(s) without a verdict, so 1 sample(s) fewer are graded" in r
                                         for r in mless["reasons"])
 
 

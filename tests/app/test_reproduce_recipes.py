@@ -44,7 +44,7 @@ def test_table7_base_models_beside_the_published_numbers(tmp_path, tiny):
     for cond in ("w/o", "ARM"):
         mine = [r for r in rows if r["condition"] == cond and r["finish"] != "error"]
         got = table[(table["benchmark"] == "math500") & (table["condition"] == cond)]
-        assert got["run: n"].item() == len(mine) == 2
+        assert got["run: samples graded"].item() == len(mine) == 2
         assert got[ACC].item() == _pct(r["paper-exact"] for r in mine)
     arm_cell = next(c for c in res.cells if c["condition"] == "ARM")
     assert arm_cell["columns"]["run: ARM"].startswith("layer=0, c=0.13, percentile=99.5")
@@ -77,7 +77,7 @@ def test_figure8_filler_lengths_and_the_curve(tmp_path, tiny):
         name = list(lengths)[cond]
         graded = rows[(rows["condition"] == name) & rows["paper-exact"].notna()]
         assert acc == pytest.approx(graded["paper-exact"].astype(bool).mean())
-        assert res.table[res.table["condition"] == name]["run: n"].item() == len(graded)
+        assert res.table[res.table["condition"] == name]["run: samples graded"].item() == len(graded)
 
 
 def test_figure10_meaningful_control(tmp_path, tiny):
@@ -165,14 +165,14 @@ def test_table8_sampling_and_best_of_n(tmp_path, tiny):
     rows = pd.DataFrame(_rows(out / "runs" / "math500"))
     for cond, best in (("w/o", "Best-of-N (N=5)"), ("ARM", "Best-of-N (N=5)+ARM")):
         mine = rows[rows["condition"] == cond]
-        assert math[math["condition"] == cond]["run: n"].item() == len(mine) == 10
+        assert math[math["condition"] == cond]["run: samples graded"].item() == len(mine) == 10
         assert math[math["condition"] == cond][ACC].item() == _pct(mine["paper-exact"])
         by_hand = []
         for _, group in mine.sort_values("sample").groupby("problem_id", sort=False):
             answers = [str(p).strip() if p is not None and p == p else "" for p in group["prediction"]]
             top = max(answers.count(a) for a in answers)
             by_hand.append(group["paper-exact"].iloc[[answers.count(a) for a in answers].index(top)])
-        assert math[math["condition"] == best]["run: n"].item() == 2
+        assert math[math["condition"] == best]["run: samples graded"].item() == 2
         assert math[math["condition"] == best][ACC].item() == _pct(by_hand)
 
 
@@ -232,7 +232,7 @@ def test_table3b_through_lm_eval_on_local_task_files(tmp_path, tiny, tiny_hf, mo
         lls = [_loglik(tiny_hf, tok, f"Question: {row['question']}\nAnswer:", f" {c}") for c in row["choices"]]
         right.append(lls.index(max(lls)) == row["label"])
     got = table[(table["benchmark"] == "arc_easy") & (table["condition"] == "w/o")]
-    assert got["run: n"].item() == 3 and got["run: accuracy (lm-eval)"].item() == _pct(right)
+    assert got["run: documents scored"].item() == 3 and got["run: accuracy (lm-eval)"].item() == _pct(right)
     gsm = [json.loads(line) for line in (LMEVAL / "gsm8k.jsonl").read_text().splitlines()]
     matches = []
     for row in gsm:  # greedy, 3 tokens, cut at the first "until"
@@ -251,7 +251,7 @@ def test_table3b_through_lm_eval_on_local_task_files(tmp_path, tiny, tiny_hf, mo
         assert row[f"{n.model} (Table 3b)"].item() == n.value
     # the sets without data: no number, a note naming where the data comes from and how to give it
     for task in ("arc_challenge", "mmlu", "boolq", "hellaswag", "openbookqa"):
-        assert table[table["benchmark"] == task]["run: n"].isna().all()
+        assert table[table["benchmark"] == task]["run: documents scored"].isna().all()
         note = next(n for n in res.notes if n.startswith(f"{task}: no data"))
         assert "Hugging Face dataset" in note and f"--benchmark-data {task}=task.yaml" in note
     arm_cell = next(c for c in res.cells if c["condition"] == "ARM")

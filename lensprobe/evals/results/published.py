@@ -27,12 +27,18 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     pass
 
-__all__ = ["PAPERS", "PublishedNumber", "check_published_table", "paper_models", "published_numbers", "published_table"]
+__all__ = ["PAPERS", "PROTOCOL_FIELDS", "PublishedNumber", "check_published_table", "paper_models", "published_numbers",
+           "published_table", "table_protocol", "table_readings"]
 
 PAPERS = {"2510.01032": "arm-2510.01032.toml"}
 """arXiv id -> the data file of its published numbers (in ``lensprobe/evals/papers``)."""
 MODEL_FILES = {"2510.01032": "arm-2510.01032-models.toml"}
 """arXiv id -> the data file of its models' published configurations (in ``lensprobe/evals/papers``)."""
+
+
+PROTOCOL_FIELDS = ("lensprobe", "format", "sampling", "runs", "metric", "samples", "source")
+"""What every published table's ``protocol`` records (``max_new_tokens`` too where the table's numbers were
+generated; ``runs_reading`` where the table does not state its runs)."""
 
 
 @dataclass(frozen=True)
@@ -147,3 +153,37 @@ def paper_models(arxiv: str = "2510.01032") -> dict[str, dict]:
         4
     """
     return dict(_load(arxiv, tuple(MODEL_FILES.items()))["models"])
+
+
+def table_protocol(table: str, arxiv: str = "2510.01032") -> dict:
+    """How a published table's numbers were made, as shipped with them: ``lensprobe`` (lensprobe's protocol
+    that runs it, ``"lm-eval"`` for lm-eval tasks), ``format``, ``sampling``, ``runs`` (averaged), ``metric``,
+    ``samples`` (per problem), ``max_new_tokens``, ``source`` (where the paper or the authors' code says so), and
+    ``runs_reading`` where the table does not state its runs.
+
+    Raises:
+        LensprobeError: no such paper or table, or a table without its protocol (a damaged data file).
+
+    Example:
+        >>> table_protocol("8")["sampling"], table_protocol("1")["runs"]
+        ('temperature 0.5, top_p 0.95', 5)
+    """
+    check_published_table(table, arxiv)
+    spec = _load(arxiv)["tables"][str(table)].get("protocol")
+    if not isinstance(spec, dict) or set(PROTOCOL_FIELDS) - set(spec):
+        raise LensprobeError(f"table {table} of {arxiv} has no complete protocol in lensprobe's data (it needs "
+                             f"{PROTOCOL_FIELDS}): a damaged data file; reinstall lensprobe.")
+    return dict(spec)
+
+
+def table_readings(table: str, condition: str | None = None, arxiv: str = "2510.01032") -> list[str]:
+    """lensprobe's readings of the paper a cell of ``table`` rests on: the table's own (every cell) and those of
+    ``condition``'s cells, as shipped with the published numbers (``[]`` when there are none).
+
+    Example:
+        >>> table_readings("4")[0][:33]
+        'Table 4 does not name its model: '
+    """
+    check_published_table(table, arxiv)
+    spec = _load(arxiv)["tables"][str(table)].get("readings") or {}
+    return [*spec.get("*", []), *(spec.get(condition, []) if condition is not None else [])]
