@@ -2,6 +2,8 @@
 snapshot of a model's hooks, the solo-run oracle of continuous batching, and a TransformerLens-style
 hook with its plain ``transformers`` twin."""
 
+import functools
+
 import torch
 
 import lensprobe as lp
@@ -175,3 +177,12 @@ def layer_io(twin, ids: list[int]) -> tuple[list[torch.Tensor], list[torch.Tenso
         for h in handles:
             h.remove()
     return ins, outs
+
+
+@functools.cache
+def authors_tokenizer(name_or_path: str):
+    """A model's tokenizer as the meaningless-tokens authors and lm-eval's ``hf`` model load it:
+    ``AutoTokenizer.from_pretrained(name)`` with no argument (not TransformerLens's ``add_bos_token=True``)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name_or_path)

@@ -91,8 +91,8 @@ class ReproduceConfig(Given):
     batch_size: int | None = field(default=None, metadata={"cmd": False})
     runs: int | None = None
     """seeded runs, seeds 0 to N-1, reported as their mean and standard deviation (default: the runs the paper
-    averages, the recipe's runs, 5 for Table 1); a cell that cannot vary with the seed (a greedy generation
-    config, no random intervention) runs once"""
+    averages, the recipe's runs, 5 for Table 1); a cell that cannot vary with the seed (the run's protocol or
+    format decodes greedily, whatever the model's generation config, and no intervention draws) runs once"""
     quick: bool | None = field(default=None, metadata={"cmd": False})
     benchmark_data: list[str] | None = field(default=None, metadata={
         "custom_args": {"action": "append", "metavar": "BENCHMARK=FILE", "nargs": None}})

@@ -40,6 +40,7 @@ from lensprobe.app.provenance import (
 from lensprobe.app.recipe import Recipe, load_recipe
 from lensprobe.app.reproduce_figures import curve_sections, figure_sections
 from lensprobe.app.reproduce_lmeval import LMEVAL_COLUMNS, check_lmeval_data, lmeval_cells
+from lensprobe.app.reproduce_runs import run_samples, runs_notes
 from lensprobe.app.reproduce_samples import sample_columns, sample_rows
 from lensprobe.app.reproduce_tables import (
     RUN_COLUMNS,
@@ -61,7 +62,6 @@ from lensprobe.core.models.facts import model_facts
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.storage.store import atomic_file, atomic_write_json, atomic_write_text, read_json
 from lensprobe.evals.results.folder import read_config
-from lensprobe.evals.running.config import model_samples
 from lensprobe.evals.running.harness import evaluate
 from lensprobe.evals.running.protocols import get_protocol
 from lensprobe.viz.eval_report import results_section
@@ -170,8 +170,9 @@ def reproduce(recipe: str | os.PathLike | Recipe, model, *, out: str | os.PathLi
         arm_source: where the presets come from: ``"code"`` (the released code) or ``"paper"`` (Table 9).
         runs: seeded runs (seeds 0 .. runs-1), reported as their mean and standard deviation (default: the
             runs the paper averages, the recipe's ``runs``: 5 for Table 1). A condition whose rows do not
-            depend on the seed (the model's generation config does not sample and no intervention draws
-            random numbers) runs once, and the table says so.
+            depend on the seed (the run's protocol or format decodes greedily, whatever the model's generation
+            config, and no intervention draws random numbers) runs once, and the table says so
+            (:func:`~lensprobe.app.reproduce_runs.runs_notes`).
         quick: figure recipes: short inputs (a smoke run).
         batch_size: rows generated at once (continuous batching).
         model_name: the model's name, recorded in the rows and compared with the paper's models
@@ -225,8 +226,7 @@ class _Run:
 def _table(run: _Run, out: Path | None, data: dict, limit) -> ReproduceResult:
     pd = pandas()
     problem_sets, data_facts, notes = recipe_data(run.recipe, data, limit)
-    samples = model_samples(run.model) or bool(run.recipe.protocol and
-                                               get_protocol(run.recipe.protocol).settings.get("do_sample"))
+    samples = run_samples(run.model, run.settings)  # the generation that runs, not the model's config alone
     results, cells, sections = [], [], []
     planned = {b: recipe_conditions(run.recipe, run.model, b, run.arm, arm_source=run.arm_source, name=run.name)
                for b in problem_sets}
@@ -245,7 +245,8 @@ def _table(run: _Run, out: Path | None, data: dict, limit) -> ReproduceResult:
                 numbers["run: comparable"] = cell["verdict"]
                 results.append({"benchmark": bench, "condition": name, **numbers})
                 cells.append(cell)
-        notes += _runs_notes(run, bench, conds, samples)
+        notes += runs_notes(run.model, run.settings, bench, [c.name for c in conds if not _varies(c, samples)],
+                            run.runs)
         sections.append(results_section(seeded[0][1], title=f"{bench}: accuracy per condition", grader="paper-exact"))
         sections += curve_sections(run.recipe, bench, conds, seeded[0][1])
     columns = ["benchmark", "condition", *_run_columns(run.recipe)]
@@ -323,14 +324,6 @@ def _named(run: _Run):
     """The model as ARM presets see it: its facts under the name given (``model_name=``), so the preset and the
     verdict are the same model's."""
     return dataclasses.replace(model_facts(run.model), name=run.name)
-
-
-def _runs_notes(run: _Run, bench: str, conds, samples: bool) -> list[str]:
-    fixed = [c.name for c in conds if not _varies(c, samples)]
-    if run.runs == 1 or not fixed:
-        return []
-    return [f"{bench}: {', '.join(fixed)} ran once of {run.runs} runs: the loaded model's generation config does not "
-            "sample and no intervention of theirs draws random numbers, so every run would give the same rows."]
 
 
 def _write_table(run: _Run, out: Path, table, cells: list[dict], sections: list, notes: list[str]) -> dict[str, Path]:

@@ -15,8 +15,11 @@ instruction (its description, or lm-eval's ``--system_instruction``) is part of 
 comes after the filler.
 
 **Requests.** ``loglikelihood``: context and continuation are tokenized as lm-eval's own ``hf`` model
-does (the whole string, the context's tokens split off; no special tokens unless
-``add_bos_token=True``; an empty context is the BOS token, else EOS); requests run longest first in
+does (the whole string, the context's tokens split off; an empty context is the BOS token, else EOS),
+with its special-token rule: ``add_bos_token=None`` (the default, as ``hf``'s) adds what the model's
+tokenizer adds by itself when loaded on its own (:func:`~lensprobe.core.prompts.owntokenizer.own_special_tokens`:
+Llama-3.1's and Gemma-3's BOS, nothing for SmolLM2 or Qwen2.5; not the BOS TransformerLens's tokenizer adds),
+``True`` / ``False`` add them or not, and a text that already starts with the BOS token gets none; requests run longest first in
 left-padded batches of ``batch_size`` with an attention mask and position ids counted from each row's
 first token, one :func:`lensprobe.intervene` attachment per batch (so a seeded ARM draws for each
 request what it draws alone). ``generate_until``: :func:`lensprobe.generate` (KV cache, continuous
@@ -61,6 +64,7 @@ from lensprobe.core.models.facts import ModelFacts, model_facts
 from lensprobe.core.models.kinds import require_bridge
 from lensprobe.core.models.loading import load_model
 from lensprobe.core.prompts.conditions import Condition
+from lensprobe.core.prompts.owntokenizer import own_special_tokens
 from lensprobe.evals.lmeval_condition import (
     arm_of,
     batch_size_of,
@@ -103,8 +107,9 @@ class LensprobeLM(TemplateLM):
         batch_size: requests per forward (an int, or its digits as lm-eval's command line passes them).
         max_batch_size: accepted because lm-eval passes it; batches are ``batch_size``.
         device, dtype: where and in what dtype the model's weights are (:func:`lensprobe.load_model`).
-        add_bos_token: put the tokenizer's special tokens (its BOS) in front of every request (lm-eval's
-            ``hf`` model does when the tokenizer adds one by default, e.g. Llama; not SmolLM2 or Qwen2.5).
+        add_bos_token: lm-eval's ``hf`` argument, with its default: ``None`` adds the special tokens the
+            model's tokenizer adds by itself (its BOS for Llama-3.1 and Gemma-3; none for SmolLM2 or
+            Qwen2.5); ``True`` puts the BOS in front of every request, ``False`` nothing.
         facts: ``pretrained``'s facts (:func:`~lensprobe.core.models.facts.model_facts`) when the caller has loaded
             the model and read them: the model is used as it is, not loaded again (:func:`lm_eval_accuracy` loads
             once for all its conditions). ``None``: ``pretrained`` goes through :func:`lensprobe.load_model`.
@@ -122,7 +127,7 @@ class LensprobeLM(TemplateLM):
                  arm_benchmark: str | None = "math500", arm_source: str = "code", c: float | None = None,
                  percentile: float | None = None, seed: int | None = None, ablate: Any = None,
                  batch_size: int | str = 8, max_batch_size: int | None = None, device: Any = None,
-                 dtype: Any = None, add_bos_token: bool = False, facts: ModelFacts | None = None) -> None:
+                 dtype: Any = None, add_bos_token: bool | None = None, facts: ModelFacts | None = None) -> None:
         super().__init__()
         if facts is not None and (device is not None or dtype is not None):
             raise LensprobeError("facts= is for a model already loaded: give device= and dtype= to lp.load_model, "
@@ -133,7 +138,11 @@ class LensprobeLM(TemplateLM):
         self.facts = facts if facts is not None else model_facts(model)
         self.tokenizer = self.facts.tokenizer
         self.batch_size = batch_size_of(batch_size)
-        self.add_bos_token = bool(add_bos_token)
+        if add_bos_token not in (None, True, False):
+            raise LensprobeError(f"add_bos_token must be true, false or unset (the tokenizer's own rule), got "
+                                 f"{add_bos_token!r}.")
+        self.add_bos_token = add_bos_token
+        self.adds_special_tokens = own_special_tokens(self.tokenizer) if add_bos_token is None else add_bos_token
         made = arm_of(self.facts, arm, arm_benchmark, arm_source, c=c, percentile=percentile, seed=seed)
         cond = condition_of(condition, made)
         if ablate is not None:
@@ -162,7 +171,11 @@ class LensprobeLM(TemplateLM):
         return str(getattr(self.tokenizer, "name_or_path", "")).replace("/", "__")
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-        add = self.add_bos_token if add_special_tokens is None else add_special_tokens
+        """``string``'s ids as lm-eval's ``hf`` model encodes them: ``add_special_tokens`` when given, else the
+        adapter's rule (``add_bos_token``), and none for a text that starts with the BOS token already."""
+        add = self.adds_special_tokens if add_special_tokens is None else add_special_tokens
+        if add_special_tokens is None and string.startswith(self.tokenizer.decode(self.prefix_token_id)):
+            add = False
         return list(self.tokenizer.encode(string, add_special_tokens=add))
 
     def prompt_text(self, context: str) -> str:
@@ -183,12 +196,13 @@ class LensprobeLM(TemplateLM):
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Log-probability of each whole text, in lm-eval's rolling windows of the model's context."""
-        first = self.tok_encode(self.filler, add_special_tokens=self.add_bos_token) if self.filler else None
+        first = self.tok_encode(self.filler) if self.filler else None  # the filler opens the text, as hf's text would
         out = []
         for (text,) in (r.args for r in requests):
             room = self.max_length - (len(first) if first else 0)
             windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
-                token_list=self.tok_encode(text, add_special_tokens=False), prefix_token=self.prefix_token_id,
+                token_list=self.tok_encode(text, add_special_tokens=None if first is None else False),
+                prefix_token=self.prefix_token_id,
                 max_seq_len=room, context_len=1)]
             if first is not None:
                 windows[0] = (first, windows[0][1])
@@ -237,7 +251,8 @@ class LensprobeLM(TemplateLM):
         cfg = self.model.cfg
         return {"model_name": str(getattr(cfg, "model_name", "")), "condition": self.condition.name,
                 "filler": self.filler, "interventions": [described(i) for i in self.condition.interventions],
-                "dtype": str(getattr(cfg, "dtype", "")), "add_bos_token": self.add_bos_token}
+                "dtype": str(getattr(cfg, "dtype", "")), "add_bos_token": self.add_bos_token,
+                "adds_special_tokens": self.adds_special_tokens}
 
 
 if __name__ != "__main__":  # run as a script, the module registers itself on import below

@@ -143,13 +143,41 @@ def test_a_greedy_model_runs_once_and_says_why_and_arm_runs_every_seed(tmp_path,
     ran = res.table[res.table["run: samples graded"].notna()]
     runs = dict(zip(ran["condition"], ran["run: runs"], strict=True))
     assert runs["w/o"] == 1 and runs["ARM"] == 3  # ARM draws random numbers: its rows depend on the seed
-    assert any("w/o ran once of 3 runs: the loaded model's generation config does not sample" in n
-               for n in res.notes)
+    assert any("math500: w/o: greedy: one run; --runs 3 would repeat it (protocol 'arm-math500' decodes greedily"
+               in n for n in res.notes)
+    assert not any("generation config samples" in n for n in res.notes)  # the tiny model's config is greedy
     assert not any("greedy decoding" in n and "identical" in n for n in res.notes)
     arm_cell = next(c for c in res.cells if c["condition"] == "ARM")
     assert arm_cell["columns"]["run: ARM"].startswith("layer=0, c=0.05, percentile=90")
     assert arm_cell["columns"]["run: ARM source"] == "given (arm= / --arm-*)"
     assert "under greedy decoding" not in lp.load_recipe("arm-table1").notes  # no blanket claim about the models
+
+
+def test_a_sampling_model_under_a_greedy_format_runs_once_and_is_labelled(tmp_path):
+    """The model's generation config samples, the chat format decodes greedily: --runs 3 is one run (three
+    would repeat it, spread 0), said in the notes (printed by the command) and the table; a protocol that follows
+    the model's sampling runs all three."""
+    model = tiny_model(seed=0)
+    model.original_model.generation_config.do_sample = True
+    recipe = tmp_path / "chat.toml"
+    recipe.write_text('name = "chat-runs"\ntable = "1"\nbenchmarks = ["math500"]\nconditions = ["w/o"]\nruns = 5\n')
+    res = lp.reproduce(str(recipe), model, out=tmp_path / "o", limit=2, max_new_tokens=3, runs=3, progress=False)
+    row = res.table[res.table["run: n"].notna()].iloc[0]
+    assert row["run: runs"] == 1 and res.cells[0]["seeds"] == [0] and not res.cells[0]["varies with the seed"]
+    assert not (tmp_path / "o" / "runs" / "math500.seed1").exists()
+    config = json.loads((tmp_path / "o" / "runs" / "math500" / "config.json").read_text())
+    assert config["settings"]["generation"].get("do_sample", False) is False  # what ran: greedy
+    greedy = "math500: w/o: greedy: one run; --runs 3 would repeat it (the chat format decodes greedily"
+    labelled = "the model's generation config samples (do_sample=true), but the chat format decodes greedily"
+    assert any(greedy in n for n in res.notes) and any(labelled in n for n in res.notes)
+    md = (tmp_path / "o" / "table.md").read_text()
+    assert greedy in md and labelled in md
+    sampled = tmp_path / "sampled.toml"
+    sampled.write_text('name = "sampled-runs"\ntable = "1"\nprotocol = "arm-math500"\nbenchmarks = ["math500"]\n'
+                       'conditions = ["w/o"]\nruns = 5\n')
+    res = lp.reproduce(str(sampled), model, out=tmp_path / "s", limit=2, max_new_tokens=3, runs=3, progress=False)
+    assert res.cells[0]["seeds"] == [0, 1, 2] and res.cells[0]["varies with the seed"]
+    assert not any("greedy" in n for n in res.notes)
 
 
 def test_graders_read_only_the_generated_text_of_a_chat_prompt(tmp_path, tiny):

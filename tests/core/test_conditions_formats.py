@@ -1,6 +1,7 @@
 """Prompt formats of the built-in conditions, and ARM condition names."""
 
 import pytest
+from oracles import authors_tokenizer
 
 import lensprobe as lp
 from lensprobe.core.prompts.conditions import (
@@ -32,9 +33,11 @@ def test_paper_format_builds_the_authors_strings(tiny):
     assert rand.text.startswith(PAPER_SYSTEM_PROMPT) and rand.text.endswith(Q)
     n_mless = len(tiny.tokenizer.encode(MLESS, add_special_tokens=False))
     assert len(tiny.tokenizer.encode(rand.pieces["filler"], add_special_tokens=False)) == n_mless
+    own = authors_tokenizer(tiny.tokenizer.name_or_path)  # the authors' AutoTokenizer.from_pretrained(name)
     for name, c in conds.items():
         p = c.prompt_builder(tiny)(Q)
-        assert p.tokens[0].tolist() == tiny.tokenizer(p.text).input_ids, name
+        assert p.tokens[0].tolist() == own(p.text).input_ids, name
+        assert p.tokens[0, 0].item() != tiny.tokenizer.bos_token_id, name  # not the bridge tokenizer's BOS
     # the description (and so the condition hash) shows the raw string
     assert conds["w/ Mless"].describe(tiny)["prompt_template"] == PAPER_SYSTEM_PROMPT + MLESS + "{question}"
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles import authors_tokenizer
 
 import lensprobe as lp
 from lensprobe.core.errors import ContextLengthError
@@ -113,20 +114,21 @@ def test_an_ordinary_prompts_ids_are_unchanged_bit_for_bit(tiny, question, syste
     unchecked = lp.build_prompt(tiny, question, special_tokens="allow", **kw)  # "allow" checks nothing
     assert torch.equal(checked.tokens, unchecked.tokens) and checked.segments == unchecked.segments
     if template == "raw":
-        expected = tiny.tokenizer(checked.text).input_ids
+        expected = authors_tokenizer(tiny.tokenizer.name_or_path)(checked.text).input_ids
     else:
         expected = [i for text in checked.pieces.values() for i in tiny.tokenizer.encode(text, add_special_tokens=False)]
     assert checked.tokens[0].tolist() == expected
 
 
 def test_a_joiner_that_is_a_control_token_is_refused_naming_it(tiny):
-    with pytest.raises(lp.LensprobeError, match=r"the control token '<\|im_end\|>' \(id 2, at position 3\), made "
+    with pytest.raises(lp.LensprobeError, match=r"the control token '<\|im_end\|>' \(id 2, at position 2\), made "
                                                 r"from the text of the joiner \(system_sep\): .*special_tokens='escape'"):
         lp.build_prompt(tiny, "What?", system="S.", template="raw", joiner=END)
     p = lp.build_prompt(tiny, "What?", system="S.", template="raw", joiner=END, special_tokens="escape")
-    assert 2 not in p.tokens[0, 1:].tolist() and p.text == f"S.{END}What?"
+    assert 2 not in p.tokens[0].tolist() and p.text == f"S.{END}What?"
     allowed = lp.build_prompt(tiny, "What?", system="S.", template="raw", joiner=END, special_tokens="allow")
-    assert allowed.tokens[0].tolist() == tiny.tokenizer(allowed.text).input_ids and 2 in allowed.tokens[0].tolist()
+    own = authors_tokenizer(tiny.tokenizer.name_or_path)
+    assert allowed.tokens[0].tolist() == own(allowed.text).input_ids and 2 in allowed.tokens[0].tolist()
 
 
 class SplitIgnored:

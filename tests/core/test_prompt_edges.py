@@ -12,6 +12,7 @@ import re
 from types import SimpleNamespace
 
 import pytest
+from oracles import authors_tokenizer
 from test_prompts import check_spans
 
 from lensprobe import Filler, LensprobeError, build_prompt
@@ -83,7 +84,7 @@ def test_the_raw_template_needs_a_tokenizer_that_says_it_is_fast():
 
 
 def test_special_tokens_escaped_or_allowed_in_the_raw_template(tiny):
-    tok, question = tiny.tokenizer, f"a {END} b"
+    tok, question = authors_tokenizer(tiny.tokenizer.name_or_path), f"a {END} b"
     escaped = build_prompt(tiny, question, template="raw", special_tokens="escape")
     allowed = build_prompt(tiny, question, template="raw", special_tokens="allow")
     assert escaped.tokens[0].tolist() == tok(question, split_special_tokens=True).input_ids
@@ -97,7 +98,7 @@ def test_special_tokens_escaped_or_allowed_in_the_raw_template(tiny):
 
 @pytest.mark.parametrize("chat", [True, False])
 def test_special_tokens_escaped_or_allowed_piece_by_piece(tiny, chat):
-    tok, question = tiny.tokenizer, f"a {END} b"
+    tok, question = authors_tokenizer(tiny.tokenizer.name_or_path), f"a {END} b"
     escaped = build_prompt(tiny, question, chat=chat, special_tokens="escape")
     allowed = build_prompt(tiny, question, chat=chat, special_tokens="allow")
     assert escaped.tokens[0, slice(*escaped.segments["question"])].tolist() == tok.encode(

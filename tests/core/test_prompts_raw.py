@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from oracles import authors_tokenizer
 
 import lensprobe as lp
 from lensprobe.core.prompts.prompt import MATH_SYSTEM_PROMPT, PAPER_SYSTEM_PROMPT
@@ -17,7 +18,7 @@ def _problems(path, limit=None):
 
 
 def _check_raw(model, problem, filler):
-    tokenizer = getattr(model, "tokenizer", model)
+    tokenizer = authors_tokenizer(getattr(model, "tokenizer", model).name_or_path)
     p = lp.build_prompt(model, problem, system=PAPER_SYSTEM_PROMPT, filler=filler, template="raw")
     expected_text = PAPER_SYSTEM_PROMPT + (MLESS if filler is not None else "") + problem
     assert p.text == expected_text
@@ -55,22 +56,38 @@ def test_raw_ids_equal_the_tokenizer_on_every_math500_problem_smol(smol, math500
     problems = _problems(math500_path)
     assert len(problems) == 500
     tok = smol.tokenizer
-    # TransformerLens gives the bridge's tokenizer add_bos_token=True: it prepends <|im_start|>
+    # TransformerLens gives the bridge's tokenizer add_bos_token=True: it prepends <|im_start|>; SmolLM2's own
+    # tokenizer (the authors' AutoTokenizer.from_pretrained) adds nothing, so neither does the raw prompt
     assert tok(PAPER_SYSTEM_PROMPT).input_ids[0] == tok.bos_token_id
+    assert authors_tokenizer(tok.name_or_path)(PAPER_SYSTEM_PROMPT).input_ids[0] != tok.bos_token_id
     for problem in problems:
         without = _check_raw(smol, problem, None)
         with_f = _check_raw(smol, problem, lp.Filler.meaningless())
-        assert list(with_f.segments)[:3] == ["bos", "system", "filler"] and with_f.segments["bos"] == (0, 1)
+        assert len(without) == len(tok(without.text).input_ids) - 1  # one token fewer than the bridge's call
+        assert list(with_f.segments)[:2] == ["system", "filler"] and with_f.segments["system"][0] == 0
         assert len(without.positions("question")) >= 1
+
+
+def test_paper_format_of_the_embedded_model_is_the_authors_27_tokens(smol):
+    """The authors' string without filler on SmolLM2: 27 tokens of one plain call, not the 28 of the bridge's
+    tokenizer, which prepends <|im_start|>."""
+    from lensprobe.core.prompts.conditions import paper_conditions
+
+    question = "Compute 12 + 7 for me."
+    built = paper_conditions(prompt_format="paper")["w/o"].prompt_builder(smol)(question)
+    want = authors_tokenizer(smol.tokenizer.name_or_path)(PAPER_SYSTEM_PROMPT + question).input_ids
+    assert built.tokens[0].tolist() == want
+    assert len(built) == 27 and len(smol.tokenizer(built.text).input_ids) == 28
+    assert smol.tokenizer.bos_token_id not in want
 
 
 def test_smollm2_merges_the_final_dot_with_the_first_slash(smol):
     p = lp.build_prompt(smol, "What is 1+1?", system=PAPER_SYSTEM_PROMPT, filler=lp.Filler.meaningless(),
                         template="raw")
-    n_sys = len(smol.tokenizer(PAPER_SYSTEM_PROMPT).input_ids)
+    n_sys = len(authors_tokenizer(smol.tokenizer.name_or_path)(PAPER_SYSTEM_PROMPT).input_ids)  # no BOS
     # "}." of the system prompt alone becomes "}" + "./" with the filler after it
     assert p.str_tokens[n_sys - 1:n_sys + 1] == ["}", "./"]
-    assert p.segments["system"] == (1, n_sys + 1)
+    assert p.segments["system"] == (0, n_sys + 1)
     assert p.straddling == (n_sys,)
     assert p.segment_of(n_sys) == "system"
     assert len(p.positions("filler")) == 54  # the first "/" went into the straddling token
@@ -84,7 +101,7 @@ def test_segments_and_straddling_by_hand_tiny(tiny):
     # the bridge's tokenizer prepends its BOS token (<|im_start|>)
     assert [tok.decode([i]) for i in tok("./").input_ids] == ["<|im_start|>", ".", "/"]
     p = lp.build_prompt(tiny, "What?", system="Sys", filler=lp.Filler.meaningless(count=3),
-                        template="raw", joiner=" ")
+                        template="raw", joiner=" ", add_special_tokens=True)  # the bridge's tokenizer, its BOS
     assert p.text == "Sys / / / What?"
     assert p.tokens[0].tolist() == tok(p.text).input_ids
     assert p.str_tokens == ["<|im_start|>", "S", "y", "s", " /", " /", " /", " What", "?"]
@@ -117,18 +134,28 @@ def test_raw_without_joiner_and_no_straddle_tiny(tiny):
 ])
 def test_raw_placements_name_the_joiners(tiny, placement, order):
     p = lp.build_prompt(tiny, "What?", system="Sys.", filler=lp.Filler.meaningless(count=2),
-                        placement=placement, template="raw", joiner="\n")
+                        placement=placement, template="raw", joiner="\n", add_special_tokens=True)
     assert list(p.segments) == ["bos", *order]
     assert p.tokens[0].tolist() == tiny.tokenizer(p.text).input_ids
+    own = lp.build_prompt(tiny, "What?", system="Sys.", filler=lp.Filler.meaningless(count=2),
+                          placement=placement, template="raw", joiner="\n")
+    assert list(own.segments) == order and own.tokens[0].tolist() == p.tokens[0, 1:].tolist()
 
 
-def test_raw_adds_what_the_tokenizer_adds(tiny):
-    """The bridge's tokenizer prepends BOS, the plain one does not: the raw prompt follows each."""
+def test_raw_adds_what_the_tokenizer_adds_by_itself(tiny):
+    """The bridge's tokenizer prepends BOS (TransformerLens loads it with add_bos_token=True), the tiny
+    model's own tokenizer does not: the raw prompt is the own tokenizer's one call, with or without the
+    bridge; ``add_special_tokens=True`` asks for the bridge tokenizer's call."""
     from lensprobe.core.models.testing import tiny_tokenizer
 
     plain = tiny_tokenizer()
-    with_bos = lp.build_prompt(tiny, "What?", system="Sys", template="raw")
+    own = authors_tokenizer(tiny.tokenizer.name_or_path)
+    assert tiny.tokenizer("S").input_ids[0] == tiny.tokenizer.bos_token_id != own("S").input_ids[0]
+    with_bos = lp.build_prompt(tiny, "What?", system="Sys", template="raw", add_special_tokens=True)
     without_bos = lp.build_prompt(plain, "What?", system="Sys", template="raw")
+    default = lp.build_prompt(tiny, "What?", system="Sys", template="raw")
+    assert default.tokens[0].tolist() == own(default.text).input_ids == without_bos.tokens[0].tolist()
+    assert "bos" not in default.segments
     assert with_bos.tokens[0].tolist() == tiny.tokenizer(with_bos.text).input_ids
     assert without_bos.tokens[0].tolist() == plain(without_bos.text).input_ids
     assert with_bos.tokens[0, 0].item() == tiny.tokenizer.bos_token_id

@@ -152,7 +152,7 @@ def test_a_changed_default_is_not_reused(tiny, tmp_path):
 
 def test_the_same_template_text_with_other_tokens_is_another_condition(tiny, tmp_path):
     def raw(model, question):
-        return lp.build_prompt(model, question, template="raw")
+        return lp.build_prompt(model, question, template="raw", add_special_tokens=True)  # the bridge's BOS
 
     def raw_bare(model, question):
         return lp.build_prompt(model, question, template="raw", add_special_tokens=False)

@@ -4,6 +4,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from oracles import authors_tokenizer
 
 import lensprobe as lp
 from lensprobe.core.prompts.conditions import paper_conditions
@@ -44,7 +45,10 @@ def test_paper_format_rows_hold_the_authors_string(tiny, tmp_path):
     for cname, texts in expected.items():
         rows = df[df["condition"] == cname]
         assert list(rows["prompt"]) == texts
-        assert list(rows["prompt_tokens"]) == [len(tiny.tokenizer(t).input_ids) for t in texts]
+        # one call of the model's own tokenizer (AutoTokenizer.from_pretrained), not the bridge's, which adds a BOS
+        own = authors_tokenizer(tiny.tokenizer.name_or_path)
+        assert list(rows["prompt_tokens"]) == [len(own(t).input_ids) for t in texts]
+        assert list(rows["prompt_tokens"]) == [len(tiny.tokenizer(t).input_ids) - 1 for t in texts]
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["settings"]["generation"]["prompt_format"] == "paper"
     assert cfg["parts"]["w/ Mless"]["prompt_template"] == PAPER_SYSTEM_PROMPT + MLESS + "{question}"

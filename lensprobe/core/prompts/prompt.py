@@ -16,8 +16,10 @@ boundaries between content pieces fall on whitespace, where byte-level BPE token
 split anyway.
 
 The ``"raw"`` template is the opposite choice: the whole string is tokenized in one call,
-exactly as the tokenizer does it (``prompt.tokens`` equals ``tokenizer(prompt.text).input_ids``),
-and segments are read off the tokens' character offsets. A token whose characters cross a
+exactly as the model's tokenizer does it when loaded on its own (``prompt.tokens`` equals
+``AutoTokenizer.from_pretrained(name)(prompt.text).input_ids``, the authors' one call: a BOS token only
+where the tokenizer adds one itself, not the one TransformerLens's tokenizer adds; see
+:mod:`lensprobe.core.prompts.owntokenizer`), and segments are read off the tokens' character offsets. A token whose characters cross a
 boundary (e.g. SmolLM2 merges the system prompt's final ``"."`` with the filler's first
 ``"/"`` into ``"./"``) belongs to the segment where it starts and is listed in
 ``Prompt.straddling``.
@@ -42,6 +44,7 @@ from lensprobe.core.prompts.assembly import (
     tokenize_raw,
 )
 from lensprobe.core.prompts.fillers import Filler as Filler  # lensprobe.core.prompts.prompt.Filler, as before
+from lensprobe.core.prompts.owntokenizer import own_special_tokens
 from lensprobe.core.prompts.special import SpecialTokens, check_special_tokens
 from lensprobe.core.prompts.text import check_text
 from lensprobe.core.storage.jsonable import json_digest
@@ -144,7 +147,8 @@ class Prompt:
 
 def build_prompt(model, question: str, *, system: str | None = None, filler: Filler | None = None,
                  placement: Placement = "between", chat: bool = True, template: Template | None = None,
-                 joiner: str = "", add_special_tokens: bool = True, special_tokens: SpecialTokens = "refuse") -> Prompt:
+                 joiner: str = "", add_special_tokens: bool | None = None,
+                 special_tokens: SpecialTokens = "refuse") -> Prompt:
     """Build a prompt with named segments, optionally with filler tokens inserted.
 
     Args:
@@ -165,15 +169,17 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
             text (``system``, blank line, filler, newline, question) with the model's BOS
             token first; ``"raw"`` is the meaningless-tokens authors' form: system prompt,
             filler and question joined by ``joiner`` (nothing by default) and tokenized as
-            one string, exactly as ``tokenizer(text)`` does (including any special token the
-            tokenizer itself adds: TransformerLens loads tokenizers that have a BOS token with
-            ``add_bos_token=True``, so SmolLM2's raw prompts start with ``<|im_start|>``).
+            one string, exactly as one call of the model's own tokenizer does
+            (``AutoTokenizer.from_pretrained(name)(text)``: Llama-3.1 and Gemma-3 prepend their BOS,
+            SmolLM2 and Qwen2.5 nothing).
         joiner: text between consecutive pieces in the ``"raw"`` template (segments
             ``system_sep`` / ``filler_sep`` when not empty).
-        add_special_tokens: ``"raw"`` only: ``False`` tokenizes as
-            ``tokenizer(text, add_special_tokens=False)``, without the BOS token a
-            TransformerLens tokenizer adds (what a plain ``transformers`` tokenizer feeds for
-            models that add none, such as SmolLM2 and Qwen2.5).
+        add_special_tokens: ``"raw"`` only: ``None`` (default) adds the special tokens the
+            model's tokenizer adds by itself, loaded on its own
+            (:func:`~lensprobe.core.prompts.owntokenizer.own_special_tokens`); ``True`` those the given
+            tokenizer object adds (a TransformerLens tokenizer, loaded with ``add_bos_token=True``,
+            prepends its BOS: SmolLM2's ``<|im_start|>``); ``False`` none
+            (``tokenizer(text, add_special_tokens=False)``).
         special_tokens: what a special token's text in the question, system prompt or filler (such as
             ``<|im_end|>``) does: ``"refuse"`` (an error naming it and the field), ``"escape"`` (read as
             plain characters) or ``"allow"`` (it becomes the control token). The rule holds on the final token
@@ -207,7 +213,7 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
         55
         >>> raw = build_prompt(model, "What is 12+7?", system=PAPER_SYSTEM_PROMPT,
         ...                    filler=Filler.meaningless(), template="raw")
-        >>> raw.tokens[0].tolist() == model.tokenizer(raw.text).input_ids
+        >>> raw.tokens[0].tolist() == AutoTokenizer.from_pretrained(model.tokenizer.name_or_path)(raw.text).input_ids
         True
     """
     tokenizer = getattr(model, "tokenizer", model)
@@ -220,7 +226,9 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
         raise LensprobeError(f"unknown template {template!r}: use one of {TEMPLATES}.")
     if not isinstance(joiner, str):
         raise LensprobeError(f"joiner must be a string, got {type(joiner).__name__}.")
-    if not add_special_tokens and template != "raw":
+    if add_special_tokens not in (None, True, False):
+        raise LensprobeError(f"add_special_tokens must be None, True or False, got {add_special_tokens!r}.")
+    if add_special_tokens is False and template != "raw":
         raise LensprobeError(
             "add_special_tokens=False applies to template='raw' only; the chat and plain templates "
             "place their special tokens themselves."
@@ -244,8 +252,9 @@ def build_prompt(model, question: str, *, system: str | None = None, filler: Fil
     fill = filler.resolve(tokenizer) if filler is not None else None
     check_special_tokens(tokenizer, {"filler": fill}, special_tokens)
     if template == "raw":
+        add = own_special_tokens(tokenizer) if add_special_tokens is None else add_special_tokens
         return Prompt(**tokenize_raw(tokenizer, raw_pieces(system, fill, question, placement, joiner), model,
-                             add_special_tokens, special_tokens))
+                             add, special_tokens))
     sys_pieces, user_pieces = content_pieces(system, fill, question, placement)
     if template == "chat":
         pieces = chat_pieces(tokenizer, sys_pieces, user_pieces)
