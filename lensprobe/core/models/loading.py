@@ -16,7 +16,6 @@ import logging
 import operator
 import os
 import re
-import subprocess
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,8 @@ import torch
 
 from lensprobe.core.errors import LensprobeError, ModelLoadError
 from lensprobe.core.lazy import heavy
+from lensprobe.core.models.boot import boot as _boot
+from lensprobe.core.models.boot import check_finite_weights as check_finite_weights  # re-exported
 from lensprobe.core.models.cache import cache_dir as cache_dir  # re-exported
 from lensprobe.core.models.cache import cached_conversion
 from lensprobe.core.models.devices import check_device, default_device, place, resolve_dtype
@@ -35,7 +36,6 @@ from lensprobe.core.models.placement import (
     Placement,
     check_map_covers,
     check_placement,
-    input_device,
     spread_hooked,
 )
 
@@ -159,75 +159,6 @@ def _bridge_from_folder(folder: Path, device, dtype: torch.dtype, placement: Pla
         return _boot(TransformerBridge, str(folder), hf, tok, device, dtype)
 
 
-def check_finite_weights(model: Any, name: str) -> None:
-    """Refuse a model with a NaN or infinite weight, naming the first such parameter (before any forward:
-    such a weight makes every later number NaN without an error).
-
-    Raises:
-        ModelLoadError: names the parameter, how many of its values are not finite, and the fix.
-
-    Example:
-        >>> check_finite_weights(torch.nn.Linear(2, 2), "tiny")
-    """
-    named = getattr(model, "named_parameters", None)  # a look-alike without torch parameters has none
-    for pname, param in named() if callable(named) else ():
-        if param.is_floating_point() and not param.is_meta and not bool(torch.isfinite(param).all()):
-            bad = int((~torch.isfinite(param)).sum())
-            raise ModelLoadError(
-                f"{name}: the weight {pname.replace('._original_component', '')} holds {bad} NaN or infinite value(s) of {param.numel()}, so every "
-                "number computed with it would be NaN: the weights' file is damaged or was saved from a run "
-                "that diverged; download or convert the model again (a GGUF file: delete its folder in the "
-                "model cache), or load another checkpoint.")
-
-
-def _boot(TransformerBridge, name: str, hf, tok, device: torch.device, dtype: torch.dtype):
-    """A bridge over ``hf`` with every weight on ``device`` in ``dtype``, in eval mode.
-
-    ``boot_transformers`` records the device of a preloaded model in ``cfg.device`` but leaves its
-    weights where they are, so the weights are moved first. A model accelerate placed (``hf_device_map``)
-    stays where it is, and ``cfg.device`` is where its token ids go (:func:`~lensprobe.core.models.placement.input_device`).
-    """
-    dispatched = bool(getattr(hf, "hf_device_map", None))
-    hf = (hf if dispatched else hf.to(device=device, dtype=dtype)).eval()
-    check_finite_weights(hf, name)
-    with no_package_installs():
-        if not dispatched:
-            return TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tok, device=device, dtype=dtype)
-        bridge = TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tok, dtype=dtype)
-    bridge.cfg.device = str(input_device(bridge))
-    return bridge
-
-
-@contextlib.contextmanager
-def no_package_installs():
-    """Refuse ``pip install`` / ``uv pip install`` commands run with ``subprocess.check_call`` inside the block.
-
-    TransformerLens (3.9 and 4.3), booting a multimodal model such as ``Gemma3ForConditionalGeneration``
-    (gemma-3-4b-it, 27b-it), installs torchvision with pip into the running environment when the
-    model's image processor does not load (offline, or a folder without one); the release pip picks
-    need not match the installed torch, and then every later ``transformers`` model import fails.
-    lensprobe runs the text model and needs no processor: the install is refused, TransformerLens
-    leaves ``bridge.processor`` unset and the boot goes on.
-
-    Example:
-        >>> with no_package_installs():
-        ...     bridge = TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tok)
-    """
-    run = subprocess.check_call
-
-    def refuse(args, *rest, **kwargs):
-        words = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
-        if "pip" in words and "install" in words:
-            raise subprocess.CalledProcessError(1, args, output="lensprobe refuses package installs while loading")
-        return run(args, *rest, **kwargs)
-
-    subprocess.check_call = refuse
-    try:
-        yield
-    finally:
-        subprocess.check_call = run
-
-
 def _offline_requested() -> bool:
     return any(
         os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
@@ -260,14 +191,10 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
             (or ``"fp32"``, ``"bf16"``, ``"fp16"``). An already loaded model is cast only when
             ``dtype`` is given. Whatever the weights' dtype, lensprobe records attention and
             entropy in float32.
-        device_map: place a model larger than one device with accelerate instead of putting it on
-            ``device``: ``"auto"`` (every visible GPU, then the CPU, then the disk), ``"balanced"``,
-            ``"balanced_low_0"``, ``"sequential"``, or a dict from module names to devices
-            (``{"model.layers.0": 0, "lm_head": 1}``; ``"cpu"`` and ``"disk"`` offload where no GPU is
-            named). A ``HookedTransformer`` passed in takes ``"auto"`` only: its blocks spread over the
-            visible GPUs (``cfg.n_devices``). See :mod:`lensprobe.core.models.placement`.
-        max_memory: with ``device_map``, the budget per device (``{0: "75GiB", 1: "75GiB", "cpu": "200GiB"}``).
-        offload_folder: with ``device_map``, the folder that holds the weights placed on ``"disk"``.
+        device_map, max_memory, offload_folder: place a model larger than one device with accelerate
+            instead of putting it on ``device``: ``"auto"``, ``"balanced"``, ... or a dict from module names
+            to devices (``"cpu"``/``"disk"`` offload), a budget per device, the folder of ``"disk"`` weights;
+            a ``HookedTransformer`` takes ``"auto"`` only (:mod:`lensprobe.core.models.placement`).
 
     Returns:
         A ``TransformerBridge`` with eager attention, so attention patterns are hookable (or the
@@ -292,9 +219,8 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
                 return spread_hooked(place(name, None, None if dtype is None else resolve_dtype(dtype)),
                                      device_map, max_memory, offload_folder, device)
             if device_map is not None or max_memory is not None or offload_folder is not None:
-                raise LensprobeError(
-                    "device_map, max_memory and offload_folder place a model as it loads, and this model is "
-                    "loaded already: pass its name or folder to load_model() with them instead.")
+                raise LensprobeError("device_map, max_memory and offload_folder place a model as it loads, and this "
+                                     "model is loaded already: pass its name or folder to load_model() with them.")
             check_finite_weights(name, type(name).__name__)
             return place(name, None if device is None else check_device(device),
                          None if dtype is None else resolve_dtype(dtype))
