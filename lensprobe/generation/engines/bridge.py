@@ -87,8 +87,9 @@ class BridgeEngine:
 
     def forward(self, tokens: Tensor, attention_mask: Tensor, position_ids: Tensor, past: Any) -> tuple[Tensor, Any]:
         extra = {"logits_to_keep": 1} if past is None else {"past_key_values": past}
-        return self.model(tokens, attention_mask=attention_mask, position_ids=position_ids,
-                          return_type="logits_and_cache", **extra)
+        logits, cache = self.model(tokens, attention_mask=attention_mask, position_ids=position_ids,
+                                   return_type="logits_and_cache", **extra)
+        return logits.to(tokens.device), cache  # a model across GPUs (device_map) ends on its last one
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.name, "attention": "eager", "decode_threads": torch.get_num_threads()}

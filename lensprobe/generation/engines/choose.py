@@ -58,7 +58,9 @@ def choose_engine(model, engine: str, *, interventions: Sequence, hook_names: Se
         view = plain_model(model, attention)
         view = plain_model(model, "eager") if view is None else view
         if view is None:
-            why = "this model has no plain Hugging Face view with the same logits"
+            why = ("the model is placed with a device_map (only the bridge runs it)"
+                   if getattr(getattr(model, "original_model", None), "hf_device_map", None)
+                   else "this model has no plain Hugging Face view with the same logits")
         elif not servable(model, view, [*hook_names, *edits]):
             view, why = None, "the plain model's MLP is not a gated MLP the interventions' hooks can reach"
     if view is not None:

@@ -87,7 +87,7 @@ class HookedEngine:
                 "token, or positions that count attended tokens."
             )
         logits = self.model(tokens, attention_mask=attention_mask[:, -n:], past_kv_cache=past, return_type="logits")
-        return logits[:, -1:], past
+        return logits[:, -1:].to(tokens.device), past  # blocks across GPUs (n_devices) end on the last one
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.name, "attention": "eager", "decode_threads": torch.get_num_threads()}

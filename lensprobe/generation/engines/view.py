@@ -89,7 +89,8 @@ def plain_model(model, attention: str = "eager") -> nn.Module | None:
     ``attention`` is the view's attention implementation: ``"eager"``, ``"sdpa"`` or
     ``"sdpa_last"`` (see the module docstring).
 
-    ``None`` when ``model`` is not a ``TransformerBridge`` over a Hugging Face model, when
+    ``None`` when ``model`` is not a ``TransformerBridge`` over a Hugging Face model (or is one placed across
+    devices or offloaded with a ``device_map``: the bridge runs it), when
     its modules cannot be rebuilt unwrapped, when the rebuilt model's logits differ from
     the bridge's on a probe input, or (``"sdpa_last"``) when its attention rows differ from
     eager attention's. Built once per model (and again after its tensors change, e.g.
@@ -98,8 +99,8 @@ def plain_model(model, attention: str = "eager") -> nn.Module | None:
     if attention not in ATTENTIONS:
         raise LensprobeError(f"attention must be one of {list(ATTENTIONS)}, got {attention!r}.")
     hf = getattr(model, "original_model", None)
-    if not isinstance(hf, nn.Module) or not hasattr(hf, "config"):
-        return None
+    if not isinstance(hf, nn.Module) or not hasattr(hf, "config") or getattr(hf, "hf_device_map", None):
+        return None  # a model accelerate placed (device_map): a view would lack its hooks that move activations
     key = _fingerprint(hf)
     views = _VIEWS.setdefault(model, {})
     cached = views.get(attention)
