@@ -3,8 +3,9 @@
 One source of these facts for ``lp.reproduce``'s ``table.md``, ``table.csv``, ``table.json`` and report:
 
 - :func:`run_facts`: the facts of one evaluation run, read from what its folder's ``config.json``
-  records (the model's weights digest, dtype, layers, heads, width and vocabulary; the generation
-  settings as applied) and what the folder does not hold (KV heads, device, parameters, versions);
+  records (the model's weights digest, layers, heads, width and vocabulary; the generation settings as
+  applied), what its rows record (the versions of lensprobe, torch, transformers and TransformerLens, the
+  device and the dtype the rows were made with) and what neither holds (KV heads, parameters);
 - :func:`arm_facts`: the ARM settings a condition ran with (as recorded) and where they come from;
 - whether the model samples is read from its loaded generation config
   (:func:`~lensprobe.evals.running.config.model_samples`), the sampling as applied with
@@ -21,9 +22,8 @@ Example:
 """
 
 import dataclasses
-import importlib.metadata
 
-from lensprobe.core.version import __version__
+from lensprobe.core.models.facts import ENVIRONMENT_PACKAGES, run_environment
 from lensprobe.evals.results.benchdata import data_readings, data_reasons
 from lensprobe.evals.results.published import paper_models, table_protocol, table_readings
 from lensprobe.evals.running.config import EvalConfig, applied_sampling, with_format_defaults
@@ -42,8 +42,12 @@ CONFIG = (("n_layers", "layers"), ("n_heads", "heads"), ("n_kv_heads", "KV heads
           ("d_vocab", "vocabulary"))
 
 
-def run_facts(model, config: dict, *, name: str) -> dict:
-    """The facts of one evaluation run: what ``config`` (a folder's ``config.json``) holds, and the model's KV heads, device and parameter count, lensprobe's and transformers' versions.
+def run_facts(model, config: dict, *, name: str, rows=None) -> dict:
+    """The facts of one evaluation run: what ``config`` (a folder's ``config.json``) holds, the model's KV heads
+    and parameter count, and what ``rows`` (its rows, a DataFrame) record of where they were made: the versions,
+    device and dtype (:func:`~lensprobe.core.models.facts.run_environment`). Without ``rows`` (a run made now,
+    e.g. lm-eval's) they are read from ``model`` and this process; rows written before they were recorded give
+    "not recorded"; rows made under several give every value, ``" | "``-joined.
 
     Example:
         >>> run_facts(model, lp.evals.read_config("runs/x"), name="tiny")["model"]["n_layers"]
@@ -54,17 +58,40 @@ def run_facts(model, config: dict, *, name: str) -> dict:
     gen = applied(settings.get("generation") or {})
     cfg = getattr(model, "cfg", None)
     kv = getattr(cfg, "n_key_value_heads", None) or ident.get("n_heads")
+    env = _rows_environment(rows) if rows is not None else run_environment(model)
     return {
         "model": {"name": name, **{k: ident.get(k) for k in ("n_layers", "n_heads")}, "n_kv_heads": kv,
                   **{k: ident.get(k) for k in ("d_model", "d_vocab")}, "weights": ident.get("weights"),
                   "parameters": sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else None},
-        "dtype": str(ident.get("dtype", "")).removeprefix("torch."),
-        "device": _device(model),
+        "dtype": env["dtype"], "device": env["device"],
         "protocol": gen.protocol, "prompt_format": gen.prompt_format, "max_new_tokens": gen.max_new_tokens,
         "sampling": applied_sampling(model, gen), "seed": gen.seed, "n_samples": gen.n_samples,
-        "run_hash": config.get("hash"),
-        "versions": {"lensprobe": __version__, "transformers": importlib.metadata.version("transformers")},
+        "run_hash": config.get("hash"), "versions": _versions(env["versions"]),
     }
+
+
+NOT_RECORDED = "not recorded"
+"""What a fact reads as when the rows were written before lensprobe recorded it."""
+
+
+def _rows_environment(rows) -> dict[str, str]:
+    """The versions, device and dtype the ``rows`` record (every distinct value, in order of first use)."""
+    out = {}
+    for key in ("versions", "device", "dtype"):
+        values = rows[key].dropna().astype(str).unique().tolist() if key in rows else []
+        out[key] = " | ".join(values) if values else NOT_RECORDED
+    return out
+
+
+def _versions(text: str) -> dict[str, str]:
+    """``{"lensprobe": "0.5.0", ...}`` from a rows' ``versions`` text (several runs' texts ``" | "``-joined)."""
+    found: dict[str, list[str]] = {name: [] for name in ENVIRONMENT_PACKAGES}
+    for one in text.split(" | "):
+        for part in one.split(", "):
+            name, _, version = part.partition(" ")
+            if name in found and version not in found[name]:
+                found[name].append(version)
+    return {name: " | ".join(v) if v else NOT_RECORDED for name, v in found.items()}
 
 
 def applied(generation: dict) -> EvalConfig:
@@ -260,16 +287,9 @@ def parameter_text(n: int) -> str:
     return f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e6:.2g}M"
 
 
-def _device(model) -> str:
-    params = model.parameters() if hasattr(model, "parameters") else iter(())
-    first = next(iter(params), None)
-    return str(first.device) if first is not None else str(getattr(getattr(model, "cfg", None), "device", ""))
-
-
-
 RUN_FACTS = ("run: model", "run: model configuration", "run: parameters", "run: weights digest", "run: dtype",
              "run: device", "run: prompt format", "run: max new tokens", "run: sampling", "run: lensprobe",
-             "run: transformers")
+             "run: torch", "run: transformers", "run: TransformerLens")
 """The columns of :func:`fact_columns` that are the same for every cell of a run (the others are the cell's own)."""
 
 
@@ -285,7 +305,9 @@ def fact_columns(facts: dict, cell: dict, reasons: list[str]) -> dict:
         "run: weights digest": m["weights"], "run: dtype": facts["dtype"], "run: device": facts["device"],
         "run: prompt format": fmt, "run: max new tokens": facts["max_new_tokens"],
         "run: sampling": _settings_text({k: v for k, v in facts["sampling"].items() if v is not None}),
-        "run: lensprobe": facts["versions"]["lensprobe"], "run: transformers": facts["versions"]["transformers"],
+        "run: lensprobe": facts["versions"]["lensprobe"], "run: torch": facts["versions"]["torch"],
+        "run: transformers": facts["versions"]["transformers"],
+        "run: TransformerLens": facts["versions"]["transformer_lens"],
         "run: problems": f"{cell['problems']} of {cell['of'] or 'an unknown number'}",
         "run: seeds": ", ".join(str(s) for s in cell["seeds"]), "run: error rows": cell["errors"],
         "run: ARM": _settings_text(arm["settings"]) if arm else "", "run: ARM source": arm["source"] if arm else "",

@@ -22,7 +22,6 @@ A figure recipe draws its study (:data:`~lensprobe.app.reproduce_figures.FIGURES
 import dataclasses
 import html
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ from lensprobe.app.provenance import (
 from lensprobe.app.recipe import Recipe, load_recipe
 from lensprobe.app.reproduce_figures import curve_sections, figure_sections
 from lensprobe.app.reproduce_lmeval import LMEVAL_COLUMNS, check_lmeval_data, lmeval_cells
-from lensprobe.app.reproduce_runs import run_samples, runs_notes
+from lensprobe.app.reproduce_runs import run_samples, runs_notes, seeded_runs, varies
 from lensprobe.app.reproduce_samples import sample_columns, sample_rows
 from lensprobe.app.reproduce_tables import (
     RUN_COLUMNS,
@@ -56,13 +55,10 @@ from lensprobe.app.reproduce_tables import (
     run_numbers,
 )
 from lensprobe.core.errors import LensprobeError
-from lensprobe.core.hooks.capabilities import capabilities
 from lensprobe.core.lazy import pandas
 from lensprobe.core.models.facts import model_facts
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.storage.store import atomic_file, atomic_write_json, atomic_write_text, read_json
-from lensprobe.evals.results.folder import read_config
-from lensprobe.evals.running.harness import evaluate
 from lensprobe.evals.running.protocols import get_protocol
 from lensprobe.viz.eval_report import results_section
 from lensprobe.viz.report import Section, write_report
@@ -235,17 +231,17 @@ def _table(run: _Run, out: Path | None, data: dict, limit) -> ReproduceResult:
     for bench, problems in problem_sets.items():
         conds, skipped = planned[bench]
         notes += skipped
-        seeded = _seeded_runs(run, bench, problems, conds, samples, out)
+        seeded = seeded_runs(run, bench, problems, conds, samples, out)
         for cond in conds:
-            varies = _varies(cond, samples)
+            random = varies(cond, samples)
             rows = [rows for _, rows, _ in seeded if (rows["condition"] == cond.name).any()]
             for name, cell_runs, extra in sample_rows(run.recipe, cond.name, rows):
                 numbers = {**run_numbers(name, cell_runs), **extra}
-                cell = _cell(run, bench, cond.name, name, seeded, numbers, len(problems), varies, data_facts[bench])
+                cell = _cell(run, bench, cond.name, name, seeded, numbers, len(problems), random, data_facts[bench])
                 numbers["run: comparable"] = cell["verdict"]
                 results.append({"benchmark": bench, "condition": name, **numbers})
                 cells.append(cell)
-        notes += runs_notes(run.model, run.settings, bench, [c.name for c in conds if not _varies(c, samples)],
+        notes += runs_notes(run.model, run.settings, bench, [c.name for c in conds if not varies(c, samples)],
                             run.runs)
         sections.append(results_section(seeded[0][1], title=f"{bench}: accuracy per condition", grader="paper-exact"))
         sections += curve_sections(run.recipe, bench, conds, seeded[0][1])
@@ -279,35 +275,13 @@ def _metric_text(recipe: Recipe) -> str:
             "Wilson interval (one run) or the runs' standard deviation; ")
 
 
-def _seeded_runs(run: _Run, bench: str, problems, conds, samples: bool, out: Path | None) -> list[tuple]:
-    """``(seed, rows, config)`` per run: every condition with seed 0, then seeds 1 .. runs-1 of the conditions
-    whose rows depend on the seed; ``config`` is what the run's folder records (its ``config.json``; without
-    ``out``, the run goes to a temporary folder, removed after it is read)."""
-    done = []
-    with tempfile.TemporaryDirectory(prefix="lensprobe-reproduce-") as tmp:
-        runs = Path(tmp) if out is None else out / "runs"
-        for seed in range(run.runs):
-            todo = conds if seed == 0 else [c for c in conds if _varies(c, samples)]
-            if not todo:
-                break
-            folder = runs / (bench if seed == 0 else f"{bench}.seed{seed}")
-            rows = evaluate(run.model, problems, todo, out=folder, model_name=run.name, benchmark=bench,
-                            progress=run.progress, seed=seed, **run.settings)
-            done.append((seed, rows, read_config(folder)))
-    return done
-
-
-def _varies(cond, samples: bool) -> bool:
-    """Whether a condition's rows depend on the seed: the model samples, or an intervention draws random numbers."""
-    return samples or any(capabilities(i).seeded for i in cond.interventions)
-
-
 def _cell(run: _Run, bench: str, source: str, name: str, seeded: list, numbers: dict, n_problems: int,
           varies: bool, data: dict | None = None) -> dict:
     """The cell of row ``name`` (condition ``source``'s own row, or a row computed from it: Best-of-N)."""
     seeds = [s for s, rows, _ in seeded if (rows["condition"] == source).any()]
     config = seeded[0][2]
-    facts = run_facts(run.model, config, name=run.name)
+    made = pandas().concat([rows[rows["condition"] == source] for _, rows, _ in seeded])
+    facts = run_facts(run.model, config, name=run.name, rows=made)  # versions, device, dtype: as the rows record
     arm = arm_facts(config["parts"].get(source, {}), _named(run), bench)  # the preset that ran
     cell = {"benchmark": bench, "problems": n_problems, "of": BENCHMARK_TOTALS.get(bench), "runs": len(seeds),
             "seeds": seeds, "errors": numbers.pop("errors"), "arm": arm, "data": data}

@@ -11,11 +11,16 @@ Example:
     False
 """
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
+from lensprobe.core.hooks.capabilities import capabilities
+from lensprobe.evals.results.folder import read_config
 from lensprobe.evals.running.config import EvalConfig, model_samples, with_format_defaults
+from lensprobe.evals.running.harness import evaluate
 
-__all__ = ["run_samples", "runs_notes"]
+__all__ = ["run_samples", "runs_notes", "seeded_runs", "varies"]
 
 
 def run_samples(model: Any, settings: dict) -> bool:
@@ -46,3 +51,26 @@ def runs_notes(model: Any, settings: dict, bench: str, fixed: list[str], runs: i
         notes.append(f"{bench}: the model's generation config samples (do_sample=true), but {how} decodes greedily: "
                      "every cell is greedy decoding, not the model's own sampling.")
     return notes
+
+
+def seeded_runs(run: Any, bench: str, problems, conds, samples: bool, out: Path | None) -> list[tuple]:
+    """``(seed, rows, config)`` per run of ``run`` (the reproduction: its model, name, runs, settings, progress): every condition with seed 0, then seeds 1 .. runs-1 of the conditions
+    whose rows depend on the seed; ``config`` is what the run's folder records (its ``config.json``; without
+    ``out``, the run goes to a temporary folder, removed after it is read)."""
+    done = []
+    with tempfile.TemporaryDirectory(prefix="lensprobe-reproduce-") as tmp:
+        runs = Path(tmp) if out is None else out / "runs"
+        for seed in range(run.runs):
+            todo = conds if seed == 0 else [c for c in conds if varies(c, samples)]
+            if not todo:
+                break
+            folder = runs / (bench if seed == 0 else f"{bench}.seed{seed}")
+            rows = evaluate(run.model, problems, todo, out=folder, model_name=run.name, benchmark=bench,
+                            progress=run.progress, seed=seed, **run.settings)
+            done.append((seed, rows, read_config(folder)))
+    return done
+
+
+def varies(cond, samples: bool) -> bool:
+    """Whether a condition's rows depend on the seed: the model samples, or an intervention draws random numbers."""
+    return samples or any(capabilities(i).seeded for i in cond.interventions)

@@ -78,6 +78,44 @@ def test_every_cell_carries_the_facts_its_folder_records(tmp_path, tiny):
     assert "Comparability" in report and "not comparable" in report
 
 
+def test_versions_device_and_dtype_come_from_the_rows_not_the_machine_that_writes_the_table(tmp_path, tiny):
+    from importlib.metadata import version
+
+    import torch
+
+    tl_version = version("transformer_lens")
+    out = tmp_path / "t1"
+    lp.reproduce("arm-table1", tiny, out=out, limit=2, max_new_tokens=3, progress=False)
+    folder = out / "runs" / "math500"
+    rows = _rows(folder)
+    made = (f"lensprobe {lp.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, "
+            f"transformer_lens {tl_version}")
+    assert {(r["versions"], r["device"], r["dtype"]) for r in rows} == {(made, "cpu", "float32")}
+    config = json.loads((folder / "config.json").read_text())
+    frame = pd.DataFrame(rows)
+    facts = run_facts(tiny, config, name="tiny", rows=frame)
+    assert facts["versions"] == {"lensprobe": lp.__version__, "torch": torch.__version__,
+                                 "transformers": transformers.__version__,
+                                 "transformer_lens": tl_version}
+    # rows made elsewhere: the table says what the rows say, not what this process runs
+    older = frame.assign(versions=made.replace(f"torch {torch.__version__}", "torch 2.1.0"), device="cuda:0",
+                         dtype="bfloat16")
+    facts = run_facts(tiny, config, name="tiny", rows=older)
+    assert (facts["versions"]["torch"], facts["device"], facts["dtype"]) == ("2.1.0", "cuda:0", "bfloat16")
+    # a run resumed under another torch: both, and a dtype that is not one value is not the authors' fp32
+    mixed = pd.concat([frame.iloc[:1], older.iloc[1:]])
+    facts = run_facts(tiny, config, name="tiny", rows=mixed)
+    assert facts["versions"]["torch"] == f"{torch.__version__} | 2.1.0" and facts["dtype"] == "float32 | bfloat16"
+    assert any("dtype float32 | bfloat16" in r for r in verdict(facts, {"problems": 2, "of": 500, "runs": 1,
+                                                                        "errors": 0, "arm": None}, tiny)[1])
+    # rows written before these were recorded
+    facts = run_facts(tiny, config, name="tiny", rows=frame.drop(columns=["versions", "device", "dtype"]))
+    assert facts["versions"]["torch"] == facts["device"] == facts["dtype"] == "not recorded"
+    csv = pd.read_csv(out / "table.csv")
+    run = csv[csv["run: samples graded"].notna()].iloc[0]
+    assert (run["run: torch"], run["run: TransformerLens"]) == (torch.__version__, tl_version)
+
+
 def test_the_verdict_names_each_difference_from_the_protocol(tiny):
     config = {"settings": {"model": {"weights": "x", "dtype": "torch.float32", **{
         k: v for k, v in paper_models()["qwen2.5-math-7b"].items() if k.startswith(("n_", "d_")) and k != "n_kv_heads"}},
@@ -162,7 +200,7 @@ def test_a_sampling_model_under_a_greedy_format_runs_once_and_is_labelled(tmp_pa
     recipe = tmp_path / "chat.toml"
     recipe.write_text('name = "chat-runs"\ntable = "1"\nbenchmarks = ["math500"]\nconditions = ["w/o"]\nruns = 5\n')
     res = lp.reproduce(str(recipe), model, out=tmp_path / "o", limit=2, max_new_tokens=3, runs=3, progress=False)
-    row = res.table[res.table["run: n"].notna()].iloc[0]
+    row = res.table[res.table["run: samples graded"].notna()].iloc[0]
     assert row["run: runs"] == 1 and res.cells[0]["seeds"] == [0] and not res.cells[0]["varies with the seed"]
     assert not (tmp_path / "o" / "runs" / "math500.seed1").exists()
     config = json.loads((tmp_path / "o" / "runs" / "math500" / "config.json").read_text())

@@ -21,6 +21,7 @@ Example:
 """
 
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ import torch
 from lensprobe.core.models.devices import model_device, model_dtype
 from lensprobe.core.models.loading import model_label
 
-__all__ = ["Architecture", "ModelFacts", "architecture", "end_ids", "model_facts", "pad_id"]
+__all__ = ["Architecture", "ModelFacts", "architecture", "end_ids", "model_facts", "pad_id", "run_environment"]
 
 
 @dataclass(frozen=True)
@@ -170,3 +171,30 @@ def architecture(model) -> Architecture:
         rope_theta=float(rope) if rope is not None else None,
         max_positions=int(max_positions) if max_positions is not None else None,
     )
+
+
+ENVIRONMENT_PACKAGES = ("lensprobe", "torch", "transformers", "transformer_lens")
+"""The packages whose versions every evaluation row records (``versions``)."""
+
+
+def run_environment(model) -> dict[str, str]:
+    """What every evaluation row records of where it ran: the versions of :data:`ENVIRONMENT_PACKAGES`
+    (``"name version"``, comma separated; ``"name not installed"`` when one is missing), the device and the
+    floating dtype of the model's weights, as they are when the row is made (so a table reads them from the
+    rows, not from the machine that writes it).
+
+    Example:
+        >>> run_environment(tiny_model())["dtype"]
+        'float32'
+    """
+    from lensprobe.core.version import __version__
+
+    found = []
+    for name in ENVIRONMENT_PACKAGES:
+        try:
+            version = __version__ if name == "lensprobe" else metadata.version(name)
+        except metadata.PackageNotFoundError:
+            version = "not installed"
+        found.append(f"{name} {version}")
+    return {"versions": ", ".join(found), "device": str(model_device(model)),
+            "dtype": str(model_dtype(model)).removeprefix("torch.")}

@@ -97,6 +97,7 @@ class RunInfo:
     condition_hashes: dict[str, str | None]
     rank: int
     engines: dict[str, str] = field(default_factory=dict)  # condition -> its engine ("hf", "bridge", "hooked")
+    environment: dict[str, str] = field(default_factory=dict)  # versions, device, dtype: run_environment()
 
 
 def condition_engine(model, cond: Condition) -> str:
@@ -296,7 +297,7 @@ def result_table(rows: list[dict], conds: list[Condition], problems: list[Proble
 ROW_COLUMNS = ["condition", "problem_id", "sample", "subject", "level", "answer", "prediction",
                *GRADERS, PAPER_EXACT, "finish", "generated_tokens", "generation", "prompt", "prompt_tokens",
                "prompt_ids", "model", "engine", "config_hash", "condition_hash", "problem_hash", "rank", "seconds",
-               "error"]
+               "error", "versions", "device", "dtype"]
 
 
 def make_row(it: Item, cond: Condition, ids: list[int], text: str, finish: str, seconds: float, info: RunInfo,
@@ -327,6 +328,7 @@ def make_row(it: Item, cond: Condition, ids: list[int], text: str, finish: str, 
         "model": info.model_name, "engine": info.engines.get(cond.name), "config_hash": info.run_hash,
         "condition_hash": info.condition_hashes[cond.name], "problem_hash": problem_hash(p), "rank": info.rank,
         "seconds": round(seconds, 4), "error": error,
+        **{k: info.environment.get(k) for k in ("versions", "device", "dtype")},
     }
 
 

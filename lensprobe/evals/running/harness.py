@@ -78,7 +78,7 @@ from typing import Any, Literal
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.attach import with_default_seed
-from lensprobe.core.models.facts import model_facts
+from lensprobe.core.models.facts import model_facts, run_environment
 from lensprobe.core.prompts.conditions import (
     paper_conditions,
     resolve_conditions,
@@ -239,7 +239,8 @@ def evaluate(model, problems, conditions: Any = DEFAULT_CONDITIONS, *, out: str 
     name = str(model_name) if model_name is not None else facts.name
     run, cond_desc = _identities(model, conds, config, out)
     info = RunInfo(name, run_hash(EVAL_KIND, run) if "identity" in run else None,
-                   {n: d["hash"] for n, d in cond_desc.items()}, rank, {n: d["engine"] for n, d in cond_desc.items()})
+                   {n: d["hash"] for n, d in cond_desc.items()}, rank, {n: d["engine"] for n, d in cond_desc.items()},
+                   run_environment(model))
     done: dict[tuple, dict] = {}
     with _nothing_left_if_refused(out, world_size):  # checks after the folder is prepared: intervention positions
         if out is not None:
