@@ -27,7 +27,7 @@ from attribution import ablation_settings, exact_sweep, metric_settings  # noqa:
 import lensprobe as lp  # noqa: E402
 from lensprobe.core.hooks.forward import as_prompts  # noqa: E402
 from lensprobe.core.measures.forced import resolve_measures  # noqa: E402
-from lensprobe.experiments.findheads import _pipeline, _Search, _write_ratios  # noqa: E402
+from lensprobe.experiments.findheads import _pipeline, _prompt_write_ratios, _Search  # noqa: E402
 from lensprobe.experiments.sweep import chunk_cost, layer_chunks  # noqa: E402
 
 TOP = 20
@@ -49,10 +49,10 @@ def collect(args) -> None:
             att = lp.attribute_heads(model, prompts, name, method="atp", **abl, **met)
             items = as_prompts(model, prompts, build_strings=True)
             measures = resolve_measures(model, name, len(items), answers=met.get("answers"))
-            ratios = _write_ratios(model, items, measures, att.settings, int(model.cfg.n_layers))
+            per_prompt = _prompt_write_ratios(model, items, measures, att.settings, int(model.cfg.n_layers))
             path = args.out / f"seed{args.seed}_{ablation}_{metric}.pt"
             torch.save({"changes": changes, "heads": heads, "estimates": att.estimates, "scores": att.scores,
-                        "ratios": ratios, "metric": name, "lengths": [len(p) for p in prompts]}, path)
+                        "ratios": per_prompt.amax(0), "prompt_ratios": per_prompt, "metric": name, "lengths": [len(p) for p in prompts]}, path)
             print(f"saved {path}", flush=True)
 
 

@@ -15,20 +15,33 @@ from lensprobe.experiments.sweep import chunk_cost, layer_chunks
 
 
 @pytest.fixture(scope="module")
-def prompts(tiny):
-    system = "Please reason step by step."
-    return [lp.build_prompt(tiny, "What is 3*4?", system=system, filler=lp.Filler.meaningless(count=5)),
-            lp.build_prompt(tiny, "What is 12+7?", system=system)]
+def wide():
+    """4 layers x 8 heads: enough heads that a search costs less than the sweep (on ``tiny``'s 8 heads it never
+    does, so find_heads runs the sweep there)."""
+    from lensprobe.core.models.testing import tiny_model
+
+    return tiny_model(seed=0, n_layers=4, n_heads=8, n_kv_heads=2)
 
 
 @pytest.fixture(scope="module")
-def sweep(tiny, prompts):
-    return lp.ablation_sweep(tiny, prompts, "entropy", progress=False)
+def prompts(wide):
+    system = "Please reason step by step."
+    return [lp.build_prompt(wide, "What is 3*4?", system=system, filler=lp.Filler.meaningless(count=5)),
+            lp.build_prompt(wide, "What is 12+7?", system=system)]
 
 
-def test_every_exact_value_is_the_sweeps(tiny, prompts, sweep):
-    found = find_heads(tiny, prompts, "entropy", top=3, flag=0.0)  # flag 0: every head ablated, as the sweep
-    assert len(found.table) == 8 and set(found.table["why"]) == {"flagged"} and found.recall_kind == "exact"
+@pytest.fixture(scope="module")
+def sweep(wide, prompts):
+    return lp.ablation_sweep(wide, prompts, "entropy", progress=False)
+
+
+L, H = 4, 8
+
+
+def test_every_exact_value_is_the_sweeps(wide, prompts, sweep):
+    found = find_heads(wide, prompts, "entropy", top=3, flag=0.0)  # flag 0: every head ablated: the sweep runs
+    assert len(found.table) == L * H and set(found.table["why"]) == {"swept"} and found.recall_kind == "exact"
+    assert found.method == "sweep" and found.cost["attribution"] == 0 and found.table["estimate"].isna().all()
     labels = [f"L{layer}H{head}" for layer, head in sweep.heads]
     for row, column in zip(found.table.itertuples(), range(len(found.table)), strict=True):
         i = labels.index(row.head_label)
@@ -39,11 +52,13 @@ def test_every_exact_value_is_the_sweeps(tiny, prompts, sweep):
     for p in range(2):
         want = [labels[i] for i in torch.argsort(sweep.changes[p].abs(), descending=True, stable=True)[:3].tolist()]
         assert found.per_prompt[p] == want
-    assert "top-3 exact (every head ablated)" in found.summary()
+    assert "ran the exact sweep instead" in found.summary()
+    assert "exact top 3: " + ", ".join(f"{lbl} {float(sweep.changes[:, labels.index(lbl)].mean()):+.3g}"
+                                       for lbl in truth) in found.summary()
 
 
-def test_verification_follows_atp_order_and_stops_when_a_step_adds_nothing(tiny, prompts, sweep):
-    found = find_heads(tiny, prompts, "entropy", top=2, flag=float("inf"), step=2, sample=0)
+def test_verification_follows_atp_order_and_stops_when_a_step_adds_nothing(wide, prompts, sweep):
+    found = find_heads(wide, prompts, "entropy", top=2, flag=float("inf"), step=2, sample=0)
     att = found.attribution
     order = [att.labels[i] for i in torch.argsort(att.scores.mean(0), descending=True, stable=True).tolist()]
     verified = found.table[found.table["why"] == "verified"]
@@ -56,7 +71,7 @@ def test_verification_follows_atp_order_and_stops_when_a_step_adds_nothing(tiny,
         return set(sorted(heads, key=lambda h: -effect[h])[:2])
 
     # the rule, by hand: stop after the first step (from the second on) that leaves the exact top-2 as it was
-    steps = [order[k: k + 2] for k in range(0, 8, 2)]
+    steps = [order[k: k + 2] for k in range(0, L * H, 2)]
     seen, stop = [], len(steps)
     for k, chunk in enumerate(steps):
         before = top2(seen) if len(seen) >= 2 else None
@@ -65,24 +80,25 @@ def test_verification_follows_atp_order_and_stops_when_a_step_adds_nothing(tiny,
             stop = k + 1
             break
     assert found.steps == stop and set(found.found["head_label"]) == top2(seen)
-    assert found.recall_kind == ("exact" if stop == 4 else "unknown")
+    assert not found.capped and found.method == "search"
+    assert found.recall_kind == ("exact" if stop == L * H // 2 else "unknown")
 
 
-def test_flagged_heads_are_those_that_move_the_residual_stream(tiny, prompts):
-    measures = resolve_measures(tiny, "entropy", 2)
-    att = lp.attribute_heads(tiny, prompts, "entropy")
-    ratios = _write_ratios(tiny, prompts, measures, att.settings, 2)
+def test_flagged_heads_are_those_that_move_the_residual_stream(wide, prompts):
+    measures = resolve_measures(wide, "entropy", 2)
+    att = lp.attribute_heads(wide, prompts, "entropy")
+    ratios = _write_ratios(wide, prompts, measures, att.settings, L)
     store = {}
-    with lp.intervene(tiny, *[(lambda n: n.endswith(("attn.hook_z", "hook_resid_pre")),  # TransformerLens's aliases
+    with lp.intervene(wide, *[(lambda n: n.endswith(("attn.hook_z", "hook_resid_pre")),  # TransformerLens's aliases
                                lambda act, hook: store.__setitem__(hook.name, act.detach()))]):
-        tiny(prompts[1].tokens)
-    w_o = tiny.blocks[1].attn.W_O.detach()
-    z, resid = (store[tiny.hook_dict[name].name] for name in ("blocks.1.attn.hook_z", "blocks.1.hook_resid_pre"))
+        wide(prompts[1].tokens)
+    w_o = wide.blocks[1].attn.W_O.detach()
+    z, resid = (store[wide.hook_dict[name].name] for name in ("blocks.1.attn.hook_z", "blocks.1.hook_resid_pre"))
     by_hand = (z[0, :, 2] @ w_o[2]).norm() / resid[0].norm()
     assert float(ratios[1, 2]) >= float(by_hand) - 1e-5  # the largest over prompts (zero ablation: dz = -z)
-    cut = float(ratios.flatten().sort().values[4])
-    found = find_heads(tiny, prompts, "entropy", top=1, flag=cut, budget=0, sample=0)
-    flagged = {f"L{layer}H{head}" for layer in range(2) for head in range(4) if float(ratios[layer, head]) > cut}
+    cut = float(ratios.flatten().sort().values[-4])
+    found = find_heads(wide, prompts, "entropy", top=1, flag=cut, budget=0, sample=0)
+    flagged = {f"L{layer}H{head}" for layer in range(L) for head in range(H) if float(ratios[layer, head]) > cut}
     assert set(found.table[found.table["why"] == "flagged"]["head_label"]) == flagged and len(flagged) == 3
 
 
@@ -111,15 +127,15 @@ def test_layer_chunks_cut_where_it_costs_least(seed):
     assert sum(chunk_cost(c, 12) for c in chunks) == pytest.approx(least_cost(rows, 12, batch_size))
 
 
-def test_cost_is_counted_as_documented(tiny, prompts):
-    found = find_heads(tiny, prompts, "entropy", top=1, flag=float("inf"), step=3, budget=3, sample=2, seed=1,
+def test_cost_is_counted_as_documented(wide, prompts):
+    found = find_heads(wide, prompts, "entropy", top=1, flag=float("inf"), step=3, budget=3, sample=2, seed=1,
                        batch_size=2)
     # clean row alone (nothing flagged): 1; three verified heads, then two sampled heads, each set cut
-    # into batches of at most 2 at the cheapest cut points. A batch of r rows from lowest layer s of 2
-    # costs s/2 + r(2-s)/2.
+    # into batches of at most 2 at the cheapest cut points. A batch of r rows from lowest layer s of L
+    # costs s/L + r(L-s)/L.
     def batches(heads):
         rows = sorted((int(h[1]), int(h[3])) for h in heads)
-        return least_cost(rows, n_layers=2, batch_size=2)
+        return least_cost(rows, n_layers=L, batch_size=2)
 
     table = found.table
     want = 1.0 + batches(table[table["why"] == "verified"]["head_label"]) + batches(
@@ -127,15 +143,17 @@ def test_cost_is_counted_as_documented(tiny, prompts):
     assert found.cost["exact"] == pytest.approx(want)
     assert found.cost["total"] == pytest.approx(3.0 + 1.0 + want)
     assert found.cost["one_at_a_time"] == len(table) + 1
-    assert found.recall_kind == "sampled" and found.sampled == 2 and found.outside == 5
+    # 2 random heads of 29 cannot bound the top-1 recall: not known, and said so
+    assert found.recall_kind == "unknown" and found.sampled == 2 and found.outside == L * H - 3
+    assert "top-1 recall not known" in found.summary() and "recall >=" not in found.summary()
     with pytest.raises(lp.LensprobeError, match="top: expected a whole number >= 1"):
-        find_heads(tiny, prompts, "entropy", top=0)
+        find_heads(wide, prompts, "entropy", top=0)
     with pytest.raises(lp.LensprobeError, match=r"flag: expected a number \(inf allowed\) >= 0, got nan"):
-        find_heads(tiny, prompts, "entropy", flag=float("nan"))  # as the command line refuses it
+        find_heads(wide, prompts, "entropy", flag=float("nan"))  # as the command line refuses it
 
 
-def test_figures_mark_why_each_head_was_ablated(tiny, prompts):
-    found = find_heads(tiny, prompts, "entropy", top=1, flag=float("inf"), step=2, budget=2, sample=1)
+def test_figures_mark_why_each_head_was_ablated(wide, prompts):
+    found = find_heads(wide, prompts, "entropy", top=1, flag=float("inf"), step=2, budget=2, sample=1)
     scatter = lp.viz.find_heads_scatter(found)
     names = {trace.name: list(trace.text) for trace in scatter.data if trace.text is not None}
     table = found.table
@@ -144,8 +162,8 @@ def test_figures_mark_why_each_head_was_ablated(tiny, prompts):
     heat = lp.viz.find_heads_heatmap(found)
     z = heat.data[0].z
     ablated = {(r.layer, r.head): r.exact for r in table.itertuples()}
-    for layer in range(2):
-        for head in range(4):
+    for layer in range(L):
+        for head in range(H):
             got = z[layer][head]
             assert got == pytest.approx(ablated[(layer, head)]) if (layer, head) in ablated else got is None
     assert found.recall_text() in scatter.layout.title.text
@@ -175,8 +193,8 @@ def by_hand_refinement(found, sweep, top, shared, budget=None):
     return seen_per_prompt
 
 
-def test_each_prompt_goes_on_alone_in_its_own_atp_order(tiny, prompts, sweep):
-    found = find_heads(tiny, prompts, "entropy", top=2, flag=float("inf"), step=2, refine=1, sample=0)
+def test_each_prompt_goes_on_alone_in_its_own_atp_order(wide, prompts, sweep):
+    found = find_heads(wide, prompts, "entropy", top=2, flag=float("inf"), step=2, refine=1, sample=0)
     table = found.table
     shared = list(table[table["why"] == "verified"]["head_label"])
     assert (table[table["why"] == "verified"]["prompts"] == 2).all()
@@ -197,24 +215,24 @@ def test_each_prompt_goes_on_alone_in_its_own_atp_order(tiny, prompts, sweep):
     for row in partial.itertuples():
         column = list(table["head_label"]).index(row.head_label)
         assert row.exact == pytest.approx(float(found.exact[found.ablated[:, column], column].mean()), rel=1e-6)
-    # every single-head batch of a 2-layer model costs one forward-equivalent (s/2 + (2-s)/2)
+    # every single-head batch costs one forward-equivalent (s/L + (L-s)/L)
     extra = [len(seen) - len(shared) for seen, _ in by_hand_refinement(found, sweep, 2, shared)]
     assert found.cost["per_prompt"] == pytest.approx(sum(extra) / 2)
     assert f"{(table['why'] == 'per prompt').sum()} more on single prompts" in found.summary()
 
 
-def test_budget_bounds_both_verification_phases_per_prompt(tiny, prompts, sweep):
-    found = find_heads(tiny, prompts, "entropy", top=2, flag=float("inf"), step=2, refine=1, sample=0, budget=3)
+def test_budget_bounds_both_verification_phases_per_prompt(wide, prompts, sweep):
+    found = find_heads(wide, prompts, "entropy", top=2, flag=float("inf"), step=2, refine=1, sample=0, budget=3)
     table = found.table
     shared = list(table[table["why"] == "verified"]["head_label"])
     assert len(shared) <= 3
     for p, (seen, best) in enumerate(by_hand_refinement(found, sweep, 2, shared, budget=3)):
         assert int(found.ablated[p].sum()) == len(seen) <= 3
         assert found.per_prompt[p] == best
-    off = find_heads(tiny, prompts, "entropy", top=2, flag=float("inf"), step=2, refine=0, sample=0)
+    off = find_heads(wide, prompts, "entropy", top=2, flag=float("inf"), step=2, refine=0, sample=0)
     assert "per prompt" not in set(off.table["why"]) and off.cost["per_prompt"] == 0
     with pytest.raises(lp.LensprobeError, match="refine: expected a whole number >= 0"):
-        find_heads(tiny, prompts, "entropy", refine=-1)
+        find_heads(wide, prompts, "entropy", refine=-1)
 
 
 @pytest.mark.unchecked  # a stand-in for the Attribution: the search's bookkeeping alone
