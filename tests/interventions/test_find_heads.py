@@ -10,7 +10,7 @@ import torch
 
 import lensprobe as lp
 from lensprobe.core.measures.forced import resolve_measures
-from lensprobe.experiments.findheads import _write_ratios, find_heads
+from lensprobe.experiments.findheads import RECALL_WIDTH, _write_ratios, find_heads
 from lensprobe.experiments.sweep import chunk_cost, layer_chunks
 
 
@@ -259,3 +259,163 @@ def test_a_head_whose_ablation_makes_the_metric_nan_is_reported_not_lost():
     assert table.loc["L0H1", "nan_prompts"] == 2 and pandas.isna(table.loc["L0H1", "exact_rank"])
     assert list(found.found["head_label"]) == ["L0H2", "L0H3"]
     assert "metric NaN when ablating L0H1 (not ranked)" in found.summary()
+
+
+class ForwardCounter:
+    """Forward-equivalents counted from hooks: each layer's ``hook_z`` sees the rows that run that layer, so a
+    batch of ``r`` rows run from layer ``s`` counts ``s / L + r (L - s) / L``, and one plain forward counts 1."""
+
+    def __init__(self, model):
+        self.model, self.n_layers, self.rows = model, int(model.cfg.n_layers), 0
+
+    def __enter__(self):
+        self.context = lp.intervene(self.model, (lambda name: name.endswith("attn.hook_z"), self.count))
+        self.context.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.context.__exit__(*exc)
+
+    def count(self, act, hook):
+        self.rows += int(act.shape[0])
+
+    @property
+    def forwards(self) -> float:
+        return self.rows / self.n_layers
+
+
+@pytest.mark.parametrize("name", ["tiny", "wide"])
+def test_when_the_sweep_costs_no_more_it_runs_the_sweep(request, name):
+    """Counted by hooks, not timed: find_heads spends no more forwards than the batched sweep; where its plan
+    costs at least the sweep (``tiny``'s 8 heads with the defaults; ``flag=0`` anywhere) it runs the sweep
+    instead, says so, and its values are the sweep's."""
+    model = request.getfixturevalue(name)
+    qs = ["What is 3*4?", "What is 12+7?"]
+    items = [lp.build_prompt(model, q, system="Please reason step by step.") for q in qs]
+    with ForwardCounter(model) as one:
+        model(items[0].tokens)
+    assert one.forwards == pytest.approx(1.0)  # the counter counts a plain forward as one
+    with ForwardCounter(model) as swept:
+        sweep = lp.ablation_sweep(model, items, "entropy", progress=False)
+    kwargs = {} if name == "tiny" else {"flag": 0.0}
+    with ForwardCounter(model) as found_count:
+        found = find_heads(model, items, "entropy", top=3, **kwargs)
+    assert found.method == "sweep" and found.planned["search"] >= found.planned["sweep"]
+    assert found.cost["total"] * 2 == pytest.approx(found_count.forwards)  # no AtP, no flag pass
+    assert found_count.forwards <= swept.forwards + 1e-9
+    assert swept.forwards == pytest.approx(found.cost["sweep"] * 2)  # the sweep costs what find_heads says
+    assert "ran the exact sweep instead" in found.summary()
+    labels = [f"L{layer}H{head}" for layer, head in sweep.heads]
+    truth = [labels[i] for i in torch.argsort(sweep.changes.mean(0).abs(), descending=True, stable=True)[:3]]
+    assert list(found.found["head_label"]) == truth
+    if name == "wide":  # a search on the same model: counted forwards (AtP's backward, 2, is not seen) below
+        with ForwardCounter(model) as searched:
+            search = find_heads(model, items, "entropy", top=2, step=2, sample=2)
+        assert search.method == "search" and search.planned["search"] < search.planned["sweep"]
+        assert searched.forwards == pytest.approx((search.cost["total"] - 2.0) * 2)
+        assert search.cost["total"] <= search.cost["sweep"] and searched.forwards + 2 * 2 <= swept.forwards
+
+
+def test_a_search_never_spends_more_than_the_sweep(wide, prompts):
+    """Settings whose search would pass the sweep's cost (unbatched, 24 heads, then 5 more per prompt): it stops
+    where the next ablation would pass it, and says so."""
+    with ForwardCounter(wide) as swept:
+        lp.ablation_sweep(wide, prompts, "entropy", progress=False)
+    with ForwardCounter(wide) as counted:
+        found = find_heads(wide, prompts, "entropy", top=24, flag=float("inf"), step=1, sample=0, refine=5,
+                           batch_size=1)
+    assert found.method == "search" and found.capped
+    assert found.cost["total"] <= found.cost["sweep"] + 1e-9
+    assert counted.forwards + 2 * 2 <= found.cost["sweep"] * 2 + 1e-9  # AtP's backward: 2 per prompt
+    assert "stopped at the sweep's cost" in found.summary()
+    assert swept.forwards == pytest.approx(2 * 33)  # batches of 32: the clean row and 31 heads, then one head
+
+
+def claims(found):
+    """What the summary says: the heads it lists with their printed effects, and its recall statement."""
+    import re
+
+    text = found.summary()
+    listed = re.search(r"(?:exact top \d+|ablated exactly on every prompt): ((?:L\d+H\d+ [+-][^,;]+(?:, )?)+)", text)
+    heads = [tuple(item.split(" ")) for item in listed.group(1).split(", ")] if listed else []
+    bound = re.search(r"recall >= ([0-9.]+) at 95% confidence", text)
+    return text, heads, (float(bound.group(1)) if bound else None)
+
+
+def assert_no_overstatement(found, changes, labels):
+    """Every claim of ``found.summary()`` and ``found.per_prompt`` holds against the full sweep's ``changes``
+    ([prompt, head], heads in ``labels``' order)."""
+    text, heads, bound = claims(found)
+    mean = changes.mean(0)
+    k = found.top
+
+    def top_of(values, allowed):
+        return [labels[i] for i in sorted(allowed, key=lambda i: -abs(float(values[i])))[:k]]
+
+    truth = top_of(mean, range(len(labels)))
+    assert [h for h, _ in heads] == list(found.found["head_label"]) and len(heads) == min(k, len(found.found))
+    for label, printed in heads:  # each effect printed is the sweep's (to the 3 digits printed)
+        assert float(printed) == pytest.approx(float(mean[labels.index(label)]), rel=6e-3, abs=1e-9), label
+    everywhere = [labels.index(lbl) for lbl, ok in zip(found.table["head_label"], found.ablated.all(0), strict=True)
+                  if ok]
+    assert [h for h, _ in heads] == top_of(mean, everywhere)  # the top of what it ablated, in order
+    recall = len(set(truth) & {h for h, _ in heads}) / len(truth)
+    if found.method == "sweep" or "exact (every head ablated)" in text:
+        assert [h for h, _ in heads] == truth
+    elif bound is not None:
+        assert found.recall_kind == "sampled" and bound <= recall, (bound, recall)
+        assert found.recall_high - found.recall_low < RECALL_WIDTH
+    else:
+        assert f"top-{k} recall not known" in text and "recall >=" not in text
+    for p, listed in enumerate(found.per_prompt):
+        on_p = [labels.index(lbl) for lbl, ok in zip(found.table["head_label"], found.ablated[p], strict=True) if ok]
+        assert listed == top_of(changes[p], on_p)  # the top of what it ablated on that prompt
+        if found.method == "sweep" or found.recall_kind == "exact":
+            assert listed == top_of(changes[p], range(len(labels)))
+    return recall
+
+
+HELD_OUT = ["Compute 15 divided by 3.", "What is the square root of 81?", "Simplify 2x + 3x."]
+
+
+@pytest.mark.parametrize("settings", [
+    {"top": 5},
+    {"top": 5, "flag": 0.5, "step": 2, "sample": 3},
+    {"top": 3, "flag": 0.5, "step": 1, "sample": 20},
+    {"top": 5, "flag": 0.5, "flag_each_prompt": True, "recheck": True, "sample": 4},
+    {"top": 8, "flag": float("inf"), "step": 4, "sample": 0, "refine": 2},
+])
+def test_the_summary_never_overstates_on_held_out_prompts(wide, settings):
+    items = [lp.build_prompt(wide, q) for q in HELD_OUT]
+    sweep = lp.ablation_sweep(wide, items, "entropy", progress=False)
+    labels = [f"L{layer}H{head}" for layer, head in sweep.heads]
+    found = find_heads(wide, items, "entropy", **settings)
+    assert found.method == "search" and found.planned["search"] < found.planned["sweep"]
+    assert_no_overstatement(found, sweep.changes, labels)
+
+
+@pytest.mark.unchecked  # a stand-in for the Attribution: the search's bookkeeping alone
+@pytest.mark.parametrize("noise", [0.0, 0.5, 3.0])
+def test_a_recall_bound_is_stated_only_when_narrow_and_never_above_the_recall(noise):
+    """1,000 heads with known effects, AtP's scores their magnitudes plus noise: with 700 random heads checked the
+    bound is informative when the search found the top, and it never exceeds the measured recall."""
+    from types import SimpleNamespace
+
+    from lensprobe.experiments.findheads import _pipeline, _Search
+
+    gen = torch.Generator().manual_seed(7)
+    pairs = [(layer, head) for layer in range(50) for head in range(20)]
+    effects = torch.randn(2, len(pairs), generator=gen) * torch.rand(len(pairs), generator=gen) ** 6
+    index = {pair: i for i, pair in enumerate(pairs)}
+
+    def ablate(chosen, batch_size, which, clean):
+        return effects[which][:, [index[c] for c in chosen]], (torch.zeros(len(which)) if clean else None), 1.0
+
+    scores = effects.abs() + noise * torch.rand(2, len(pairs), generator=gen)
+    att = SimpleNamespace(scores=scores, estimates=effects + noise * torch.randn(2, len(pairs), generator=gen),
+                          units=[(layer, (head,)) for layer, head in pairs], metric="entropy")
+    search = _Search(att, pairs, 2, 20, 32, ablate)
+    found = _pipeline(search, torch.zeros(len(pairs)), 0.5, 5, 0, None, 700, 0, 50)
+    recall = assert_no_overstatement(found, effects, [f"L{layer}H{head}" for layer, head in pairs])
+    if noise == 0.0:  # AtP exact: the search finds the top, and 700 clean checks bound it closely
+        assert recall == 1.0 and found.recall_kind == "sampled" and claims(found)[2] is not None
