@@ -419,3 +419,59 @@ def test_a_recall_bound_is_stated_only_when_narrow_and_never_above_the_recall(no
     recall = assert_no_overstatement(found, effects, [f"L{layer}H{head}" for layer, head in pairs])
     if noise == 0.0:  # AtP exact: the search finds the top, and 700 clean checks bound it closely
         assert recall == 1.0 and found.recall_kind == "sampled" and claims(found)[2] is not None
+
+
+def test_flag_each_prompt_ablates_a_flagged_head_only_where_it_writes_past_the_flag(wide, prompts):
+    from lensprobe.experiments.findheads import _prompt_write_ratios
+
+    measures = resolve_measures(wide, "entropy", 2)
+    att = lp.attribute_heads(wide, prompts, "entropy")
+    ratios = _prompt_write_ratios(wide, prompts, measures, att.settings, L)  # [prompt, layer, head]
+    assert torch.equal(ratios.amax(0), _write_ratios(wide, prompts, measures, att.settings, L))
+    # a cut between the prompts' ratios, so that some heads write past it on one prompt only
+    cut = float(ratios.flatten().sort().values[-12])
+    found = find_heads(wide, prompts, "entropy", top=2, flag=cut, budget=0, sample=0, refine=0,
+                       flag_each_prompt=True)
+    for column, row in enumerate(found.table.itertuples()):
+        want = [float(ratios[p, row.layer, row.head]) > cut for p in range(2)]
+        assert found.ablated[:, column].tolist() == want, row.head_label
+    assert any(int(found.ablated[:, c].sum()) == 1 for c in range(len(found.table)))  # some on one prompt only
+    flagged = int((ratios > cut).any(0).sum())
+    assert len(found.table) == flagged and set(found.table["why"]) == {"flagged"}
+    # over prompts, only the heads flagged on both are ranked
+    assert set(found.found["head_label"]) <= {r.head_label for c, r in enumerate(found.table.itertuples())
+                                              if bool(found.ablated[:, c].all())}
+
+
+@pytest.mark.unchecked  # a stand-in for the Attribution: the search's bookkeeping alone
+def test_recheck_sends_the_search_on_when_a_random_head_beats_the_weakest_found():
+    """AtP ranks 10 of the 15 strong heads first, then the 85 weak ones, the other 5 strong ones last: the search
+    stops among the weak heads; the random check draws a strong one, and with ``recheck`` the search goes on
+    until a draw finds none better."""
+    from types import SimpleNamespace
+
+    from lensprobe.experiments.findheads import _pipeline, _Search
+
+    pairs = [(layer, head) for layer in range(10) for head in range(10)]
+    effects = torch.cat([torch.linspace(2.0, 1.0, 15), torch.linspace(0.1, 0.01, 85)])[None].repeat(2, 1)
+    order = list(range(10)) + list(range(15, 100)) + list(range(10, 15))
+    scores = torch.empty_like(effects)
+    scores[:, order] = torch.linspace(1.0, 0.0, 100)
+
+    def run(recheck):
+        def ablate(chosen, batch_size, which, clean):
+            return (effects[which][:, [pairs.index(c) for c in chosen]], torch.zeros(len(which)) if clean else None,
+                    1.0)
+        att = SimpleNamespace(scores=scores, estimates=scores, units=[(lay, (h,)) for lay, h in pairs],
+                              metric="entropy")
+        found = _pipeline(_Search(att, pairs, 2, 15, 32, ablate), torch.zeros(len(pairs)), 0.5, 5, 0, None, 10, SEED,
+                          10, recheck=recheck)
+        truth = {f"L{i // 10}H{i % 10}" for i in range(15)}
+        return found, len(truth & set(found.found["head_label"])) / 15
+
+    SEED = 1  # a draw of the first check that holds a strong head
+    plain, plain_recall = run(False)
+    again, again_recall = run(True)
+    assert plain.beat > 0 and plain.checks == 1  # the check saw it, and the search stopped anyway
+    assert again.checks > 1 and again.steps > plain.steps and again_recall > plain_recall
+    assert again.beat == 0 or not bool((~again.ablated.all(0)).any())  # a draw found nothing better, or none left
