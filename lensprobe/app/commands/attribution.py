@@ -173,13 +173,13 @@ def _find(args, files: list) -> int:
     summary = {"model": model_label(model), "metric": found.metric, "ablation": ablation,
                "settings": {"metric": metric.metric, "ablation": ablation, **kwargs,
                             "tokens": metric.tokens},  # lp.find_heads' keywords
-               "found": found.found.to_dict(orient="records"), "cost": found.cost,
+               "found": found.found.to_dict(orient="records"), "cost": found.cost, "method": found.method,
+               "planned": found.planned, "capped": found.capped,
                "recall": found.recall, "recall_kind": found.recall_kind,
                "recall_interval": [found.recall_low, found.recall_high], "recall_note": found.recall_text(),
                "prompts": [prompt_json(p) for p in prompts],
                "indexing": "0-based layers and heads (L0H13 = papers' layer 1, head 14)"}
     files.append(atomic_write_json(out / "find_heads.json", to_jsonable(summary)))
-    print("exact top: " + ", ".join(f"{r.head_label} {r.exact:+.4g}" for r in found.found.head(5).itertuples()))
     print(found.summary())
     print(f"wrote the search to {out.resolve()}")
     return 0
