@@ -62,7 +62,8 @@ def add_find_heads(subparsers) -> None:
                     "ablating every head (lp.find_heads): AtP estimates every head, heads with a large write to "
                     "the residual stream are ablated exactly, the others in AtP's order until a step adds nothing to "
                     "the exact top, over the questions and then per question, and a random sample of the rest "
-                    "checks what was missed. Writes find_heads.csv, per_prompt.csv, find_heads_scatter.html, "
+                    "checks what was missed; when that would cost as much as ablating every head, it ablates every "
+                    "head instead and says so. Writes find_heads.csv, per_prompt.csv, find_heads_scatter.html, "
                     "find_heads_heatmap.html and find_heads.json. Heads are 0-based: L0H13 is the papers' layer 1, "
                     "head 14."))
     add_inputs(p, ModelOptions, QuestionOptions, AnswerOptions, Math500Options, MetricSettings, AblationBatch, RecallCheck,
