@@ -24,6 +24,18 @@ outside its linear regime. :func:`find_heads` combines them:
    alone, in its own AtP order, ``refine`` heads at a time, with the same stopping rule on its own
    exact top (``refine=0`` skips this). Those heads are ablated on that prompt only.
 
+**Never more than the sweep.** Before any forward it estimates both costs in forward-equivalents per
+prompt: its plan (AtP, the flag pass, and the fewest exact ablations the stopping rule allows:
+``top + step + sample`` heads and the clean row, at the sweep's mean cost per row) against the batched
+sweep of every head. When the sweep costs no more, it runs the sweep instead (``method="sweep"``, said in
+the summary). While searching, an exact ablation that would take the total past the sweep's cost is not
+run: the search stops there and says so (``capped``).
+
+**Never more than it showed.** The summary names the heads found with their exact effects (each ablated
+exactly on every prompt) and states the recall only when it is known: exact when every head was ablated,
+a lower bound when the random check bounds it within an interval narrower than :data:`RECALL_WIDTH`,
+otherwise "recall not known".
+
 Every exact ablation runs through the batched sweep (:func:`~lensprobe.experiments.sweep.sweep_prompt`):
 rows are sorted by layer and cut into batches where it costs least
 (:func:`~lensprobe.experiments.sweep.layer_chunks`), so heads of nearby layers share a batch and
@@ -58,14 +70,27 @@ from lensprobe.core.hooks.heads import head_label, hook_z_name
 from lensprobe.core.lazy import pandas
 from lensprobe.core.measures.forced import resolve_measures
 from lensprobe.experiments.atp_gradients import delta_z
-from lensprobe.experiments.attribution import Attribution, attribute_heads, prompt_positions
+from lensprobe.experiments.attribution import (
+    Attribution,
+    _aligned_sources,
+    _units,
+    attribute_heads,
+    attribution_sources,
+    prompt_positions,
+)
 from lensprobe.experiments.sweep import PREFIX_SAFE, chunk_cost, layer_chunks, sweep_prompt
 from lensprobe.experiments.verify import recall_bound
+from lensprobe.interventions.ablation import check_ablation_positions
 
-__all__ = ["HeadSearch", "find_heads"]
+__all__ = ["RECALL_WIDTH", "HeadSearch", "find_heads"]
 
 ATP_COST = 3.0
 """Forward-equivalents of one AtP pass on one prompt (a forward, and a backward at about two)."""
+FLAG_COST = 1.0
+"""Forward-equivalents of the flag pass on one prompt (one clean forward recording ``hook_z``)."""
+RECALL_WIDTH = 0.3
+"""The widest 95% interval of the recall bound that :meth:`HeadSearch.summary` states; a wider one is
+reported as "recall not known"."""
 
 
 @dataclass
@@ -74,30 +99,45 @@ class HeadSearch:
 
     Attributes:
         table: one row per head ablated exactly: ``layer``, ``head``, ``head_label``, ``estimate``
-            (AtP, mean over the prompts it was ablated on) and ``score`` (AtP's, mean over prompts),
-            ``write`` (the flag signal), ``exact`` (mean of the exact change over the ``prompts`` it was
-            ablated on), ``prompts``, ``why`` (``"flagged"``, ``"verified"``, ``"sampled"``, or
-            ``"per prompt"``: ablated on some prompts only, in step 5), ``atp_rank`` (1 = AtP's first),
-            ``exact_rank`` (1 = largest ``|exact|`` among the heads ablated on every prompt; empty for
-            the others and for a head whose ablation made the metric NaN), ``nan_prompts`` (the prompts on
-            which its ablation made the metric NaN: such a head is reported, never ranked). Heads ablated
-            on every prompt come first.
+            (AtP, mean over the prompts it was ablated on; NaN when the sweep ran instead) and ``score``
+            (AtP's, mean over prompts), ``write`` (the flag signal, the largest over prompts), ``exact``
+            (mean of the exact change over the ``prompts`` it was ablated on), ``prompts``, ``why``
+            (``"flagged"``, ``"verified"``, ``"sampled"``, ``"per prompt"``: ablated on some prompts only, in
+            step 5, or ``"swept"``: the sweep ran instead), ``atp_rank`` (1 = AtP's first), ``exact_rank``
+            (1 = largest ``|exact|`` among the heads ablated on every prompt; empty for the others and for a
+            head whose ablation made the metric NaN), ``nan_prompts`` (the prompts on which its ablation made
+            the metric NaN: such a head is reported, never ranked). Heads ablated on every prompt come first.
         exact: ``[prompt, head]`` exact changes of the heads of ``table``, in its order (meaningful where
             ``ablated`` is true; NaN there only when the ablation made the metric NaN).
         ablated: ``[prompt, head]`` bool, whether the head of ``table`` was ablated on the prompt.
         top: how many heads were asked for.
-        per_prompt: per prompt, the labels of the ``top`` heads with the largest ``|exact|`` there
-            (among the heads ablated exactly on it), largest first.
+        per_prompt: one list per prompt, in the prompts' order: the labels of the ``top`` heads with the
+            largest ``|exact|`` on that prompt alone, largest first, among the heads ablated exactly on it
+            (those ablated on every prompt, and those step 5 ablated on it alone). A head can be in a
+            prompt's list and not in ``found`` (it matters there, not on average). Every value is exact;
+            whether a prompt's list is its true top is known only where every head was ablated
+            (``method="sweep"`` or ``recall_kind="exact"``). :meth:`per_prompt_table` gives them as a table
+            with their exact changes.
         recall, recall_kind, recall_low, recall_high, outside, sampled, beat: what is known of the
-            over-prompts top's recall, as :class:`~lensprobe.experiments.verify.Verification` says it
-            (``outside``: heads not ablated before the random check).
+            over-prompts top's recall. ``recall_kind``: ``"exact"`` (every head ablated: the top is the true
+            top), ``"sampled"`` (the random check bounds it: ``recall_low`` is the 95% lower bound, stated
+            only when ``recall_high - recall_low`` is below :data:`RECALL_WIDTH`) or ``"unknown"`` (no head
+            checked, or an interval too wide to say anything; ``recall`` is then NaN, ``recall_low`` and
+            ``recall_high`` the uninformative interval). ``outside``: heads not ablated before the last random
+            check; ``sampled``: heads it drew; ``beat``: how many of them beat the weakest head found.
         cost: forward-equivalents per prompt (mean over prompts): ``"attribution"``, ``"flag"``,
             ``"exact"`` (of which ``"per_prompt"`` in step 5), ``"total"``, and for comparison
             ``"sweep"`` (every head, batched like the sweep) and ``"one_at_a_time"`` (the same exact
             heads, one forward each, plus the clean run).
         steps: verification steps run on every prompt (step 3).
-        attribution: the AtP estimates.
+        attribution: the AtP estimates (all NaN when the sweep ran instead: no AtP pass was run).
         metric: the metric's name.
+        method: ``"search"`` (the pipeline) or ``"sweep"`` (the plan would cost at least the sweep, so every
+            head was ablated exactly instead).
+        planned: the estimate made before any forward, per prompt: ``"search"`` (the least the plan
+            costs) and ``"sweep"``.
+        capped: the search stopped because its next exact ablation would have cost more than the sweep.
+        checks: rounds of the random check (more than one when ``recheck`` sent the search on).
     """
 
     table: Any
@@ -116,6 +156,10 @@ class HeadSearch:
     steps: int
     attribution: Attribution = field(repr=False)
     metric: str = ""
+    method: str = "search"
+    planned: dict[str, float] = field(default_factory=dict)
+    capped: bool = False
+    checks: int = 1
 
     @property
     def found(self):
@@ -133,34 +177,54 @@ class HeadSearch:
             for p, heads in enumerate(self.per_prompt) for r, lbl in enumerate(heads)])
 
     def recall_text(self) -> str:
-        """What is known of the top-k recall (see :meth:`Verification.recall_text
-        <lensprobe.experiments.verify.Verification.recall_text>`)."""
+        """What is known of the top-k recall, and nothing more: exact, a 95% lower bound when its interval is
+        narrower than :data:`RECALL_WIDTH`, or "recall not known"."""
         k = self.top
         if self.recall_kind == "exact":
             return f"top-{k} exact (every head ablated)"
-        if self.recall_kind == "unknown":
-            return f"top-{k} recall not measured (sample=0: none of the {self.outside} heads left was checked)"
-        return (f"top-{k} recall >= {self.recall:.2f} estimated (95% interval {self.recall_low:.2f}-"
-                f"{self.recall_high:.2f}) from {self.sampled} random heads of the {self.outside} not ablated, "
-                f"{self.beat} of which beat the weakest found")
+        if self.recall_kind == "sampled":
+            return (f"top-{k} recall >= {self.recall_low:.2f} at 95% confidence (interval {self.recall_low:.2f}-"
+                    f"{self.recall_high:.2f}, from {self.sampled} random heads of the {self.outside} not ablated, "
+                    f"{self.beat} of which beat the weakest found)")
+        if self.sampled == 0:
+            return f"top-{k} recall not known (none of the {self.outside} heads left was checked)"
+        return (f"top-{k} recall not known ({self.sampled} random heads of the {self.outside} not ablated, "
+                f"{self.beat} of which beat the weakest found, cannot bound it: any value from "
+                f"{self.recall_low:.2f} to {self.recall_high:.2f} fits)")
 
     def summary(self) -> str:
-        """One line: what was ablated exactly, what it cost against the sweep, what is known of recall."""
-        why = self.table["why"].value_counts()
+        """What was shown and nothing more: the heads found with their exact effects, what was ablated exactly,
+        what it cost against the sweep (and whether the sweep ran instead), and what is known of recall."""
         c = self.cost
+        found = self.found
+        heads = ", ".join(f"{r.head_label} {r.exact:+.3g}" for r in found.itertuples())
         nan = list(self.table.loc[self.table["nan_prompts"] > 0, "head_label"])
         nan_text = f"; metric NaN when ablating {', '.join(nan)} (not ranked)" if nan else ""
-        return (f"find_heads on {self.metric}: {len(self.table)} of {len(self.attribution.units)} heads ablated exactly "
+        if self.method == "sweep":
+            return (f"find_heads on {self.metric} ran the exact sweep instead (estimated {self.planned['search']:.1f} "
+                    f"forward-equivalents per prompt for the search, {self.planned['sweep']:.1f} for the sweep): "
+                    f"every one of the {len(self.table)} heads ablated exactly, {c['total']:.1f} forward-equivalents "
+                    f"per prompt; exact top {len(found)}: {heads}{nan_text}")
+        why = self.table["why"].value_counts()
+        cap = "; stopped at the sweep's cost" if self.capped else ""
+        return (f"find_heads on {self.metric}: the top {len(found)} of the {int(self.ablated.all(0).sum())} heads "
+                f"ablated exactly on every prompt: {heads}; "
+                f"{len(self.table)} of {len(self.attribution.units)} heads ablated exactly "
                 f"({why.get('flagged', 0)} flagged, {why.get('verified', 0)} verified in {self.steps} steps, "
                 f"{why.get('sampled', 0)} sampled, {why.get('per prompt', 0)} more on single prompts); "
                 f"{c['total']:.1f} forward-equivalents per prompt, "
-                f"{c['total'] / c['sweep']:.2f} of the sweep's {c['sweep']:.1f}; {self.recall_text()}{nan_text}")
+                f"{c['total'] / c['sweep']:.2f} of the sweep's {c['sweep']:.1f}{cap}; {self.recall_text()}{nan_text}")
 
 
 def _write_ratios(model, items, measures, settings: dict, n_layers: int) -> Tensor:
     """``[layer, head]``: the largest over prompts of ``||dz_h W_O^h|| / ||resid_pre||`` at the ablated positions."""
+    return _prompt_write_ratios(model, items, measures, settings, n_layers).amax(0)
+
+
+def _prompt_write_ratios(model, items, measures, settings: dict, n_layers: int) -> Tensor:
+    """``[prompt, layer, head]``: ``||dz_h W_O^h|| / ||resid_pre||`` at the ablated positions of each prompt."""
     n_heads = int(model.cfg.n_heads)
-    out = torch.zeros(n_layers, n_heads, device="cpu")
+    out = torch.zeros(len(items), n_layers, n_heads, device="cpu")
     w_o = [model.blocks[layer].attn.W_O.detach().float() for layer in range(n_layers)]
     for p, (prompt, measure, source) in enumerate(zip(items, measures, settings["sources"], strict=True)):
         store: dict = {}
@@ -179,7 +243,7 @@ def _write_ratios(model, items, measures, settings: dict, n_layers: int) -> Tens
             write = torch.einsum("pnd,ndm->pnm", dz.to(w_o[layer].device), w_o[layer])
             resid = store[("resid", layer)][0].float()[selected.to(z.device)]
             denom = float(resid.norm()) or 1.0
-            out[layer] = torch.maximum(out[layer], write.norm(dim=(0, 2)).cpu() / denom)
+            out[p, layer] = write.norm(dim=(0, 2)).cpu() / denom
     return out
 
 
@@ -205,33 +269,83 @@ def _ablate(model, items, measures, att: Attribution, pairs: list[tuple[int, int
     return values, base, cost
 
 
+def _rows_cost(rows: list, n_layers: int, batch_size: int) -> float:
+    """Forward-equivalents of ablating ``rows`` (``None``: the clean row) cut as :func:`_ablate` cuts them."""
+    return sum(chunk_cost(c, n_layers) for c in layer_chunks(rows, n_layers, batch_size)) if rows else 0.0
+
+
+def _sweep_cost(pairs: list, n_layers: int, batch_size: int) -> float:
+    """Forward-equivalents per prompt of the batched sweep of every head (the clean row first, fixed batches)."""
+    rows = [None, *pairs]
+    return sum(chunk_cost(rows[i: i + batch_size], n_layers) for i in range(0, len(rows), batch_size))
+
+
+def _plan(pairs: list, n_layers: int, top: int, step: int, sample: int, flag: float, batch_size: int
+          ) -> dict[str, float]:
+    """The estimate made before any forward, per prompt: the least the search costs (AtP, the flag pass, the
+    clean row and the ``top + step + sample`` heads the stopping rule needs at least, or every head with
+    ``flag=0``, at the sweep's mean cost per row) and the sweep's cost."""
+    sweep = _sweep_cost(pairs, n_layers, batch_size)
+    heads = len(pairs) if flag == 0 else min(len(pairs), top + step + sample)
+    return {"search": ATP_COST + FLAG_COST + (1 + heads) * sweep / (1 + len(pairs)), "sweep": sweep}
+
+
 class _Search:
     """The exact values found so far: ``values[prompt, unit]``, meaningful where ``ablated[prompt, unit]`` (a
     NaN there is the metric's own), the clean values, why each unit was first ablated, and the
     forward-equivalents spent per prompt.
-    ``ablate(pairs, which, clean)`` runs the exact ablations, as :func:`_ablate` after its first four
-    arguments."""
+    ``ablate(pairs, batch_size, which, clean)`` runs the exact ablations, as :func:`_ablate` after its first four
+    arguments. ``limit``: the forward-equivalents per prompt the exact ablations may spend (a run that would
+    pass it is not run, and ``capped`` says so); ``n_layers`` costs a run before it runs."""
 
     def __init__(self, att: Attribution, pairs: list, n_prompts: int, top: int, batch_size: int,
-                 ablate: Callable[..., tuple[Tensor, Tensor | None, float]]):
+                 ablate: Callable[..., tuple[Tensor, Tensor | None, float]], limit: float = math.inf,
+                 n_layers: int = 1):
         self.att, self.pairs, self.top, self.batch_size, self.ablate = att, pairs, top, batch_size, ablate
         self.values = torch.zeros((n_prompts, len(pairs)), device="cpu")
         self.ablated = torch.zeros((n_prompts, len(pairs)), dtype=torch.bool)
-        self.clean: Tensor | None = None
+        self.clean = torch.full((n_prompts,), math.nan)
+        self.has_clean = torch.zeros(n_prompts, dtype=torch.bool)
         self.why: dict[int, str] = {}
         self.spent = torch.zeros(n_prompts, dtype=torch.float64)
+        self.limit, self.n_layers, self.capped = limit, n_layers, False
 
-    def run(self, units: list[int], reason: str, prompt: int | None = None) -> None:
-        """Ablate ``units`` exactly on every prompt (or on ``prompt`` alone); the clean row goes with the first run."""
+    def run(self, units: list[int], reason: str, prompt: int | None = None) -> bool:
+        """Ablate ``units`` exactly on every prompt (or on ``prompt`` alone), each only where it was not ablated
+        yet; the clean row goes with a prompt's first run. False when a run was refused for passing ``limit``."""
         which = list(range(self.values.shape[0])) if prompt is None else [prompt]
-        values, base, cost = self.ablate([self.pairs[i] for i in units], self.batch_size, which, self.clean is None)
-        if base is not None:
-            self.clean = base
-        for j, i in enumerate(units):
-            self.values[which, i] = values[:, j] - self.clean[which]  # type: ignore[index]
-            self.ablated[which, i] = True
-            self.why.setdefault(i, reason)
-        self.spent[which] += cost
+        mask = torch.zeros_like(self.ablated)
+        for p in which:
+            mask[p, units] = True
+        return self.run_mask(mask, reason, which)
+
+    def run_mask(self, mask: Tensor, reason: str, which: list[int] | None = None) -> bool:
+        """Ablate unit ``u`` on prompt ``p`` where ``mask[p, u]`` and it was not ablated yet, on the prompts
+        ``which`` (default: every prompt); a prompt's first run takes its clean row (alone if it ablates nothing).
+        Prompts with the same units share a run."""
+        groups: dict[tuple, list[int]] = {}
+        for p in range(mask.shape[0]) if which is None else which:
+            units = tuple((mask[p] & ~self.ablated[p]).nonzero().flatten().tolist())
+            if units or not bool(self.has_clean[p]):
+                groups.setdefault((units, bool(self.has_clean[p])), []).append(p)
+        ok = True
+        for (units, has_clean), which in groups.items():
+            rows = [self.pairs[i] for i in units]
+            if math.isfinite(self.limit):
+                need = _rows_cost(([] if has_clean else [None]) + rows, self.n_layers, self.batch_size)
+                if float(self.spent[which].max()) + need > self.limit + 1e-9:
+                    self.capped, ok = True, False
+                    continue
+            values, base, cost = self.ablate(rows, self.batch_size, which, not has_clean)
+            if base is not None:
+                self.clean[which] = base
+                self.has_clean[which] = True
+            for j, i in enumerate(units):
+                self.values[which, i] = values[:, j] - self.clean[which]
+                self.ablated[which, i] = True
+                self.why.setdefault(i, reason)
+            self.spent[which] += cost
+        return ok
 
     def everywhere(self) -> list[int]:
         """Units ablated on every prompt."""
@@ -258,19 +372,34 @@ def _check_settings(top: Any, sample: Any, batch_size: Any, step: Any, budget: A
     finite_number("flag", flag, 0, allow_inf=True)  # a share of the residual stream's norm; inf flags none
 
 
+def _exact_settings(model, items, measures, ablation: Any, reference: Any, positions: Any, align: Any,
+                    layers: list[int]) -> dict:
+    """The ablation settings :func:`attribute_heads` would hand on, checked the same way, without its passes."""
+    kind, sources = attribution_sources(model, len(items), ablation, reference, False, layers)
+    aligned = None
+    if align is not None and align is not False:
+        sources, aligned = _aligned_sources(model, items, ablation, align, positions, "head", layers)
+    settings = {"method": kind, "sources": sources, "aligned": aligned, "positions": positions}
+    for p, (prompt, measure) in enumerate(zip(items, measures, strict=True)):
+        check_ablation_positions(prompt_positions(settings, p, prompt), int(measure.inputs(model, prompt).shape[-1]))
+    return settings
+
+
 def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablation: Any = "zero",
                reference: Any = None, positions: Any = None, answers: Any = None, tokens: Any = None,
                continuation: Any = None, align: Any = None, flag: float = 0.07, step: int = 5,
                refine: int = 3, budget: int | None = None, sample: int = 10, seed: int = 0,
-               batch_size: int = 32) -> HeadSearch:
+               batch_size: int = 32, flag_each_prompt: bool = False, recheck: bool = False) -> HeadSearch:
     """The exact top-``top`` heads by the effect of ablating each, over prompts and per prompt, at a
-    fraction of the sweep's cost.
+    fraction of the sweep's cost, and never more than it.
 
     See the module documentation for the pipeline: AtP estimates, exact ablation of the heads
     ``flag`` marks as outside the linear regime, exact verification in AtP order ``step`` heads
     at a time until a step adds nothing to the exact top, a random sample of the rest to
-    estimate what was missed, and per prompt the same verification in that prompt's AtP order,
-    ``refine`` heads at a time.
+    check what was missed, and per prompt the same verification in that prompt's AtP order,
+    ``refine`` heads at a time. Before any forward it compares the least the search can cost
+    with the sweep's cost, and runs the exact sweep instead when that is no dearer
+    (``method="sweep"``); while searching it never spends more than the sweep.
 
     Args:
         model: a TransformerLens model.
@@ -280,7 +409,7 @@ def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablati
             the same settings, so estimates and exact values measure the same thing).
         top: how many heads to find.
         flag: ablate exactly every head whose ablation moves the residual stream by more than this
-            share of its norm (``0`` ablates every head: the sweep; ``float("inf")`` none).
+            share of its norm (``0`` ablates every head: the sweep runs instead; ``float("inf")`` none).
         step: heads verified per step on every prompt.
         refine: heads verified per step on one prompt in the per-prompt phase (``0``: no such phase).
         budget: at most this many single-head ablations per prompt in the verification and per-prompt
@@ -288,10 +417,15 @@ def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablati
         sample: heads drawn at random from the rest and ablated exactly on every prompt (the recall check).
         seed: the random draw's seed.
         batch_size: single-head ablations per forward.
+        flag_each_prompt: ablate a flagged head only on the prompts where it writes more than ``flag``
+            (``False``: on every prompt when it does on one); the verification then orders a head flagged
+            on some prompts by its exact values there and AtP's estimates elsewhere.
+        recheck: when a head of the random check beats the weakest head found, go on verifying in AtP
+            order and check again with a new draw, until a draw finds nothing better.
 
     Returns:
         A :class:`HeadSearch`: ``.found`` (the exact top), ``.table`` (every head ablated, and why),
-        ``.per_prompt``, ``.cost``, ``.summary()``.
+        ``.per_prompt``, ``.cost``, ``.method``, ``.summary()``.
 
     Raises:
         LensprobeError: bad settings, or what :func:`attribute_heads` refuses.
@@ -301,50 +435,102 @@ def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablati
         >>> print(found.summary())
     """
     _check_settings(top, sample, batch_size, step, budget, flag, refine)
+    if not isinstance(flag_each_prompt, bool) or not isinstance(recheck, bool):
+        raise LensprobeError(f"flag_each_prompt and recheck are True or False, got {flag_each_prompt!r} and "
+                             f"{recheck!r}.")
+    items = as_prompts(model, prompts, build_strings=True)
+    n_layers = int(model.cfg.n_layers)
+    pairs = [(layer, heads[0]) for layer, heads in _units(model, "all", "head")]
+    top = min(top, len(pairs))
+    planned = _plan(pairs, n_layers, top, step, sample, flag, batch_size)
+    if planned["search"] >= planned["sweep"]:
+        return _sweep(model, items, metric, pairs, top, planned, batch_size, ablation=ablation, reference=reference,
+                      positions=positions, answers=answers, tokens=tokens, continuation=continuation, align=align)
     att = attribute_heads(model, prompts, metric, method="atp", ablation=ablation, reference=reference,
                           positions=positions, answers=answers, tokens=tokens, continuation=continuation, align=align)
-    if att.unit != "head":
-        raise LensprobeError("find_heads works on single heads.")  # pragma: no cover - attribute_heads default
-    items = as_prompts(model, prompts, build_strings=True)
     measures = resolve_measures(model, metric, len(items), answers=answers, tokens=tokens, continuation=continuation)
-    n_layers, n_units = int(model.cfg.n_layers), len(att.units)
-    top = min(top, n_units)
-    pairs = [(layer, heads[0]) for layer, heads in att.units]
-    ratios = _write_ratios(model, items, measures, att.settings, n_layers)
-    write = torch.tensor([float(ratios[layer, head]) for layer, head in pairs])
-    search = _Search(att, pairs, len(items), top, batch_size, partial(_ablate, model, items, measures, att))
-    return _pipeline(search, write, flag, step, refine, budget, sample, seed, n_layers)
+    ratios = _prompt_write_ratios(model, items, measures, att.settings, n_layers)
+    write = ratios[:, [p[0] for p in pairs], [p[1] for p in pairs]]  # [prompt, unit]
+    search = _Search(att, pairs, len(items), top, batch_size, partial(_ablate, model, items, measures, att),
+                     limit=planned["sweep"] - ATP_COST - FLAG_COST, n_layers=n_layers)
+    found = _pipeline(search, write, flag, step, refine, budget, sample, seed, n_layers,
+                      flag_each_prompt=flag_each_prompt, recheck=recheck)
+    found.planned = planned
+    return found
+
+
+def _sweep(model, items, metric: Any, pairs: list, top: int, planned: dict, batch_size: int, *, ablation: Any,
+           reference: Any, positions: Any, answers: Any, tokens: Any, continuation: Any, align: Any) -> HeadSearch:
+    """Every head ablated exactly, batched as the sweep, with no AtP pass: when the search costs no less."""
+    measures = resolve_measures(model, metric, len(items), answers=answers, tokens=tokens, continuation=continuation,
+                                gradient=True)  # the metrics the search takes
+    n_layers, n = int(model.cfg.n_layers), len(pairs)
+    settings = _exact_settings(model, items, measures, ablation, reference, positions, align,
+                               sorted({p[0] for p in pairs}))
+    none = torch.full((len(items), n), math.nan)
+    n_heads = int(model.cfg.n_heads)
+    att = Attribution([(layer, (head,)) for layer, head in pairs], none, none.clone(), torch.full((len(items),), math.nan),
+                      "none", getattr(measures[0], "name", str(metric)), "head", n_layers, n_heads,
+                      n_heads // int(getattr(model.cfg, "n_key_value_heads", None) or n_heads), settings)
+    search = _Search(att, pairs, len(items), top, batch_size, partial(_ablate, model, items, measures, att),
+                     n_layers=n_layers)
+    search.run(list(range(n)), "swept")
+    att.values = search.clean.clone()
+    cost = {"attribution": 0.0, "flag": 0.0, "exact": float(search.spent.mean()), "per_prompt": 0.0}
+    recall = recall_bound(1.0, top, 0, 0, 0)
+    found = _result(search, torch.full((len(items), n), math.nan), [], recall, 0, 0, 0, cost, 0, n_layers)
+    found.method, found.planned = "sweep", planned
+    return found
 
 
 def _pipeline(search: _Search, write: Tensor, flag: float, step: int, refine: int, budget: int | None, sample: int,
-              seed: int, n_layers: int) -> HeadSearch:
-    """Steps 2-5 of the module documentation, on AtP's estimates and the flag signal ``write`` per unit."""
+              seed: int, n_layers: int, *, flag_each_prompt: bool = False, recheck: bool = False) -> HeadSearch:
+    """Steps 2-5 of the module documentation, on AtP's estimates and the flag signal ``write`` (``[prompt, unit]``,
+    or ``[unit]``: the largest over prompts)."""
     att, top, n_units = search.att, search.top, len(search.pairs)
-    search.run([i for i in range(n_units) if float(write[i]) > flag], "flagged")  # with the clean row
-    order = torch.argsort(att.scores.mean(0), descending=True, stable=True).tolist()
+    n_prompts = search.values.shape[0]
+    write = write if write.dim() == 2 else write[None].expand(n_prompts, -1)
+    flagged = write > flag if flag_each_prompt else (write.amax(0) > flag)[None].expand(n_prompts, -1)
+    search.run_mask(flagged, "flagged")  # with the clean rows (alone when nothing is flagged)
+    magnitude = torch.where(search.ablated, search.values.abs().nan_to_num(0.0), att.scores)
+    order = torch.argsort(magnitude.mean(0), descending=True, stable=True).tolist()
     steps, spent = _verify(search, order, step, budget, None)
-    rest = [i for i in range(n_units) if i not in search.why]
-    pick = sorted(rest[k] for k in torch.randperm(len(rest), generator=torch.Generator().manual_seed(seed))[:sample].tolist())
-    if pick:
-        search.run(pick, "sampled")
-    mean = search.values.mean(0)
-    weakest = min((abs(float(mean[i])) for i in search.top_units()), default=0.0)
-    beat = sum(abs(float(mean[i])) > weakest for i in pick)
+    generator = torch.Generator().manual_seed(seed)
+    checks = 0
+    while True:
+        rest = [i for i in range(n_units) if not bool(search.ablated[:, i].all())]
+        pick = sorted(rest[k] for k in torch.randperm(len(rest), generator=generator)[:sample].tolist())
+        if pick and not search.run(pick, "sampled"):
+            pick = [i for i in pick if bool(search.ablated[:, i].all())]
+        checks += 1
+        mean = search.values.mean(0)
+        weakest = min((abs(float(mean[i])) for i in search.top_units()), default=0.0)
+        beat = sum(abs(float(mean[i])) > weakest for i in pick)
+        left = None if budget is None else budget - spent
+        if not (recheck and beat and (left is None or left > 0)) or search.capped:
+            break
+        more, used = _verify(search, order, step, left, None)
+        if not used:
+            break
+        steps, spent = steps + more, spent + used
     known = recall_bound(1.0, top, len(rest), len(pick), beat)  # every head ablated: exact
-    shared = float(search.spent[0])
+    shared = float(search.spent.mean())
     if refine:
-        for p in range(search.values.shape[0]):
+        for p in range(n_prompts):
             left = None if budget is None else budget - spent
             own = torch.argsort(att.scores[p], descending=True, stable=True).tolist()
             _verify(search, own, refine, left, p)
-    cost = {"attribution": ATP_COST, "flag": 1.0, "exact": float(search.spent.mean()),
+    cost = {"attribution": ATP_COST, "flag": FLAG_COST, "exact": float(search.spent.mean()),
             "per_prompt": float(search.spent.mean()) - shared}
-    return _result(search, write, order, known, len(rest), len(pick), beat, cost, steps, n_layers)
+    found = _result(search, write, order, known, len(rest), len(pick), beat, cost, steps, n_layers)
+    found.capped, found.checks = search.capped, checks
+    return found
 
 
 def _verify(search: _Search, order: list[int], step: int, budget: int | None, prompt: int | None) -> tuple[int, int]:
     """Ablate the units in ``order`` not yet ablated (on ``prompt``, or on every prompt), ``step`` at a time,
-    until a step leaves the exact top as it was or ``budget`` units are spent; the steps run and units spent."""
+    until a step leaves the exact top as it was, ``budget`` units are spent, or the next step would pass the
+    sweep's cost; the steps run and units spent."""
     done = search.ablated.all(0) if prompt is None else search.ablated[prompt]
     queue = [i for i in order if not bool(done[i])]
     steps, spent = 0, 0
@@ -352,17 +538,28 @@ def _verify(search: _Search, order: list[int], step: int, budget: int | None, pr
         take = queue[: step if budget is None else min(step, budget - spent)]
         queue = queue[len(take):]
         before = search.top_units(prompt)
-        search.run(take, "verified" if prompt is None else "per prompt", prompt)
+        if not search.run(take, "verified" if prompt is None else "per prompt", prompt):
+            break
         steps, spent = steps + 1, spent + len(take)
         if len(before) >= search.top and search.top_units(prompt) == before:
             break
     return steps, spent
 
 
+def _recall(recall: tuple) -> tuple[float, float, float, str]:
+    """``recall_bound``'s answer, with a sampled bound whose interval is :data:`RECALL_WIDTH` or wider made
+    "unknown" (its recall NaN, its interval kept)."""
+    value, low, high, kind = recall
+    if kind == "sampled" and not high - low < RECALL_WIDTH:
+        return math.nan, low, high, "unknown"
+    return value, low, high, kind
+
+
 def _result(search: _Search, write: Tensor, order: list[int], recall: tuple, outside: int, sampled: int, beat: int,
             cost: dict, steps: int, n_layers: int) -> HeadSearch:
     att, pairs, values, top = search.att, search.pairs, search.values, search.top
     seen = search.ablated
+    written = write.amax(0) if write.dim() == 2 else write
     exact = {i: float(values[seen[:, i], i].mean()) for i in search.why}  # NaN only when the metric was
     ranked = sorted((i for i in search.everywhere() if not math.isnan(exact[i])), key=lambda i: -abs(exact[i]))
     partial = sorted((i for i in search.why if i not in set(ranked)),
@@ -372,16 +569,16 @@ def _result(search: _Search, write: Tensor, order: list[int], recall: tuple, out
     est = att.estimates
     table = pandas().DataFrame([
         {"layer": pairs[i][0], "head": pairs[i][1], "head_label": head_label(*pairs[i]),
-         "estimate": float(est[seen[:, i], i].mean()), "score": float(att.scores[:, i].mean()), "write": float(write[i]),
-         "exact": exact[i], "prompts": int(seen[:, i].sum()), "why": search.why[i],
-         "atp_rank": atp_rank[i], "nan_prompts": int((seen[:, i] & values[:, i].isnan()).sum())} for i in units])
+         "estimate": float(est[seen[:, i], i].mean()), "score": float(att.scores[:, i].mean()),
+         "write": float(written[i]), "exact": exact[i], "prompts": int(seen[:, i].sum()), "why": search.why[i],
+         "atp_rank": atp_rank.get(i), "nan_prompts": int((seen[:, i] & values[:, i].isnan()).sum())} for i in units],
+        columns=["layer", "head", "head_label", "estimate", "score", "write", "exact", "prompts", "why", "atp_rank",
+                 "nan_prompts"])
     table["exact_rank"] = pandas().array([r + 1 for r in range(len(ranked))] + [None] * len(partial), dtype="Int64")
     per_prompt = [[head_label(*pairs[i]) for i in search.ranked(p)] for p in range(values.shape[0])]
-    rows = [None, *pairs]
-    batch = search.batch_size
-    sweep = sum(chunk_cost(rows[i: i + batch], n_layers) for i in range(0, len(rows), batch))
+    sweep = _sweep_cost(pairs, n_layers, search.batch_size)
     cost = {**cost, "total": cost["attribution"] + cost["flag"] + cost["exact"], "sweep": sweep,
             "one_at_a_time": float(seen.sum(1).double().mean()) + 1.0}
-    value, low, high, kind = recall
-    return HeadSearch(table, values[:, units], seen[:, units], top, per_prompt, value, kind, low, high, outside, sampled, beat, cost,
-                      steps, att, att.metric)
+    value, low, high, kind = _recall(recall)
+    return HeadSearch(table, values[:, units], seen[:, units], top, per_prompt, value, kind, low, high, outside, sampled,
+                      beat, cost, steps, att, att.metric)

@@ -12,9 +12,11 @@ from lensprobe.viz.style import ABLATED_COLOR, CLEAN_COLOR, INDEX_NOTE, cell_lab
 
 __all__ = ["attribution_heatmap", "attribution_scatter", "find_heads_heatmap", "find_heads_scatter"]
 
-WHY_COLORS = {"flagged": ABLATED_COLOR, "verified": "#2a9d8f", "sampled": CLEAN_COLOR, "per prompt": "#e9c46a"}
+WHY_COLORS = {"flagged": ABLATED_COLOR, "verified": "#2a9d8f", "sampled": CLEAN_COLOR, "per prompt": "#e9c46a",
+              "swept": "#6c757d"}
 WHY_TEXT = {"flagged": "flagged (large write to the residual)", "verified": "verified in AtP order",
-            "sampled": "random check", "per prompt": "on single prompts, in their AtP order"}
+            "sampled": "random check", "per prompt": "on single prompts, in their AtP order",
+            "swept": "the sweep (no AtP estimate)"}
 
 
 def attribution_heatmap(attribution, *, title: str | None = None, zmax: float | None = None):

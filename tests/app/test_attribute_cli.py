@@ -73,6 +73,9 @@ def test_find_heads_writes_what_the_library_finds(tmp_path, capsys, tiny):
     assert summary["settings"] == {"metric": "entropy", "ablation": "zero", "top": 3, "flag": 0.5, "step": 2,
                                    "refine": 1, "sample": 1, "batch_size": 32, "tokens": None}
     assert summary["cost"]["total"] == pytest.approx(want.cost["total"]) and want.summary() in printed
+    # 8 heads: the search's plan costs at least the sweep, so both ran the sweep, and say so alike
+    assert summary["method"] == want.method == "sweep" and "ran the exact sweep instead" in printed
+    assert summary["recall_note"] == want.recall_text() and summary["planned"] == pytest.approx(want.planned)
 
 
 @pytest.mark.parametrize("argv, message", [

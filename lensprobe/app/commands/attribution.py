@@ -62,7 +62,8 @@ def add_find_heads(subparsers) -> None:
                     "ablating every head (lp.find_heads): AtP estimates every head, heads with a large write to "
                     "the residual stream are ablated exactly, the others in AtP's order until a step adds nothing to "
                     "the exact top, over the questions and then per question, and a random sample of the rest "
-                    "checks what was missed. Writes find_heads.csv, per_prompt.csv, find_heads_scatter.html, "
+                    "checks what was missed; when that would cost as much as ablating every head, it ablates every "
+                    "head instead and says so. Writes find_heads.csv, per_prompt.csv, find_heads_scatter.html, "
                     "find_heads_heatmap.html and find_heads.json. Heads are 0-based: L0H13 is the papers' layer 1, "
                     "head 14."))
     add_inputs(p, ModelOptions, QuestionOptions, AnswerOptions, Math500Options, MetricSettings, AblationBatch, RecallCheck,
@@ -173,13 +174,13 @@ def _find(args, files: list) -> int:
     summary = {"model": model_label(model), "metric": found.metric, "ablation": ablation,
                "settings": {"metric": metric.metric, "ablation": ablation, **kwargs,
                             "tokens": metric.tokens},  # lp.find_heads' keywords
-               "found": found.found.to_dict(orient="records"), "cost": found.cost,
+               "found": found.found.to_dict(orient="records"), "cost": found.cost, "method": found.method,
+               "planned": found.planned, "capped": found.capped,
                "recall": found.recall, "recall_kind": found.recall_kind,
                "recall_interval": [found.recall_low, found.recall_high], "recall_note": found.recall_text(),
                "prompts": [prompt_json(p) for p in prompts],
                "indexing": "0-based layers and heads (L0H13 = papers' layer 1, head 14)"}
     files.append(atomic_write_json(out / "find_heads.json", to_jsonable(summary)))
-    print("exact top: " + ", ".join(f"{r.head_label} {r.exact:+.4g}" for r in found.found.head(5).itertuples()))
     print(found.summary())
     print(f"wrote the search to {out.resolve()}")
     return 0
