@@ -46,7 +46,7 @@ def test_patch_heads_writes_what_the_library_computes(tmp_path, capsys, tiny):
 
 def test_segments_and_system_reach_the_library(tmp_path, capsys, tiny):
     out = tmp_path / "q"
-    rc = main(["patch-heads", "--model", "tiny", "--question", QUESTIONS[0], "--no-system", "--segments", "question",
+    rc = main(["patch-heads", "--model", "tiny", "--question", QUESTIONS[0], "--no-system", "--patch-segments", "question",
                "--heads", "L1H2", "--no-progress", "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
     cond = FillerSetup(system=None).condition("w/ Mless")
@@ -62,7 +62,7 @@ def test_segments_and_system_reach_the_library(tmp_path, capsys, tiny):
     (["--compare", "w/o"], "--compare w/o has no filler"),
     (["--metric", "logprob"], "--metric logprob needs --answer TEXT"),
     (["--heads", "L0X1"], "not a head label"),
-    (["--segments", "bogus"], "segment 'bogus': this prompt has segments"),
+    (["--patch-segments", "bogus"], "segment 'bogus': this prompt has segments"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     rc = main(["patch-heads", "--model", "tiny", "--question", QUESTIONS[0], "--no-progress", "--out",

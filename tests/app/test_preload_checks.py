@@ -84,7 +84,7 @@ TABLE = [
     ("patch-heads", "--metric logprob --question x --question y --answer 1 --answer 2 --answer {}", ["3"],
      "--answer was given 3 times for 2 questions"),
     ("patch-heads", "--question x --math500 {}", ["2"], "pass --question or --math500, not both"),
-    ("patch-heads", "--segments {}", ["','"], "--segments: expected segment names"),
+    ("patch-heads", "--patch-segments {}", ["','"], "--patch-segments: expected segment names"),
     ("patch-heads", "--heads-per-forward {}", ["0"], "--heads-per-forward"),
     ("mechanism", "--bins {}", ["0"], "--bins"),
     ("mechanism", "--eps {}", ["-1", "0", "nan"], "--eps"),

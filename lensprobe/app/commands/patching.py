@@ -50,19 +50,20 @@ class PatchHeadsConfig:
         ['question', 'system']
     """
 
-    segments: str | None = field(default=None, metadata={"custom_args": {"metavar": "NAMES"}})
+    patch_segments: str | None = field(default=None, metadata={"custom_args": {"metavar": "NAMES"}})
     """segments to patch, comma-separated (e.g. question,system); default: every segment both prompts have"""
 
     def __post_init__(self) -> None:
         check_annotated(self)
-        if self.segments is not None and not self.segment_list():
-            raise SettingError("segments", f"expected segment names such as question, got {self.segments!r}")
+        if self.patch_segments is not None and not self.segment_list():
+            raise SettingError("patch_segments", f"expected segment names such as question, got "
+                                                 f"{self.patch_segments!r}")
 
     def segment_list(self) -> list[str] | None:
         """The segment names given (``None``: every segment both prompts have)."""
-        if self.segments is None:
+        if self.patch_segments is None:
             return None
-        return [s.strip() for s in self.segments.split(",") if s.strip()]
+        return [s.strip() for s in self.patch_segments.split(",") if s.strip()]
 
 
 def add_patch_heads(subparsers) -> None:
