@@ -145,7 +145,7 @@ def filler_pairs(model, questions, filler) -> tuple[list[Prompt], list[Prompt], 
     texts = [_question_of(q) for q in items]
     with_filler, without = cond.prompt_builder(model), replace(cond, filler=None).prompt_builder(model)
     answers = [getattr(q, "answer", None) for q in items]
-    found = answers if all(isinstance(a, str) and a for a in answers) else None
+    found = [str(a) for a in answers] if all(isinstance(a, str) and a for a in answers) else None
     return [with_filler(t) for t in texts], [without(t) for t in texts], found
 
 
@@ -189,6 +189,8 @@ def patch_heads(model, clean, corrupted: Any = None, metric: Any = "entropy", *,
     """
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise LensprobeError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    clean_ps: list[Any]
+    corrupted_ps: list[Any]
     if filler is not None:
         if corrupted is not None:
             raise LensprobeError("pass corrupted prompts or filler=, not both: filler= builds each corrupted prompt "
