@@ -128,10 +128,12 @@ def _patch(args, files: list) -> int:
                       tokens=metric.token_pair(), segments=args.config.segment_list(),
                       batch_size=args.AblationBatch.heads_per_forward, progress=not args.OutputOptions.no_progress)
     out = args.out
-    csv = res.to_csv(out / "patched_heads.csv")
-    files += [csv, csv.with_name(csv.stem + "_long.csv"), out / "pairs.csv"]
-    with atomic_file(files[-1]) as tmp:
-        res.pairs_table().to_csv(tmp, index=False)
+    tables = {"patched_heads.csv": (res.table, True), "patched_heads_long.csv": (res.to_dataframe(), False),
+              "pairs.csv": (res.pairs_table(), False)}
+    for name, (table, index) in tables.items():
+        files.append(out / name)
+        with atomic_file(files[-1]) as tmp:
+            table.to_csv(tmp, index=index)
     files += [write_figure(sweep_heatmap(res), out / "patched_heads_heatmap.html"),
               write_figure(sweep_heatmap(res.grid("share"), title=f"Share of the total effect on {res.metric} each "
                                                                   "head carries when patched"),
