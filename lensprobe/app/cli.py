@@ -35,6 +35,7 @@ from lensprobe.app.commands.demo import add_demo
 from lensprobe.app.commands.evals import add_eval, add_eval_report
 from lensprobe.app.commands.heads import add_ablate, add_sweep
 from lensprobe.app.commands.mechanism import add_mechanism
+from lensprobe.app.commands.patching import add_patch_heads
 from lensprobe.app.commands.reproduce import add_reproduce
 from lensprobe.app.commands.sinks import add_sinks
 from lensprobe.app.commands.trace import add_trace
@@ -46,7 +47,7 @@ from lensprobe.core.storage.writer import OutputFolder
 from lensprobe.core.version import __version__
 
 SUBCOMMANDS: list[Callable] = [add_attention, add_demo, add_eval, add_eval_report, add_trace, add_ablate, add_sweep,
-                               add_attribute, add_find_heads, add_mechanism, add_sinks, add_reproduce]
+                               add_attribute, add_find_heads, add_patch_heads, add_mechanism, add_sinks, add_reproduce]
 """Functions that register one subcommand each; add yours here."""
 
 

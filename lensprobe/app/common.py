@@ -76,6 +76,7 @@ OUTPUT_KINDS: dict[str, tuple[str, ...]] = {
     "sweep": ("sweep.json",),
     "attribution": ("attribution.json",),
     "find_heads": ("find_heads.json",),
+    "patch_heads": ("patch_heads.json",),
     "trace": ("summary.csv", "texts.csv"),
     "mechanism": ("mechanism.json",),
     "sinks": ("sinks.json",),

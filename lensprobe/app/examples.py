@@ -20,6 +20,8 @@ EXAMPLES: dict[str, str] = {
     "sweep": "lensprobe sweep --question 'What is 12+7?' --heads L0H0,L0H1,L1H2 --ablation zero --out sweep",
     "attribute": "lensprobe attribute --question 'What is 12+7?' --attribution atp --verify 5 --out attr",
     "find-heads": "lensprobe find-heads --question 'What is 12+7?' --question 'What is 3*4?' --top 5 --out heads",
+    "patch-heads": "lensprobe patch-heads --question 'What is 12+7?' --question 'What is 3*4?' --compare 'w/ Mless' "
+                   "--heads L0H0,L0H1,L1H2 --out patched",
     "trace": "lensprobe trace --question 'What is 12+7?' --think fusion,pause --max-new-tokens 24 --out trace",
     "demo": "lensprobe demo --quick --out lensprobe-report",
 }
@@ -27,7 +29,7 @@ EXAMPLES: dict[str, str] = {
 
 STUDIES: dict[str, tuple[str, ...]] = {
     "meaningless tokens (arXiv 2510.01032)": ("attention", "mechanism", "sinks", "eval", "eval-report", "reproduce"),
-    "attention heads": ("ablate", "sweep", "attribute", "find-heads"),
+    "attention heads": ("ablate", "sweep", "attribute", "find-heads", "patch-heads"),
     "latent thinking tokens (arXiv 2602.10229)": ("trace",),
     "all of them": ("demo",),
 }

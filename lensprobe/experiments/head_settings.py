@@ -161,7 +161,7 @@ class MetricSettings:
 
     metric: str = "entropy"
     """entropy (next token, last position) | logprob (needs --answer) | logit_diff (needs --tokens) |
-    attention:<segment>, e.g. attention:system (sweep only: attention carries no gradient)"""
+    attention:<segment>, e.g. attention:system (sweep and patch-heads only: attention carries no gradient)"""
     tokens: str | None = field(default=None, metadata={"custom_args": {"metavar": "A,B"}})
     """the two tokens of --metric logit_diff, ids or text (e.g. 7,8)"""
 
@@ -219,7 +219,7 @@ class AblateConfig:
 class AblationBatch:
     """How many heads one forward ablates.
 
-    ``--heads-per-forward``, declared once for ``sweep``, ``attribute`` and ``find-heads``.
+    ``--heads-per-forward``, declared once for ``sweep``, ``attribute``, ``find-heads`` and ``patch-heads``.
 
     Example:
         >>> AblationBatch().heads_per_forward  # the functions' batch_size

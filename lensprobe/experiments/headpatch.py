@@ -4,28 +4,35 @@
 time: head ``h``'s output (``hook_z``) on the ``clean`` prompt is replaced, at every aligned
 position, by its output on the ``corrupted`` prompt, and the metric's change is measured, one
 exact run per head, batched as the ablation sweep batches (rows sorted by layer, the forward
-below the lowest patched head shared).
+below the lowest patched head shared). One pair of prompts or many: each pair is patched on its
+own, and the result (:class:`~lensprobe.experiments.headpatch_result.HeadPatch`) keeps the changes
+per pair and their mean, the clean and corrupted metrics per pair, and each head's share of the
+total effect ``corrupted - clean``.
 
 **Alignment by segment.** The two prompts may differ in length. Positions are paired token by
 token within named segments (``lp.build_prompt``'s ``system``, ``question``, ``answer`` ...):
 by default every segment both prompts have, in order, so a prompt with the meaningless filler
 and the same prompt without it pair every position except the filler's (and its separator); a
 segment only one prompt has has no counterpart: it is never patched, and the result says so
-(:attr:`HeadPatch.unmatched`). ``segments=[...]`` patches the named segments only.
+(``HeadPatch.unmatched``). ``segments=[...]`` patches the named segments only.
 
 Which heads carry the filler's effect on the next-token entropy: the clean prompt is the one
 with the filler, the corrupted one the same question without it; a head whose patched output
 moves the entropy back carries part of the filler's effect at the positions both prompts share.
+``filler="w/ Mless"`` builds both prompts of each question or MATH-500 problem with the
+condition's prompt builder (:func:`filler_pairs`).
 
 Example:
     >>> with_filler = lp.build_prompt(model, q, system=lp.MATH_SYSTEM_PROMPT, filler=lp.Filler.meaningless())
     >>> without = lp.build_prompt(model, q, system=lp.MATH_SYSTEM_PROMPT)
     >>> res = lp.patch_heads(model, with_filler, without, "entropy")
     >>> res.top(5), res.unmatched
+    >>> many = lp.patch_heads(model, lp.load_math500(limit=3), filler="w/ Mless")
+    >>> many.mean_changes, many.shares          # [head], [pair, head]
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -35,35 +42,16 @@ from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.forward import as_prompts
 from lensprobe.core.hooks.heads import Positions, resolve_heads
 from lensprobe.core.measures.forced import resolve_measures
+from lensprobe.core.measures.measure import measure_once
+from lensprobe.core.progress import tqdm
+from lensprobe.core.prompts.conditions import resolve_conditions
+from lensprobe.core.prompts.prompt import Prompt
+from lensprobe.experiments.headpatch_result import HeadPatch
 from lensprobe.experiments.patching import segment_alignment
-from lensprobe.experiments.sweep import PREFIX_SAFE, SweepResult, layer_chunks, sweep_prompt
+from lensprobe.experiments.sweep import PREFIX_SAFE, layer_chunks, sweep_prompt
 from lensprobe.interventions.replacement import record_z
 
-__all__ = ["HeadPatch", "aligned_positions", "aligned_source", "patch_heads"]
-
-
-@dataclass
-class HeadPatch(SweepResult):
-    """A :class:`~lensprobe.experiments.sweep.SweepResult` of patched heads (``method="patch"``:
-    ``ablated`` holds the metric with the head patched, ``baseline`` the clean metric), and the
-    alignment it used.
-
-    Attributes:
-        clean_positions, corrupted_positions: the paired positions, in order.
-        unmatched: segment -> which prompt alone has it (never patched: no counterpart).
-    """
-
-    clean_positions: tuple[int, ...] = ()
-    corrupted_positions: tuple[int, ...] = ()
-    unmatched: tuple[tuple[str, str], ...] = ()
-
-    def summary(self) -> str:
-        """One line: what was patched and where the largest changes are."""
-        top = self.top(3)
-        where = ", ".join(f"{r.label} {r.change:+.4g}" for r in top.itertuples())
-        alone = "; ".join(f"{seg} ({who}) has no counterpart and is not patched" for seg, who in self.unmatched)
-        return (f"{len(self.heads)} heads patched one at a time at {len(self.clean_positions)} aligned positions; "
-                f"largest changes of {self.metric}: {where}" + (f"; {alone}" if alone else ""))
+__all__ = ["HeadPatch", "aligned_positions", "aligned_source", "filler_pairs", "patch_heads"]
 
 
 def aligned_positions(clean, corrupted, segments: str | Sequence[str] | None = None
@@ -117,45 +105,143 @@ def aligned_source(model, corrupted, clean_len: int, clean_pos: list[int], corru
     return out
 
 
-def patch_heads(model, clean, corrupted, metric: Any = "entropy", *, heads: Any = "all",
-                segments: str | Sequence[str] | None = None, answers: str | None = None,
-                tokens: Sequence[int | str] | None = None, continuation: Any = None, batch_size: int = 32) -> HeadPatch:
-    """Patch each head's output from ``corrupted`` into ``clean`` at the aligned positions, one head at a time.
+def _as_list(items) -> list:
+    """One item or a list of them, as a list (a list of token ids is one item)."""
+    if isinstance(items, (list, tuple)) and items and not all(isinstance(i, int) for i in items):
+        return list(items)
+    return [items]
+
+
+def _question_of(item) -> str:
+    """A question string, or a problem's (anything with a ``problem`` text, e.g. a MATH-500 problem)."""
+    text = item if isinstance(item, str) else getattr(item, "problem", None)
+    if not isinstance(text, str):
+        raise LensprobeError(f"with filler=, each item is a question string or a problem with a .problem text "
+                             f"(lp.load_math500), got {type(item).__name__}.")
+    return text
+
+
+def filler_pairs(model, questions, filler) -> tuple[list[Prompt], list[Prompt], list[str] | None]:
+    """``(clean, corrupted, answers)``: each question (or problem) built under the condition ``filler`` and under
+    the same condition without its filler; the problems' answers when every item has one, else ``None``.
+
+    Raises:
+        LensprobeError: not one condition, a condition with no filler, its own builder or interventions.
+
+    Example:
+        >>> clean, corrupted, answers = filler_pairs(model, lp.load_math500(limit=3), "w/ Mless")
+    """
+    conds = resolve_conditions(filler)
+    if len(conds) != 1:
+        raise LensprobeError(f"filler= names one condition (e.g. 'w/ Mless'), got {len(conds)}: {[c.name for c in conds]}.")
+    cond = conds[0]
+    if cond.build is not None or cond.interventions or cond.generate_kwargs:
+        raise LensprobeError(f"condition {cond.name!r} builds its own prompts or attaches interventions: patch_heads "
+                             "cannot remove its filler; build the two prompts yourself and pass clean and corrupted.")
+    if cond.filler is None:
+        raise LensprobeError(f"condition {cond.name!r} has no filler: nothing differs between the two prompts; "
+                             "use e.g. filler='w/ Mless'.")
+    items = _as_list(questions)
+    texts = [_question_of(q) for q in items]
+    with_filler, without = cond.prompt_builder(model), replace(cond, filler=None).prompt_builder(model)
+    answers = [getattr(q, "answer", None) for q in items]
+    found = [str(a) for a in answers] if all(isinstance(a, str) and a for a in answers) else None
+    return [with_filler(t) for t in texts], [without(t) for t in texts], found
+
+
+def patch_heads(model, clean, corrupted: Any = None, metric: Any = "entropy", *, filler: Any = None, heads: Any = "all",
+                segments: str | Sequence[str] | None = None, answers: str | Sequence[str] | None = None,
+                tokens: Sequence[int | str] | None = None, continuation: Any = None, batch_size: int = 32,
+                progress: bool = False) -> HeadPatch:
+    """Patch each head's output from each corrupted prompt into its clean prompt at the aligned positions, one
+    head at a time, over one pair or many.
 
     Args:
         model: a TransformerLens model.
-        clean: the prompt measured (a :class:`~lensprobe.core.prompts.prompt.Prompt` or question).
-        corrupted: the prompt the head outputs come from (any length: positions are paired by segment).
-        metric, answers, tokens, continuation: as in :func:`~lensprobe.experiments.sweep.ablation_sweep`.
+        clean: the prompt measured (a :class:`~lensprobe.core.prompts.prompt.Prompt` or question), or a list of
+            them; with ``filler``: questions or problems (``lp.load_math500(...)``).
+        corrupted: the prompt the head outputs come from (any length: positions are paired by segment), or a
+            list, one per clean prompt. Leave it out with ``filler``.
+        metric, answers, tokens, continuation: as in :func:`~lensprobe.experiments.sweep.ablation_sweep`;
+            ``metric="logprob"`` with problems and no ``answers`` reads each problem's ``answer``.
+        filler: a condition name or :class:`~lensprobe.core.prompts.conditions.Condition` with a filler
+            (``"w/ Mless"``): each clean prompt is the question under it, each corrupted prompt the same
+            without its filler (:func:`filler_pairs`).
         heads: heads to patch (``"all"`` or any head spec).
         segments: segment names to pair (default: every segment both prompts have).
         batch_size: patched heads per forward.
+        progress: show a progress bar.
 
     Returns:
-        A :class:`HeadPatch`: ``.changes`` ``[1, head]`` (patched - clean), ``.top(k)``,
-        ``.grid()`` for ``lp.viz.sweep_heatmap``, ``.unmatched``, ``.summary()``.
+        A :class:`~lensprobe.experiments.headpatch_result.HeadPatch`: ``.changes`` ``[pair, head]`` (patched -
+        clean) and ``.mean_changes``, ``.clean``, ``.corrupted`` and ``.patched`` metrics, ``.shares`` (of the
+        total effect, ``(patched - clean) / (corrupted - clean)``), ``.top(k)``, ``.grid()`` for
+        :func:`~lensprobe.viz.ablation.sweep_heatmap`, ``.unmatched``, ``.summary()``.
 
     Raises:
-        LensprobeError: prompts without segments, segments of different lengths, bad heads or metric.
+        LensprobeError: prompts without segments, segments of different lengths, lists of different lengths,
+            bad heads, metric or filler; all before the first forward.
 
     Example:
         >>> res = lp.patch_heads(model, with_filler, without, "entropy")
+        >>> res = lp.patch_heads(model, lp.load_math500(limit=3), filler="w/ Mless", metric="logprob")
         >>> print(res.summary())
     """
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise LensprobeError(f"batch_size must be a positive integer, got {batch_size!r}.")
-    clean_p, corrupted_p = as_prompts(model, clean, build_strings=True)[0], as_prompts(model, corrupted,
-                                                                                     build_strings=True)[0]
-    clean_pos, corrupted_pos, unmatched = aligned_positions(clean_p, corrupted_p, segments)
+    clean_ps: list[Any]
+    corrupted_ps: list[Any]
+    if filler is not None:
+        if corrupted is not None:
+            raise LensprobeError("pass corrupted prompts or filler=, not both: filler= builds each corrupted prompt "
+                                 "as the clean one without its filler.")
+        clean_ps, corrupted_ps, found = filler_pairs(model, clean, filler)
+        answers = found if answers is None and metric == "logprob" else answers
+    elif corrupted is None:
+        raise LensprobeError("patch_heads needs the corrupted prompts (one per clean prompt), or filler='w/ Mless' "
+                             "to build each pair from a question.")
+    else:
+        clean_ps = [as_prompts(model, p, build_strings=True)[0] for p in _as_list(clean)]
+        corrupted_ps = [as_prompts(model, p, build_strings=True)[0] for p in _as_list(corrupted)]
+    if len(clean_ps) != len(corrupted_ps):
+        raise LensprobeError(f"{len(clean_ps)} clean prompts but {len(corrupted_ps)} corrupted ones: give one "
+                             "corrupted prompt per clean prompt (pairs).")
+    aligned = [aligned_positions(c, k, segments) for c, k in zip(clean_ps, corrupted_ps, strict=True)]
     pairs = sorted(resolve_heads(model, heads))
     if not pairs:
         raise LensprobeError("no heads to patch: pass heads='all' or a list of heads.")
-    measure = resolve_measures(model, metric, 1, answers=answers, tokens=tokens, continuation=continuation)[0]
-    source = aligned_source(model, corrupted_p, len(clean_p), clean_pos, corrupted_pos,
-                             sorted({layer for layer, _ in pairs}))
+    measures = resolve_measures(model, metric, len(clean_ps), answers=answers, tokens=tokens,
+                                continuation=continuation)
+    return _run(model, clean_ps, corrupted_ps, aligned, pairs, measures, batch_size, progress,
+                getattr(measures[0], "name", str(metric)))
+
+
+def _corrupted_metric(model, measure, prompt) -> float:
+    """The metric on the corrupted prompt; NaN where it is not defined there (e.g. attention onto a segment
+    only the clean prompt has)."""
+    try:
+        return float(measure_once(model, measure, prompt)[0])
+    except LensprobeError:
+        return float("nan")
+
+
+def _run(model, clean_ps, corrupted_ps, aligned, pairs, measures, batch_size: int, progress: bool,
+         name: str) -> HeadPatch:
+    """Every pair's patched run per head (the sweep's batches and shared prefix), and its corrupted metric."""
+    layers = sorted({layer for layer, _ in pairs})
     chunks = layer_chunks([None, *pairs], int(model.cfg.n_layers), batch_size)  # pairs are sorted: order kept
-    flat, _ = sweep_prompt(model, clean_p, measure, chunks, "resample", Positions(fixed=frozenset(clean_pos)),
-                           source, type(measure) in PREFIX_SAFE)
-    return HeadPatch(pairs, flat[:1], flat[None, 1:], getattr(measure, "name", str(metric)), "patch",
-                     int(model.cfg.n_layers), int(model.cfg.n_heads), tuple(clean_pos), tuple(corrupted_pos),
-                     tuple(unmatched))
+    share = type(measures[0]) in PREFIX_SAFE
+    rows, corrupted = [], []
+    with tqdm(total=len(clean_ps) * len(chunks), desc="head patching", disable=not progress) as bar:
+        for clean_p, corrupted_p, (clean_pos, corrupted_pos, _), measure in zip(
+                clean_ps, corrupted_ps, aligned, measures, strict=True):
+            corrupted.append(_corrupted_metric(model, measure, corrupted_p))
+            source = aligned_source(model, corrupted_p, len(clean_p), clean_pos, corrupted_pos, layers)
+            flat, share = sweep_prompt(model, clean_p, measure, chunks, "resample",
+                                       Positions(fixed=frozenset(clean_pos)), source, share, bar)
+            rows.append(flat.cpu())
+    values = torch.stack(rows)
+    return HeadPatch(pairs, values[:, 0], values[:, 1:], name, "patch", int(model.cfg.n_layers),
+                     int(model.cfg.n_heads), torch.tensor(corrupted, dtype=values.dtype),
+                     tuple((tuple(c), tuple(k)) for c, k, _ in aligned),
+                     tuple(tuple(u) for _, _, u in aligned))

@@ -103,10 +103,11 @@ class SweepResult:
 
     @property
     def table(self):
-        """Mean change over prompts as a DataFrame: index ``layer``, one column per head."""
+        """Mean change over prompts as a DataFrame: index ``layer``, one column per head (``attrs``: metric, method)."""
         df = pandas().DataFrame(self.grid().numpy(), columns=list(range(self.n_heads)))
         df.index.name = "layer"
         df.columns.name = "head"
+        df.attrs.update({"metric": self.metric, "method": self.method})  # what lp.viz.sweep_heatmap labels
         return df
 
     def to_dataframe(self):

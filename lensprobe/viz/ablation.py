@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
+from lensprobe.core.errors import LensprobeError
 from lensprobe.viz.style import (
     ABLATED_COLOR,
     CLEAN_COLOR,
@@ -93,24 +94,30 @@ def add_head_lines(fig, rows_of_head, conditions: Sequence[str]) -> int | None:
 
 
 def sweep_heatmap(result, *, title: str | None = None, zmax: float | None = None):
-    """Heatmap of a head-ablation sweep: metric change per (layer, head).
+    """Heatmap of a head-ablation sweep or of per-head patching: metric change per (layer, head).
 
     Args:
-        result: a :class:`~lensprobe.experiments.sweep.SweepResult` (or its ``table``, a [layer, head]
-            DataFrame of mean changes).
+        result: a :class:`~lensprobe.experiments.sweep.SweepResult` or
+            :class:`~lensprobe.experiments.headpatch_result.HeadPatch`, its ``table`` (a [layer, head] DataFrame
+            of mean changes), or its ``grid()`` (a ``[layer, head]`` tensor or array).
         title: figure title (default names the metric and method).
         zmax: colour scale limit (symmetric around 0; default: the largest |change|).
 
     Returns:
-        A plotly ``Figure``; red = the metric rises when the head is ablated, blue = it falls;
+        A plotly ``Figure``; red = the metric rises when the head is ablated (patched), blue = it falls;
         blank cells were not swept (hover: "not swept"; a swept head whose metric is NaN says so).
+
+    Raises:
+        LensprobeError: a grid that is not two-dimensional.
 
     Example:
         >>> fig = sweep_heatmap(lp.ablation_sweep(model, prompt, "entropy"))
     """
-    table = getattr(result, "table", result)
-    metric = getattr(result, "metric", "metric")
-    method = getattr(result, "method", "")
+    table = grid_table(getattr(result, "table", result))
+    attrs = getattr(table, "attrs", {}) or {}
+    metric = getattr(result, "metric", attrs.get("metric", "metric"))
+    method = getattr(result, "method", attrs.get("method", ""))
+    pairs = getattr(result, "n_pairs", attrs.get("pairs", 1))
     values = table.to_numpy()
     layers = [int(v) for v in table.index]
     heads = [int(v) for v in table.columns]
@@ -123,7 +130,10 @@ def sweep_heatmap(result, *, title: str | None = None, zmax: float | None = None
         hovertemplate="%{text}<br>Δ " + metric + " = %{z:.4g}<extra></extra>"))
     if method == "patch":  # lp.patch_heads: each head's output from the other prompt
         head_title = title or f"Change in {metric} when each head is patched from the other prompt"
-        note = "patched - clean"
+        note = "patched - clean" + (f", mean over {pairs} pairs" if pairs != 1 else "")
+    elif not method and not hasattr(result, "table"):  # a bare grid: its values, unnamed
+        head_title = title or "Change per head"
+        note = "the values given per (layer, head)"
     else:
         head_title = title or f"Change in {metric} when ablating each head" + (f" ({method} ablation)" if method else "")
         note = "ablated - baseline, mean over prompts"
@@ -133,6 +143,26 @@ def sweep_heatmap(result, *, title: str | None = None, zmax: float | None = None
         template="plotly_white",
     )
     return fig
+
+
+def grid_table(grid):
+    """A ``[layer, head]`` tensor or array as the DataFrame :func:`sweep_heatmap` draws (a DataFrame as it is).
+
+    Raises:
+        LensprobeError: a grid that is not two-dimensional.
+    """
+    if hasattr(grid, "to_numpy") and hasattr(grid, "columns"):
+        return grid
+    import numpy as np
+    import pandas as pd
+
+    array = grid.detach().cpu().float().numpy() if hasattr(grid, "detach") else np.asarray(grid, dtype=float)
+    if array.ndim != 2:
+        raise LensprobeError(f"a [layer, head] grid has two dimensions, got shape {tuple(array.shape)}: pass a "
+                             "result, its .table or its .grid().")
+    df = pd.DataFrame(array, columns=list(range(array.shape[1])))
+    df.index.name, df.columns.name = "layer", "head"
+    return df
 
 
 def next_token_figure(effect, *, title: str | None = None):

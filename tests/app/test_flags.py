@@ -54,7 +54,8 @@ def test_the_flags_that_had_two_meanings_have_one():
     assert {c for c in COMMANDS if "--sample" in flags[c]} == {"eval", "trace"}  # sampling, never a head count
     assert {c for c in COMMANDS if "--top-k" in flags[c]} == {"eval", "trace"}  # the sampling cut-off
     assert {c for c in COMMANDS if "--batch-size" in flags[c]} == {"eval", "reproduce"}  # rows generated at once
-    assert {c for c in COMMANDS if "--heads-per-forward" in flags[c]} == {"sweep", "attribute", "find-heads"}
+    assert {c for c in COMMANDS if "--heads-per-forward" in flags[c]} == {"sweep", "attribute", "find-heads",
+                                                                        "patch-heads"}
     assert {c for c in COMMANDS if "--random-heads" in flags[c]} == {"attribute", "find-heads"}
     assert "--show-tokens" in flags["ablate"] and "--compare" in flags["attention"]
     assert "--filler" not in flags["attention"]  # the condition a prompt is built with, elsewhere

@@ -21,11 +21,13 @@ MINIMAL_ARGS = {
     "sweep": [],
     "attribute": [],
     "find-heads": [],
+    "patch-heads": [],
     "mechanism": ["--question", "x"],
     "sinks": ["--question", "x"],
     "reproduce": ["arm-table1"],
 }
-COMMAND_MODULES = ["attention", "attribution", "demo", "evals", "heads", "mechanism", "reproduce", "sinks", "trace"]
+COMMAND_MODULES = ["attention", "attribution", "demo", "evals", "heads", "mechanism", "patching", "reproduce", "sinks",
+                   "trace"]
 
 
 def commands_with_out() -> set[str]:

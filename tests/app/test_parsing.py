@@ -134,7 +134,7 @@ def test_one_flag_per_concept_across_commands():
     assert all("--arm-c" in flags[c] for c in ("eval", "reproduce", "mechanism"))
     assert all("--sample" not in flags[c] and "--random-heads" in flags[c] for c in ("attribute", "find-heads"))
     heads = {name: p for name, p in sub.choices.items() if "--heads" in flags[name]}
-    assert set(heads) == {"ablate", "sweep", "attribute", "attention", "mechanism"}
+    assert set(heads) == {"ablate", "sweep", "attribute", "attention", "mechanism", "patch-heads"}
     for p in heads.values():  # one syntax: the L0H3 labels (and plain numbers: a head in every layer)
         assert next(a for a in p._actions if "--heads" in a.option_strings).type("0,L1H2") == "H0,L1H2"
 

@@ -19,6 +19,7 @@ BASE = {  # eval: --problems math500 (the default) when --data is in the row
     "sweep": "sweep --model tiny --out out",
     "attribute": "attribute --model tiny --out out",
     "find-heads": "find-heads --model tiny --out out",
+    "patch-heads": "patch-heads --model tiny --out out",
     "mechanism": "mechanism --model tiny --question 'What is 2+3?' --out out",
     "demo": "demo --model tiny --quick --out out",
 }
@@ -77,6 +78,14 @@ TABLE = [
     ("find-heads", "--metric {}", ["attention:system"], "attention metrics carry no gradient"),
     ("attribute", "--random-heads 3 --verify {}", ["0"], "--random-heads 3 draws heads to verify beside the top ones, but --verify "
                                                    "is 0"),
+    ("patch-heads", "--compare {}", ["w/o", "none"], "--compare w/o has no filler"),
+    ("patch-heads", "--metric logprob --question x {}", ["", "--question y"], "--metric logprob needs --answer TEXT"),
+    ("patch-heads", "--answer {}", ["7"], "--metric entropy reads no answer, but --answer was given"),
+    ("patch-heads", "--metric logprob --question x --question y --answer 1 --answer 2 --answer {}", ["3"],
+     "--answer was given 3 times for 2 questions"),
+    ("patch-heads", "--question x --math500 {}", ["2"], "pass --question or --math500, not both"),
+    ("patch-heads", "--patch-segments {}", ["','"], "--patch-segments: expected segment names"),
+    ("patch-heads", "--heads-per-forward {}", ["0"], "--heads-per-forward"),
     ("mechanism", "--bins {}", ["0"], "--bins"),
     ("mechanism", "--eps {}", ["-1", "0", "nan"], "--eps"),
     ("mechanism", "--arm-c {}", ["inf"], "--arm-c"),
