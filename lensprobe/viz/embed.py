@@ -1,8 +1,9 @@
-"""Figures embedded in pages (the report, the docs site) at their own size, as wide as the column allows.
+"""Figures embedded in pages (the report, the docs site) at their own size.
 
-Every lensprobe figure sets its height from its content (layers, rows, title lines). :func:`figure_div`
-keeps that height, drops a fixed width (the figure fills the column, up to its own width) and keeps
-plotly's toolbar in a band of :data:`TOOLBAR_PX` pixels above the figure, where it covers no title.
+Every lensprobe figure sets its height and width from its content (layers, rows, title lines:
+:func:`lensprobe.viz.fit.fit_figure`). :func:`figure_div` keeps both (a column narrower than the figure scrolls
+sideways rather than squeezing it, which would cut its titles; a figure without a width fills the column) and
+keeps plotly's toolbar in a band of :data:`TOOLBAR_PX` pixels above the figure, where it covers no title.
 :func:`frame_height` is the height a frame (an ``<iframe>``) needs to show the whole figure.
 
 Example:
@@ -31,7 +32,8 @@ def frame_height(fig) -> int:
 
 
 def figure_div(fig, *, include_plotlyjs: bool | str = False, div_id: str | None = None) -> str:
-    """``fig`` as an HTML block at its own height, as wide as its container up to its own width.
+    """``fig`` as an HTML block at its own height and width (in a block that scrolls sideways when its container is
+    narrower), or as wide as its container when the figure sets no width.
 
     Args:
         fig: a plotly figure (not changed: a copy is embedded).
@@ -44,9 +46,9 @@ def figure_div(fig, *, include_plotlyjs: bool | str = False, div_id: str | None 
     div = fig.to_html(full_html=False, include_plotlyjs=include_plotlyjs, default_width="100%",
                       default_height=f"{height}px", config={"displaylogo": False, "responsive": True},
                       div_id=div_id)
-    limit = f"max-width:{int(width)}px;" if width else ""
-    return (f'<div class="lp-plot" data-height="{height}" style="{limit}padding-top:{TOOLBAR_PX}px">'
-            f"<style>{_CSS}</style>{div}</div>")
+    limit = f"max-width:{int(width)}px;min-width:{int(width)}px;" if width else ""
+    return (f'<div class="lp-frame" style="overflow-x:auto"><div class="lp-plot" data-height="{height}" '
+            f'style="{limit}padding-top:{TOOLBAR_PX}px"><style>{_CSS}</style>{div}</div></div>')
 
 
 def figure_page(fig, *, include_plotlyjs: bool | str = "directory") -> str:
