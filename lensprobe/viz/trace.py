@@ -11,7 +11,6 @@ from plotly.subplots import make_subplots
 from lensprobe.viz.fit import fit_figure
 from lensprobe.viz.style import TRACE_COLORS, rgba
 
-
 RANGES = {"entropy": (0.0, None), "attention": (0.0, 1.0)}
 """The values each metric can take: a band (mean +- std) reaching past them is drawn clipped there."""
 CLIPPED = {"entropy": "clipped at 0", "attention": "clipped to 0-1"}
