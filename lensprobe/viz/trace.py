@@ -18,8 +18,14 @@ CLIPPED = {"entropy": "clipped at 0", "attention": "clipped to 0-1"}
 
 def _clip(values, low: float | None, high: float | None) -> list[float]:
     """``values`` with those below ``low`` or above ``high`` drawn at that bound (NaN kept)."""
-    return [v if v != v else min(max(v, low if low is not None else v), high if high is not None else v)
-            for v in (float(x) for x in values)]
+    out = []
+    for v in (float(x) for x in values):
+        if low is not None and v < low:
+            v = low
+        if high is not None and v > high:
+            v = high
+        out.append(v)
+    return out
 
 
 def generation_trace_figure(summary, *, title: str | None = None, band_label: str | None = None,

@@ -8,6 +8,7 @@ element the browser drew (its role: title, panel title, axis title, tick label, 
 says what sticks out of the figure or overlaps.
 """
 
+import html
 import json
 import re
 import shutil
@@ -199,7 +200,7 @@ const ROLES = [["g-gtitle", "title"], ["gtitle", "title"], ["annotation", "annot
                ["ytick", "tick"], ["g-xtitle", "axistitle"], ["g-ytitle", "axistitle"]];
 const TICK = /^[xy]\d*tick$/;
 function role(el) {
-  for (let n = el; n && n.nodeName !== "svg"; n = n.parentNode) {
+  for (let n = el; n && n.nodeName !== "DIV"; n = n.parentNode) {
     const cls = (n.getAttribute && n.getAttribute("class")) || "";
     if (/\btextpoint\b|\bpoints\b/.test(cls)) return null;
     for (const [key, name] of ROLES) {
@@ -211,27 +212,30 @@ function role(el) {
   }
   return "other";
 }
-const out = {};
-for (const svg of document.querySelectorAll("div.fig > svg")) {
-  const kind = svg.parentNode.id;
-  const box = svg.getBoundingClientRect();
-  const texts = [];
-  for (const t of svg.querySelectorAll("text")) {
-    if (!t.textContent.trim()) continue;
-    const r = role(t);
-    if (r === null) continue;
-    const b = t.getBoundingClientRect();
-    if (!b.width) continue;
-    let axis = "";
-    for (let n = t; n && n.nodeName !== "svg"; n = n.parentNode) {
-      const m = ((n.getAttribute && n.getAttribute("class")) || "").match(/\b([xy]\d*)(tick|title)\b/);
-      if (m) { axis = m[1]; break; }
+function measure(roots, name) {
+  const out = {};
+  for (const root of document.querySelectorAll(roots)) {
+    const box = root.getBoundingClientRect();
+    const texts = [];
+    for (const t of root.querySelectorAll("text")) {
+      if (!t.textContent.trim()) continue;
+      const r = role(t);
+      if (r === null) continue;
+      const b = t.getBoundingClientRect();
+      if (!b.width) continue;
+      let axis = "";
+      for (let n = t; n && n !== root; n = n.parentNode) {
+        const m = ((n.getAttribute && n.getAttribute("class")) || "").match(/\b([xy]\d*)(tick|title)\b/);
+        if (m) { axis = m[1]; break; }
+      }
+      texts.push({role: r, axis: axis, text: t.textContent, x0: b.left - box.left, x1: b.right - box.left,
+                  y0: b.top - box.top, y1: b.bottom - box.top});
     }
-    texts.push({role: r, axis: axis, text: t.textContent, x0: b.left - box.left, x1: b.right - box.left,
-                y0: b.top - box.top, y1: b.bottom - box.top});
+    out[name(root)] = {width: box.width, height: box.height, texts: texts};
   }
-  out[kind] = {width: box.width, height: box.height, texts: texts};
+  return out;
 }
+const out = window.LP_ROOTS ? measure(window.LP_ROOTS, r => r.id) : measure("div.fig > svg", r => r.parentNode.id);
 const pre = document.createElement("pre");
 pre.id = "lp-measured";
 pre.textContent = JSON.stringify(out);
@@ -247,14 +251,9 @@ def measure_svgs(svgs: dict[str, Path], folder: Path) -> dict:
     page.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><style>body{{margin:0}} div.fig{{display:block;"
                     f"line-height:0}}</style></head><body>{body}<script>{_MEASURE}</script></body></html>",
                     encoding="utf-8")
-    dom = subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                          "--disable-component-update", "--no-first-run", f"--user-data-dir={folder / 'profile'}",
-                          "--virtual-time-budget=5000", "--dump-dom", page.resolve().as_uri()],
-                         capture_output=True, text=True, timeout=300, check=True).stdout
+    dom = _browser(folder, "--dump-dom", page.resolve().as_uri())
     found = re.search(r'<pre id="lp-measured">(.*?)</pre>', dom, re.S)
     assert found, f"the measuring script did not run: {dom[-500:]}"
-    import html
-
     return json.loads(html.unescape(found.group(1)))
 
 
@@ -282,3 +281,32 @@ def problems(measured: dict) -> list[str]:
             if _overlap(a, b):
                 out.append(f"{a['role']} {a['text']!r} overlaps {b['role']} {b['text']!r}")
     return out
+
+
+def _browser(folder: Path, *args: str) -> str:
+    return subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                           "--disable-component-update", "--no-first-run", "--hide-scrollbars",
+                           f"--user-data-dir={folder / 'profile'}", "--virtual-time-budget=15000", *args],
+                          capture_output=True, text=True, timeout=300, check=True).stdout
+
+
+def measure_page(page: Path, window: tuple[int, int]) -> dict:
+    """The text boxes of every plotly figure of an HTML page (a report), drawn by plotly.js in Chromium in a
+    ``window`` of that many pixels, keyed by the figure's element id."""
+    text = page.read_text(encoding="utf-8")
+    probe = page.with_name("measure-" + page.name)
+    cut = text.rindex("</body>")
+    script = (f"<script>window.LP_ROOTS = '.lp-figure .js-plotly-plot'; "
+              f"setTimeout(function () {{ {_MEASURE} }}, 3000);</script>")
+    probe.write_text(text[:cut] + script + text[cut:], encoding="utf-8")
+    dom = _browser(page.parent, f"--window-size={window[0]},{window[1]}", "--dump-dom", probe.resolve().as_uri())
+    probe.unlink()
+    found = re.search(r'<pre id="lp-measured">(.*?)</pre>', dom, re.S)
+    assert found, f"the measuring script did not run: {dom[-500:]}"
+    return json.loads(html.unescape(found.group(1)))
+
+
+def screenshot(page: Path, out: Path, window: tuple[int, int]) -> bytes:
+    """A PNG of ``page`` as headless Chromium shows it in a ``window`` of that many pixels."""
+    _browser(page.parent, f"--window-size={window[0]},{window[1]}", f"--screenshot={out}", page.resolve().as_uri())
+    return out.read_bytes()
