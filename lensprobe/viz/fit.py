@@ -143,6 +143,72 @@ def _legend_rows(fig, width: float) -> int:
     return rows
 
 
+def _column_gaps(fig, xaxes: list, columns: list) -> list[float]:
+    """Pixels between panels side by side: the next panel's tick labels and y axis title, and some air."""
+    gaps = []
+    for dom in columns[1:]:
+        left = max((_tick_px(fig, "y" + n[1:], "y") + (22 if fig.layout["y" + n[1:]].title.text else 0)
+                    for n, a in xaxes if tuple(a.domain or (0, 1)) == dom and "y" + n[1:] in fig.layout),
+                   default=0.0)
+        gaps.append(left + 28)
+    return gaps
+
+
+def _place_columns(xaxes: list, panels: list, columns: list, gaps: list[float], plot_w: float) -> None:
+    """Panels side by side spaced by ``gaps``; panel titles centred over them again, and panel and x axis titles
+    wider than their panel wrapped."""
+    if len(columns) > 1:
+        spaced = dict(zip(columns, _space(columns, gaps, plot_w), strict=True))
+        for _n, a in xaxes:
+            a.domain = spaced[tuple(a.domain or (0, 1))]
+        for ann in panels:
+            old = min(columns, key=lambda d: abs((d[0] + d[1]) / 2 - ann.x))
+            ann.x = sum(spaced[old]) / 2
+    col_px = (plot_w - sum(gaps)) / len(columns)
+    for ann in panels:
+        if text_px(ann.text, PANEL_PX) + 8 > col_px:
+            ann.text = "<br>".join(wrap_text(plain(ann.text), col_px - 8, PANEL_PX))
+    for _n, a in xaxes:
+        if a.title.text and text_px(a.title.text, AXIS_PX) + 8 > col_px:
+            a.title.text = "<br>".join(wrap_text(plain(a.title.text), col_px - 8, AXIS_PX))
+
+
+def _panel_rows_px(panels: list, top: float) -> float:
+    """Height of the panel titles of the row whose top is at ``top`` (paper coordinates)."""
+    return max((21 * (a.text.count("<br>") + 1) for a in panels if abs(a.y - top) < 1e-6), default=0)
+
+
+def _place_rows(fig, xaxes: list, yaxes: list, panels: list, rows: list, plot_h: float) -> float:
+    """Panels one above another, each gap holding the panel titles under it and the x tick labels and title over
+    it; returns the plot area's height (grown when the gaps need it)."""
+    if len(rows) < 2:
+        return plot_h
+    ordered = sorted(rows, key=lambda d: -d[1])  # top row first
+    gaps = []
+    for upper, lower in zip(ordered, ordered[1:], strict=False):
+        ticks = max((_tick_px(fig, n, "x") + (22 if a.title.text else 0) for n, a in xaxes
+                     if "y" + n[1:] in fig.layout and tuple(fig.layout["y" + n[1:]].domain or (0, 1)) == upper),
+                    default=0.0)
+        gaps.append(ticks + _panel_rows_px(panels, lower[1]) + 12)
+    plot_h = max(plot_h, sum(gaps) + 120 * len(rows))
+    new = {d: (round(1 - s[1], 6), round(1 - s[0], 6)) for d, s in zip(ordered, _space(ordered, gaps, plot_h),
+                                                                        strict=True)}
+    for _, a in yaxes:
+        a.domain = new[tuple(a.domain or (0, 1))]
+    for ann in panels:
+        ann.y = new[min(rows, key=lambda d: abs(d[1] - ann.y))][1]
+    return plot_h
+
+
+def _wrap_y_titles(yaxes: list, plot_h: float) -> None:
+    """y axis titles wrapped to their axis' length."""
+    for _n, a in yaxes:
+        if a.title.text:
+            length = plot_h * ((a.domain or (0, 1))[1] - (a.domain or (0, 1))[0])
+            if text_px(a.title.text, AXIS_PX) + 8 > length:
+                a.title.text = "<br>".join(wrap_text(plain(a.title.text), length - 8, AXIS_PX))
+
+
 def fit_figure(fig, *, width: float | None = None, plot_height: float | None = None, legend_above: bool | None = None):
     """Size ``fig`` to its content (see the module); returns ``fig``, changed in place.
 
@@ -155,94 +221,36 @@ def fit_figure(fig, *, width: float | None = None, plot_height: float | None = N
             legend is horizontal).
     """
     lay = fig.layout
-    margin_t = lay.margin.t if lay.margin.t is not None else 100
     margin_b = lay.margin.b if lay.margin.b is not None else 80
     ml = lay.margin.l if lay.margin.l is not None else 80
-    mr = lay.margin.r if lay.margin.r is not None else 30
-    plot_h = plot_height if plot_height is not None else (lay.height or 450) - margin_t - margin_b
+    has_scale = any(getattr(t, "showscale", None) is not False and t.type == "heatmap" for t in fig.data)
+    mr = max(lay.margin.r if lay.margin.r is not None else 30, 110 if has_scale else 0)
+    plot_h = plot_height if plot_height is not None else (
+        (lay.height or 450) - (lay.margin.t if lay.margin.t is not None else 100) - margin_b)
     above = legend_above if legend_above is not None else lay.legend.orientation == "h"
     head, note = _title_parts(fig)
     xaxes, yaxes = _axes(fig, "x"), _axes(fig, "y")
     columns, rows = _columns(xaxes), _columns(yaxes)
     panels = _panel_titles(fig)
-    has_scale = any(getattr(t, "showscale", None) is not False and t.type == "heatmap" for t in fig.data)
-    mr = max(mr, 110 if has_scale else mr)
 
     # the width: the least one, then what the text needs, up to MAX_WIDTH
-    want = max(MIN_WIDTH, width or lay.width or 700)
-    need = text_px(head, TITLE_PX) + ml + 20
-    ncol = len(columns)
-    gaps = []
-    for i, dom in enumerate(columns[1:], start=1):
-        left = max((_tick_px(fig, "y" + n[1:], "y") + (22 if fig.layout["y" + n[1:]].title.text else 0)
-                    for n, a in xaxes if tuple(a.domain or (0, 1)) == dom and "y" + n[1:] in fig.layout),
-                   default=0.0)
-        gaps.append(left + 28)
-        del i
-    for ann in panels:
-        need = max(need, ml + mr + sum(gaps) + ncol * (text_px(ann.text, PANEL_PX) + 16))
-    for _n, a in xaxes:
-        if a.title.text:
-            need = max(need, ml + mr + sum(gaps) + ncol * (text_px(a.title.text, AXIS_PX) + 16))
-    w = max(want, min(MAX_WIDTH, need))
-    plot_w = w - ml - mr
+    gaps = _column_gaps(fig, xaxes, columns)
+    widest = max([text_px(a.text, PANEL_PX) for a in panels] + [text_px(a.title.text or "", AXIS_PX) for _, a in xaxes])
+    need = max(text_px(head, TITLE_PX) + ml + 20, ml + mr + sum(gaps) + len(columns) * (widest + 16))
+    w = max(MIN_WIDTH, width or lay.width or 700, min(MAX_WIDTH, need))
+    _place_columns(xaxes, panels, columns, gaps, w - ml - mr)
 
-    # panels side by side: the gaps hold the next panel's tick labels and axis title
-    if ncol > 1:
-        spaced = dict(zip(columns, _space(columns, gaps, plot_w), strict=True))
-        for _n, a in xaxes:
-            a.domain = spaced[tuple(a.domain or (0, 1))]
-        for ann in panels:  # panel titles centred over their panels again
-            old = min(columns, key=lambda d: abs((d[0] + d[1]) / 2 - ann.x))
-            ann.x = sum(spaced[old]) / 2
-    col_px = (plot_w - sum(gaps)) / ncol
-    for ann in panels:
-        if text_px(ann.text, PANEL_PX) + 8 > col_px:
-            ann.text = "<br>".join(wrap_text(plain(ann.text), col_px - 8, PANEL_PX))
-    for _n, a in xaxes:
-        if a.title.text and text_px(a.title.text, AXIS_PX) + 8 > col_px:
-            a.title.text = "<br>".join(wrap_text(plain(a.title.text), col_px - 8, AXIS_PX))
-
-    # the title: head and note wrapped to the width
-    avail = w - ml - 16
-    head_lines = wrap_text(head, avail, TITLE_PX) if head else []
-    note_lines = wrap_text(note, avail, NOTE_PX) if note else []
+    # the top margin: the title's lines (head and note wrapped to the width), the legend, the first panel titles
+    head_lines = wrap_text(head, w - ml - 16, TITLE_PX) if head else []
+    note_lines = wrap_text(note, w - ml - 16, NOTE_PX) if note else []
     title_px = 12 + 23 * len(head_lines) + 22 * len(note_lines)
     legend_px = 20 * _legend_rows(fig, w - ml - 10) + 6 if above else 0
-    first_row = max(rows, key=lambda d: d[1]) if rows else (0, 1)
-    panel_px = max((text_px(a.text, PANEL_PX) and 21 * (a.text.count("<br>") + 1) for a in panels
-                    if abs(a.y - first_row[1]) < 1e-6), default=0)
-    top = title_px + legend_px + panel_px + 14
+    top = title_px + legend_px + _panel_rows_px(panels, max((d[1] for d in rows), default=1)) + 14
     plot_h = max(plot_h, (lay.height or 450) - top - margin_b)  # never shorter than the figure asked for
+    plot_h = _place_rows(fig, xaxes, yaxes, panels, rows, plot_h)
+    _wrap_y_titles(yaxes, plot_h)
 
-    # rows one above another: each gap holds the panel titles below it and the tick labels and titles above it
-    nrow = len(rows)
-    row_gaps = []
-    if nrow > 1:
-        ordered = sorted(rows, key=lambda d: -d[1])  # top row first
-        for upper, lower in zip(ordered, ordered[1:], strict=False):
-            ticks = max((_tick_px(fig, n, "x") + (22 if a.title.text else 0) for n, a in xaxes
-                         if "y" + n[1:] in fig.layout
-                         and tuple(fig.layout["y" + n[1:]].domain or (0, 1)) == upper), default=0.0)
-            below = max((21 * (a.text.count("<br>") + 1) for a in panels if abs(a.y - lower[1]) < 1e-6), default=0)
-            row_gaps.append(ticks + below + 12)
-        plot_h = max(plot_h, sum(row_gaps) + 120 * nrow)
-        spaced_rows = _space(ordered, row_gaps, plot_h)
-        new = {d: (round(1 - s[1], 6), round(1 - s[0], 6)) for d, s in zip(ordered, spaced_rows, strict=True)}
-        for _, a in yaxes:
-            a.domain = new[tuple(a.domain or (0, 1))]
-        for ann in panels:
-            old = min(rows, key=lambda d: abs(d[1] - ann.y))
-            ann.y = new[old][1]
     h = round(plot_h + top + margin_b)
-
-    # y axis titles no longer than their axis
-    for _n, a in yaxes:
-        if a.title.text:
-            length = plot_h * ((a.domain or (0, 1))[1] - (a.domain or (0, 1))[0])
-            if text_px(a.title.text, AXIS_PX) + 8 > length:
-                a.title.text = "<br>".join(wrap_text(plain(a.title.text), length - 8, AXIS_PX))
-
     text = "<br>".join(head_lines) + (f"<br><sup>{'<br>'.join(note_lines)}</sup>" if note_lines else "")
     fig.update_layout(width=round(w), height=h, margin=dict(t=top, b=margin_b, l=ml, r=mr),
                       title=dict(text=text, x=0, xref="paper", y=1 - TITLE_TOP / h, yref="container",
