@@ -2,19 +2,22 @@
 
 plotly places a title, the panel titles and a legend above the plot at fixed positions and never wraps text,
 so a long subtitle, a panel title wider than its panel or a second legend row is cut or drawn over something
-else. :func:`fit_figure`, called by every figure function of :mod:`lensprobe.viz` on the figure it built,
-measures that text (:func:`text_px`, with the advance widths of DejaVu Sans, as wide as Verdana and wider than
-Open Sans and Arial, so the estimate errs on the roomy side) and then
+else. :func:`lensprobe.viz.fit.fit_figure`, called by every figure function of :mod:`lensprobe.viz` on the
+figure it built, measures that text (:func:`lensprobe.viz.fit.text_px`, with the advance widths of DejaVu Sans,
+as wide as Verdana and wider than Open Sans and Arial, so the estimate errs on the roomy side) and then
 
-- widens the figure (up to :data:`MAX_WIDTH`) until its title, panel titles and axis titles fit, and wraps what
-  still does not (the title's note always wraps to the width);
+- widens the figure (up to :data:`lensprobe.viz.fit.MAX_WIDTH`) until its title, panel titles and axis titles
+  fit, and wraps what still does not (the title's note always wraps to the width);
 - makes the top margin hold the title's lines, a legend above the plot (however many rows it wraps to) and the
   first row's panel titles;
 - spaces panels apart by what sits between them (tick labels, axis titles, panel titles);
 - keeps the plot area the figure function asked for (its height minus its margins) and adds the rest around it.
 
+``tests/viz/test_figures_fit.py`` draws every figure kind with kaleido and measures its text in Chromium.
+
 Example:
-    >>> fig = fit_figure(go.Figure(...).update_layout(title=dict(text="Head<br><sup>a long note</sup>")))
+    >>> fig = fit_figure(go.Figure(go.Scatter(x=[0, 1], y=[0, 1])).update_layout(
+    ...     title=dict(text="Head<br><sup>a long note that wraps to the figure's width</sup>")))
 """
 
 import html
@@ -112,7 +115,7 @@ def _columns(axes: list) -> list[tuple[float, float]]:
 
 
 def _panel_titles(fig) -> list:
-    """The panel titles :func:`plotly.subplots.make_subplots` put above each panel."""
+    """The panel titles plotly's ``make_subplots`` put above each panel."""
     return [a for a in fig.layout.annotations if a.xref == "paper" and a.yref == "paper" and a.yanchor == "bottom"
             and a.xanchor == "center" and a.text]
 
