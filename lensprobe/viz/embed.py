@@ -8,13 +8,13 @@ keeps plotly's toolbar in a band of :data:`TOOLBAR_PX` pixels above the figure, 
 
 Example:
     >>> html = figure_div(lp.viz.sweep_heatmap(res))
-    >>> frame_height(lp.viz.sweep_heatmap(res))    # the layout's height plus the toolbar band
-    690
+    >>> frame_height(lp.viz.sweep_heatmap(res))    # the layout's height, the toolbar band, a scroll bar
+    706
 """
 
 import plotly.graph_objects as go
 
-__all__ = ["TOOLBAR_PX", "figure_div", "figure_page", "frame_height"]
+__all__ = ["SCROLLBAR_PX", "TOOLBAR_PX", "figure_div", "figure_page", "frame_height"]
 
 TOOLBAR_PX = 30
 """The band above a figure that holds plotly's toolbar."""
@@ -26,9 +26,14 @@ _CSS = (".lp-plot{position:relative;width:100%;box-sizing:border-box} "
         f".lp-plot .modebar-container{{top:-{TOOLBAR_PX}px !important}}")
 
 
+SCROLLBAR_PX = 16
+"""Room under a figure for the sideways scroll bar of a column narrower than the figure."""
+
+
 def frame_height(fig) -> int:
-    """The pixels a frame needs to show ``fig`` whole: its layout height and the toolbar band."""
-    return int(fig.layout.height or DEFAULT_HEIGHT) + TOOLBAR_PX
+    """The pixels a frame needs to show ``fig`` whole: its layout height, the toolbar band and, for a figure with a
+    width of its own, room for a scroll bar."""
+    return int(fig.layout.height or DEFAULT_HEIGHT) + TOOLBAR_PX + (SCROLLBAR_PX if fig.layout.width else 0)
 
 
 def figure_div(fig, *, include_plotlyjs: bool | str = False, div_id: str | None = None) -> str:
