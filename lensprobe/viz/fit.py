@@ -60,10 +60,10 @@ def text_px(text: str, size: float) -> float:
 
 
 def wrap_text(text: str, width_px: float, size: float) -> list[str]:
-    """``text`` (plain, or with entities) cut at spaces into lines of at most ``width_px`` at font ``size``
-    (a single word wider than that stays whole)."""
+    """``text`` cut at spaces (never inside a tag) into lines of at most ``width_px`` at font ``size`` (a single
+    word wider than that stays whole); tags and entities are kept as they are."""
     lines: list[str] = []
-    for word in text.split(" "):
+    for word in re.split(r" (?![^<]*>)", text):
         if lines and text_px(lines[-1] + " " + word, size) <= width_px:
             lines[-1] += " " + word
         else:
@@ -71,13 +71,17 @@ def wrap_text(text: str, width_px: float, size: float) -> list[str]:
     return [line for line in lines if line] or [""]
 
 
+def _one_line(text: str) -> str:
+    """``text`` with its line breaks made spaces; tags and entities kept as they are (escaped text stays escaped)."""
+    return re.sub(r"\s*<br\s*/?>\s*", " ", text, flags=re.I).strip()
+
+
 def _title_parts(fig) -> tuple[str, str]:
     """The title's head and its ``<sup>`` note (each on one line again, earlier wrapping undone)."""
     text = fig.layout.title.text or ""
     head, _, rest = text.partition("<sup>")
     note = rest.rsplit("</sup>", 1)[0]
-    unbreak = re.compile(r"\s*<br\s*/?>\s*", re.I)
-    return unbreak.sub(" ", head).strip(), unbreak.sub(" ", note).strip()
+    return _one_line(head), _one_line(note)
 
 
 def _axes(fig, letter: str) -> list[tuple[str, Any]]:
@@ -170,10 +174,10 @@ def _place_columns(xaxes: list, panels: list, columns: list, gaps: list[float], 
     col_px = (plot_w - sum(gaps)) / len(columns)
     for ann in panels:
         if text_px(ann.text, PANEL_PX) + 8 > col_px:
-            ann.text = "<br>".join(wrap_text(plain(ann.text), col_px - 8, PANEL_PX))
+            ann.text = "<br>".join(wrap_text(_one_line(ann.text), col_px - 8, PANEL_PX))
     for _n, a in xaxes:
         if a.title.text and text_px(a.title.text, AXIS_PX) + 8 > col_px:
-            a.title.text = "<br>".join(wrap_text(plain(a.title.text), col_px - 8, AXIS_PX))
+            a.title.text = "<br>".join(wrap_text(_one_line(a.title.text), col_px - 8, AXIS_PX))
 
 
 def _panel_rows_px(panels: list, top: float) -> float:
@@ -209,7 +213,7 @@ def _wrap_y_titles(yaxes: list, plot_h: float) -> None:
         if a.title.text:
             length = plot_h * ((a.domain or (0, 1))[1] - (a.domain or (0, 1))[0])
             if text_px(a.title.text, AXIS_PX) + 8 > length:
-                a.title.text = "<br>".join(wrap_text(plain(a.title.text), length - 8, AXIS_PX))
+                a.title.text = "<br>".join(wrap_text(_one_line(a.title.text), length - 8, AXIS_PX))
 
 
 def fit_figure(fig, *, width: float | None = None, plot_height: float | None = None, legend_above: bool | None = None):
