@@ -2,8 +2,8 @@
 
 Each figure is computed here from the embedded model (offline, about a minute on two CPU cores) with the
 same public calls the guides show, and written as an HTML page under ``figures/`` next to one shared
-``plotly.min.js`` (from the installed plotly package, so the pages work offline), at its own height and as
-wide as the column (:func:`lensprobe.viz.embed.figure_page`). The guides embed them with
+``plotly.min.js`` (from the installed plotly package, so the pages work offline), at its own height and
+width (:func:`lensprobe.viz.embed.figure_page`; a narrower column scrolls it sideways). The guides embed them with
 ``<iframe src="../figures/NAME.html" width="100%" frameborder="0">``, and this hook gives each frame its
 figure's height; ``tests/test_api_reference.py`` checks that every embedded figure was written by the build
 and that its frame is tall enough. The figures are never committed, so they cannot go stale.

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.viz.fit import fit_figure
 from lensprobe.viz.style import (
     ABLATED_COLOR,
     CLEAN_COLOR,
@@ -72,7 +73,7 @@ def head_attention_figure(result, layer: int, head: int, *, conditions: Sequence
         yaxis_title="avg attention received", template="plotly_white", height=460,
         legend=dict(title_text="condition"), margin=dict(t=110, l=80, r=30, b=60),
     )
-    return fig
+    return fit_figure(fig)
 
 
 def add_head_lines(fig, rows_of_head, conditions: Sequence[str]) -> int | None:
@@ -142,7 +143,7 @@ def sweep_heatmap(result, *, title: str | None = None, zmax: float | None = None
         xaxis=dict(title_text="head (0-based)", dtick=1), yaxis=dict(title_text="layer (0-based)", autorange="reversed"),
         template="plotly_white",
     )
-    return fig
+    return fit_figure(fig)
 
 
 def grid_table(grid):
@@ -191,7 +192,7 @@ def next_token_figure(effect, *, title: str | None = None):
         xaxis_title="token (top tokens of either run)", yaxis_title="probability",
         margin=dict(t=100, l=70, r=30, b=80),
     )
-    return fig
+    return fit_figure(fig)
 
 
 def patch_figure(result, *, value: str = "share", title: str | None = None):
@@ -243,4 +244,4 @@ def patch_figure(result, *, value: str = "share", title: str | None = None):
         xaxis_title="segment (positions copied from the source)", yaxis_title="hook point",
         yaxis=dict(autorange="reversed"), margin=dict(t=100, l=220, r=30, b=70),
     )
-    return fig
+    return fit_figure(fig)

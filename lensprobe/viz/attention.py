@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from lensprobe.core.lazy import heavy
+from lensprobe.viz.fit import fit_figure
 from lensprobe.viz.style import (
     CLASS_COLORS,
     INDEX_NOTE,
@@ -85,7 +86,7 @@ def attention_received_figure(result, pairs: Sequence[tuple[int, int]] | None = 
         height=height, template="plotly_white", hovermode="closest",
         margin=dict(t=120, l=90, r=30, b=60),
     )
-    return fig
+    return fit_figure(fig)
 
 
 def shaded_condition(table, present: Sequence[str], wanted: str) -> str | None:
@@ -173,7 +174,7 @@ def filler_vs_random_figure(result, *, title: str | None = None, cols: int = 3):
         **header(f"{head}<br><sup>{INDEX_NOTE}</sup>", height), height=height, template="plotly_white",
         margin=dict(t=120, l=80, r=30, b=60),
     )
-    return fig
+    return fit_figure(fig)
 
 
 def condition_change_figure(table, *, title: str | None = None):
@@ -202,7 +203,7 @@ def condition_change_figure(table, *, title: str | None = None):
         yaxis=dict(title_text="mean |change|"),
         margin=dict(t=110, l=70, r=30, b=90),
     )
-    return fig
+    return fit_figure(fig)
 
 
 def segment_attention_figure(table, *, title: str | None = None):
@@ -239,7 +240,7 @@ def segment_attention_figure(table, *, title: str | None = None):
         xaxis=dict(title_text="layer", dtick=1 if table["layer"].nunique() <= 12 else None),
         yaxis=dict(title_text=f"attention received by the {segment}", rangemode="tozero"),
     )
-    return fig
+    return fit_figure(fig)
 
 
 def token_class_figure(table, *, title: str | None = None):
@@ -281,7 +282,7 @@ def token_class_figure(table, *, title: str | None = None):
         yaxis=dict(title_text="attention share", range=[0, 1.02]),
         legend=dict(title_text="key token class"), margin=dict(t=100, l=70, r=30, b=80),
     )
-    return fig
+    return fit_figure(fig)
 
 
 def attention_view_html(pattern: Any, str_tokens: Sequence[str], *, layer: int,

@@ -8,6 +8,7 @@ head 14").
 
 import plotly.graph_objects as go
 
+from lensprobe.viz.fit import fit_figure
 from lensprobe.viz.style import ABLATED_COLOR, CLEAN_COLOR, INDEX_NOTE, cell_labels, grid_layout
 
 __all__ = ["attribution_heatmap", "attribution_scatter", "find_heads_heatmap", "find_heads_scatter"]
@@ -54,7 +55,7 @@ def attribution_heatmap(attribution, *, title: str | None = None, zmax: float | 
         xaxis=dict(title_text="KV group (0-based)" if kv else "head (0-based)", dtick=1),
         yaxis=dict(title_text="layer (0-based)", autorange="reversed"), template="plotly_white",
     )
-    return fig
+    return fit_figure(fig)
 
 
 def attribution_scatter(verification, *, title: str | None = None):
@@ -96,7 +97,7 @@ def attribution_scatter(verification, *, title: str | None = None):
         yaxis_title="estimated Δ", template="plotly_white", height=480, width=620,
         margin=dict(t=100, l=80, r=30, b=60),
     )
-    return fig
+    return fit_figure(fig)
 
 
 def find_heads_scatter(search, *, title: str | None = None):
@@ -129,7 +130,7 @@ def find_heads_scatter(search, *, title: str | None = None):
         xaxis_title=f"exact Δ {search.metric} (ablated - clean, mean over the prompts ablated on)",
         yaxis_title="AtP estimate",
         template="plotly_white", height=480, width=680, margin=dict(t=100, l=80, r=30, b=60))
-    return fig
+    return fit_figure(fig)
 
 
 def find_heads_heatmap(search, *, title: str | None = None):
@@ -155,4 +156,4 @@ def find_heads_heatmap(search, *, title: str | None = None):
                       att.n_layers, att.n_heads),
         xaxis=dict(title_text="head (0-based)", dtick=1), yaxis=dict(title_text="layer (0-based)", autorange="reversed"),
         template="plotly_white")
-    return fig
+    return fit_figure(fig)

@@ -7,6 +7,7 @@ Both take the tables of :func:`lensprobe.evals.results.stats.accuracy` (columns 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from lensprobe.viz.fit import fit_figure
 from lensprobe.viz.style import condition_colors, unique
 
 
@@ -51,7 +52,7 @@ def accuracy_bars(table, *, title: str | None = None, model_column: str = "model
         legend_title="condition",
     )
     fig.update_yaxes(rangemode="tozero")
-    return fig
+    return fit_figure(fig)
 
 
 def accuracy_by_level(table, *, title: str | None = None, model_column: str = "model",
@@ -89,4 +90,4 @@ def accuracy_by_level(table, *, title: str | None = None, model_column: str = "m
     fig.update_yaxes(title_text=f"accuracy (%), {grader} grader", rangemode="tozero", row=1, col=1)
     fig.update_layout(template="plotly_white", height=420, legend_title="condition",
                       title=title or "Accuracy per difficulty level (bars: 95% Wilson interval)")
-    return fig
+    return fit_figure(fig)

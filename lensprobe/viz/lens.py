@@ -13,6 +13,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.viz.fit import fit_figure
 from lensprobe.viz.style import LENS_COLORS, LENS_LABELS, grid_layout
 
 __all__ = ["logit_lens"]
@@ -88,7 +89,7 @@ def logit_lens(trace, row: int = 0, *, color: str = "entropy", title: str | None
     fig.update_layout(**layout, template="plotly_white",
                       xaxis=dict(title_text="generation step (0 = last prompt position)"),
                       yaxis=dict(title_text="layer (0-based)", dtick=1 if len(layers) <= 32 else None))
-    return fig
+    return fit_figure(fig)
 
 
 def _shown(token: str) -> str:

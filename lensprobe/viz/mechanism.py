@@ -12,6 +12,7 @@ from plotly.subplots import make_subplots
 
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.heads import head_label
+from lensprobe.viz.fit import fit_figure
 from lensprobe.viz.style import (
     INDEX_NOTE,
     NEAR_ZERO_COLOR,
@@ -76,7 +77,7 @@ def affine_fit_figure(fit, *, title: str | None = None, log_error: bool = True):
     fig.update_layout(**header(f"{head}<br><sup>{INDEX_NOTE}; one point per question position</sup>", height),
                       height=height, template="plotly_white", showlegend=False,
                       margin=dict(t=110, l=80, r=30, b=60))
-    return fig
+    return fit_figure(fig)
 
 
 def activation_histogram_figure(stats, *, eps: float | None = None, title: str | None = None,
@@ -134,7 +135,7 @@ def activation_histogram_figure(stats, *, eps: float | None = None, title: str |
         height=height, template="plotly_white", margin=dict(t=120, l=80, r=30, b=60),
         xaxis_title=f"activation {where}", yaxis_title="share of entries per bin",
         yaxis_type="log" if log_y else "linear", xaxis_range=_central_range(table, conditions, mass, eps))
-    return fig
+    return fit_figure(fig)
 
 
 def _central_range(table, conditions: list[str], mass: float, eps: float) -> list[float]:

@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from lensprobe.core.errors import LensprobeError
+from lensprobe.viz.fit import fit_figure
 from lensprobe.viz.style import (
     INDEX_NOTE,
     condition_colors,
@@ -102,7 +103,7 @@ def sink_heatmap(result, *, target: str = FIRST, title: str | None = None, zmax:
     top_margin = 80 + 15 * lines
     fig.update_layout(title=dict(text=_title(head, note, width)), width=width, height=height,
                       template="plotly_white", margin=dict(t=top_margin, l=80, r=30, b=60))
-    return fig
+    return fit_figure(fig)
 
 
 def sink_steps_figure(result, *, target: str = FIRST, layers: Sequence[int] | None = None, title: str | None = None):
@@ -152,7 +153,7 @@ def sink_steps_figure(result, *, target: str = FIRST, layers: Sequence[int] | No
     head = title or f"Attention on the {target} per generation step (mean over heads)"
     fig.update_layout(**header(f"{head}<br><sup>{INDEX_NOTE}</sup>", height, "condition: "), height=height,
                       template="plotly_white", margin=dict(t=120, l=80, r=30, b=60))
-    return fig
+    return fit_figure(fig)
 
 
 def massive_activation_figure(result, *, phase: str = "prompt", step: int = 0, title: str | None = None,
@@ -202,7 +203,7 @@ def massive_activation_figure(result, *, phase: str = "prompt", step: int = 0, t
                       height=height, template="plotly_white", margin=dict(t=120, l=80, r=30, b=60),
                       xaxis_title="layer (0-based)", yaxis_title="max |entry| / median |entry|",
                       yaxis_type="log" if log_y else "linear")
-    return fig
+    return fit_figure(fig)
 
 
 def _norms(trace, hook: str, row: int) -> tuple[list[int], list[list[float]]]:
@@ -282,7 +283,7 @@ def activation_norm_figure(traces, *, hook: str = "hook_resid_post", kind: str =
     fig.update_layout(**header(f"{head}<br><sup>{INDEX_NOTE}; step 0 = last prompt position</sup>", height,
                                "" if kind == "heatmap" else "layer: "),
                       height=height, template="plotly_white", margin=dict(t=120, l=80, r=30, b=60))
-    return fig
+    return fit_figure(fig)
 
 
 def _layer_color(j: int, n: int) -> str:

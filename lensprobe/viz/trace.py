@@ -8,7 +8,24 @@ here and nothing is shown.
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from lensprobe.viz.fit import fit_figure
 from lensprobe.viz.style import TRACE_COLORS, rgba
+
+RANGES = {"entropy": (0.0, None), "attention": (0.0, 1.0)}
+"""The values each metric can take: a band (mean +- std) reaching past them is drawn clipped there."""
+CLIPPED = {"entropy": "clipped at 0", "attention": "clipped to 0-1"}
+
+
+def _clip(values, low: float | None, high: float | None) -> list[float]:
+    """``values`` with those below ``low`` or above ``high`` drawn at that bound (NaN kept)."""
+    out = []
+    for v in (float(x) for x in values):
+        if low is not None and v < low:
+            v = low
+        if high is not None and v > high:
+            v = high
+        out.append(v)
+    return out
 
 
 def generation_trace_figure(summary, *, title: str | None = None, band_label: str | None = None,
@@ -16,7 +33,9 @@ def generation_trace_figure(summary, *, title: str | None = None, band_label: st
     """The LT-Tuning two-panel chart: (a) entropy per step, (b) attention onto a token set per step.
 
     One line per condition (the mean across samples or prompts) with a shaded band (the
-    band of the summary: std or 95% CI). Step 0 is the last prompt position.
+    band of the summary: std or 95% CI), drawn clipped to the values the quantity can take (entropy at 0,
+    the attention proportion at 0 and 1: a mean +- std band would otherwise reach below 0); the hover gives
+    the band's own ends. Step 0 is the last prompt position.
 
     Args:
         summary: the DataFrame of :func:`lensprobe.generation.trace_summary` (columns ``condition``,
@@ -45,21 +64,26 @@ def generation_trace_figure(summary, *, title: str | None = None, band_label: st
             if rows.empty:
                 continue
             x = rows["step"].tolist()
+            low, high = RANGES[metric]
             fig.add_trace(go.Scatter(
-                x=x + x[::-1], y=rows["upper"].tolist() + rows["lower"].tolist()[::-1], fill="toself",
-                fillcolor=rgba(color, 0.18), line=dict(width=0), hoverinfo="skip", showlegend=False,
-                legendgroup=cond, name=f"{cond} band"), row=1, col=col)
+                x=x + x[::-1], y=_clip(rows["upper"], low, high) + _clip(rows["lower"], low, high)[::-1],
+                fill="toself", fillcolor=rgba(color, 0.18), line=dict(width=0), hoverinfo="skip", showlegend=False,
+                legendgroup=cond, name=f"{cond} band ({CLIPPED[metric]})"), row=1, col=col)
             fig.add_trace(go.Scatter(
                 x=x, y=rows["mean"].tolist(), mode="lines", line=dict(color=color, width=2), name=cond,
                 legendgroup=cond, showlegend=col == 1,
-                hovertemplate=f"{cond}<br>step %{{x}}<br>%{{y:.4f}}"
+                customdata=list(zip(rows["lower"].tolist(), rows["upper"].tolist(), strict=True)),
+                hovertemplate=f"{cond}<br>step %{{x}}<br>%{{y:.4f}} (band %{{customdata[0]:.4f}} to "
+                              f"%{{customdata[1]:.4f}}, drawn {CLIPPED[metric]})"
                               + (f"<br>{band_label}" if band_label else "") + "<extra></extra>"), row=1, col=col)
     fig.update_xaxes(title_text="generation step (0 = last prompt position)")
     fig.update_yaxes(title_text="entropy (nats)", row=1, col=1)
     fig.update_yaxes(title_text=attention_label or f"attention proportion onto {set_name}", row=1, col=2)
     fig.update_layout(
         height=height, template="plotly_white", margin=dict(t=110, l=60, r=20, b=60),
-        title=dict(text=title or "Entropy and attention per generation step", x=0, xref="paper"),
+        title=dict(text=f"{title or 'Entropy and attention per generation step'}<br><sup>lines: mean; shaded: "
+                        f"{band_label or 'the band'}, drawn clipped to what each quantity can take (entropy at 0, "
+                        "attention proportion at 0 and 1)</sup>", x=0, xref="paper"),
         legend=dict(orientation="h", yref="container", y=1 - 60 / height, yanchor="top", x=0, xanchor="left"),
     )
-    return fig
+    return fit_figure(fig)

@@ -1,5 +1,6 @@
 """Figures embedded at their own size: the report's frame of every figure is at least its layout height,
-the figure fills the column up to its own width, and plotly's toolbar sits in a band above it."""
+a figure with a width keeps it (a narrower column scrolls), one without fills the column, and plotly's toolbar
+sits in a band above it."""
 
 import re
 
@@ -7,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 import lensprobe as lp
-from lensprobe.viz.embed import TOOLBAR_PX, figure_div, figure_page, frame_height
+from lensprobe.viz.embed import SCROLLBAR_PX, TOOLBAR_PX, figure_div, figure_page, frame_height
 from lensprobe.viz.report import Section, write_report
 
 
@@ -31,7 +32,8 @@ def test_every_report_figure_frame_is_at_least_its_layout_height(tiny, tmp_path)
         own = fig.layout.height or 450
         assert int(data_height) == own and int(frame) >= own
         assert f"padding-top:{TOOLBAR_PX}px" in style  # the toolbar's band, above the figure's title
-        assert ("max-width:" in style) == (fig.layout.width is not None)  # as wide as the column, up to its own
+        assert ("max-width:" in style) == (fig.layout.width is not None)  # its own width, not wider ...
+        assert ("min-width:" in style) == (fig.layout.width is not None)  # ... nor squeezed: the column scrolls
     assert ".lp-plot .modebar-container{top:-" in page
 
 
@@ -39,9 +41,11 @@ def test_the_embedded_copy_is_responsive_and_the_figure_is_left_as_it_was(tiny):
     heatmap = figures(tiny)[0]
     width = heatmap.layout.width
     div = figure_div(heatmap)
-    assert f"max-width:{width}px" in div and '"responsive": true' in div
+    assert f"max-width:{width}px;min-width:{width}px" in div and '"responsive": true' in div
+    assert 'class="lp-frame" style="overflow-x:auto"' in div
     assert f'"width":{width}' not in div.replace(" ", "")  # the copy drops the fixed width
     assert heatmap.layout.width == width  # the caller's figure is unchanged
-    assert frame_height(heatmap) == heatmap.layout.height + TOOLBAR_PX
+    assert frame_height(heatmap) == heatmap.layout.height + TOOLBAR_PX + SCROLLBAR_PX  # room for a scroll bar
+    assert frame_height(go.Figure()) == 450 + TOOLBAR_PX  # fills the column: no scroll bar
     page = figure_page(heatmap)
     assert page.startswith("<!DOCTYPE html>") and 'src="plotly.min.js"' in page and "margin:0" in page
