@@ -5,6 +5,7 @@ import re
 from functools import partial
 from pathlib import Path
 
+from lensprobe.app.commands.heads import prompt_of
 from lensprobe.app.common import (
     add_inputs,
     check_out_dir,
@@ -15,8 +16,13 @@ from lensprobe.app.common import (
     writing_out_dir,
 )
 from lensprobe.app.examples import describe
-from lensprobe.app.commands.heads import prompt_of
-from lensprobe.app.option_groups import FillerOptions, ModelOptions, OutputOptions, QuestionOptions, SystemOptions
+from lensprobe.app.option_groups import (
+    FillerOptions,
+    ModelOptions,
+    OutputOptions,
+    QuestionOptions,
+    SystemOptions,
+)
 from lensprobe.app.parsing import add_config
 from lensprobe.core.models.loading import model_label
 from lensprobe.core.storage.jsonable import prompt_ids_digest

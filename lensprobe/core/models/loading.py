@@ -25,8 +25,8 @@ import torch
 
 from lensprobe.core.errors import LensprobeError, ModelLoadError
 from lensprobe.core.lazy import heavy
-from lensprobe.core.models.cache import cache_dir as cache_dir  # re-exported
 from lensprobe.core.models.announce import announced
+from lensprobe.core.models.cache import cache_dir as cache_dir  # re-exported
 from lensprobe.core.models.cache import cached_conversion
 from lensprobe.core.models.devices import check_device, default_device, place, resolve_dtype
 from lensprobe.core.models.folders import check_loading_info, check_model_folder, folder_load_error
