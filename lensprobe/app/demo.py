@@ -1,7 +1,8 @@
 """The demo report: every registered study, run on one model, written as one HTML page.
 
 Each study registers a :class:`DemoSection` in :data:`DEMO_SECTIONS`: a title (what the progress bar
-shows while it runs) and a builder ``build(model, *, quick: bool, progress: bool) -> Section | list[Section]``
+shows while it runs), its cost (seconds of a full run on a 2-core machine, which weights the bar's time estimate:
+:class:`~lensprobe.app.schedule.CostBar`) and a builder ``build(model, *, quick: bool, progress: bool) -> Section | list[Section]``
 in :mod:`lensprobe.app.sections` (``progress`` may be left out: it shows the builder's inner progress bars).
 ``quick=True`` asks for tiny inputs (used by the tests).
 
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from lensprobe.app.schedule import CostBar
 from lensprobe.app.sections import attribution, evals, filler, heads, mechanism, sinks, thinking
 from lensprobe.core.models.loading import is_hooked_model, load_model, model_label
 from lensprobe.core.progress import tqdm
@@ -31,22 +33,35 @@ class DemoSection:
     Attributes:
         title: what the progress bar says while it runs.
         build: ``build(model, *, quick, progress=False) -> Section | list[Section]``.
+        cost: seconds of a full run on a 2-core machine (the report's ``study times`` line measures them): the
+            weight of this study in the progress bar's time estimate.
     """
 
     title: str
     build: Callable
+    cost: float = 60.0
 
+
+COST: dict[str, float] = {"filler": 140.0, "mechanism": 3.0, "sinks": 174.0, "heads": 1815.0, "attribution": 180.0,
+                          "thinking": 150.0, "evals": 2100.0}
+"""Seconds of each study in a full run on a 2-core machine (their proportions weight the report bar's estimate).
+Measured, each study's builder timed alone after one load of the embedded model, on a 2-core machine with a load
+average of 7 to 10 (other jobs on both cores): filler 140 s, mechanism 3 s, sinks 174 s, heads 1815 s. Not yet
+measured, estimated from their work against those: attribution (AtP* and 20 heads verified exactly, a tenth of the
+heads' sweep), thinking (two traced generations, about the sinks' steps) and evals (about 860 batched generation
+steps at about 2.5 s each, from the sinks' 1.3 s per single-row step). A report's ``study times`` line gives the
+seconds of its own run: put them here."""
 
 DEMO_SECTIONS: list[DemoSection] = [
-    DemoSection("Meaningless tokens: attention received", filler.build_demo_sections),
-    DemoSection("The mechanism: activations and ARM", mechanism.build_demo_section),
-    DemoSection("Attention sinks and massive activations", sinks.build_demo_section),
-    DemoSection("Head ablation sweep, single ablations, patching", heads.build_section),
-    DemoSection("Head attribution (AtP*) verified by ablation", attribution.build_demo_section),
-    DemoSection("Latent thinking traces", thinking.build_demo_section),
-    DemoSection("Evaluations: arithmetic and MATH-500", evals.build_demo_section),
+    DemoSection("Meaningless tokens: attention received", filler.build_demo_sections, COST["filler"]),
+    DemoSection("The mechanism: activations and ARM", mechanism.build_demo_section, COST["mechanism"]),
+    DemoSection("Attention sinks and massive activations", sinks.build_demo_section, COST["sinks"]),
+    DemoSection("Head ablation sweep, single ablations, patching", heads.build_section, COST["heads"]),
+    DemoSection("Head attribution (AtP*) verified by ablation", attribution.build_demo_section, COST["attribution"]),
+    DemoSection("Latent thinking traces", thinking.build_demo_section, COST["thinking"]),
+    DemoSection("Evaluations: arithmetic and MATH-500", evals.build_demo_section, COST["evals"]),
 ]
-"""The studies, in report order; register yours with one import and one entry."""
+"""The studies, in report order; register yours with one import and one entry (with its measured cost)."""
 
 
 def _build(entry: DemoSection, model, quick: bool, progress: bool) -> list[Section]:
@@ -78,11 +93,14 @@ def run_demo(out_dir: str | Path = "lensprobe-report", model=None, *, quick: boo
             model = load_model(model)
             bar.update()
     sections: list[Section] = []
-    with tqdm(total=len(DEMO_SECTIONS), desc="report", disable=not progress, unit="study") as bar:
+    took: list[str] = []
+    with CostBar([(e.title, e.cost) for e in DEMO_SECTIONS], desc="report", disable=not progress) as bar:
         for entry in DEMO_SECTIONS:
-            bar.set_postfix_str(entry.title)
+            bar.start(entry.title)
+            began = time.perf_counter()
             sections.extend(_build(entry, model, quick, progress))
-            bar.update()
+            took.append(f"{entry.title} {time.perf_counter() - began:.0f} s")
+            bar.done()
     cfg = model.cfg
     meta = {
         "model": model_label(model),
@@ -90,6 +108,7 @@ def run_demo(out_dir: str | Path = "lensprobe-report", model=None, *, quick: boo
                         f"(0-{cfg.n_heads - 1}), context {cfg.n_ctx}",
         "mode": "quick (tiny inputs)" if quick else "full",
         "run time": f"{time.perf_counter() - start:.1f} s",
+        "study times": "; ".join(took),
     }
     return write_report(out_dir, sections, title="lensprobe report", meta=meta)
 

@@ -110,7 +110,7 @@ class AnswerOptions:
 
     answer: list[str] | None = field(default=None, metadata={
         "custom_args": {"action": "append", "metavar": "TEXT", "nargs": None}})
-    """the answer for --metric logprob (one, or one per question)"""
+    """the answer for --metric logprob (one, or one per question; --math500: each problem's own)"""
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class Math500Options:
     """MATH-500 problems as the questions."""
 
     math500: int | None = field(default=None, metadata={"custom_args": {"type": positive_int, "metavar": "N"}})
-    """use N MATH-500 problems (seeded draw) instead of --question"""
+    """use N MATH-500 problems (seeded draw) instead of --question; --metric logprob reads their answers"""
 
 
 @dataclass(frozen=True)

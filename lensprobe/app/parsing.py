@@ -38,7 +38,7 @@ from simple_parsing.wrappers import DataclassWrapper, FieldWrapper
 from lensprobe.core.fielddocs import field_docs
 
 __all__ = ["PARSER_SETTINGS", "RENAMED", "ConfigHelpFormatter", "ConfigParser", "Flag", "add_config", "first_sentence", "flag_of", "new_parser", "plain",
-           "renamed_flags", "setting_message"]
+           "renamed_flags", "setting_message", "switch_spelling"]
 
 
 class ConfigHelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -63,6 +63,24 @@ class ConfigHelpFormatter(argparse.RawDescriptionHelpFormatter):
         given = str(action.metavar or "")
         name = given if given and not given.startswith("[") else action.dest.rsplit(".", 1)[-1].upper()
         return f"{name} [{name} ...]" if action.nargs == "+" else name
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, Flag):  # a switch and its negation: --sample/--no-sample, --do-sample/--no-do-sample
+            return switch_spelling(action)
+        return super()._format_action_invocation(action)
+
+
+def switch_spelling(action: "Flag") -> str:
+    """How the help shows a switch: each spelling with its negation, ``--sample/--no-sample``; a switch that is a
+    negation already shows alone (``--no-system``).
+
+    Example:
+        >>> switch_spelling(next(a for a in parser._actions if "--sample" in a.option_strings))
+        '--sample/--no-sample, --do-sample/--no-do-sample'
+    """
+    negatives = list(action.negative_option_strings)
+    positives = [s for s in action.option_strings if s not in negatives]
+    return ", ".join(f"{p}/{NEGATION}{p[2:]}" if f"{NEGATION}{p[2:]}" in negatives else p for p in positives)
 
 
 NEGATION = "--no-"
@@ -93,6 +111,17 @@ class _Field(FieldWrapper):
         options = super().get_arg_options()
         if options.get("action") is BooleanOptionalAction:
             options["action"] = Flag
+        return options
+
+    @property
+    def arg_options(self) -> dict[str, Any]:
+        """A setting that is ``None`` until given (``bool | None``, ``--sample`` alone is True) is a switch too:
+        ``--sample/--no-sample``, not given: ``None``."""
+        options = super().arg_options
+        if "action" not in options and getattr(options.get("type"), "__name__", "") == "str2bool" \
+                and options.get("nargs") == "?":
+            options = {**{k: v for k, v in options.items() if k != "const"}, "action": Flag}
+            self._arg_options = options
         return options
 
 

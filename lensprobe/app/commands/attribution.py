@@ -80,8 +80,12 @@ def _check(args, command: str, kind: str) -> None:
         args.MetricSettings.check_gradient()
     except SettingError as err:  # named as the option that sets it
         raise LensprobeError(setting_message(err) + ".") from None
-    if metric == "logprob" and not answer:
-        raise LensprobeError("--metric logprob needs --answer TEXT.")
+    if args.Math500Options.math500 and answer:
+        raise LensprobeError("--math500 problems carry their answers (--metric logprob reads them): drop --answer, "
+                             "or give the questions with --question and their answers with --answer.")
+    if metric == "logprob" and not answer and not args.Math500Options.math500:
+        raise LensprobeError("--metric logprob needs --answer TEXT (one, or one per --question), or --math500 N "
+                             "(MATH-500 problems carry their answers).")
     if metric != "logprob" and answer:
         raise LensprobeError(f"--metric {metric} reads no answer, but --answer was given: drop it, or use "
                              "--metric logprob to measure the answer.")
@@ -102,12 +106,15 @@ def run_attribute_command(args) -> int:
 
 def _inputs(model, args) -> tuple[list, Any, Any]:
     """The prompts, the ablation's reference and the answers the options name."""
+    given = args.AnswerOptions.answer
     if args.Math500Options.math500:
-        questions = [p.problem for p in load_math500(limit=args.Math500Options.math500, seed=0)]
+        problems = load_math500(limit=args.Math500Options.math500, seed=0)
+        questions = [p.problem for p in problems]
+        if args.MetricSettings.metric == "logprob":  # each problem's own answer
+            given = [p.answer for p in problems]
     else:
         questions = args.QuestionOptions.question or [demo_question()[0]]
     prompts = [prompt_of(model, args, q) for q in questions]
-    given = args.AnswerOptions.answer
     answers = None if not given else (given[0] if len(given) == 1 else given)
     return prompts, reference_of(model, args), answers
 

@@ -5,21 +5,26 @@ import re
 from functools import partial
 from pathlib import Path
 
+from lensprobe.app.commands.heads import prompt_of
 from lensprobe.app.common import (
     add_inputs,
     check_out_dir,
     load_cli_model,
     out_of,
     print_files,
-    system_of,
     write_figure,
     writing_out_dir,
 )
 from lensprobe.app.examples import describe
-from lensprobe.app.option_groups import ModelOptions, OutputOptions, QuestionOptions, SystemOptions
+from lensprobe.app.option_groups import (
+    FillerOptions,
+    ModelOptions,
+    OutputOptions,
+    QuestionOptions,
+    SystemOptions,
+)
 from lensprobe.app.parsing import add_config
 from lensprobe.core.models.loading import model_label
-from lensprobe.core.prompts.prompt import build_prompt
 from lensprobe.core.storage.jsonable import prompt_ids_digest
 from lensprobe.core.storage.runidentity import run_identity
 from lensprobe.core.storage.shards import bind_local_gpu, shard_info
@@ -42,9 +47,10 @@ def add_trace(subparsers) -> None:
                     "entropy and the attention proportion from the newest query onto the thinking positions "
                     "(and other tracked sets), per layer and head. Writes one trace file per setting, the "
                     "per-step summary as CSV and the two-panel figure as HTML. Step 0 is the last prompt "
-                    "position. Layers and heads are 0-based. Under `torchrun --nproc-per-node N -m lensprobe "
+                    "position. --filler builds the prompt with a filler (its share of the attention is traced too). "
+                    "Layers and heads are 0-based. Under `torchrun --nproc-per-node N -m lensprobe "
                     "trace ...` each process traces its share of the settings; they meet in --out/shards."))
-    add_inputs(p, ModelOptions, QuestionOptions, SystemOptions, OutputOptions)
+    add_inputs(p, ModelOptions, QuestionOptions, SystemOptions, FillerOptions, OutputOptions)
     add_config(p, TraceConfig, "config")
     add_config(p, LatentFusion, "fusion", prefix="fusion-")
     p.set_defaults(func=run_trace)
@@ -87,9 +93,11 @@ def _trace(args, settings: dict, shard: tuple[int, int], files: list) -> int:
         if not (len(ids) == 1 and model.tokenizer.decode(ids) == token):
             add_thinking_token(model, token)  # this process owns the model
     question = args.QuestionOptions.one("trace")
-    prompt = build_prompt(model, question, system=system_of(args))
+    prompt = prompt_of(model, args, question)  # under --filler (w/o: no filler)
     config: TraceConfig = args.config
     generation = config.generation()
+    if "filler" in prompt.segments:  # the filler's share of the attention is traced too
+        generation["track"] = {**generation["track"], "filler": "filler"}
     track = generation["track"]
     record = config.recorded()
     lens = "logit" if config.lens == "logit" else None

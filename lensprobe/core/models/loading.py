@@ -24,6 +24,7 @@ import torch
 
 from lensprobe.core.errors import LensprobeError, ModelLoadError
 from lensprobe.core.lazy import heavy
+from lensprobe.core.models.announce import announced
 from lensprobe.core.models.boot import boot as _boot
 from lensprobe.core.models.boot import check_finite_weights as check_finite_weights  # re-exported
 from lensprobe.core.models.cache import cache_dir as cache_dir  # re-exported
@@ -106,9 +107,10 @@ def converted_gguf_folder(gguf: Path) -> Path:
 
     The folder is keyed by the file's content and the versions that shape the conversion, checked
     against its manifest before use and built by one process at a time (:mod:`.cache`); later loads
-    read it memory-mapped, with no conversion.
+    read it memory-mapped, with no conversion. A conversion says once on stderr that it starts and how long it
+    took (:mod:`.announce`).
     """
-    return cached_conversion(Path(gguf), convert_gguf)
+    return cached_conversion(Path(gguf), announced(convert_gguf))
 
 
 def convert_gguf(gguf: Path, folder: Path) -> None:
