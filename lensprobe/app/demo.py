@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from lensprobe.app.sections import attribution, evals, filler, heads, mechanism, sinks, thinking
+from lensprobe.app.sections import attribution, evals, filler, heads, lens, mechanism, sinks, thinking
 from lensprobe.core.models.loading import is_hooked_model, load_model, model_label
 from lensprobe.core.progress import tqdm
 from lensprobe.core.storage.nesting import parse_json
@@ -41,6 +41,7 @@ DEMO_SECTIONS: list[DemoSection] = [
     DemoSection("Meaningless tokens: attention received", filler.build_demo_sections),
     DemoSection("The mechanism: activations and ARM", mechanism.build_demo_section),
     DemoSection("Attention sinks and massive activations", sinks.build_demo_section),
+    DemoSection("Logit lens per layer and step", lens.build_demo_section),
     DemoSection("Head ablation sweep, single ablations, patching", heads.build_section),
     DemoSection("Head attribution (AtP*) verified by ablation", attribution.build_demo_section),
     DemoSection("Latent thinking traces", thinking.build_demo_section),
