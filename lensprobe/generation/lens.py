@@ -39,6 +39,7 @@ from lensprobe.core.hooks.attach import Hook, intervene
 from lensprobe.core.models.devices import model_device, model_dtype
 from lensprobe.core.models.kinds import is_hooked_transformer
 from lensprobe.core.models.loading import check_layers
+from lensprobe.core.storage.identity import identity_digest
 from lensprobe.generation.engines.view import has_user_hooks
 from lensprobe.generation.traces.lens import LensTrace
 
@@ -250,6 +251,7 @@ class LogitLens:
         self.n_rows, self.max_steps = n_rows, max_steps
         self.resid: Tensor | None = None  # [layer, batch, d_model] of the current forward
         self.out: dict[str, Tensor] = {}
+        self.described = _describe(lens)  # once per generation: an AffineLens's values are hashed
 
     def hooks(self, model) -> list[Hook]:
         return [(name, self._hook(i)) for i, name in enumerate(lens_hook_names(model, self.layers))]
@@ -310,11 +312,11 @@ class LogitLens:
             out[name] = value
         ids = sorted(set(out["top_ids_rows"][out["top_ids_rows"] >= 0].tolist()))
         texts = tokenizer.batch_decode([[i] for i in ids]) if ids and tokenizer is not None else [str(i) for i in ids]
-        return LensTrace(list(self.layers), **out, lens=_describe(self.lens), token_text=dict(zip(ids, texts, strict=True)))
+        return LensTrace(list(self.layers), **out, lens=self.described, token_text=dict(zip(ids, texts, strict=True)))
 
     def describe(self) -> dict[str, Any]:
         """The lens's settings (for the trace's meta)."""
-        return {"lens": _describe(self.lens), "layers": list(self.layers), "top_k": self.top_k}
+        return {"lens": self.described, "layers": list(self.layers), "top_k": self.top_k}
 
 
 def _reduce(logits: Tensor, model_logp: Tensor, chosen: Tensor, top_k: int) -> dict[str, Tensor]:
@@ -337,6 +339,14 @@ def _reduce(logits: Tensor, model_logp: Tensor, chosen: Tensor, top_k: int) -> d
 
 
 def _describe(lens) -> Any:
+    """What was applied, for the trace's meta: ``"logit"``; an :class:`AffineLens` by its shapes and the digest of
+    its values (two lenses of other weights are told apart, two of the same values are the same; a run's identity
+    hashes them the same way); another translator by its name."""
     if isinstance(lens, str):
         return lens
-    return repr(lens) if isinstance(lens, AffineLens) else getattr(lens, "__qualname__", type(lens).__name__)
+    if isinstance(lens, AffineLens):
+        parts = [f"{name}={'None' if value is None else tuple(value.shape)}"
+                 + ("" if value is None else f" #{identity_digest(value)}")
+                 for name, value in (("weights", lens.weights), ("biases", lens.biases))]
+        return f"AffineLens({', '.join(parts)})"
+    return getattr(lens, "__qualname__", type(lens).__name__)
