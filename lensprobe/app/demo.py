@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lensprobe.app.schedule import CostBar
-from lensprobe.app.sections import attribution, evals, filler, heads, mechanism, sinks, thinking
+from lensprobe.app.sections import attribution, evals, filler, heads, lens, mechanism, sinks, thinking
 from lensprobe.core.models.loading import is_hooked_model, load_model, model_label
 from lensprobe.core.progress import tqdm
 from lensprobe.core.storage.nesting import parse_json
@@ -42,13 +42,13 @@ class DemoSection:
     cost: float = 60.0
 
 
-COST: dict[str, float] = {"filler": 140.0, "mechanism": 3.0, "sinks": 174.0, "heads": 1815.0, "attribution": 180.0,
-                          "thinking": 150.0, "evals": 2100.0}
+COST: dict[str, float] = {"filler": 140.0, "mechanism": 3.0, "sinks": 174.0, "lens": 60.0, "heads": 1815.0,
+                          "attribution": 180.0, "thinking": 150.0, "evals": 2100.0}
 """Seconds of each study in a full run on a 2-core machine (their proportions weight the report bar's estimate).
 Measured, each study's builder timed alone after one load of the embedded model, on a 2-core machine with a load
 average of 7 to 10 (other jobs on both cores): filler 140 s, mechanism 3 s, sinks 174 s, heads 1815 s. Not yet
 measured, estimated from their work against those: attribution (AtP* and 20 heads verified exactly, a tenth of the
-heads' sweep), thinking (two traced generations, about the sinks' steps) and evals (about 860 batched generation
+heads' sweep), lens (two traced 16-step generations), thinking (two traced generations, about the sinks' steps) and evals (about 860 batched generation
 steps at about 2.5 s each, from the sinks' 1.3 s per single-row step). A report's ``study times`` line gives the
 seconds of its own run: put them here."""
 
@@ -56,6 +56,7 @@ DEMO_SECTIONS: list[DemoSection] = [
     DemoSection("Meaningless tokens: attention received", filler.build_demo_sections, COST["filler"]),
     DemoSection("The mechanism: activations and ARM", mechanism.build_demo_section, COST["mechanism"]),
     DemoSection("Attention sinks and massive activations", sinks.build_demo_section, COST["sinks"]),
+    DemoSection("Logit lens per layer and step", lens.build_demo_section, COST["lens"]),
     DemoSection("Head ablation sweep, single ablations, patching", heads.build_section, COST["heads"]),
     DemoSection("Head attribution (AtP*) verified by ablation", attribution.build_demo_section, COST["attribution"]),
     DemoSection("Latent thinking traces", thinking.build_demo_section, COST["thinking"]),

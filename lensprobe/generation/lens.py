@@ -39,6 +39,7 @@ from lensprobe.core.hooks.attach import Hook, intervene
 from lensprobe.core.models.devices import model_device, model_dtype
 from lensprobe.core.models.kinds import is_hooked_transformer
 from lensprobe.core.models.loading import check_layers
+from lensprobe.core.storage.identity import identity_digest
 from lensprobe.generation.engines.view import has_user_hooks
 from lensprobe.generation.traces.lens import LensTrace
 
@@ -115,8 +116,10 @@ def final_head(model) -> Callable[[Tensor], Tensor]:
     """
     if is_hooked_transformer(model):
         norm = _tl_norm(model)
-        W_U, b_U = model.unembed.W_U, model.unembed.b_U
+        W_U, b_U = model.unembed.W_U, _nonzero(model.unembed.b_U)
         cap = getattr(model.cfg, "output_logits_soft_cap", None)
+        if b_U is None:
+            return lambda x: _capped(torch.mm(norm(x.to(W_U.device)), W_U).float(), cap)
         return lambda x: _capped(torch.addmm(b_U, norm(x.to(W_U.device)), W_U).float(), cap)
     return _bridge_head(model)
 
@@ -131,8 +134,14 @@ def _bridge_head(model) -> Callable[[Tensor], Tensor]:
     config: Any = getattr(getattr(model, "original_model", None), "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     cap = getattr(text, "final_logit_softcapping", None)
-    weight, bias = head.weight, getattr(head, "bias", None)
+    weight, bias = head.weight, _nonzero(getattr(head, "bias", None))
     return lambda x: _capped(_unembed(norm(x.to(weight.device)), weight, bias).float(), cap)
+
+
+def _nonzero(bias: Tensor | None) -> Tensor | None:
+    """The unembedding bias, or ``None`` when it is all zeros (adding zeros changes no logit; skipping it saves a
+    pass over ``[rows x layers, vocab]``)."""
+    return None if bias is None or not bool(bias.any()) else bias
 
 
 def _unembed(h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -242,6 +251,7 @@ class LogitLens:
         self.n_rows, self.max_steps = n_rows, max_steps
         self.resid: Tensor | None = None  # [layer, batch, d_model] of the current forward
         self.out: dict[str, Tensor] = {}
+        self.described = _describe(lens)  # once per generation: an AffineLens's values are hashed
 
     def hooks(self, model) -> list[Hook]:
         return [(name, self._hook(i)) for i, name in enumerate(lens_hook_names(model, self.layers))]
@@ -267,19 +277,14 @@ class LogitLens:
         if self.translator is not None:
             x = torch.stack([self.translator(layer, x[i]) for i, layer in enumerate(self.layers)]).to(x.dtype)
         L, n = x.shape[0], x.shape[1]
-        logits = self.head(x.reshape(L * n, -1)).view(L, n, -1)
-        logp = torch.log_softmax(logits, dim=-1)
-        probs = logp.exp()
-        ent = -torch.linalg.vecdot(probs, logp)  # logits are finite, so 0 * logp is 0 where probs underflow
-        top_logp, top_ids = logp.topk(self.top_k, dim=-1)
-        mine = choice[idx].to(logits.device).clamp(min=0)[None, :, None].expand(L, n, 1)
-        rank = (logits > logits.gather(-1, mine)).sum(-1)
-        mine_logp = model_logp[idx].clamp(min=torch.finfo(model_logp.dtype).min)  # -inf (p 0) adds 0, not NaN
-        kl = torch.linalg.vecdot(mine_logp.exp()[None], mine_logp[None] - logp).clamp(min=0)  # rounding: >= 0
-        no_model = broken[idx].to(logits.device)[None].expand(L, n)
-        values = {"entropy_rows": ent, "top_ids_rows": top_ids, "top_probs_rows": top_logp.exp(),
-                  "chosen_rank_rows": torch.where(no_model, -1, rank), "kl_rows": kl.masked_fill(no_model, float("nan")),
-                  "chosen_prob_rows": probs.gather(-1, mine)[..., 0].masked_fill(no_model, float("nan"))}
+        logits = self.head(x.reshape(L * n, -1))  # [layer x n, vocab]: one product for every layer and row
+        values = _reduce(logits, model_logp[idx].to(logits.device), choice[idx].to(logits.device).repeat(L),
+                         self.top_k)
+        no_model = broken[idx].to(logits.device).repeat(L)
+        values["chosen_rank_rows"] = values["chosen_rank_rows"].masked_fill(no_model, -1)
+        for name in ("kl_rows", "chosen_prob_rows"):
+            values[name] = values[name].masked_fill(no_model, float("nan"))
+        values = {name: v.view(L, n, *v.shape[1:]) for name, v in values.items()}
         r, t = rows[idx.cpu()], steps[idx.cpu()]
         for name, v in values.items():
             buf = self.out.get(name)
@@ -307,14 +312,41 @@ class LogitLens:
             out[name] = value
         ids = sorted(set(out["top_ids_rows"][out["top_ids_rows"] >= 0].tolist()))
         texts = tokenizer.batch_decode([[i] for i in ids]) if ids and tokenizer is not None else [str(i) for i in ids]
-        return LensTrace(list(self.layers), **out, lens=_describe(self.lens), token_text=dict(zip(ids, texts, strict=True)))
+        return LensTrace(list(self.layers), **out, lens=self.described, token_text=dict(zip(ids, texts, strict=True)))
 
     def describe(self) -> dict[str, Any]:
         """The lens's settings (for the trace's meta)."""
-        return {"lens": _describe(self.lens), "layers": list(self.layers), "top_k": self.top_k}
+        return {"lens": self.described, "layers": list(self.layers), "top_k": self.top_k}
+
+
+def _reduce(logits: Tensor, model_logp: Tensor, chosen: Tensor, top_k: int) -> dict[str, Tensor]:
+    """What the lens keeps of ``logits`` ``[layer x n, vocab]`` (float32; row ``i`` against the model's
+    log-probabilities ``model_logp[i % n]`` ``[n, vocab]`` and the token ``chosen[i]``), every layer and row at
+    once: one log-softmax and its exp, one top-k, the rank as a count of larger logits (summed in int32, twice as
+    fast as int64), the entropy and KL divergence as dot products over the vocabulary; no loop, no host sync."""
+    m, n = logits.shape[0], model_logp.shape[0]
+    logp = torch.log_softmax(logits, dim=-1)
+    probs = logp.exp()
+    ent = -torch.linalg.vecdot(probs, logp)  # logits are finite, so 0 * logp is 0 where probs underflow
+    top_logp, top_ids = logp.topk(top_k, dim=-1)
+    mine = chosen.clamp(min=0)[:, None]
+    rank = (logits > logits.gather(-1, mine)).sum(-1, dtype=torch.int32)
+    model_logp = model_logp.clamp(min=torch.finfo(model_logp.dtype).min)  # -inf (p 0) adds 0, not NaN
+    per_layer = logp.view(m // n, n, -1)
+    kl = torch.linalg.vecdot(model_logp.exp()[None], model_logp[None] - per_layer).reshape(m).clamp(min=0)  # rounding
+    return {"entropy_rows": ent, "top_ids_rows": top_ids, "top_probs_rows": top_logp.exp(), "chosen_rank_rows": rank,
+            "kl_rows": kl, "chosen_prob_rows": probs.gather(-1, mine)[:, 0]}
 
 
 def _describe(lens) -> Any:
+    """What was applied, for the trace's meta: ``"logit"``; an :class:`AffineLens` by its shapes and the digest of
+    its values (two lenses of other weights are told apart, two of the same values are the same; a run's identity
+    hashes them the same way); another translator by its name."""
     if isinstance(lens, str):
         return lens
-    return repr(lens) if isinstance(lens, AffineLens) else getattr(lens, "__qualname__", type(lens).__name__)
+    if isinstance(lens, AffineLens):
+        parts = [f"{name}={'None' if value is None else tuple(value.shape)}"
+                 + ("" if value is None else f" #{identity_digest(value)}")
+                 for name, value in (("weights", lens.weights), ("biases", lens.biases))]
+        return f"AffineLens({', '.join(parts)})"
+    return getattr(lens, "__qualname__", type(lens).__name__)

@@ -29,6 +29,7 @@ TITLES = (  # every registered section, in report order
     "Layer 0 attention, interactive (Mless prompt)",
     "Mechanism: filler tokens rescale layer-0 attention",
     "Attention sinks and massive activations, without and with filler",
+    "Logit lens per layer and generation step, without and with filler",
     "Head ablation sweep: which heads move the next-token entropy",
     "Average attention on head L0H",
     "next-token change",
