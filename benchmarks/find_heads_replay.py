@@ -32,14 +32,8 @@ from attribution import ablation_settings, exact_sweep, metric_settings  # noqa:
 import lensprobe as lp  # noqa: E402
 from lensprobe.core.hooks.forward import as_prompts  # noqa: E402
 from lensprobe.core.measures.forced import resolve_measures  # noqa: E402
-from lensprobe.experiments.findheads import (  # noqa: E402
-    ATP_COST,
-    FLAG_COST,
-    _pipeline,
-    _prompt_write_ratios,
-    _Search,
-    _sweep_cost,
-)
+from lensprobe.experiments.findheads import _pipeline, _prompt_write_ratios, _Search  # noqa: E402
+from lensprobe.experiments.findheads_cost import ATP_COST, FLAG_COST, sweep_cost  # noqa: E402
 from lensprobe.experiments.sweep import chunk_cost, layer_chunks  # noqa: E402
 
 TOP = 20
@@ -85,7 +79,7 @@ def replay(saved: dict, *, flag: float, step: int, refine: int, sample: int, eac
 
     ratios = saved.get("prompt_ratios", saved["ratios"][None])  # [prompt, layer, head]
     write = ratios[:, [p[0] for p in pairs], [p[1] for p in pairs]].expand(changes.shape[0], -1)
-    limit = _sweep_cost(pairs, n_layers, batch_size) - ATP_COST - FLAG_COST  # as find_heads caps the search
+    limit = sweep_cost(pairs, n_layers, batch_size) - ATP_COST - FLAG_COST  # as find_heads caps the search
     search = _Search(att, pairs, changes.shape[0], TOP, batch_size, ablate, limit=limit, n_layers=n_layers)
     found = _pipeline(search, write, flag, step, refine, None, sample, 0, n_layers, flag_each_prompt=bool(each),
                       recheck=bool(recheck))

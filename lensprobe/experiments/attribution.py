@@ -149,7 +149,7 @@ def prompt_positions(settings: dict, index: int, prompt) -> Any:
     return resolve_positions(settings["positions"], prompt if hasattr(prompt, "positions") else None)
 
 
-def _aligned_sources(model, items, ablation: Any, align: Any, positions: Any, unit: str, layers: Sequence[int]
+def aligned_sources(model, items, ablation: Any, align: Any, positions: Any, unit: str, layers: Sequence[int]
                      ) -> tuple[list, list]:
     """Per prompt: the corrupted prompt's ``hook_z`` placed at the positions paired by segment, and those positions."""
     if isinstance(ablation, str) or positions is not None or unit != "head":
@@ -166,7 +166,7 @@ def _aligned_sources(model, items, ablation: Any, align: Any, positions: Any, un
     return sources, aligned
 
 
-def _units(model, heads, unit: str) -> list[Unit]:
+def head_units(model, heads, unit: str) -> list[Unit]:
     if unit not in UNITS:
         raise LensprobeError(f"unit must be one of {UNITS}, got {unit!r}.")
     pairs = sorted(resolve_heads(model, heads))
@@ -287,14 +287,14 @@ def attribute_heads(model, prompts, metric: Any = "entropy", *, method: Attribut
         raise LensprobeError(f"method must be 'atp' or 'atp*', got {method!r}.")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise LensprobeError(f"batch_size must be a positive integer, got {batch_size!r}.")
-    units = _units(model, heads, unit)
+    units = head_units(model, heads, unit)
     items = as_prompts(model, prompts, build_strings=True)
     measures = resolve_measures(model, metric, len(items), answers=answers, tokens=tokens, continuation=continuation,
                                 gradient=True)
     kind, sources = attribution_sources(model, len(items), ablation, reference, per_position, [u[0] for u in units])
     aligned = None
     if align is not None and align is not False:
-        sources, aligned = _aligned_sources(model, items, ablation, align, positions, unit, [u[0] for u in units])
+        sources, aligned = aligned_sources(model, items, ablation, align, positions, unit, [u[0] for u in units])
     star = method == "atp*"
     n_layers = int(model.cfg.n_layers)
     estimates, scores, values = [], [], []

@@ -55,166 +55,34 @@ Example:
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from lensprobe.core.checks import count, finite_number
 from lensprobe.core.errors import LensprobeError
 from lensprobe.core.hooks.attach import intervene, recording_hook
 from lensprobe.core.hooks.forward import as_prompts
 from lensprobe.core.hooks.heads import head_label, hook_z_name
 from lensprobe.core.lazy import pandas
 from lensprobe.core.measures.forced import resolve_measures
+from lensprobe.experiments import findheads_cost as costs
 from lensprobe.experiments.atp_gradients import delta_z
 from lensprobe.experiments.attribution import (
     Attribution,
-    _aligned_sources,
-    _units,
+    aligned_sources,
     attribute_heads,
     attribution_sources,
+    head_units,
     prompt_positions,
 )
+from lensprobe.experiments.findheads_result import RECALL_WIDTH, HeadSearch, stated_recall
 from lensprobe.experiments.sweep import PREFIX_SAFE, chunk_cost, layer_chunks, sweep_prompt
 from lensprobe.experiments.verify import recall_bound
 from lensprobe.interventions.ablation import check_ablation_positions
 
 __all__ = ["RECALL_WIDTH", "HeadSearch", "find_heads"]
-
-ATP_COST = 3.0
-"""Forward-equivalents of one AtP pass on one prompt (a forward, and a backward at about two)."""
-FLAG_COST = 1.0
-"""Forward-equivalents of the flag pass on one prompt (one clean forward recording ``hook_z``)."""
-RECALL_WIDTH = 0.3
-"""The widest 95% interval of the recall bound that :meth:`HeadSearch.summary` states; a wider one is
-reported as "recall not known"."""
-
-
-@dataclass
-class HeadSearch:
-    """What :func:`find_heads` found and what it cost.
-
-    Attributes:
-        table: one row per head ablated exactly: ``layer``, ``head``, ``head_label``, ``estimate``
-            (AtP, mean over the prompts it was ablated on; NaN when the sweep ran instead) and ``score``
-            (AtP's, mean over prompts), ``write`` (the flag signal, the largest over prompts), ``exact``
-            (mean of the exact change over the ``prompts`` it was ablated on), ``prompts``, ``why``
-            (``"flagged"``, ``"verified"``, ``"sampled"``, ``"per prompt"``: ablated on some prompts only, in
-            step 5, or ``"swept"``: the sweep ran instead), ``atp_rank`` (1 = AtP's first), ``exact_rank``
-            (1 = largest ``|exact|`` among the heads ablated on every prompt; empty for the others and for a
-            head whose ablation made the metric NaN), ``nan_prompts`` (the prompts on which its ablation made
-            the metric NaN: such a head is reported, never ranked). Heads ablated on every prompt come first.
-        exact: ``[prompt, head]`` exact changes of the heads of ``table``, in its order (meaningful where
-            ``ablated`` is true; NaN there only when the ablation made the metric NaN).
-        ablated: ``[prompt, head]`` bool, whether the head of ``table`` was ablated on the prompt.
-        top: how many heads were asked for.
-        per_prompt: one list per prompt, in the prompts' order: the labels of the ``top`` heads with the
-            largest ``|exact|`` on that prompt alone, largest first, among the heads ablated exactly on it
-            (those ablated on every prompt, and those step 5 ablated on it alone). A head can be in a
-            prompt's list and not in ``found`` (it matters there, not on average). Every value is exact;
-            whether a prompt's list is its true top is known only where every head was ablated
-            (``method="sweep"`` or ``recall_kind="exact"``). :meth:`per_prompt_table` gives them as a table
-            with their exact changes.
-        recall, recall_kind, recall_low, recall_high, outside, sampled, beat: what is known of the
-            over-prompts top's recall. ``recall_kind``: ``"exact"`` (every head ablated: the top is the true
-            top), ``"sampled"`` (the random check bounds it: ``recall_low`` is the 95% lower bound, stated
-            only when ``recall_high - recall_low`` is below :data:`RECALL_WIDTH`) or ``"unknown"`` (no head
-            checked, or an interval too wide to say anything; ``recall`` is then NaN, ``recall_low`` and
-            ``recall_high`` the uninformative interval). ``outside``: heads not ablated before the last random
-            check; ``sampled``: heads it drew; ``beat``: how many of them beat the weakest head found.
-        cost: forward-equivalents per prompt (mean over prompts): ``"attribution"``, ``"flag"``,
-            ``"exact"`` (of which ``"per_prompt"`` in step 5), ``"total"``, and for comparison
-            ``"sweep"`` (every head, batched like the sweep) and ``"one_at_a_time"`` (the same exact
-            heads, one forward each, plus the clean run).
-        steps: verification steps run on every prompt (step 3).
-        attribution: the AtP estimates (all NaN when the sweep ran instead: no AtP pass was run).
-        metric: the metric's name.
-        method: ``"search"`` (the pipeline) or ``"sweep"`` (the plan would cost at least the sweep, so every
-            head was ablated exactly instead).
-        planned: the estimate made before any forward, per prompt: ``"search"`` (the least the plan
-            costs) and ``"sweep"``.
-        capped: the search stopped because its next exact ablation would have cost more than the sweep.
-        checks: rounds of the random check (more than one when ``recheck`` sent the search on).
-    """
-
-    table: Any
-    exact: Tensor
-    ablated: Tensor
-    top: int
-    per_prompt: list[list[str]]
-    recall: float
-    recall_kind: str
-    recall_low: float
-    recall_high: float
-    outside: int
-    sampled: int
-    beat: int
-    cost: dict[str, float]
-    steps: int
-    attribution: Attribution = field(repr=False)
-    metric: str = ""
-    method: str = "search"
-    planned: dict[str, float] = field(default_factory=dict)
-    capped: bool = False
-    checks: int = 1
-
-    @property
-    def found(self):
-        """The ``top`` heads with the largest ``|exact|`` (mean over prompts, among the heads ablated on
-        every prompt), largest first."""
-        ranked = self.table[self.table["exact_rank"].notna()]
-        return ranked.sort_values("exact_rank", kind="stable").head(self.top).reset_index(drop=True)
-
-    def per_prompt_table(self):
-        """One row per prompt and rank: ``prompt``, ``rank`` (1 = largest ``|exact|`` there), ``head_label``,
-        ``exact`` (the change on that prompt)."""
-        column = {lbl: i for i, lbl in enumerate(self.table["head_label"])}
-        return pandas().DataFrame([
-            {"prompt": p, "rank": r + 1, "head_label": lbl, "exact": float(self.exact[p, column[lbl]])}
-            for p, heads in enumerate(self.per_prompt) for r, lbl in enumerate(heads)])
-
-    def recall_text(self) -> str:
-        """What is known of the top-k recall, and nothing more: exact, a 95% lower bound when its interval is
-        narrower than :data:`RECALL_WIDTH`, or "recall not known"."""
-        k = self.top
-        if self.recall_kind == "exact":
-            return f"top-{k} exact (every head ablated)"
-        if self.recall_kind == "sampled":
-            return (f"top-{k} recall >= {self.recall_low:.2f} at 95% confidence (interval {self.recall_low:.2f}-"
-                    f"{self.recall_high:.2f}, from {self.sampled} random heads of the {self.outside} not ablated, "
-                    f"{self.beat} of which beat the weakest found)")
-        if self.sampled == 0:
-            return f"top-{k} recall not known (none of the {self.outside} heads left was checked)"
-        return (f"top-{k} recall not known ({self.sampled} random heads of the {self.outside} not ablated, "
-                f"{self.beat} of which beat the weakest found, cannot bound it: any value from "
-                f"{self.recall_low:.2f} to {self.recall_high:.2f} fits)")
-
-    def summary(self) -> str:
-        """What was shown and nothing more: the heads found with their exact effects, what was ablated exactly,
-        what it cost against the sweep (and whether the sweep ran instead), and what is known of recall."""
-        c = self.cost
-        found = self.found
-        heads = ", ".join(f"{r.head_label} {r.exact:+.3g}" for r in found.itertuples())
-        nan = list(self.table.loc[self.table["nan_prompts"] > 0, "head_label"])
-        nan_text = f"; metric NaN when ablating {', '.join(nan)} (not ranked)" if nan else ""
-        if self.method == "sweep":
-            return (f"find_heads on {self.metric} ran the exact sweep instead (estimated {self.planned['search']:.1f} "
-                    f"forward-equivalents per prompt for the search, {self.planned['sweep']:.1f} for the sweep): "
-                    f"every one of the {len(self.table)} heads ablated exactly, {c['total']:.1f} forward-equivalents "
-                    f"per prompt; exact top {len(found)}: {heads}{nan_text}")
-        why = self.table["why"].value_counts()
-        cap = "; stopped at the sweep's cost" if self.capped else ""
-        return (f"find_heads on {self.metric}: the top {len(found)} of the {int(self.ablated.all(0).sum())} heads "
-                f"ablated exactly on every prompt: {heads}; "
-                f"{len(self.table)} of {len(self.attribution.units)} heads ablated exactly "
-                f"({why.get('flagged', 0)} flagged, {why.get('verified', 0)} verified in {self.steps} steps, "
-                f"{why.get('sampled', 0)} sampled, {why.get('per prompt', 0)} more on single prompts); "
-                f"{c['total']:.1f} forward-equivalents per prompt, "
-                f"{c['total'] / c['sweep']:.2f} of the sweep's {c['sweep']:.1f}{cap}; {self.recall_text()}{nan_text}")
-
 
 def _write_ratios(model, items, measures, settings: dict, n_layers: int) -> Tensor:
     """``[layer, head]``: the largest over prompts of ``||dz_h W_O^h|| / ||resid_pre||`` at the ablated positions."""
@@ -269,27 +137,6 @@ def _ablate(model, items, measures, att: Attribution, pairs: list[tuple[int, int
     return values, base, cost
 
 
-def _rows_cost(rows: list, n_layers: int, batch_size: int) -> float:
-    """Forward-equivalents of ablating ``rows`` (``None``: the clean row) cut as :func:`_ablate` cuts them."""
-    return sum(chunk_cost(c, n_layers) for c in layer_chunks(rows, n_layers, batch_size)) if rows else 0.0
-
-
-def _sweep_cost(pairs: list, n_layers: int, batch_size: int) -> float:
-    """Forward-equivalents per prompt of the batched sweep of every head (the clean row first, fixed batches)."""
-    rows = [None, *pairs]
-    return sum(chunk_cost(rows[i: i + batch_size], n_layers) for i in range(0, len(rows), batch_size))
-
-
-def _plan(pairs: list, n_layers: int, top: int, step: int, sample: int, flag: float, batch_size: int
-          ) -> dict[str, float]:
-    """The estimate made before any forward, per prompt: the least the search costs (AtP, the flag pass, the
-    clean row and the ``top + step + sample`` heads the stopping rule needs at least, or every head with
-    ``flag=0``, at the sweep's mean cost per row) and the sweep's cost."""
-    sweep = _sweep_cost(pairs, n_layers, batch_size)
-    heads = len(pairs) if flag == 0 else min(len(pairs), top + step + sample)
-    return {"search": ATP_COST + FLAG_COST + (1 + heads) * sweep / (1 + len(pairs)), "sweep": sweep}
-
-
 class _Search:
     """The exact values found so far: ``values[prompt, unit]``, meaningful where ``ablated[prompt, unit]`` (a
     NaN there is the metric's own), the clean values, why each unit was first ablated, and the
@@ -332,7 +179,7 @@ class _Search:
         for (units, has_clean), which in groups.items():
             rows = [self.pairs[i] for i in units]
             if math.isfinite(self.limit):
-                need = _rows_cost(([] if has_clean else [None]) + rows, self.n_layers, self.batch_size)
+                need = costs.rows_cost(([] if has_clean else [None]) + rows, self.n_layers, self.batch_size)
                 if float(self.spent[which].max()) + need > self.limit + 1e-9:
                     self.capped, ok = True, False
                     continue
@@ -364,21 +211,13 @@ class _Search:
         return set(self.ranked(prompt))
 
 
-def _check_settings(top: Any, sample: Any, batch_size: Any, step: Any, budget: Any, flag: Any, refine: Any) -> None:
-    for name, value, low in (("top", top, 1), ("sample", sample, 0), ("batch_size", batch_size, 1),
-                             ("step", 1 if step is None else step, 1), ("budget", 0 if budget is None else budget, 0),
-                             ("refine", refine, 0)):
-        count(name, value, low)
-    finite_number("flag", flag, 0, allow_inf=True)  # a share of the residual stream's norm; inf flags none
-
-
 def _exact_settings(model, items, measures, ablation: Any, reference: Any, positions: Any, align: Any,
                     layers: list[int]) -> dict:
     """The ablation settings :func:`attribute_heads` would hand on, checked the same way, without its passes."""
     kind, sources = attribution_sources(model, len(items), ablation, reference, False, layers)
     aligned = None
     if align is not None and align is not False:
-        sources, aligned = _aligned_sources(model, items, ablation, align, positions, "head", layers)
+        sources, aligned = aligned_sources(model, items, ablation, align, positions, "head", layers)
     settings = {"method": kind, "sources": sources, "aligned": aligned, "positions": positions}
     for p, (prompt, measure) in enumerate(zip(items, measures, strict=True)):
         check_ablation_positions(prompt_positions(settings, p, prompt), int(measure.inputs(model, prompt).shape[-1]))
@@ -434,15 +273,15 @@ def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablati
         >>> found = lp.find_heads(model, prompts, "entropy", top=20)
         >>> print(found.summary())
     """
-    _check_settings(top, sample, batch_size, step, budget, flag, refine)
+    costs.check_search_settings(top, sample, batch_size, step, budget, flag, refine)
     if not isinstance(flag_each_prompt, bool) or not isinstance(recheck, bool):
         raise LensprobeError(f"flag_each_prompt and recheck are True or False, got {flag_each_prompt!r} and "
                              f"{recheck!r}.")
     items = as_prompts(model, prompts, build_strings=True)
     n_layers = int(model.cfg.n_layers)
-    pairs = [(layer, heads[0]) for layer, heads in _units(model, "all", "head")]
+    pairs = [(layer, heads[0]) for layer, heads in head_units(model, "all", "head")]
     top = min(top, len(pairs))
-    planned = _plan(pairs, n_layers, top, step, sample, flag, batch_size)
+    planned = costs.search_plan(pairs, n_layers, top, step, sample, flag, batch_size)
     if planned["search"] >= planned["sweep"]:
         return _sweep(model, items, metric, pairs, top, planned, batch_size, ablation=ablation, reference=reference,
                       positions=positions, answers=answers, tokens=tokens, continuation=continuation, align=align)
@@ -452,7 +291,7 @@ def find_heads(model, prompts, metric: Any = "entropy", *, top: int = 20, ablati
     ratios = _prompt_write_ratios(model, items, measures, att.settings, n_layers)
     write = ratios[:, [p[0] for p in pairs], [p[1] for p in pairs]]  # [prompt, unit]
     search = _Search(att, pairs, len(items), top, batch_size, partial(_ablate, model, items, measures, att),
-                     limit=planned["sweep"] - ATP_COST - FLAG_COST, n_layers=n_layers)
+                     limit=planned["sweep"] - costs.ATP_COST - costs.FLAG_COST, n_layers=n_layers)
     found = _pipeline(search, write, flag, step, refine, budget, sample, seed, n_layers,
                       flag_each_prompt=flag_each_prompt, recheck=recheck)
     found.planned = planned
@@ -520,7 +359,7 @@ def _pipeline(search: _Search, write: Tensor, flag: float, step: int, refine: in
             left = None if budget is None else budget - spent
             own = torch.argsort(att.scores[p], descending=True, stable=True).tolist()
             _verify(search, own, refine, left, p)
-    cost = {"attribution": ATP_COST, "flag": FLAG_COST, "exact": float(search.spent.mean()),
+    cost = {"attribution": costs.ATP_COST, "flag": costs.FLAG_COST, "exact": float(search.spent.mean()),
             "per_prompt": float(search.spent.mean()) - shared}
     found = _result(search, write, order, known, len(rest), len(pick), beat, cost, steps, n_layers)
     found.capped, found.checks = search.capped, checks
@@ -546,15 +385,6 @@ def _verify(search: _Search, order: list[int], step: int, budget: int | None, pr
     return steps, spent
 
 
-def _recall(recall: tuple) -> tuple[float, float, float, str]:
-    """``recall_bound``'s answer, with a sampled bound whose interval is :data:`RECALL_WIDTH` or wider made
-    "unknown" (its recall NaN, its interval kept)."""
-    value, low, high, kind = recall
-    if kind == "sampled" and not high - low < RECALL_WIDTH:
-        return math.nan, low, high, "unknown"
-    return value, low, high, kind
-
-
 def _result(search: _Search, write: Tensor, order: list[int], recall: tuple, outside: int, sampled: int, beat: int,
             cost: dict, steps: int, n_layers: int) -> HeadSearch:
     att, pairs, values, top = search.att, search.pairs, search.values, search.top
@@ -576,9 +406,9 @@ def _result(search: _Search, write: Tensor, order: list[int], recall: tuple, out
                  "nan_prompts"])
     table["exact_rank"] = pandas().array([r + 1 for r in range(len(ranked))] + [None] * len(partial), dtype="Int64")
     per_prompt = [[head_label(*pairs[i]) for i in search.ranked(p)] for p in range(values.shape[0])]
-    sweep = _sweep_cost(pairs, n_layers, search.batch_size)
+    sweep = costs.sweep_cost(pairs, n_layers, search.batch_size)
     cost = {**cost, "total": cost["attribution"] + cost["flag"] + cost["exact"], "sweep": sweep,
             "one_at_a_time": float(seen.sum(1).double().mean()) + 1.0}
-    value, low, high, kind = _recall(recall)
+    value, low, high, kind = stated_recall(recall)
     return HeadSearch(table, values[:, units], seen[:, units], top, per_prompt, value, kind, low, high, outside, sampled,
                       beat, cost, steps, att, att.metric)
