@@ -1,5 +1,6 @@
-"""The settings of :func:`~lensprobe.experiments.findheads.find_heads`, checked, and what it costs. What :func:`~lensprobe.experiments.findheads.find_heads` costs, in forward-equivalents per prompt, and what the
-batched sweep of every head costs: the estimate it makes before any forward to choose between the two.
+"""The settings of :func:`~lensprobe.experiments.findheads.find_heads`, checked, and what it costs in
+forward-equivalents per prompt against the batched sweep of every head: the estimate it makes before any
+forward to choose between the two.
 
 Example:
     >>> sweep_cost([(0, 0), (0, 1)], n_layers=2, batch_size=8) > 0
