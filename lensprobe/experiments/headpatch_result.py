@@ -53,8 +53,8 @@ class HeadPatch(SweepResult):
     """Heads patched one at a time, over one or more pairs of prompts.
 
     A :class:`~lensprobe.experiments.sweep.SweepResult` with ``method="patch"``: ``baseline`` (also
-    :attr:`clean`) holds the clean metric per pair, ``ablated`` (also :attr:`patched`) the metric with
-    each head patched, ``[pair, head]``; :attr:`changes` is ``patched - clean``.
+    ``clean``) holds the clean metric per pair, ``ablated`` (also ``patched``) the metric with
+    each head patched, ``[pair, head]``; ``changes`` is ``patched - clean``.
 
     Attributes:
         corrupted: ``[pair]`` the metric on each corrupted prompt (NaN where the metric is not defined there).
@@ -100,7 +100,7 @@ class HeadPatch(SweepResult):
     @property
     def shares(self) -> Float[Tensor, "pair head"]:
         """Each head's share of each pair's total effect: ``(patched - clean) / (corrupted - clean)`` (NaN where
-        :attr:`share_undefined`)."""
+        ``share_undefined``)."""
         gap = self.gap.clone()
         gap[self.share_undefined] = float("nan")
         return self.changes / gap[:, None]
@@ -118,19 +118,19 @@ class HeadPatch(SweepResult):
     @property
     def mean_shares(self) -> Float[Tensor, " head"]:
         """Each head's share of the total effect over pairs: ``mean(patched - clean) / mean(corrupted - clean)``
-        (all NaN when :attr:`mean_share_undefined`)."""
+        (all NaN when ``mean_share_undefined``)."""
         if self.mean_share_undefined:
             return torch.full_like(self.mean_changes, float("nan"))
         return self.mean_changes / self.mean_gap
 
     @property
     def clean_positions(self) -> tuple[int, ...]:
-        """The clean prompt's paired positions (one pair; with several, read :attr:`pair_positions`)."""
+        """The clean prompt's paired positions (one pair; with several, read ``pair_positions``)."""
         return self._one_pair("clean_positions")[0]
 
     @property
     def corrupted_positions(self) -> tuple[int, ...]:
-        """The corrupted prompt's paired positions (one pair; with several, read :attr:`pair_positions`)."""
+        """The corrupted prompt's paired positions (one pair; with several, read ``pair_positions``)."""
         return self._one_pair("corrupted_positions")[1]
 
     def _one_pair(self, what: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -146,7 +146,7 @@ class HeadPatch(SweepResult):
 
     def grid(self, value: str = "change") -> Float[Tensor, "layer head"]:
         """A ``[layer, head]`` tensor for :func:`~lensprobe.viz.ablation.sweep_heatmap` (NaN where not patched):
-        ``value="change"`` the mean ``patched - clean``, ``"share"`` :attr:`mean_shares`."""
+        ``value="change"`` the mean ``patched - clean``, ``"share"`` ``mean_shares``."""
         if value not in ("change", "share"):
             raise LensprobeError(f"value must be 'change' or 'share', got {value!r}.")
         if value == "change":

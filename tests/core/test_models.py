@@ -1,6 +1,7 @@
 """Loading models: the embedded SmolLM2 (GGUF -> cached safetensors), paths, hub names, errors."""
 
 import importlib.util
+import re
 import types
 from pathlib import Path
 
@@ -98,7 +99,11 @@ def test_fresh_conversion_into_lensprobe_cache(tmp_path, monkeypatch, smol_logit
     assert cache_dir() == tmp_path / "cache"
     capfd.readouterr()
     model = lp.load_model(gguf)  # a Path to a .gguf file
-    assert_quiet(capfd)
+    out, err = capfd.readouterr()  # the conversion says once that it converts, and how long it took; nothing else
+    lines = err.splitlines()
+    assert out == "" and len(lines) == 2, err
+    assert lines[0].startswith(f"lensprobe: converting {gguf.name} into a safetensors folder in {tmp_path / 'cache'}")
+    assert re.fullmatch(rf"lensprobe: converted {re.escape(gguf.name)} in \d+ s", lines[1]), lines[1]
 
     folders = list((tmp_path / "cache").iterdir())
     assert len(folders) == 1 and folders[0].name.startswith(gguf.stem + "-")  # no temporary or lock left behind
@@ -118,7 +123,9 @@ def test_fresh_conversion_into_lensprobe_cache(tmp_path, monkeypatch, smol_logit
         raise AssertionError("converted again")
 
     monkeypatch.setattr(loading, "convert_gguf", refuse)
+    capfd.readouterr()
     again = lp.load_model()
+    assert_quiet(capfd)  # no conversion, no announcement
     assert (folders[0] / "model.safetensors").stat().st_mtime_ns == stamp
     assert sorted((tmp_path / "cache").iterdir()) == sorted(folders)
     torch.testing.assert_close(logits_of(again), smol_logits, rtol=0, atol=0)
