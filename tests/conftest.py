@@ -135,6 +135,9 @@ def _unavailable() -> dict[str, str]:
     if hooked_transformer_class() is None:
         out["hooked"] = (f"transformer-lens {version('transformer-lens')} has no HookedTransformer (removed in "
                          "4.0); `make test-tl3` runs them with TransformerLens 3.x")
+    if int(version("transformer-lens").split(".")[0]) < 4:
+        out["offload"] = (f"transformer-lens {version('transformer-lens')}'s bridge refuses disk offload; the main suite "
+                          "runs them with TransformerLens 4")
     if not torch.cuda.is_available():
         out["cuda"] = "no CUDA device here; they run the same checks on a GPU where one is present"
     return out

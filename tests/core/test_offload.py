@@ -15,6 +15,8 @@ from lensprobe.core.models.placement import check_placement, input_device, is_di
 from lensprobe.core.models.testing import tiny_hf_model
 from lensprobe.interventions.ablation import ablate_heads
 
+pytestmark = pytest.mark.offload
+
 SEED = 4
 OFFLOADED = {"model.embed_tokens": "disk", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
              "model.layers.1": "disk", "model.norm": "cpu", "lm_head": "disk"}
