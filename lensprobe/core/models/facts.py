@@ -28,6 +28,7 @@ import torch
 
 from lensprobe.core.models.devices import model_device, model_dtype
 from lensprobe.core.models.loading import model_label
+from lensprobe.core.version import __version__
 
 __all__ = ["Architecture", "ModelFacts", "architecture", "end_ids", "model_facts", "pad_id", "run_environment"]
 
@@ -187,8 +188,6 @@ def run_environment(model) -> dict[str, str]:
         >>> run_environment(tiny_model())["dtype"]
         'float32'
     """
-    from lensprobe.core.version import __version__
-
     found = []
     for name in ENVIRONMENT_PACKAGES:
         try:
