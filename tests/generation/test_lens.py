@@ -16,8 +16,11 @@ from lensprobe.core.models.loading import quiet
 TOL = 1e-5
 
 
-@pytest.mark.parametrize("engine", ["bridge", "hf"])
-def test_every_layers_lens_per_step_equals_the_plain_model_rmsnorm(tiny, tiny_hf, engine):
+@pytest.mark.parametrize(("engine", "batch_steps"), [("bridge", 8), ("hf", 8), ("hf", 1), ("hf", 4)])
+def test_every_layers_lens_per_step_equals_the_plain_model_rmsnorm(tiny, tiny_hf, engine, batch_steps, monkeypatch):
+    """``batch_steps``: the steps whose unembedding product waits for one (1: every step alone; 4: one product in
+    the middle of the 6 steps, one at the end; 8: one at the end)."""
+    monkeypatch.setattr(lp.generation.lens, "BATCH_STEPS", batch_steps)
     prompts = [[5, 17, 3, 99, 42, 7, 8], [11, 12, 13]]  # left padding in one static batch
     out = lp.generate(tiny, prompts, max_new_tokens=6, stop_at_eos=False, engine=engine, lens="logit", lens_top_k=4)
     assert out.meta["engine"] == engine and out.meta["lens"] == {"lens": "logit", "layers": [0, 1], "top_k": 4}
