@@ -42,15 +42,13 @@ class DemoSection:
     cost: float = 60.0
 
 
-COST: dict[str, float] = {"filler": 140.0, "mechanism": 3.0, "sinks": 174.0, "lens": 60.0, "heads": 1815.0,
-                          "attribution": 180.0, "thinking": 150.0, "evals": 2100.0}
-"""Seconds of each study in a full run on a 2-core machine (their proportions weight the report bar's estimate).
-Measured, each study's builder timed alone after one load of the embedded model, on a 2-core machine with a load
-average of 7 to 10 (other jobs on both cores): filler 140 s, mechanism 3 s, sinks 174 s, heads 1815 s. Not yet
-measured, estimated from their work against those: attribution (AtP* and 20 heads verified exactly, a tenth of the
-heads' sweep), lens (two traced 16-step generations), thinking (two traced generations, about the sinks' steps) and evals (about 860 batched generation
-steps at about 2.5 s each, from the sinks' 1.3 s per single-row step). A report's ``study times`` line gives the
-seconds of its own run: put them here."""
+COST: dict[str, float] = {"filler": 4.0, "mechanism": 0.5, "sinks": 11.0, "lens": 4.0, "heads": 151.0,
+                          "attribution": 98.0, "thinking": 39.0, "evals": 134.0}
+"""Seconds of each study in a full run (their proportions weight the report bar's estimate). Measured in one
+``make demo`` of a fresh clone on a quiet 2-core machine (the report's ``study times`` line: filler 4 s, mechanism
+under 1 s, sinks 11 s, lens 4 s, heads 151 s, attribution 98 s, thinking 39 s, evals 134 s; 441 s in all). On a
+busy machine every study takes longer, in about the same proportions. A report's ``study times`` line gives the
+seconds of its own run: put them here when a study changes."""
 
 DEMO_SECTIONS: list[DemoSection] = [
     DemoSection("Meaningless tokens: attention received", filler.build_demo_sections, COST["filler"]),
@@ -95,7 +93,8 @@ def run_demo(out_dir: str | Path = "lensprobe-report", model=None, *, quick: boo
             bar.update()
     sections: list[Section] = []
     took: list[str] = []
-    with CostBar([(e.title, e.cost) for e in DEMO_SECTIONS], desc="report", disable=not progress) as bar:
+    with CostBar([(e.title, e.cost) for e in DEMO_SECTIONS], desc="report", disable=not progress,
+                 reference="on a quiet 2-core machine") as bar:
         for entry in DEMO_SECTIONS:
             bar.start(entry.title)
             began = time.perf_counter()
