@@ -87,7 +87,7 @@ def test_gguf_file_and_local_folder(kind, smol_logits, no_conversion, capfd):
 
 
 def test_fresh_conversion_into_lensprobe_cache(tmp_path, monkeypatch, smol_logits, capfd):
-    """The one real conversion in the suite (about 35 s): GGUF -> safetensors in $LENSPROBE_CACHE, equal
+    """The one real conversion in the suite (about 30 s): GGUF -> safetensors in $LENSPROBE_CACHE, equal
     to the suite's cached conversion (which ``smol`` was loaded from), weight for weight and in logits."""
     from safetensors.torch import load_file
 

@@ -352,16 +352,26 @@ def assert_no_overstatement(found, changes, labels):
     def top_of(values, allowed):
         return [labels[i] for i in sorted(allowed, key=lambda i: -abs(float(values[i])))[:k]]
 
+    def assert_top(listed, values, allowed):
+        """``listed`` is the top ``k`` of ``allowed`` by ``|values|``, in order, up to the float rounding between
+        the sweep's batches and find_heads's (heads closer than ``TIE`` may swap)."""
+        size = [abs(float(values[labels.index(h)])) for h in listed]
+        assert len(listed) == len(set(listed)) == min(k, len(allowed)), listed
+        assert {labels.index(h) for h in listed} <= set(allowed), listed
+        assert all(a >= b - TIE for a, b in zip(size, size[1:])), (listed, size)  # in order
+        left = [abs(float(values[i])) for i in allowed if labels[i] not in listed]
+        assert not left or not size or max(left) <= size[-1] + TIE, (listed, size, max(left))  # none left out larger
+
     truth = top_of(mean, range(len(labels)))
     assert [h for h, _ in heads] == list(found.found["head_label"]) and len(heads) == min(k, len(found.found))
     for label, printed in heads:  # each effect printed is the sweep's (to the 3 digits printed)
         assert float(printed) == pytest.approx(float(mean[labels.index(label)]), rel=6e-3, abs=1e-9), label
     everywhere = [labels.index(lbl) for lbl, ok in zip(found.table["head_label"], found.ablated.all(0), strict=True)
                   if ok]
-    assert [h for h, _ in heads] == top_of(mean, everywhere)  # the top of what it ablated, in order
+    assert_top([h for h, _ in heads], mean, everywhere)  # the top of what it ablated, in order
     recall = len(set(truth) & {h for h, _ in heads}) / len(truth)
     if found.method == "sweep" or "exact (every head ablated)" in text:
-        assert [h for h, _ in heads] == truth
+        assert_top([h for h, _ in heads], mean, range(len(labels)))
     elif bound is not None:
         assert found.recall_kind == "sampled" and bound <= recall, (bound, recall)
         assert found.recall_high - found.recall_low < RECALL_WIDTH
@@ -369,12 +379,16 @@ def assert_no_overstatement(found, changes, labels):
         assert f"top-{k} recall not known" in text and "recall >=" not in text
     for p, listed in enumerate(found.per_prompt):
         on_p = [labels.index(lbl) for lbl, ok in zip(found.table["head_label"], found.ablated[p], strict=True) if ok]
-        assert listed == top_of(changes[p], on_p)  # the top of what it ablated on that prompt
+        assert_top(listed, changes[p], on_p)  # the top of what it ablated on that prompt
         if found.method == "sweep" or found.recall_kind == "exact":
-            assert listed == top_of(changes[p], range(len(labels)))
+            assert_top(listed, changes[p], range(len(labels)))
     return recall
 
 
+TIE = 4e-6
+"""Two heads whose changes differ by less than this may be ordered either way: find_heads's exact runs and the
+sweep batch the prompts differently, which moves each change by float rounding (the tiny model's entropies are
+near log(400) = 6 nats, where float32 values are 4.8e-7 apart; two heads 1.9e-6 apart were seen swapped)."""
 HELD_OUT = ["Compute 15 divided by 3.", "What is the square root of 81?", "Simplify 2x + 3x."]
 
 

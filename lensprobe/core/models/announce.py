@@ -3,13 +3,13 @@ starts (what, where, about how long) and once when it is done (how long it took)
 half a minute or more is not mistaken for a hang. Later loads read the converted folder and say nothing.
 
 Measured on the embedded SmolLM2-135M-Instruct (98 MB GGUF file, a 538 MB safetensors folder), converting into an
-empty cache on a 2-core machine: about 35 s when the machine is otherwise quiet, 164 s with a load average of 7
-(other processes competing for both cores).
+empty cache on a 2-core machine: 23 s and 35 s in two runs when the machine was otherwise quiet, 164 s with a load
+average of 7 (other processes competing for both cores).
 
 Example:
     >>> folder = cached_conversion(gguf, announced(convert_gguf))
     lensprobe: converting SmolLM2-135M-Instruct.Q4_1.gguf into a safetensors folder in /home/me/.cache/lensprobe,
-    once (about 35 s on 2 CPU cores, minutes on a busy machine); later loads skip this
+    once (about 30 s on 2 CPU cores, minutes on a busy machine); later loads skip this
     lensprobe: converted SmolLM2-135M-Instruct.Q4_1.gguf in 36 s
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 __all__ = ["CONVERSION_SECONDS", "announced", "conversion_notice"]
 
-CONVERSION_SECONDS = 35
+CONVERSION_SECONDS = 30
 """About how long converting the embedded model takes on a quiet 2-core machine (see the module docstring)."""
 
 
