@@ -152,18 +152,19 @@ def _nonzero(bias: Tensor | None) -> Tensor | None:
 
 
 def _unembed(h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``F.linear(h, weight, bias)`` computed as ``weight @ h.T`` on ``h`` padded with zero rows to a power of two
-    (at least 2): the CPU kernels split the vocabulary over the threads this way (``F.linear`` with few rows ran
-    on one) and run a power of two of columns fastest. Measured on 2 cores with the embedded model's ``[49152,
-    576]`` unembedding inside a generation (caches cold after the forward), per column: 1 column 10 ms, 2 columns
-    2 ms each (``F.linear``: 11 ms each); 30 columns 0.75 ms, 64 columns 0.55 ms, 128 columns 0.45 ms (its
-    transpose included; ``h @ weight.T`` 0.7 ms)."""
+    """``F.linear(h, weight, bias)`` computed as ``weight @ h.T``, fewer than 64 rows padded with zero rows to a
+    power of two (at least 2): the CPU kernels split the vocabulary over the threads this way (``F.linear`` with
+    few rows ran on one) and run a small power of two of columns fastest. Measured on 2 cores with the embedded
+    model's ``[49152, 576]`` unembedding inside a generation (caches cold after the forward), per column: 1
+    column 10 ms, 2 columns 2 ms each (``F.linear``: 11 ms each); 30 columns 0.75 ms, 32 columns 0.6 ms; 120
+    columns unpadded 0.45 ms with the transpose (padded to 128, the same product and a transpose twice as slow;
+    ``h @ weight.T`` 0.7 ms)."""
     n = h.shape[0]
-    padded = max(2, 1 << (n - 1).bit_length())
+    padded = max(2, 1 << (n - 1).bit_length()) if n < 64 else n
     if padded != n:
         h = torch.cat([h, h.new_zeros((padded - n, h.shape[1]))])
     out = torch.mm(weight, h.t()) if bias is None else torch.addmm(bias[:, None], weight, h.t())
-    return out[:, :n].t().contiguous()
+    return (out[:, :n] if padded != n else out).t().contiguous()
 
 
 def _capped(logits: Tensor, cap) -> Tensor:
