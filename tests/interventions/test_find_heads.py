@@ -358,7 +358,7 @@ def assert_no_overstatement(found, changes, labels):
         size = [abs(float(values[labels.index(h)])) for h in listed]
         assert len(listed) == len(set(listed)) == min(k, len(allowed)), listed
         assert {labels.index(h) for h in listed} <= set(allowed), listed
-        assert all(a >= b - TIE for a, b in zip(size, size[1:])), (listed, size)  # in order
+        assert all(a >= b - TIE for a, b in itertools.pairwise(size)), (listed, size)  # in order
         left = [abs(float(values[i])) for i in allowed if labels[i] not in listed]
         assert not left or not size or max(left) <= size[-1] + TIE, (listed, size, max(left))  # none left out larger
 
