@@ -7,15 +7,14 @@ Example:
 
 import contextlib
 import subprocess
-from importlib.metadata import version
 from typing import Any
 
 import torch
 
 from lensprobe.core.errors import ModelLoadError
-from lensprobe.core.models.placement import input_device
+from lensprobe.core.models.placement import check_disk_offload, input_device
 
-__all__ = ["boot", "check_disk_offload", "check_finite_weights", "no_package_installs"]
+__all__ = ["boot", "check_finite_weights", "no_package_installs"]
 
 
 def check_finite_weights(model: Any, name: str) -> None:
@@ -47,7 +46,7 @@ def boot(TransformerBridge, name: str, hf, tok, device: torch.device, dtype: tor
     stays where it is, and ``cfg.device`` is where its token ids go (:func:`~lensprobe.core.models.placement.input_device`).
     """
     dispatched = bool(getattr(hf, "hf_device_map", None))
-    check_disk_offload(hf, name)
+    check_disk_offload(getattr(hf, "hf_device_map", None) or {}, name)  # what device_map='auto' resolved to
     hf = (hf if dispatched else hf.to(device=device, dtype=dtype)).eval()
     check_finite_weights(hf, name)
     with no_package_installs():
@@ -56,27 +55,6 @@ def boot(TransformerBridge, name: str, hf, tok, device: torch.device, dtype: tor
         bridge = TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tok, dtype=dtype)
     bridge.cfg.device = str(input_device(bridge))
     return bridge
-
-
-def check_disk_offload(hf: Any, name: str) -> None:
-    """Refuse a model accelerate put partly on the disk when TransformerLens is older than 4.0, whose bridge
-    refuses such a model with an error of its own (CPU offload and GPUs are fine there).
-
-    Raises:
-        ModelLoadError: names the modules on the disk, the TransformerLens version, and the two fixes.
-
-    Example:
-        >>> check_disk_offload(hf, "Qwen/Qwen2.5-32B-Instruct")
-    """
-    placed = getattr(hf, "hf_device_map", None) or {}
-    on_disk = [module for module, where in placed.items() if str(where) == "disk"]
-    tl = version("transformer-lens")
-    if on_disk and int(tl.split(".")[0]) < 4:
-        raise ModelLoadError(
-            f"{name}: device_map put {len(on_disk)} module(s) on the disk ({', '.join(on_disk[:3])}"
-            f"{', ...' if len(on_disk) > 3 else ''}), which the bridge of TransformerLens {tl} cannot run: install "
-            "TransformerLens 4 (pip install 'transformer-lens>=4'), or keep every module in memory (a device_map "
-            "without 'disk', or a max_memory that leaves room on the GPUs and the CPU).")
 
 
 @contextlib.contextmanager

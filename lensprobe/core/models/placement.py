@@ -24,16 +24,17 @@ Example:
 
 import os
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lensprobe.core.errors import LensprobeError
+from lensprobe.core.errors import LensprobeError, ModelLoadError
 from lensprobe.core.lazy import heavy
 from lensprobe.core.models.devices import check_device
 
-__all__ = ["MAP_STRATEGIES", "Placement", "check_map_covers", "check_placement", "input_device",
+__all__ = ["MAP_STRATEGIES", "Placement", "check_disk_offload", "check_map_covers", "check_placement", "input_device",
            "is_dispatched", "spread_hooked"]
 
 MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -166,10 +167,32 @@ def check_placement(device_map: Any, max_memory: Any = None, offload_folder: Any
         if path.exists() and not path.is_dir():
             raise LensprobeError(f"offload_folder {path} is a file: give a folder (it is created when missing).")
         folder = str(path)
+    check_disk_offload(placed if isinstance(placed, dict) else {}, "device_map")
     if "disk" in values and folder is None:
         raise LensprobeError("device_map puts modules on 'disk' but no offload_folder is given: pass "
                              "offload_folder='/path/with/space' (it holds those weights while the model is loaded).")
     return Placement(placed, budget, folder)
+
+
+def check_disk_offload(placed: dict, where: str) -> None:
+    """Refuse modules on the disk when TransformerLens is older than 4.0, whose bridge refuses them with an error
+    of its own (CPU offload and GPUs are fine there). Checked on a dict ``device_map`` before any weight is read,
+    and on the map accelerate resolved (``device_map="auto"``) before the bridge is built.
+
+    Raises:
+        ModelLoadError: names the modules on the disk, the TransformerLens version, and the two fixes.
+
+    Example:
+        >>> check_disk_offload({"model.layers.0": "cpu"}, "device_map")
+    """
+    on_disk = [module for module, where_to in placed.items() if str(where_to) == "disk"]
+    tl = version("transformer-lens")
+    if on_disk and int(tl.split(".")[0]) < 4:
+        raise ModelLoadError(
+            f"{where}: {len(on_disk)} module(s) on the disk ({', '.join(on_disk[:3])}"
+            f"{', ...' if len(on_disk) > 3 else ''}), which the bridge of TransformerLens {tl} cannot run: install "
+            "TransformerLens 4 (pip install 'transformer-lens>=4'), or keep every module in memory (a device_map "
+            "without 'disk', or a max_memory that leaves room on the GPUs and the CPU).")
 
 
 def check_map_covers(placement: Placement | None, config: Any) -> None:
